@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, runs every test that
+# needs no GPU, and (where nvcc exists) compiles the CUDA build too.
+# Prints "N passed, N failed" last; exits non-zero if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh || exit 1
+
+log=$(mktemp)
+bazel test //... 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+
+cuda_rc=0
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  echo "== nvcc found: bazel build --config=cuda //..."
+  bazel build --config=cuda //... 2>&1 | tail -n 20
+  cuda_rc=${PIPESTATUS[0]}
+fi
+
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
+[ "$cuda_rc" -ne 0 ] && failed=$((failed + 1)) && echo "CUDA build failed"
+rm -f "$log"
+echo "$passed passed, $failed failed"
+[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ]
