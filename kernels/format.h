@@ -60,6 +60,11 @@ struct QuantSpec {
   int margin = 0;
   // MXFP8: 32x32 tiles (off by default). NVFP4: 16x16 tiles (on by default).
   bool two_d = false;
+  // The dtype the quantizer's input was rounded to (D1). Only FP8 blockwise
+  // reads it: it picks compute_scale's inf_value (§5: FLT_MAX for kFp32,
+  // 0x7F7F0000 for kBf16). Must equal HybridSpec::source_dtype;
+  // ref::QuantizeHybrid overwrites it with that value. (Added field.)
+  SourceDtype source_dtype = SourceDtype::kBf16;
 };
 
 QuantSpec DefaultQuantSpec(Format format);

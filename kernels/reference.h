@@ -44,13 +44,19 @@ float Amax(absl::Span<const float> values);
 std::vector<float> RoundToSource(absl::Span<const float> master, SourceDtype dtype);
 // §2 compute_scale.
 float ComputeScale(float amax, float fp8_max, bool pow2, float eps, float inf_value);
-// §1 cast side: max-update history[0] with the amax of a cast.
+// A fresh §1 state: scale 1, max(spec.amax_history_len, 1) zeros. (Added.)
+DelayedScalingState InitialDelayedState(const QuantSpec& spec);
+// §1 cast side: max-update history[0] with the amax of a cast (NaN ignored;
+// an empty history becomes one slot).
 void DelayedRecordAmax(DelayedScalingState& state, float amax);
 // §1 update (fused rule, D9). `reduced_amax` = history[0] after the
 // all-reduce (callers that do not reduce pass state.amax_history[0]).
+// The history is first resized to max(spec.amax_history_len, 1) (new slots 0).
 void DelayedUpdate(DelayedScalingState& state, float reduced_amax, const QuantSpec& spec);
 // TensorScaling for current-scaling FP8 / NVFP4 from a (globally reduced)
-// amax of the source.
+// amax of the source: global_amax = amax always; scale = §2 compute_scale
+// (inf_value FLT_MAX) for kFp8Current, else 1. Delayed scaling's scale is
+// DelayedScalingState::scale, not this.
 TensorScaling ScalingFromAmax(const QuantSpec& spec, float global_amax);
 
 // ---- Quantize / dequantize one direction ----

@@ -1,0 +1,116 @@
+// The block loops every scaled format shares: block amaxes, and encoding /
+// decoding each element with its block's multiplier. Loops run row by row
+// and block by block so that no division happens per element.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/reference.h"
+#include "kernels/reference_internal.h"
+
+namespace paramd {
+namespace ref {
+namespace internal {
+namespace {
+
+// Calls fn(i, j0, j1, block) for every row i and every block column range
+// [j0, j1) of that row, where `block` indexes the grid.
+template <typename Fn>
+void ForEachRowSegment(const BlockGrid& g, Fn fn) {
+  const int64_t gc = g.grid_cols();
+  for (int64_t i = 0; i < g.rows; ++i) {
+    const int64_t block_row = (i / g.block_rows) * gc;
+    for (int64_t bj = 0; bj < gc; ++bj) {
+      const int64_t j0 = bj * g.block_cols;
+      fn(i, j0, std::min(j0 + g.block_cols, g.cols), block_row + bj);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<float> BlockAmaxes(const float* src, const BlockGrid& grid) {
+  std::vector<float> amax(grid.num_blocks(), 0.0f);
+  ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
+    const float* row = src + i * grid.cols;
+    float m = amax[b];
+    for (int64_t j = j0; j < j1; ++j) {
+      const float a = std::fabs(row[j]);
+      if (a > m) m = a;  // false for NaN: NaN is ignored (§0)
+    }
+    amax[b] = m;
+  });
+  return amax;
+}
+
+void EncodeFp8Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+                     Fp8Type type, uint8_t* out) {
+  ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
+    const float s = enc[b];
+    const float* row = src + i * grid.cols;
+    uint8_t* q = out + i * grid.cols;
+    for (int64_t j = j0; j < j1; ++j) q[j] = EncodeFp8(row[j] * s, type);
+  });
+}
+
+void DecodeFp8Blocks(const uint8_t* codes, const BlockGrid& grid, const std::vector<float>& dec,
+                     Fp8Type type, float* out) {
+  const float* value = Fp8ValueTable(type);
+  ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
+    const float d = dec[b];
+    const uint8_t* q = codes + i * grid.cols;
+    float* x = out + i * grid.cols;
+    for (int64_t j = j0; j < j1; ++j) x[j] = value[q[j]] * d;
+  });
+}
+
+void EncodeFp4Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+                     uint8_t* out) {
+  const int64_t row_bytes = CeilDiv(grid.cols, 2);
+  ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
+    const float s = enc[b];
+    const float* row = src + i * grid.cols;
+    uint8_t* q = out + i * row_bytes;
+    for (int64_t j = j0; j < j1; ++j) {
+      const uint8_t code = EncodeE2M1(row[j] * s);
+      // Even index in the low nibble; writing the low nibble first clears a
+      // possible odd tail's high nibble (D11).
+      q[j >> 1] = (j & 1) ? static_cast<uint8_t>(q[j >> 1] | (code << 4)) : code;
+    }
+  });
+}
+
+void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
+                     const std::vector<float>& dec, float* out) {
+  const int64_t row_bytes = CeilDiv(grid.cols, 2);
+  float value[16];
+  for (int c = 0; c < 16; ++c) value[c] = DecodeE2M1(static_cast<uint8_t>(c));
+  ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
+    const float d = dec[b];
+    const uint8_t* q = packed + i * row_bytes;
+    float* x = out + i * grid.cols;
+    for (int64_t j = j0; j < j1; ++j) x[j] = value[(q[j >> 1] >> ((j & 1) * 4)) & 0xF] * d;
+  });
+}
+
+void StoreRowScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
+                        int64_t scale_cols, uint8_t* scales) {
+  const int64_t gc = grid.grid_cols();
+  for (int64_t i = 0; i < grid.rows; ++i) {
+    const uint8_t* from = &block_bytes[(i / grid.block_rows) * gc];
+    std::copy(from, from + gc, scales + i * scale_cols);
+  }
+}
+
+std::vector<uint8_t> LoadRowScaleBytes(const uint8_t* scales, const BlockGrid& grid,
+                                       int64_t scale_cols) {
+  const int64_t gc = grid.grid_cols();
+  std::vector<uint8_t> bytes(grid.rows * gc);
+  for (int64_t i = 0; i < grid.rows; ++i) {
+    std::copy(scales + i * scale_cols, scales + i * scale_cols + gc, &bytes[i * gc]);
+  }
+  return bytes;
+}
+
+}  // namespace internal
+}  // namespace ref
+}  // namespace paramd

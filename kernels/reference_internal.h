@@ -1,0 +1,162 @@
+// File: kernels/reference_internal.h
+//
+// Pieces shared by the CPU reference's .cc files (//kernels:reference only;
+// not part of the public API, which is kernels/reference.h).
+//
+// Every block format is implemented once, for the ROWWISE direction of a
+// [rows][cols] matrix. The columnwise copy of each format is the rowwise
+// copy of W^T (FORMATS.md tables; for MXFP8 with both buffers transposed
+// back), which quantize.cc applies in one place.
+#ifndef PARAMD_KERNELS_REFERENCE_INTERNAL_H_
+#define PARAMD_KERNELS_REFERENCE_INTERNAL_H_
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/format.h"
+
+namespace paramd {
+namespace ref {
+namespace internal {
+
+inline uint32_t FloatBits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+inline float FloatFromBits(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+// FORMATS.md §0 constants, by bit pattern so that no compiler rounding is
+// involved.
+inline float Rcp448() { return FloatFromBits(0x3B124925u); }     // RN(1/448)
+inline float Rcp57344() { return FloatFromBits(0x37924925u); }   // RN(1/57344)
+inline float Rcp6() { return FloatFromBits(0x3E2AAAABu); }       // RN(1/6)
+inline float Rcp2688() { return FloatFromBits(0x39C30C31u); }    // RN(1/2688)
+inline float Bf16Max() { return FloatFromBits(0x7F7F0000u); }    // largest finite BF16
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// fp32 scale entries are little-endian (Layout::scale_elem_bytes == 4).
+inline void StoreF32Le(float x, uint8_t* p) {
+  const uint32_t b = FloatBits(x);
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(b >> (8 * i));
+}
+inline float LoadF32Le(const uint8_t* p) {
+  uint32_t b = 0;
+  for (int i = 0; i < 4; ++i) b |= static_cast<uint32_t>(p[i]) << (8 * i);
+  return FloatFromBits(b);
+}
+
+// All 256 FP8 values of `type` (NaN codes hold a NaN), for the decode loops.
+const float* Fp8ValueTable(Fp8Type type);
+
+// `out[c][r] = in[r][c]` for an [rows][cols] matrix, cache-blocked.
+template <typename T>
+void Transpose(const T* in, int64_t rows, int64_t cols, T* out) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = r0 + kTile < rows ? r0 + kTile : rows;
+      const int64_t c1 = c0 + kTile < cols ? c0 + kTile : cols;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) out[c * rows + r] = in[r * cols + c];
+      }
+    }
+  }
+}
+
+// A [rows][cols] matrix cut into block_rows x block_cols blocks; edge blocks
+// hold only the real elements (D11). Block (bi, bj) has index bi*grid_cols()+bj.
+struct BlockGrid {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t block_rows = 1;
+  int64_t block_cols = 1;
+  int64_t grid_rows() const { return CeilDiv(rows, block_rows); }
+  int64_t grid_cols() const { return CeilDiv(cols, block_cols); }
+  int64_t num_blocks() const { return grid_rows() * grid_cols(); }
+};
+
+// amax (§0: NaN ignored, Inf counts) of every block of `src` [rows][cols].
+std::vector<float> BlockAmaxes(const float* src, const BlockGrid& grid);
+
+// out[i][j] = EncodeFp8(mul(src[i][j], enc[block(i,j)]), type); out is [rows][cols].
+void EncodeFp8Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+                     Fp8Type type, uint8_t* out);
+// out[i][j] = DecodeFp8(codes[i][j], type) * dec[block(i,j)] (one rounding, D15).
+void DecodeFp8Blocks(const uint8_t* codes, const BlockGrid& grid, const std::vector<float>& dec,
+                     Fp8Type type, float* out);
+// FP4 codes EncodeE2M1(mul(src[i][j], enc[block(i,j)])) packed into
+// out [rows][ceil(cols/2)], even column in the low nibble; an odd last
+// column leaves the high nibble 0 (D11).
+void EncodeFp4Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+                     uint8_t* out);
+// out[i][j] = DecodeE2M1(nibble(i,j)) * dec[block(i,j)].
+void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
+                     const std::vector<float>& dec, float* out);
+
+// Compact rowwise byte scales (MXFP8, NVFP4): entry [i][bj] of a buffer
+// with row stride `scale_cols` holds block (i / block_rows, bj)'s byte, so a
+// 2D tile's byte is written into every row of the tile (§3, §4).
+void StoreRowScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
+                        int64_t scale_cols, uint8_t* scales);
+// The inverse for a grid with block_rows = 1: one byte per (row, block),
+// each row's own entry.
+std::vector<uint8_t> LoadRowScaleBytes(const uint8_t* scales, const BlockGrid& grid,
+                                       int64_t scale_cols);
+
+// Every format is implemented for the ROWWISE direction of a [rows][cols]
+// matrix: W itself, or W^T when quantize.cc makes a columnwise copy.
+
+// The matrix a rowwise quantizer reads, and the layout it writes.
+struct SourceMatrix {
+  const float* values = nullptr;  // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Layout layout;  // ComputeLayout(spec, kRowwise, rows, cols)
+};
+// The encoded buffers of one rowwise-form matrix, validated against `layout`.
+struct EncodedView {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Layout layout;  // ComputeLayout(spec, kRowwise, rows, cols)
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  float scale_inv = 1.0f;
+  float amax = 0.0f;
+};
+
+// Quantizers: `q.data` and `q.scales` arrive sized to src.layout and
+// zero-filled (D8); each fills them and q.scale_inv / q.amax and leaves the
+// other fields alone. Dequantizers write rows*cols floats, row-major.
+// identity.cc: kIdentityBf16, kIdentityFp32.
+void QuantizeIdentityRowwise(const SourceMatrix& src, const QuantSpec& spec,
+                             const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizeIdentityRowwise(const EncodedView& v, const QuantSpec& spec, float* out);
+// per_tensor.cc: kFp8Delayed, kFp8Current.
+void QuantizePerTensorRowwise(const SourceMatrix& src, const QuantSpec& spec,
+                              const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizePerTensorRowwise(const EncodedView& v, const QuantSpec& spec, float* out);
+// mxfp8.cc
+void QuantizeMxfp8Rowwise(const SourceMatrix& src, const QuantSpec& spec,
+                          const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizeMxfp8Rowwise(const EncodedView& v, const QuantSpec& spec, float* out);
+// nvfp4.cc
+void QuantizeNvfp4Rowwise(const SourceMatrix& src, const QuantSpec& spec,
+                          const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizeNvfp4Rowwise(const EncodedView& v, const QuantSpec& spec, float* out);
+// blockwise.cc: kFp8Block128x128, kFp8Block1x128.
+void QuantizeBlockwiseRowwise(const SourceMatrix& src, const QuantSpec& spec,
+                              const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizeBlockwiseRowwise(const EncodedView& v, const QuantSpec& spec, float* out);
+
+}  // namespace internal
+}  // namespace ref
+}  // namespace paramd
+
+#endif  // PARAMD_KERNELS_REFERENCE_INTERNAL_H_
