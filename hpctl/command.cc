@@ -219,8 +219,8 @@ std::string OptionParser::Usage() const {
   size_t width = 4;  // "help"
   for (const Option& option : options_) width = std::max(width, option.name.size());
   for (const Option& option : options_) {
-    absl::StrAppend(&usage, absl::StrFormat("  --%-*s  %s", static_cast<int>(width), option.name,
-                                            option.help));
+    absl::StrAppend(
+        &usage, absl::StrFormat("  --%-*s  %s", static_cast<int>(width), option.name, option.help));
     if (!option.default_text.empty()) {
       absl::StrAppend(&usage, " (default: ", option.default_text, ")");
     }

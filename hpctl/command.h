@@ -85,9 +85,8 @@ class CommandRegistration {
   CommandRegistration(const char* name, const char* help, CommandFn run);
 };
 
-#define HPCTL_REGISTER_COMMAND(name, help, fn)                                  \
-  static ::paramd::hpctl::CommandRegistration hpctl_command_registration_##name( \
-      #name, help, fn)
+#define HPCTL_REGISTER_COMMAND(name, help, fn) \
+  static ::paramd::hpctl::CommandRegistration hpctl_command_registration_##name(#name, help, fn)
 
 // All registered commands, sorted by name.
 std::vector<Command> RegisteredCommands();

@@ -102,9 +102,8 @@ TEST(OptionParser, ParsesAllKindsAndPositionals) {
   p.AddDouble("ratio", &ratio, "ratio");
   p.AddBool("all", &all, "all");
   p.AddBool("verbose", &verbose, "verbose");
-  std::vector<std::string> words = {"x",        "model",   "--out=a.st", "--seed", "42",
-                                    "--ratio", "0.25",    "--all",      "--noverbose",
-                                    "--",       "--literal"};
+  std::vector<std::string> words = {"x",    "model", "--out=a.st",  "--seed", "42",       "--ratio",
+                                    "0.25", "--all", "--noverbose", "--",     "--literal"};
   std::vector<char*> argv = Argv(words);
   ASSERT_TRUE(p.Parse(static_cast<int>(argv.size()), argv.data()).ok());
   EXPECT_EQ(out, "a.st");
