@@ -47,7 +47,8 @@ struct ManifestTensor {
   int64_t cols = 0;  // K >= 1
   // Bytes a daemon spends per element of this tensor (master, optimizer
   // state, published copies...). Only its relative size matters; > 0 and
-  // finite. See BalanceBytesPerElement() in sharding/balance.h.
+  // finite. ManifestEntry() in sharding/balance.h derives it from a
+  // tensor's HybridSpec.
   double bytes_per_element = 4.0;
 };
 
