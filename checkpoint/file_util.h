@@ -1,0 +1,99 @@
+// File: checkpoint/file_util.h
+//
+// POSIX file helpers for the checkpoint code: an owning file descriptor,
+// full reads and writes, durable directory updates, and confinement of every
+// path a request names to one configured root directory.
+//
+// Confinement (SafeJoin): a daemon writes only inside its configured
+// checkpoint directory. Names that come from requests are relative paths
+// made of plain components; `..`, absolute paths, empty components, NUL
+// bytes and backslashes are refused, and the deepest existing ancestor of the
+// result (the result itself when it exists) must resolve, through any
+// symlinks, to a path inside the root. Files are then created with
+// O_NOFOLLOW | O_EXCL, so a symlink planted after the check is not followed
+// for the leaf either.
+//
+// All functions are thread-safe (no shared state) and block on the file
+// system. Errors name the path and carry strerror(errno).
+#ifndef PARAMD_CHECKPOINT_FILE_UTIL_H_
+#define PARAMD_CHECKPOINT_FILE_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace paramd {
+namespace checkpoint {
+
+// Owns a file descriptor; closes it on destruction. Movable, not copyable.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  // Closes now and reports a failed close (which can lose written data).
+  absl::Status Close(absl::string_view path);
+
+ private:
+  int fd_ = -1;
+};
+
+// An InternalError (or NotFound / PermissionDenied / AlreadyExists, by errno)
+// "<what> <path>: <strerror>".
+absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
+
+// Opens `path` for reading without following a symlink at the leaf.
+absl::StatusOr<UniqueFd> OpenForRead(const std::string& path);
+
+// Creates `path` exclusively (O_EXCL | O_NOFOLLOW), mode 0644.
+absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path);
+
+// write() until all `size` bytes are written (retries EINTR, short writes).
+absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path);
+
+// pread() exactly `size` bytes at `offset`; DataLoss if the file ends first.
+absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset,
+                      absl::string_view path);
+
+// fsync() of a directory, so that a rename or unlink inside it is durable.
+absl::Status FsyncDir(const std::string& dir);
+
+// fsync() of a file.
+absl::Status FsyncFd(int fd, absl::string_view path);
+
+// Checks that `relative` is a relative path of plain components (see the
+// file comment). An empty string is accepted and means the root itself.
+absl::Status ValidateRelativePath(absl::string_view relative);
+
+// `root` (which must exist; resolved with realpath) joined with `relative`,
+// confined as described in the file comment. InvalidArgument for a name
+// that is refused or escapes the root through a symlink.
+absl::StatusOr<std::string> SafeJoin(absl::string_view root, absl::string_view relative);
+
+// SafeJoin, then creates every missing directory component (mode 0755) and
+// fsyncs the parents it changed. Returns the resolved path.
+absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_view relative);
+
+// realpath(3) of an existing path.
+absl::StatusOr<std::string> RealPath(const std::string& path);
+
+// The size of a regular file, without following a symlink at the leaf
+// (FailedPrecondition for anything that is not a regular file).
+absl::StatusOr<uint64_t> RegularFileSize(const std::string& path);
+
+}  // namespace checkpoint
+}  // namespace paramd
+
+#endif  // PARAMD_CHECKPOINT_FILE_UTIL_H_
