@@ -116,6 +116,7 @@ struct TensorMeta {
 struct Manifest {
   std::vector<TensorMeta> tensors;  // in the manifest's order
   int num_daemons = 0;
+  std::vector<std::string> daemon_addresses;  // gRPC address by daemon rank
   int expected_pushers = 0;
   int64_t committed_version = -1;  // when the manifest was read; -1: no model
   std::string optimizer;
@@ -176,7 +177,7 @@ struct FetchedTensor {
 };
 
 struct FetchResult {
-  int64_t version = 0;
+  int64_t version = 0;  // the version fetched (resolved if kLatest was asked)
   std::vector<FetchedTensor> tensors;  // one per target, in target order
   FetchStats stats;                    // of this call
 };

@@ -1,7 +1,7 @@
 // File: deploy/training.h
 //
 // The demo's training schedule (how a step's batch is split between data-
-// parallel trainers), a host optimizer, and the in-process FP32 baseline:
+// parallel trainers) and the in-process FP32 baseline:
 // the same model, data, seeds, batch split and optimizer as the distributed
 // demo, but with FP32 weights in both GEMMs. The demo compares its final
 // loss against this baseline.
@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "deploy/model.h"
+#include "server/optimizer.h"
 
 namespace paramd {
 namespace demo {
@@ -34,35 +35,6 @@ struct TrainSchedule {
 // of the global mean loss.
 std::pair<int64_t, int64_t> TrainerSlice(const TrainSchedule& schedule, int64_t rank);
 
-// Hyperparameters of the optimizer the daemons run. Both rules follow
-// PyTorch (torch.optim.SGD with momentum, dampening 0; torch.optim.AdamW with
-// bias correction), in float32.
-struct OptimizerSpec {
-  enum class Kind { kSgdMomentum, kAdamW };
-  Kind kind = Kind::kAdamW;
-  float learning_rate = 1e-3f;
-  float momentum = 0.9f;  // SGD
-  float beta1 = 0.9f;     // AdamW
-  float beta2 = 0.999f;
-  float epsilon = 1e-8f;
-  float weight_decay = 0.0f;
-};
-
-// Optimizer state for a list of tensors. Not thread-safe.
-class HostOptimizer {
- public:
-  HostOptimizer(const OptimizerSpec& spec, const std::vector<int64_t>& sizes);
-  // One update of tensor `index` (sizes[index] elements). Each tensor keeps
-  // its own step count. InvalidArgument on a size mismatch.
-  absl::Status Step(size_t index, absl::Span<float> weights, absl::Span<const float> grads);
-
- private:
-  OptimizerSpec spec_;
-  std::vector<int64_t> steps_;
-  std::vector<std::vector<float>> m_;  // momentum buffer / first moment
-  std::vector<std::vector<float>> v_;  // second moment (AdamW)
-};
-
 struct BaselineRun {
   // losses[t] = mean loss of step t's batch under the weights of version t
   // (the weights before update t), as the distributed trainers report it.
@@ -72,10 +44,11 @@ struct BaselineRun {
 };
 
 // Trains from InitialWeights(model) with FP32 weights, splitting every batch
-// as the trainers do and summing their gradients in rank order.
+// as the trainers do, summing their gradients in rank order, and applying
+// the daemons' own optimizer code (server/optimizer.h) with `optimizer`.
 absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model,
                                           const TrainSchedule& schedule,
-                                          const OptimizerSpec& optimizer);
+                                          const OptimizerOptions& optimizer);
 
 // Mean of the last `count` entries (or all of them, if fewer).
 double TailMean(const std::vector<double>& values, size_t count);

@@ -1,0 +1,159 @@
+// hpctl status: membership, versions, per-daemon stats, and every tensor's
+// formats with the scales of the published version.
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+#include "hpctl/cluster.h"
+#include "hpctl/command.h"
+#include "kernels/format.h"
+#include "server/convert.h"
+
+namespace paramd {
+namespace hpctl {
+namespace {
+
+std::string RoleName(rpc::Role role) {
+  switch (role) {
+    case rpc::ROLE_TRAINER:
+      return "trainer";
+    case rpc::ROLE_DAEMON:
+      return "daemon";
+    case rpc::ROLE_OBSERVER:
+      return "observer";
+    default:
+      return "?";
+  }
+}
+
+std::string FormatOf(rpc::Format format) {
+  auto f = FormatFromProto(format);
+  return f.ok() ? std::string(FormatName(*f)) : "?";
+}
+
+std::string DirectionOf(rpc::Direction direction) {
+  auto d = DirectionFromProto(direction);
+  return d.ok() ? std::string(DirectionName(*d)) : "?";
+}
+
+std::string Bytes(int64_t n) {
+  if (n >= (int64_t{1} << 30)) return absl::StrFormat("%.2f GiB", n / double(int64_t{1} << 30));
+  if (n >= (1 << 20)) return absl::StrFormat("%.2f MiB", n / double(1 << 20));
+  if (n >= (1 << 10)) return absl::StrFormat("%.1f KiB", n / double(1 << 10));
+  return absl::StrFormat("%d B", n);
+}
+
+std::string DescribeSpec(const rpc::HybridSpec& spec) {
+  std::string row = spec.has_rowwise_usage() && !spec.rowwise_usage()
+                        ? "-"
+                        : FormatOf(spec.rowwise().format());
+  std::string col = spec.has_columnwise_usage() && !spec.columnwise_usage()
+                        ? "-"
+                        : FormatOf(spec.columnwise().format());
+  return absl::StrFormat(
+      "%-18s %-18s %-20s %s", row, col,
+      spec.columnwise_source() == rpc::COLUMNWISE_SOURCE_ROWWISE_DEQUANTIZED ? "rowwise_dequantized"
+                                                                             : "original",
+      spec.source_dtype() == rpc::SOURCE_DTYPE_FP32 ? "fp32" : "bf16");
+}
+
+void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
+  std::cout << absl::StrFormat("coordinator %s: committed version %d, %d daemons expected, "
+                               "%d pushers expected\n",
+                               address, s.committed_version(), s.expected_daemons(),
+                               s.expected_pushers());
+  std::cout << "\nMEMBERS\n"
+            << absl::StrFormat("  %-9s %5s  %-24s %-22s %s\n", "role", "rank", "name", "address",
+                               "pusher");
+  for (const rpc::Member& m : s.members()) {
+    std::cout << absl::StrFormat("  %-9s %5d  %-24s %-22s %s\n", RoleName(m.role()), m.rank(),
+                                 m.name(), m.address(), m.pusher() ? "yes" : "");
+  }
+  std::cout << "\nDAEMONS\n"
+            << absl::StrFormat("  %4s  %-22s %9s %-8s %7s %6s %9s %12s %12s\n", "rank", "address",
+                               "published", "held", "pushers", "steps", "last step",
+                               "rowwise out", "colwise out");
+  for (const rpc::DaemonStats& d : s.daemons()) {
+    std::cout << absl::StrFormat(
+        "  %4d  %-22s %9d %-8s %3d/%-3d %6d %8.3fs %12s %12s\n", d.rank(), d.address(),
+        d.published_version(), absl::StrJoin(d.held_versions(), ","), d.pushers_received(),
+        d.pushers_expected(), d.steps(), d.last_step_seconds(), Bytes(d.bytes_served_rowwise()),
+        Bytes(d.bytes_served_columnwise()));
+    if (!d.error().empty()) std::cout << "        error: " << d.error() << "\n";
+  }
+  const rpc::Manifest& m = s.manifest();
+  if (m.tensors_size() == 0) {
+    std::cout << "\nno model loaded\n";
+    return;
+  }
+  std::cout << "\nTENSORS (optimizer " << m.optimizer() << ")\n"
+            << absl::StrFormat("  %-28s %-14s %-18s %-18s %-20s %s\n", "name", "rows x cols",
+                               "rowwise", "columnwise", "columnwise source", "source");
+  for (const rpc::TensorInfo& t : m.tensors()) {
+    std::cout << absl::StrFormat("  %-28s %-14s %s\n", t.name(),
+                                 absl::StrCat(t.rows(), "x", t.cols()), DescribeSpec(t.spec()));
+  }
+  bool header = false;
+  for (const rpc::DaemonStats& d : s.daemons()) {
+    for (const rpc::ShardStats& shard : d.shards()) {
+      if (!header) {
+        std::cout << "\nSCALES (published version, per shard)\n"
+                  << absl::StrFormat("  %-28s %-11s %6s %-11s %-18s %12s %12s %12s\n", "tensor",
+                                     "rows", "daemon", "direction", "format", "scale",
+                                     "scale_inv", "amax");
+        header = true;
+      }
+      for (const rpc::DirectionStats& ds : shard.directions()) {
+        std::cout << absl::StrFormat(
+            "  %-28s %-11s %6d %-11s %-18s %12.6g %12.6g %12.6g\n", shard.tensor(),
+            absl::StrCat(shard.row_begin(), "-", shard.row_end()), d.rank(),
+            DirectionOf(ds.direction()), FormatOf(ds.format()), ds.scale(), ds.scale_inv(),
+            ds.amax());
+      }
+    }
+  }
+}
+
+int RunStatus(int argc, char** argv) {
+  ClusterOptions cluster;
+  bool json = false;
+  bool shards = true;
+  OptionParser opts("hpctl status [--address HOST:PORT] [--json] [--noshards]",
+                    "Shows the members, the committed version, per-daemon statistics, and each "
+                    "tensor's formats with the scales of the published version.");
+  cluster.AddTo(opts);
+  opts.AddBool("json", &json, "print the GetStatus response as JSON");
+  opts.AddBool("shards", &shards, "include per-shard formats and scales");
+  if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
+  if (!opts.positional().empty()) {
+    std::cerr << "hpctl status: unexpected argument '" << opts.positional()[0] << "'\n"
+              << opts.Usage();
+    return kExitUsage;
+  }
+  auto client = cluster.Connect();
+  if (!client.ok()) return ReportFailure("status", client.status());
+  auto status = (*client)->Status(shards);
+  if (!status.ok()) return ReportFailure("status", status.status());
+  if (json) {
+    std::string text;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.preserve_proto_field_names = true;
+    if (auto s = google::protobuf::util::MessageToJsonString(*status, &text, options); !s.ok()) {
+      return ReportFailure("status", absl::InternalError(s.ToString()));
+    }
+    std::cout << text << "\n";
+    return kExitOk;
+  }
+  PrintStatus(cluster.address(), *status);
+  return kExitOk;
+}
+
+}  // namespace
+
+HPCTL_REGISTER_COMMAND(status, "show members, versions, formats and scales", RunStatus);
+
+}  // namespace hpctl
+}  // namespace paramd
