@@ -167,12 +167,18 @@ absl::StatusOr<std::vector<WeightShape>> ModelShapes(const ModelConfig& config) 
   std::vector<int64_t> dims = {config.input_dim};
   dims.insert(dims.end(), config.hidden.begin(), config.hidden.end());
   dims.push_back(config.num_classes);
+  if (!config.names.empty() && config.names.size() + 1 != dims.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(config.names.size(), " names for ",
+                                                   dims.size() - 1, " layers"));
+  }
   std::vector<WeightShape> shapes;
   for (size_t l = 0; l + 1 < dims.size(); ++l) {
     if (dims[l] < 1 || dims[l + 1] < 1) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has a non-positive size"));
     }
-    shapes.push_back({absl::StrCat("layers.", l, ".weight"), dims[l + 1], dims[l]});
+    shapes.push_back({config.names.empty() ? absl::StrCat("layers.", l, ".weight")
+                                           : config.names[l],
+                      dims[l + 1], dims[l]});
   }
   return shapes;
 }

@@ -39,12 +39,20 @@ namespace demo {
 struct ModelConfig {
   int64_t input_dim = 64;
   // Hidden widths; with the defaults the weights are
-  //   layers.0.weight [1024][64], layers.1.weight [256][1024],
-  //   layers.2.weight [64][256],  layers.3.weight [16][64].
-  // layers.0 (1024 rows) and layers.1 (256 rows) are large enough to be cut
-  // into 128-row shards.
+  //   layers.0.mlp.up.weight   [1024][64]
+  //   layers.1.mlp.down.weight [256][1024]
+  //   layers.2.attn.proj.weight [64][256]
+  //   head.weight              [16][64]
+  // The first two (1024 and 256 rows) are large enough to be cut into
+  // 128-row shards.
   std::vector<int64_t> hidden = {1024, 256, 64};
   int64_t num_classes = 16;
+  // Weight names, one per layer. The math is a plain MLP; the names follow
+  // transformer conventions so that deploy/recipes/demo.textproto's rules
+  // (mlp / attn / head) give the layers different hybrid formats. Empty:
+  // "layers.<l>.weight".
+  std::vector<std::string> names = {"layers.0.mlp.up.weight", "layers.1.mlp.down.weight",
+                                    "layers.2.attn.proj.weight", "head.weight"};
   uint64_t init_seed = 1;   // student weights
   uint64_t data_seed = 2;   // teacher weights and inputs
   int64_t teacher_hidden = 32;
@@ -52,13 +60,14 @@ struct ModelConfig {
 
 // One weight tensor of the model.
 struct WeightShape {
-  std::string name;  // "layers.<l>.weight"
+  std::string name;  // ModelConfig::names[l]
   int64_t rows = 0;  // M (out features)
   int64_t cols = 0;  // K (in features)
   int64_t size() const { return rows * cols; }
 };
 
-// The weights in layer order. InvalidArgument for non-positive sizes.
+// The weights in layer order. InvalidArgument for non-positive sizes or a
+// names list of the wrong length.
 absl::StatusOr<std::vector<WeightShape>> ModelShapes(const ModelConfig& config);
 
 // Deterministic initial weights from config.init_seed (He-normal; the logits

@@ -15,6 +15,7 @@ ModelConfig Tiny() {
   c.hidden = {7, 6};
   c.num_classes = 4;
   c.teacher_hidden = 3;
+  c.names.clear();
   return c;
 }
 
@@ -22,7 +23,9 @@ TEST(Model, DefaultShapesHaveLargeShardableWeights) {
   auto shapes = ModelShapes(ModelConfig());
   ASSERT_TRUE(shapes.ok());
   ASSERT_EQ(shapes->size(), 4u);
-  EXPECT_EQ((*shapes)[0].name, "layers.0.weight");
+  EXPECT_EQ((*shapes)[0].name, "layers.0.mlp.up.weight");
+  EXPECT_EQ((*shapes)[3].name, "head.weight");
+  EXPECT_EQ((*ModelShapes(Tiny()))[2].name, "layers.2.weight");
   EXPECT_EQ((*shapes)[0].rows, 1024);
   EXPECT_EQ((*shapes)[0].cols, 64);
   EXPECT_EQ((*shapes)[1].rows, 256);
@@ -34,6 +37,9 @@ TEST(Model, DefaultShapesHaveLargeShardableWeights) {
 TEST(Model, RejectsEmptyLayer) {
   ModelConfig c = Tiny();
   c.hidden = {7, 0};
+  EXPECT_EQ(ModelShapes(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c.hidden = {7, 6};
+  c.names = {"a", "b"};
   EXPECT_EQ(ModelShapes(c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
