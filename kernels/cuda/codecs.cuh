@@ -1,0 +1,143 @@
+// File: kernels/cuda/codecs.cuh
+//
+// Device-side element codecs and scale rules of ../shared/FORMATS.md, written
+// to give the same bits as the CPU reference (kernels/codecs.cc,
+// kernels/scalars.cc): every float operation is a single IEEE op with an
+// explicit rounding intrinsic (__fmul_rn, __fdiv_rn, __frcp_rn), so neither
+// FMA contraction nor fast-math can change a result. Included by .cu files
+// only (no Abseil, no host code).
+#ifndef PARAMD_KERNELS_CUDA_CODECS_CUH_
+#define PARAMD_KERNELS_CUDA_CODECS_CUH_
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace paramd {
+namespace gpu {
+namespace dev {
+
+constexpr uint32_t kRcp448Bits = 0x3B124925u;
+constexpr uint32_t kRcp57344Bits = 0x37924925u;
+constexpr uint32_t kRcp6Bits = 0x3E2AAAABu;
+constexpr uint32_t kRcp2688Bits = 0x39C30C31u;
+constexpr uint32_t kFltMaxBits = 0x7F7FFFFFu;
+constexpr uint32_t kBf16MaxBits = 0x7F7F0000u;
+
+__device__ __forceinline__ float Fbits(uint32_t b) { return __uint_as_float(b); }
+
+// ---- BF16 (D14: NaN -> 0x7FFF) ----
+__device__ __forceinline__ uint32_t Bf16Bits(float x) {
+  const uint32_t b = __float_as_uint(x);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
+  return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float Bf16Round(float x) { return __uint_as_float(Bf16Bits(x) << 16); }
+// D1: the value the quantizer reads.
+__device__ __forceinline__ float ToSource(float x, bool round_bf16) {
+  return round_bf16 ? Bf16Round(x) : x;
+}
+
+// ---- FP8 (hardware satfinite conversion: RNE, Inf -> max, NaN -> 0x7F) ----
+// Two values -> two bytes, `lo` in the low byte.
+__device__ __forceinline__ uint32_t CvtFp8x2(float lo, float hi, bool e5m2) {
+  uint16_t r;
+  if (e5m2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+__device__ __forceinline__ uint32_t CvtFp8(float x, bool e5m2) { return CvtFp8x2(x, 0.0f, e5m2) & 0xFFu; }
+// Four values -> four bytes, v0 in the low byte.
+__device__ __forceinline__ uint32_t CvtFp8x4(float v0, float v1, float v2, float v3, bool e5m2) {
+  return CvtFp8x2(v0, v1, e5m2) | (CvtFp8x2(v2, v3, e5m2) << 16);
+}
+// FP8 code -> float, exact (through f16; E4M3 0x7F/0xFF and E5M2 NaNs -> NaN).
+__device__ __forceinline__ float DecodeFp8(uint32_t code, bool e5m2) {
+  const uint16_t in = static_cast<uint16_t>(code & 0xFFu);
+  uint32_t h2;
+  if (e5m2) {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
+  } else {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  }
+  float f;
+  const uint16_t h = static_cast<uint16_t>(h2 & 0xFFFFu);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ float Fp8Max(bool e5m2) { return e5m2 ? 57344.0f : 448.0f; }
+
+// ---- E2M1 (FP4): RNE on {0,.5,1,1.5,2,3,4,6}, sat to 6, NaN -> +6 (0x7),
+// sign kept for zero (D7). Ties go to the even code. ----
+__device__ __forceinline__ uint32_t EncodeE2M1(float x) {
+  const float a = fabsf(x);
+  if (a != a) return 0x7u;
+  const uint32_t c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                     (a >= 3.5f) + (a > 5.0f);
+  return c | ((__float_as_uint(x) >> 28) & 0x8u);
+}
+__device__ __forceinline__ float DecodeE2M1(uint32_t code) {
+  // Twice the magnitudes {0,1,2,3,4,6,8,12} packed in nibbles.
+  const float v = static_cast<float>((0xC8643210u >> (4 * (code & 7u))) & 0xFu) * 0.5f;
+  return (code & 8u) ? -v : v;
+}
+
+// ---- E8M0 (§3, TE's ceiling rule) ----
+__device__ __forceinline__ uint32_t E8M0FromScaledAmax(float v) {
+  const uint32_t b = __float_as_uint(v) & 0x7FFFFFFFu;
+  if (b > 0x7F800000u) return 0xFFu;
+  if (b == 0x7F800000u) return 0xFEu;
+  if (b == 0u) return 0u;
+  uint32_t e = b >> 23;
+  const uint32_t m = b & 0x7FFFFFu;
+  if (m != 0u && e != 0xFEu && !(e == 0u && m <= 0x400000u)) ++e;
+  return e;
+}
+// 2^(127-e): the multiplier applied before the element cast.
+__device__ __forceinline__ float E8M0Reciprocal(uint32_t e) {
+  if (e == 0xFFu) return __uint_as_float(0x7FC00000u);
+  if (e == 254u) return __uint_as_float(0x00400000u);
+  return __uint_as_float((254u - e) << 23);
+}
+// 2^(e-127): the dequantization factor.
+__device__ __forceinline__ float DecodeE8M0(uint32_t e) {
+  if (e == 0xFFu) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(e == 0u ? 0x00400000u : (e << 23));
+}
+
+// ---- §2 compute_scale ----
+__device__ __forceinline__ float ComputeScale(float amax, float fp8_max, bool pow2, float eps,
+                                              float inf_value) {
+  if (amax < eps) amax = eps;
+  if (isinf(amax) || isnan(amax) || amax == 0.0f) return 1.0f;
+  float s = __fdiv_rn(fp8_max, amax);
+  if (isinf(s)) s = inf_value;
+  if (pow2) s = __uint_as_float(__float_as_uint(s) & 0xFF800000u);
+  return s;
+}
+
+// ---- §4 NVFP4 global encode scale (D4) ----
+__device__ __forceinline__ float Nvfp4GlobalEncodeScale(float a) {
+  if (a == 0.0f || isnan(a) || isinf(a)) return 1.0f;
+  const float s = fminf(__fdiv_rn(2688.0f, a), Fbits(kFltMaxBits));
+  return s == 0.0f ? 1.0f : s;
+}
+
+// Non-negative float max on the bit pattern (amax values are >= +0 and never NaN).
+__device__ __forceinline__ void AtomicMaxNonNeg(float* addr, float v) {
+  if (v > *reinterpret_cast<volatile float*>(addr)) {
+    atomicMax(reinterpret_cast<unsigned int*>(addr), __float_as_uint(v));
+  }
+}
+
+// amax update ignoring NaN (fmaxf returns the non-NaN operand).
+__device__ __forceinline__ float AbsMax(float m, float x) { return fmaxf(m, fabsf(x)); }
+
+}  // namespace dev
+}  // namespace gpu
+}  // namespace paramd
+
+#endif  // PARAMD_KERNELS_CUDA_CODECS_CUH_

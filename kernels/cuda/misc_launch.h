@@ -1,0 +1,93 @@
+// File: kernels/cuda/misc_launch.h
+//
+// INTERNAL (detail layer): plain-old-data batches and raw launchers of the
+// small kernels: multi-tensor amax (amax.cu), device scaling updates
+// (scaling.cu) and dequantization (dequantize.cu). Included by the .cu files
+// (nvcc) and their host wrappers. No Abseil.
+#ifndef PARAMD_KERNELS_CUDA_MISC_LAUNCH_H_
+#define PARAMD_KERNELS_CUDA_MISC_LAUNCH_H_
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace paramd {
+namespace gpu {
+namespace detail {
+
+// ---- amax.cu ----
+struct AmaxItem {
+  const void* src = nullptr;
+  int64_t count = 0;
+  float* out = nullptr;     // max-updated
+  uint8_t src_bf16 = 0;
+  uint8_t round_bf16 = 0;
+  uint8_t vec = 0;          // 16-byte aligned source
+  int64_t chunk_begin = 0;
+};
+constexpr int kMaxAmaxItems = 256;
+constexpr int64_t kAmaxChunk = 65536;  // elements per block
+struct AmaxBatch {
+  int num = 0;
+  int64_t total_chunks = 0;
+  AmaxItem t[kMaxAmaxItems];
+};
+cudaError_t LaunchAmax(const AmaxBatch& batch, cudaStream_t stream);
+
+// ---- scaling.cu ----
+// §2 current scaling: scale = compute_scale(*amax, fp8_max, pow2, eps, FLT_MAX),
+// scale_inv = rcp(scale).
+struct CurrentItem {
+  const float* amax = nullptr;
+  float* scale = nullptr;
+  float* scale_inv = nullptr;  // nullable
+  float fp8_max = 448.0f;
+  float eps = 0.0f;
+  uint8_t pow2 = 0;
+};
+constexpr int kMaxScalingItems = 256;
+struct CurrentBatch {
+  int num = 0;
+  CurrentItem t[kMaxScalingItems];
+};
+cudaError_t LaunchCurrentScaling(const CurrentBatch& batch, cudaStream_t stream);
+
+// §1 delayed scaling update (fused rule, D9), one block per tensor.
+struct DelayedItem {
+  float* history = nullptr;  // [len], history[0] = amax recorded this step
+  int len = 1;
+  float* scale = nullptr;
+  float* scale_inv = nullptr;     // nullable: rcp(scale) after the update
+  const float* reduced_amax = nullptr;  // nullable: use history[0]
+  float scaled_max = 448.0f;      // fp8_max * 2^-margin
+  uint8_t algo_max = 1;           // 1: "max" over the history, 0: "most_recent"
+};
+struct DelayedBatch {
+  int num = 0;
+  int max_len = 1;
+  DelayedItem t[kMaxScalingItems];
+};
+cudaError_t LaunchDelayedScaling(const DelayedBatch& batch, cudaStream_t stream);
+
+// ---- dequantize.cu ----
+struct DequantItem {
+  uint8_t fmt = 0;        // detail::KernelFormat
+  uint8_t columnwise = 0;
+  uint8_t e5m2 = 0;
+  uint8_t out_bf16 = 0;   // 0: fp32 output
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+  const void* scales = nullptr;
+  int64_t scale_cols = 0;
+  const float* scale_inv = nullptr;    // per-tensor FP8
+  const float* global_amax = nullptr;  // NVFP4 A
+  void* out = nullptr;  // [rows][cols]
+};
+cudaError_t LaunchDequantize(const DequantItem& item, cudaStream_t stream);
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace paramd
+
+#endif  // PARAMD_KERNELS_CUDA_MISC_LAUNCH_H_
