@@ -7,11 +7,13 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/test_util.h"
 #include "gtest/gtest.h"
+#include "sharding/plan.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -119,6 +121,50 @@ TEST(StoreTest, ReshardTwoToOneAndOneToThree) {
   EXPECT_TRUE(absl::IsInvalidArgument(reader->ReadRows("layers.0.weight", "master", 0, 301).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("nope", "master", 0, 1).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("layers.0.weight", "nope", 0, 1).status()));
+}
+
+// The project's shard plan (128-row aligned cuts, byte balancing), as the
+// daemons use it: written by 2 daemons, restored onto 1 and 3; written by 1,
+// restored onto 3 and 2.
+testing::PiecePlan ShardingPlan(const std::vector<TensorInfo>& tensors, int daemons) {
+  std::vector<sharding::ManifestTensor> manifest;
+  for (const TensorInfo& t : tensors) manifest.push_back({t.name(), t.rows(), t.cols(), 12.0});
+  sharding::PlanOptions options;
+  options.min_split_bytes = 0;  // split everything taller than 128 rows
+  auto plan = sharding::MakeShardPlan(manifest, daemons, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  testing::PiecePlan pieces(daemons);
+  for (const sharding::Piece& piece : plan->pieces) {
+    PieceInfo info;
+    info.set_tensor(tensors[piece.tensor].name());
+    info.set_row_begin(piece.row_begin);
+    info.set_row_end(piece.row_end);
+    pieces[piece.daemon].push_back(info);
+  }
+  return pieces;
+}
+
+TEST(StoreTest, ReshardWithTheShardingPlan) {
+  const auto tensors = FakeTensors({{1000, 16}, {300, 8}, {1, 50}, {129, 3}, {640, 5}});
+  auto store = CheckpointStore::Open(MakeTempDir(), true);
+  const auto two = ShardingPlan(tensors, 2);
+  const auto one = ShardingPlan(tensors, 1);
+  const auto three = ShardingPlan(tensors, 3);
+  ASSERT_TRUE(WriteFakeCheckpoint(*store, 1, 21, tensors, two).ok());
+  ASSERT_TRUE(WriteFakeCheckpoint(*store, 2, 22, tensors, one).ok());
+  int split = 0;  // the plans must actually cut tensors for this to test anything
+  for (const auto& daemon : three) {
+    for (const PieceInfo& piece : daemon) split += piece.row_end() - piece.row_begin() < 1000 &&
+                                                   piece.tensor() == tensors[0].name();
+  }
+  EXPECT_GE(split, 2);
+  for (const auto& [version, seed, to, name] :
+       std::vector<std::tuple<uint64_t, uint64_t, testing::PiecePlan, const char*>>{
+           {1, 21, one, "2->1"}, {1, 21, three, "2->3"}, {2, 22, three, "1->3"},
+           {2, 22, two, "1->2"}, {1, 21, two, "2->2"}}) {
+    absl::Status status = CheckFakeCheckpoint(*store, version, seed, tensors, to);
+    EXPECT_TRUE(status.ok()) << name << ": " << status;
+  }
 }
 
 TEST(StoreTest, ShardsWithoutManifestAreNotListed) {

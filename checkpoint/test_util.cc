@@ -138,7 +138,12 @@ std::vector<std::vector<PieceInfo>> SimplePlan(const std::vector<TensorInfo>& te
 
 absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
                                  const std::vector<TensorInfo>& tensors, int world) {
-  const auto plan = SimplePlan(tensors, world);
+  return WriteFakeCheckpoint(store, version, seed, tensors, SimplePlan(tensors, world));
+}
+
+absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
+                                 const std::vector<TensorInfo>& tensors, const PiecePlan& plan) {
+  const int world = static_cast<int>(plan.size());
   Manifest manifest;
   manifest.set_version(version);
   manifest.set_world_size(world);
@@ -176,12 +181,16 @@ absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version,
 
 absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
                                  const std::vector<TensorInfo>& tensors, int restore_world) {
+  return CheckFakeCheckpoint(store, version, seed, tensors, SimplePlan(tensors, restore_world));
+}
+
+absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
+                                 const std::vector<TensorInfo>& tensors, const PiecePlan& plan) {
   ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(store, version));
   if (reader->manifest().tensors_size() != static_cast<int>(tensors.size())) {
     return absl::InternalError("tensor count differs");
   }
-  const auto plan = SimplePlan(tensors, restore_world);
-  for (int rank = 0; rank < restore_world; ++rank) {
+  for (size_t rank = 0; rank < plan.size(); ++rank) {
     for (const PieceInfo& piece : plan[rank]) {
       const TensorInfo* tensor = reader->FindTensor(piece.tensor());
       if (tensor == nullptr) return absl::InternalError(absl::StrCat("no ", piece.tensor()));

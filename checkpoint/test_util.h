@@ -51,10 +51,18 @@ std::vector<std::vector<PieceInfo>> SimplePlan(const std::vector<TensorInfo>& te
 absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
                                  const std::vector<TensorInfo>& tensors, int world);
 
+// The same with an explicit plan: plan[rank] = the pieces daemon `rank` holds.
+using PiecePlan = std::vector<std::vector<PieceInfo>>;
+absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
+                                 const std::vector<TensorInfo>& tensors, const PiecePlan& plan);
+
 // Checks that `version` in `store` holds model `seed` exactly (every byte of
-// every section, restored through a plan for `restore_world` daemons).
+// every section, restored through a plan for `restore_world` daemons, or
+// through `plan`).
 absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
                                  const std::vector<TensorInfo>& tensors, int restore_world);
+absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
+                                 const std::vector<TensorInfo>& tensors, const PiecePlan& plan);
 
 }  // namespace testing
 }  // namespace checkpoint
