@@ -74,7 +74,10 @@ class Transport {
   // Backends may buffer the message at the receiver (local, host) or wait
   // for the matching Recv (NCCL-like); portable callers therefore post the
   // Recv concurrently (another thread or process) rather than after their
-  // own Send. A deadline already in the past gives DEADLINE_EXCEEDED.
+  // own Send. A deadline already in the past gives DEADLINE_EXCEEDED. After
+  // an error other than INVALID_ARGUMENT or FAILED_PRECONDITION the message
+  // may or may not have been delivered: protocols above treat a failed Send
+  // as the end of the exchange, not as a reason to resend.
   // INVALID_ARGUMENT for a peer outside [0, world_size) or tag > kMaxUserTag.
   virtual absl::Status Send(int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
                             absl::Time deadline) = 0;
