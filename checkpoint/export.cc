@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -12,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/reference.h"
+#include "safetensors/convert.h"
 #include "safetensors/safetensors.h"
 #include "safetensors/sharded.h"
 
@@ -65,16 +64,11 @@ absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name) {
 
 int ExportDtypeSize(ExportDtype dtype) { return dtype == ExportDtype::kBf16 ? 2 : 4; }
 
-void EncodeForExport(absl::Span<const float> values, ExportDtype dtype, absl::Span<uint8_t> out) {
-  if (dtype == ExportDtype::kFp32) {
-    std::memcpy(out.data(), values.data(), values.size() * sizeof(float));
-    return;
-  }
-  uint8_t* p = out.data();
-  for (float value : values) {
-    const uint16_t bits = ref::EncodeBf16(value);
-    std::memcpy(p, &bits, 2);  // little-endian host (static_assert in shard_file.cc)
-    p += 2;
+void AppendForExport(absl::Span<const float> values, ExportDtype dtype, std::vector<uint8_t>& out) {
+  if (dtype == ExportDtype::kBf16) {
+    safetensors::AppendBf16(values, out);
+  } else {
+    safetensors::AppendF32(values, out);
   }
 }
 
@@ -136,8 +130,8 @@ absl::Status FloatRowSource::StreamTensor(const ExportTensor& tensor, ExportDtyp
     const int64_t end = std::min(tensor.rows, row + rows_per_chunk);
     values.resize(static_cast<size_t>((end - row) * tensor.cols));
     RETURN_IF_ERROR(read_(tensor, row, end, absl::MakeSpan(values)));
-    bytes.resize(values.size() * ExportDtypeSize(dtype));
-    EncodeForExport(values, dtype, absl::MakeSpan(bytes));
+    bytes.clear();
+    AppendForExport(values, dtype, bytes);
     RETURN_IF_ERROR(sink(bytes));
   }
   return absl::OkStatus();

@@ -9,7 +9,7 @@
 // canonical 0x7FFF per FORMATS.md D14) or FP32. The bytes come from an
 // ExportSource, one tensor after the other, in chunks, so that memory stays
 // bounded by one chunk whatever the model size: from remote daemons (which
-// convert their master shards with EncodeForExport and stream them), from a
+// convert their master shards with AppendForExport and stream them), from a
 // checkpoint on disk (CheckpointExportSource), or from memory (tests).
 // Files are written with //safetensors's ShardedWriter: each shard appears
 // complete or not at all, and the index appears last.
@@ -41,10 +41,10 @@ absl::string_view ExportDtypeName(ExportDtype dtype);
 absl::StatusOr<ExportDtype> ParseExportDtype(absl::string_view name);
 int ExportDtypeSize(ExportDtype dtype);  // 2 or 4
 
-// FP32 values -> little-endian bytes of `dtype`: BF16 with ref::EncodeBf16
-// (RNE, NaN -> 0x7FFF), FP32 copied bit for bit. `out` holds exactly
-// values.size() * ExportDtypeSize(dtype) bytes.
-void EncodeForExport(absl::Span<const float> values, ExportDtype dtype, absl::Span<uint8_t> out);
+// Appends FP32 values to `out` as little-endian bytes of `dtype`: BF16 by
+// RNE with canonical NaN (ref::EncodeBf16, via //safetensors:convert), FP32
+// bit for bit. What the daemons run on their master shards for an export.
+void AppendForExport(absl::Span<const float> values, ExportDtype dtype, std::vector<uint8_t>& out);
 
 // "5GB" (10^9), "500MB", "1.5GiB" (2^30), "64KiB", "123" (bytes).
 // InvalidArgument for anything else, zero, or overflow.

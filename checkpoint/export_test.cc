@@ -58,7 +58,7 @@ MemoryModel FakeModel() {
 
 std::string OutDir(const std::string& name) { return testing::MakeTestDir("export") + "/" + name; }
 
-TEST(EncodeForExportTest, Bf16IsRoundToNearestEvenAndKeepsNaN) {
+TEST(AppendForExportTest, Bf16IsRoundToNearestEvenAndKeepsNaN) {
   // Hand-computed: input bits -> BF16 bits.
   const std::vector<std::pair<uint32_t, uint16_t>> cases = {
       {0x3F800000u, 0x3F80},  // 1.0
@@ -74,19 +74,20 @@ TEST(EncodeForExportTest, Bf16IsRoundToNearestEvenAndKeepsNaN) {
       {0x00008000u, 0x0000},  // subnormal tie to even (zero)
   };
   for (const auto& [in, want] : cases) {
-    uint8_t out[2];
+    std::vector<uint8_t> out;
     const float value = F(in);
-    EncodeForExport(absl::MakeConstSpan(&value, 1), ExportDtype::kBf16, absl::MakeSpan(out));
+    AppendForExport(absl::MakeConstSpan(&value, 1), ExportDtype::kBf16, out);
+    ASSERT_EQ(out.size(), 2u);
     uint16_t got;
-    std::memcpy(&got, out, 2);
+    std::memcpy(&got, out.data(), 2);
     EXPECT_EQ(got, want) << std::hex << in;
   }
   for (uint32_t nan : {0x7FC00000u, 0x7F800001u, 0xFFC12345u, 0xFF800001u}) {
     const float value = F(nan);
-    uint8_t out[2];
-    EncodeForExport(absl::MakeConstSpan(&value, 1), ExportDtype::kBf16, absl::MakeSpan(out));
+    std::vector<uint8_t> out;
+    AppendForExport(absl::MakeConstSpan(&value, 1), ExportDtype::kBf16, out);
     uint16_t got;
-    std::memcpy(&got, out, 2);
+    std::memcpy(&got, out.data(), 2);
     EXPECT_EQ(got & 0x7F80, 0x7F80) << std::hex << nan;
     EXPECT_NE(got & 0x007F, 0) << "NaN " << std::hex << nan << " became " << got;
   }
