@@ -78,11 +78,12 @@ NVCC_FLAGS = " ".join([
     "-I$(GENDIR)",
 ])
 
-def cuda_library(name, srcs, hdrs = [], deps = [], textual_hdrs = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], textual_hdrs = [], nvcc_copts = [], **kwargs):
     """CUDA sources (.cu) compiled by /usr/local/cuda/bin/nvcc into a cc_library.
 
     Only built under --config=cuda. `textual_hdrs` are headers the .cu files
-    include (from this or other packages) that nvcc must see.
+    include (from this or other packages) that nvcc must see. `nvcc_copts`
+    are extra nvcc flags (e.g. "-Xptxas=-v" for the resource report).
     """
     objs = []
     for src in srcs:
@@ -91,7 +92,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], textual_hdrs = [], **kwargs):
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
             srcs = [src] + hdrs + textual_hdrs,
             outs = [obj],
-            cmd = "/usr/local/cuda/bin/nvcc " + NVCC_FLAGS + " -c $(location %s) -o $@" % src,
+            cmd = "/usr/local/cuda/bin/nvcc " + NVCC_FLAGS + " " + " ".join(nvcc_copts) +
+                  " -c $(location %s) -o $@" % src,
             target_compatible_with = CUDA_ONLY,
         )
         objs.append(obj)

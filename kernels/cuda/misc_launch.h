@@ -32,6 +32,7 @@ struct AmaxBatch {
   int64_t total_chunks = 0;
   AmaxItem t[kMaxAmaxItems];
 };
+static_assert(sizeof(AmaxBatch) <= 32000, "kernel parameter limit");
 cudaError_t LaunchAmax(const AmaxBatch& batch, cudaStream_t stream);
 
 // ---- scaling.cu ----
@@ -50,6 +51,7 @@ struct CurrentBatch {
   int num = 0;
   CurrentItem t[kMaxScalingItems];
 };
+static_assert(sizeof(CurrentBatch) <= 32000, "kernel parameter limit");
 cudaError_t LaunchCurrentScaling(const CurrentBatch& batch, cudaStream_t stream);
 
 // §1 delayed scaling update (fused rule, D9), one block per tensor.
@@ -67,6 +69,7 @@ struct DelayedBatch {
   int max_len = 1;
   DelayedItem t[kMaxScalingItems];
 };
+static_assert(sizeof(DelayedBatch) <= 32000, "kernel parameter limit");
 cudaError_t LaunchDelayedScaling(const DelayedBatch& batch, cudaStream_t stream);
 
 // ---- dequantize.cu ----

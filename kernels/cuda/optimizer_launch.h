@@ -69,6 +69,8 @@ struct OptBatch {
   OptItem t[kMaxOptItems];
 };
 
+static_assert(sizeof(OptBatch) <= 32000, "kernel parameter limit");
+
 // kind 0: AdamW, 1: SGD. `with_amax` = 0 skips the amax work entirely
 // (benchmark baseline for "AdamW without amax").
 cudaError_t LaunchOptimizer(const OptBatch& batch, int kind, int with_amax, cudaStream_t stream);

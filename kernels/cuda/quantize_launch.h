@@ -86,6 +86,9 @@ struct QuantizeBatch {
   TensorDesc t[kMaxTensorsPerLaunch];
 };
 
+// Kernel parameters are limited to 32764 bytes (CUDA >= 12.1).
+static_assert(sizeof(QuantizeBatch) <= 32000, "QuantizeBatch exceeds the kernel parameter limit");
+
 // Kernel variants the benchmark compares; kDefault is what the library uses.
 enum QuantizeVariant : int {
   kVariantDefault = 0,  // 256 threads, one tile per block

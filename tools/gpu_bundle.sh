@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the GPU tests and benchmark HERE (bazel --config=cuda) and bundles
+# them for the GPU machine, which has no Bazel: binaries in .gpu_bundle/bin,
+# the non-system shared libraries they load (ldd closure minus glibc,
+# libstdc++, libgcc, CUDA driver/runtime, cuBLAS and NCCL) in
+# .gpu_bundle/lib, and libcudart in .gpu_bundle/fallback (used there only if
+# the machine has none). .gpu_bundle/ is git-ignored: pass it as `carry`.
+#
+# The device call that runs everything and brings the logs back:
+#   run(command="bash tools/gpu_run.sh", carry=[".gpu_bundle"], kind="nvidia-h200")
+# (gpu_run.sh writes quantize_test.log, optimizer_test.log, bench.log,
+# bench.json and gpu.txt under $OUT.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGETS=(
+  //kernels/cuda:quantize_test
+  //kernels/cuda:optimizer_test
+  //kernels/cuda:bench
+)
+bazel build --config=cuda "${TARGETS[@]}"
+
+B=.gpu_bundle
+rm -rf "$B"
+mkdir -p "$B/bin" "$B/lib" "$B/fallback"
+for t in "${TARGETS[@]}"; do
+  name=${t##*:}
+  pkg=${t%%:*}
+  pkg=${pkg#//}
+  cp -L "bazel-bin/$pkg/$name" "$B/bin/$name"
+  chmod u+w "$B/bin/$name"
+  ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+    base=$(basename "$lib")
+    case "$base" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+      libstdc++.so*|libgcc_s.so*) ;;
+      libcuda.so*|libcublas*|libnccl*|libnvidia*) ;;
+      libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
+      *) cp -Ln "$lib" "$B/lib/" ;;
+    esac
+  done
+done
+chmod -R u+w "$B"
+du -sh "$B"
+ls "$B/bin"
+echo "$(ls "$B/lib" | wc -l) libraries in $B/lib"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE (from the repo root, with .gpu_bundle carried; see
+# tools/gpu_bundle.sh): the gpu-tagged tests and the kernel benchmark, with
+# every log under $OUT. Prints a short summary last.
+#
+# Environment knobs:
+#   RUN_TESTS=0 / RUN_BENCH=0   skip a part
+#   GTEST_FILTER=...            passed to the tests
+#   SHARDS=8                    quantize_test runs as N parallel gtest shards
+#   BENCH_ARGS="--reps=30"      extra benchmark flags
+#   NCU=1                       also profile the named kernels with ncu
+#                               (--clock-control none), NCU_ONLY=<bench --only>
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=.gpu_bundle
+OUT=${OUT:-/tmp/gpu_run_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! ls /usr/local/cuda/lib64/libcudart.so.13* >/dev/null 2>&1 &&
+   ! ldconfig -p 2>/dev/null | grep -q libcudart.so.13; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PWD/$B/fallback"
+  echo "(using the bundled libcudart)"
+fi
+export NCCL_NVLS_ENABLE=0
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv 2>&1
+} > "$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
+missing=$(ldd $B/bin/quantize_test | grep "not found" || true)
+[ -n "$missing" ] && echo "MISSING LIBRARIES: $missing"
+
+summary=()
+if [ "${RUN_TESTS:-1}" = 1 ]; then
+  shards=${SHARDS:-8}
+  pids=()
+  for ((i = 0; i < shards; i++)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+      timeout 480 $B/bin/quantize_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+      > "$OUT/quantize_test.shard$i.log" 2>&1 &
+    pids+=($!)
+  done
+  timeout 300 $B/bin/optimizer_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/optimizer_test.log" 2>&1
+  summary+=("optimizer_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/optimizer_test.log" | tr '\n' ' ')")
+  rc_all=0
+  for p in "${pids[@]}"; do wait "$p" || rc_all=1; done
+  cat "$OUT"/quantize_test.shard*.log > "$OUT/quantize_test.log"
+  rm -f "$OUT"/quantize_test.shard*.log
+  passed=$(grep -c '^\[       OK \]' "$OUT/quantize_test.log")
+  failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$OUT/quantize_test.log")
+  summary+=("quantize_test rc=$rc_all: $passed tests OK, $failed failed lines")
+  echo "---- failures (first 40 lines) ----"
+  grep -E "Failure|failures; first|FAILED|MISSING|error" "$OUT/quantize_test.log" "$OUT/optimizer_test.log" | head -40
+fi
+
+if [ "${RUN_BENCH:-1}" = 1 ]; then
+  timeout 400 $B/bin/bench --json="$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  summary+=("bench rc=$?")
+  if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+    timeout 240 ncu --clock-control none --kernel-name regex:"${NCU_KERNEL:-QuantizeTiles}" \
+      --launch-skip 1 --launch-count "${NCU_COUNT:-2}" \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section LaunchStats --section WarpStateStats \
+      $B/bin/bench --reps=1 --warmup=1 --only="${NCU_ONLY:-per-tensor row+col^T (src bf16)}" \
+      > "$OUT/ncu.log" 2>&1
+    summary+=("ncu rc=$?")
+  fi
+  tail -n 25 "$OUT/bench.log"
+fi
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"
