@@ -240,10 +240,21 @@ absl::Status Demo::LoadModel() {
   options.connect_timeout = Remaining();
   options.call_timeout = Remaining();
   ASSIGN_OR_RETURN(std::unique_ptr<client::Client> observer, client::Client::Connect(options));
-  ASSIGN_OR_RETURN(const int64_t version, observer->Load(model_path, recipe.str()));
+  // The daemons join the coordinator in the background after binding their
+  // ports: UNAVAILABLE ("waiting for daemons") means retry.
+  absl::StatusOr<int64_t> version;
+  while (true) {
+    version = observer->Load(model_path, recipe.str(), Remaining());
+    if (version.ok() || version.status().code() != absl::StatusCode::kUnavailable ||
+        Remaining() <= absl::ZeroDuration()) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  RETURN_IF_ERROR(version.status());
   manifest_ = observer->manifest();
   std::printf("loaded %s with recipe %s: version %lld\n", model_path.c_str(),
-              recipe_path_.c_str(), static_cast<long long>(version));
+              recipe_path_.c_str(), static_cast<long long>(*version));
   PrintManifest();
   return absl::OkStatus();
 }
@@ -333,7 +344,9 @@ absl::Status Demo::Train() {
                                      "--coordinator=" + coordinator_address_,
                                      absl::StrCat("--steps=", schedule_.steps),
                                      absl::StrCat("--batch_size=", schedule_.batch_size),
-                                     absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s))};
+                                     absl::StrCat("--timeout_s=", absl::GetFlag(FLAGS_timeout_s)),
+                                     // Unused by trainers; tags them as this run's processes.
+                                     "--workdir=" + workdir_};
     if (absl::GetFlag(FLAGS_push_bf16)) argv.push_back("--push_bf16");
     ChildOptions options{name, argv, "", Log(name), /*pipe_stdout=*/true};
     ASSIGN_OR_RETURN(int index, children_.Start(options));
@@ -629,6 +642,7 @@ int main(int argc, char** argv) {
       "small MLP with hybrid-quantized weights and compare with FP32.\n"
       "Usage: bazel run //deploy:demo -- [--steps=N] [--summary_json=PATH] [flags]");
   absl::ParseCommandLine(argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines interleave with logs on stderr
   if (absl::GetFlag(FLAGS_trainer_rank) >= 0) return paramd::demo::TrainerMain();
   paramd::demo::Demo demo;
   const absl::Status s = demo.Run();

@@ -1,0 +1,81 @@
+#include "tests/client_cluster.h"
+
+#include <signal.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace paramd {
+namespace testing {
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
+    const TestClusterOptions& options) {
+  demo::InstallCleanupSignalHandlers();
+  ASSIGN_OR_RETURN(demo::TempDir dir, demo::TempDir::Create("paramd_cluster"));
+  std::unique_ptr<TestCluster> c(new TestCluster(std::move(dir)));
+  const std::string server = "server/hybrid-paramd";  // runfiles-relative (test cwd)
+  const std::string d = c->dir();
+  auto log = [&](const std::string& name) { return d + "/" + name + ".log"; };
+  ASSIGN_OR_RETURN(
+      const int coordinator,
+      c->children_.Start({"coordinator",
+                          {server, "--role=coordinator", "--listen=127.0.0.1:0",
+                           "--port_file=" + d + "/coordinator.port",
+                           absl::StrCat("--daemons=", options.daemons),
+                           absl::StrCat("--expected_pushers=", options.expected_pushers)},
+                          log("coordinator"),
+                          log("coordinator")}));
+  c->names_.push_back("coordinator");
+  ASSIGN_OR_RETURN(const int port, demo::WaitForPortFile(d + "/coordinator.port",
+                                                         absl::Seconds(20), &c->children_,
+                                                         coordinator));
+  c->coordinator_address_ = absl::StrCat("127.0.0.1:", port);
+  for (int i = 0; i < options.daemons; ++i) {
+    const std::string name = absl::StrCat("daemon", i);
+    ASSIGN_OR_RETURN(
+        const int index,
+        c->children_.Start({name,
+                            {server, "--role=daemon", "--listen=127.0.0.1:0",
+                             "--port_file=" + d + "/" + name + ".port",
+                             "--coordinator=" + c->coordinator_address_,
+                             "--optimizer=" + options.optimizer,
+                             absl::StrFormat("--lr=%.9g", options.lr),
+                             absl::StrFormat("--momentum=%.9g", options.momentum)},
+                            log(name),
+                            log(name)}));
+    c->daemons_.push_back(index);
+    c->names_.push_back(name);
+  }
+  for (int i = 0; i < options.daemons; ++i) {
+    RETURN_IF_ERROR(demo::WaitForPortFile(absl::StrCat(d, "/daemon", i, ".port"),
+                                          absl::Seconds(20), &c->children_, c->daemons_[i])
+                        .status());
+  }
+  return c;
+}
+
+void TestCluster::KillDaemon(int d) {
+  children_.Signal(daemons_[d], SIGKILL);
+  (void)children_.Wait(daemons_[d], absl::Seconds(10));
+}
+
+std::string TestCluster::Logs() const {
+  std::string out;
+  for (const std::string& name : names_) {
+    std::ifstream in(dir_.path() + "/" + name + ".log");
+    std::string line;
+    std::vector<std::string> lines;
+    while (std::getline(in, line)) lines.push_back(line);
+    absl::StrAppend(&out, "---- ", name, " ----\n");
+    for (size_t i = lines.size() > 30 ? lines.size() - 30 : 0; i < lines.size(); ++i) {
+      absl::StrAppend(&out, lines[i], "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace testing
+}  // namespace paramd

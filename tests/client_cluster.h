@@ -1,0 +1,56 @@
+// File: tests/client_cluster.h
+//
+// A real hybrid-paramd cluster for integration tests: one coordinator
+// process and N daemon processes on loopback (ports 0 + port files), from
+// the //server:hybrid-paramd binary in the test's runfiles. The processes
+// are killed when the object is destroyed (and die with the test process if
+// it crashes: deploy/process.h).
+//
+// Not thread-safe; use from the test's main thread.
+#ifndef PARAMD_TESTS_CLIENT_CLUSTER_H_
+#define PARAMD_TESTS_CLIENT_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deploy/process.h"
+
+namespace paramd {
+namespace testing {
+
+struct TestClusterOptions {
+  int daemons = 2;
+  int expected_pushers = 2;
+  // Daemon optimizer flags (hybrid-paramd --optimizer/--lr/...).
+  std::string optimizer = "sgd";
+  double lr = 0.5;
+  double momentum = 0.0;
+};
+
+class TestCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const TestClusterOptions& options);
+
+  const std::string& coordinator_address() const { return coordinator_address_; }
+  // A scratch directory removed with the cluster.
+  const std::string& dir() const { return dir_.path(); }
+  // SIGKILLs daemon `d` and reaps it.
+  void KillDaemon(int d);
+  // The last lines of every process's log, for failure messages.
+  std::string Logs() const;
+
+ private:
+  explicit TestCluster(demo::TempDir dir) : dir_(std::move(dir)) {}
+  demo::TempDir dir_;
+  demo::ChildProcesses children_;
+  std::vector<int> daemons_;
+  std::vector<std::string> names_;
+  std::string coordinator_address_;
+};
+
+}  // namespace testing
+}  // namespace paramd
+
+#endif  // PARAMD_TESTS_CLIENT_CLUSTER_H_
