@@ -1,0 +1,702 @@
+#include "server/coordinator.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "proto/paramd.grpc.pb.h"
+#include "safetensors/safetensors.h"
+#include "server/async_util.h"
+#include "server/convert.h"
+#include "sharding/balance.h"
+
+namespace paramd {
+namespace {
+
+constexpr char kTag[] = "coordinator";
+
+// A call to every daemon at once; `done` runs once, after the last reply,
+// on a gRPC thread, with the calls in rank order.
+template <class Request, class Response>
+struct DaemonCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  grpc::Status status;
+};
+
+template <class Request, class Response>
+using DaemonCalls = std::vector<std::unique_ptr<DaemonCall<Request, Response>>>;
+
+template <class Request, class Response>
+void FanOut(const std::vector<rpc::Daemon::Stub*>& stubs, absl::Duration timeout,
+            std::function<void(int rank, Request*)> make_request,
+            std::function<void(rpc::Daemon::Stub*, grpc::ClientContext*, const Request*,
+                               Response*, std::function<void(grpc::Status)>)>
+                call,
+            std::function<void(DaemonCalls<Request, Response>&)> done) {
+  struct State {
+    absl::Mutex mu;
+    size_t remaining;
+    DaemonCalls<Request, Response> calls;
+    std::function<void(DaemonCalls<Request, Response>&)> done;
+  };
+  auto state = std::make_shared<State>();
+  state->remaining = stubs.size();
+  state->done = std::move(done);
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    auto c = std::make_unique<DaemonCall<Request, Response>>();
+    c->context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    make_request(static_cast<int>(i), &c->request);
+    state->calls.push_back(std::move(c));
+  }
+  if (stubs.empty()) {
+    state->done(state->calls);
+    return;
+  }
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    DaemonCall<Request, Response>* c = state->calls[i].get();
+    call(stubs[i], &c->context, &c->request, &c->response, [state, c](grpc::Status s) {
+      c->status = std::move(s);
+      bool last;
+      {
+        absl::MutexLock lock(&state->mu);
+        last = --state->remaining == 0;
+      }
+      if (last) state->done(state->calls);
+    });
+  }
+}
+
+// The first failed call's status, naming the daemon, or OK.
+template <class Request, class Response>
+absl::Status FirstError(const DaemonCalls<Request, Response>& calls, absl::string_view what) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (!calls[i]->status.ok()) {
+      return FromGrpcStatus(calls[i]->status, absl::StrCat(what, " on daemon rank ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class WatchReactor;
+
+class Coordinator::Impl : public rpc::Coordinator::CallbackService {
+ public:
+  explicit Impl(CoordinatorOptions options) : options_(std::move(options)) {}
+
+  void Shutdown() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+    }
+    world_waiters_.WakeAll();
+    version_waiters_.WakeAll();
+  }
+
+  int64_t committed_version() const {
+    absl::MutexLock lock(&mu_);
+    return committed_;
+  }
+
+  bool shut_down() const {
+    absl::MutexLock lock(&mu_);
+    return shut_down_;
+  }
+
+  WaitList* version_waiters() { return &version_waiters_; }
+
+  // ---- RPCs ----
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const rpc::JoinRequest* request,
+                                 rpc::JoinResponse* response) override {
+    absl::StatusOr<rpc::Member> member = AddMember(*request);
+    if (!member.ok()) return Done(context, member.status());
+    if (!request->wait_for_world()) {
+      absl::MutexLock lock(&mu_);
+      FillJoinResponseLocked(*member, response);
+      return Done(context, absl::OkStatus());
+    }
+    return StartWaitingUnary(&world_waiters_,
+                             [this, m = *member, response]() -> std::optional<grpc::Status> {
+                               absl::MutexLock lock(&mu_);
+                               if (shut_down_) return Unavailable("coordinator shutting down");
+                               if (static_cast<int>(daemons_.size()) < options_.expected_daemons) {
+                                 return std::nullopt;
+                               }
+                               FillJoinResponseLocked(m, response);
+                               return grpc::Status::OK;
+                             });
+  }
+
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const rpc::LeaveRequest* request,
+                                  rpc::LeaveResponse* /*response*/) override {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(others_.begin(), others_.end(), [&](const rpc::Member& m) {
+      return m.member_id() == request->member_id();
+    });
+    if (it == others_.end()) {
+      return Done(context, absl::NotFoundError(
+                               absl::StrCat("no trainer/observer ", request->member_id())));
+    }
+    others_.erase(it);  // daemons never leave: their rank is their shards
+    return Done(context, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
+                                        const rpc::GetManifestRequest* /*request*/,
+                                        rpc::GetManifestResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    *response->mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
+    return Done(context, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* WaitForVersion(grpc::CallbackServerContext* /*context*/,
+                                           const rpc::WaitForVersionRequest* request,
+                                           rpc::WaitForVersionResponse* response) override {
+    const int64_t min_version = request->min_version();
+    return StartWaitingUnary(&version_waiters_,
+                             [this, min_version, response]() -> std::optional<grpc::Status> {
+                               absl::MutexLock lock(&mu_);
+                               if (shut_down_) return Unavailable("coordinator shutting down");
+                               if (committed_ < min_version || committed_ < 0) return std::nullopt;
+                               response->set_committed_version(committed_);
+                               return grpc::Status::OK;
+                             });
+  }
+
+  grpc::ServerWriteReactor<rpc::VersionEvent>* WatchVersion(
+      grpc::CallbackServerContext* context, const rpc::WatchVersionRequest* request) override;
+
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
+                                 const rpc::LoadRequest* request,
+                                 rpc::LoadResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    StartLoad(*request, [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
+      if (s.ok()) *response = r;
+      reactor->Finish(ToGrpcStatus(s));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const rpc::StepRequest* request,
+                                 rpc::StepResponse* response) override {
+    const int64_t from = request->version();
+    std::vector<rpc::Daemon::Stub*> stubs;
+    {
+      absl::MutexLock lock(&mu_);
+      if (committed_ < 0) {
+        return Done(context, absl::FailedPreconditionError("no model loaded"));
+      }
+      if (from != committed_) {
+        return Done(context,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "step from version ", from, " but the committed version is ", committed_)));
+      }
+      stubs = StubsLocked();
+    }
+    // The fan-out's outcome; the reactor finishes when it is known and (with
+    // `wait`) version from+1 is committed.
+    struct StepState {
+      bool done = false;
+      absl::Status status;
+    };
+    auto state = std::make_shared<StepState>();
+    FanOut<rpc::DaemonStepRequest, rpc::DaemonStepResponse>(
+        stubs, options_.load_timeout,
+        [from](int, rpc::DaemonStepRequest* r) { r->set_version(from); },
+        [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::DaemonStepRequest* req,
+           rpc::DaemonStepResponse* resp, std::function<void(grpc::Status)> cb) {
+          stub->async()->Step(c, req, resp, std::move(cb));
+        },
+        [this, state](auto& calls) {
+          {
+            absl::MutexLock lock(&mu_);
+            state->done = true;
+            state->status = FirstError(calls, "Step");
+          }
+          version_waiters_.WakeAll();
+        });
+    const bool wait = request->wait();
+    return StartWaitingUnary(
+        &version_waiters_,
+        [this, state, wait, from, response]() -> std::optional<grpc::Status> {
+          absl::MutexLock lock(&mu_);
+          if (shut_down_) return Unavailable("coordinator shutting down");
+          if (!state->done) return std::nullopt;
+          if (!state->status.ok()) return ToGrpcStatus(state->status);
+          if (wait && committed_ < from + 1) return std::nullopt;
+          response->set_committed_version(committed_);
+          return grpc::Status::OK;
+        });
+  }
+
+  grpc::ServerUnaryReactor* ReportVersion(grpc::CallbackServerContext* context,
+                                          const rpc::ReportVersionRequest* request,
+                                          rpc::ReportVersionResponse* response) override {
+    bool advanced = false;
+    {
+      absl::MutexLock lock(&mu_);
+      const int rank = request->daemon_rank();
+      if (rank < 0 || rank >= static_cast<int>(daemons_.size()) ||
+          (!request->member_id().empty() &&
+           request->member_id() != daemons_[rank].member.member_id())) {
+        return Done(context, absl::FailedPreconditionError(absl::StrCat(
+                                 "ReportVersion from unknown daemon rank ", rank)));
+      }
+      daemons_[rank].published = request->published_version();
+      daemons_[rank].last_step_seconds = request->step_seconds();
+      advanced = RecomputeCommittedLocked();
+      response->set_committed_version(committed_);
+    }
+    if (advanced) version_waiters_.WakeAll();
+    return Done(context, absl::OkStatus());
+  }
+
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const rpc::GetStatusRequest* request,
+                                      rpc::GetStatusResponse* response) override {
+    std::vector<rpc::Daemon::Stub*> stubs;
+    {
+      absl::MutexLock lock(&mu_);
+      response->set_committed_version(committed_);
+      response->set_expected_daemons(options_.expected_daemons);
+      response->set_expected_pushers(options_.expected_pushers);
+      for (const DaemonEntry& d : daemons_) *response->add_members() = d.member;
+      for (const rpc::Member& m : others_) *response->add_members() = m;
+      *response->mutable_manifest() = ManifestLocked(request->include_shards());
+      stubs = StubsLocked();
+    }
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    const bool include_shards = request->include_shards();
+    FanOut<rpc::GetStatsRequest, rpc::GetStatsResponse>(
+        stubs, options_.daemon_call_timeout,
+        [include_shards](int, rpc::GetStatsRequest* r) { r->set_include_shards(include_shards); },
+        [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::GetStatsRequest* req,
+           rpc::GetStatsResponse* resp, std::function<void(grpc::Status)> cb) {
+          stub->async()->GetStats(c, req, resp, std::move(cb));
+        },
+        [this, reactor, response](auto& calls) {
+          for (size_t i = 0; i < calls.size(); ++i) {
+            rpc::DaemonStats* s = response->add_daemons();
+            if (calls[i]->status.ok()) {
+              *s = calls[i]->response.stats();
+            } else {
+              absl::MutexLock lock(&mu_);
+              s->set_rank(static_cast<int>(i));
+              s->set_address(daemons_[i].member.address());
+              s->set_published_version(daemons_[i].published);
+              s->set_error(absl::StrCat("unreachable: ", calls[i]->status.error_message()));
+            }
+          }
+          reactor->Finish(grpc::Status::OK);
+        });
+    return reactor;
+  }
+
+ private:
+  struct DaemonEntry {
+    rpc::Member member;
+    int64_t published = -1;
+    double last_step_seconds = 0;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<rpc::Daemon::Stub> stub;
+  };
+
+  static grpc::Status Unavailable(absl::string_view message) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(message));
+  }
+
+  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                                        const absl::Status& status) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(status));
+    return reactor;
+  }
+
+  std::vector<rpc::Daemon::Stub*> StubsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<rpc::Daemon::Stub*> stubs;
+    for (DaemonEntry& d : daemons_) stubs.push_back(d.stub.get());
+    return stubs;
+  }
+
+  absl::StatusOr<rpc::Member> AddMember(const rpc::JoinRequest& request) {
+    bool world_complete = false;
+    rpc::Member result;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return absl::UnavailableError("coordinator shutting down");
+      switch (request.role()) {
+        case rpc::ROLE_DAEMON: {
+          if (request.address().empty()) {
+            return absl::InvalidArgumentError("a daemon must give its address");
+          }
+          // Rejoin (restart): the same member id or address gets its rank back.
+          for (DaemonEntry& d : daemons_) {
+            if ((!request.member_id().empty() && d.member.member_id() == request.member_id()) ||
+                d.member.address() == request.address()) {
+              d.member.set_name(request.name());
+              return d.member;
+            }
+          }
+          if (static_cast<int>(daemons_.size()) >= options_.expected_daemons) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "all ", options_.expected_daemons, " daemons have joined; ", request.address(),
+                " is not one of them"));
+          }
+          DaemonEntry d;
+          const int rank = static_cast<int>(daemons_.size());
+          d.member.set_role(rpc::ROLE_DAEMON);
+          d.member.set_member_id(absl::StrCat("daemon-", rank));
+          d.member.set_rank(rank);
+          d.member.set_address(request.address());
+          d.member.set_data_plane_address(request.data_plane_address().empty()
+                                              ? request.address()
+                                              : request.data_plane_address());
+          d.member.set_name(request.name());
+          d.channel = grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials());
+          d.stub = rpc::Daemon::NewStub(d.channel);
+          result = d.member;
+          daemons_.push_back(std::move(d));
+          world_complete = static_cast<int>(daemons_.size()) == options_.expected_daemons;
+          Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ", request.address(), " (",
+                                 daemons_.size(), "/", options_.expected_daemons, ")"));
+          break;
+        }
+        case rpc::ROLE_TRAINER:
+        case rpc::ROLE_OBSERVER: {
+          if (request.expected_pushers() != 0 &&
+              request.expected_pushers() != options_.expected_pushers) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("this trainer expects ", request.expected_pushers(),
+                             " pushers, the coordinator ", options_.expected_pushers));
+          }
+          if (!request.member_id().empty()) {
+            for (const rpc::Member& m : others_) {
+              if (m.member_id() == request.member_id()) return m;
+            }
+          }
+          rpc::Member m;
+          m.set_role(request.role());
+          const bool trainer = request.role() == rpc::ROLE_TRAINER;
+          m.set_member_id(absl::StrCat(trainer ? "trainer-" : "observer-", next_member_++));
+          m.set_rank(trainer ? options_.expected_daemons + next_trainer_rank_++ : -1);
+          m.set_address(request.address());
+          m.set_data_plane_address(request.data_plane_address());
+          m.set_pusher(trainer && request.pusher());
+          m.set_name(request.name());
+          others_.push_back(m);
+          result = m;
+          break;
+        }
+        default:
+          return absl::InvalidArgumentError(
+              absl::StrCat("Join with unknown role ", static_cast<int>(request.role())));
+      }
+    }
+    if (world_complete) {
+      world_waiters_.WakeAll();
+      if (!options_.model_path.empty()) {
+        rpc::LoadRequest load;
+        load.set_safetensors_path(options_.model_path);
+        StartLoad(load, [](absl::Status s, const rpc::LoadResponse&) {
+          if (!s.ok()) Log(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
+        });
+      }
+    }
+    return result;
+  }
+
+  void FillJoinResponseLocked(const rpc::Member& m, rpc::JoinResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    response->set_member_id(m.member_id());
+    response->set_rank(m.rank());
+    response->set_expected_pushers(options_.expected_pushers);
+    response->set_committed_version(committed_);
+    rpc::DataPlane* dp = response->mutable_data_plane();
+    dp->set_transport(options_.data_plane);
+    dp->set_num_daemons(options_.expected_daemons);
+    int world = options_.expected_daemons;
+    for (const DaemonEntry& d : daemons_) {
+      (*dp->mutable_address_book())[d.member.rank()] = d.member.data_plane_address();
+    }
+    for (const rpc::Member& o : others_) {
+      if (o.rank() < 0) continue;
+      world = std::max(world, o.rank() + 1);
+      if (!o.data_plane_address().empty()) {
+        (*dp->mutable_address_book())[o.rank()] = o.data_plane_address();
+      }
+    }
+    dp->set_world_size(world);
+  }
+
+  rpc::Manifest ManifestLocked(bool with_pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    rpc::Manifest m = manifest_;
+    if (!with_pieces) m.clear_pieces();
+    m.set_committed_version(committed_);
+    m.set_expected_pushers(options_.expected_pushers);
+    m.set_optimizer(options_.optimizer_name);
+    m.clear_daemons();
+    for (const DaemonEntry& d : daemons_) {
+      rpc::DaemonInfo* info = m.add_daemons();
+      info->set_rank(d.member.rank());
+      info->set_address(d.member.address());
+      info->set_data_plane_address(d.member.data_plane_address());
+      info->set_published_version(d.published);
+    }
+    return m;
+  }
+
+  // True if the committed version advanced.
+  bool RecomputeCommittedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (daemons_.empty() || static_cast<int>(daemons_.size()) < options_.expected_daemons ||
+        manifest_.tensors_size() == 0) {
+      return false;
+    }
+    int64_t v = daemons_[0].published;
+    for (const DaemonEntry& d : daemons_) v = std::min(v, d.published);
+    if (v <= committed_) return false;
+    committed_ = v;
+    Log(kTag, absl::StrCat("committed version ", v));
+    return true;
+  }
+
+  // The tensors of a load request, with their 2-D views.
+  absl::StatusOr<std::vector<rpc::TensorDecl>> LoadTensors(const rpc::LoadRequest& request) {
+    std::vector<rpc::TensorDecl> tensors;
+    if (!request.safetensors_path().empty()) {
+      if (request.tensors_size() > 0) {
+        return absl::InvalidArgumentError("Load: give a safetensors path or tensors, not both");
+      }
+      ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
+                       safetensors::SafetensorsFile::Open(request.safetensors_path()));
+      for (const safetensors::TensorInfo& t : file.tensors()) {
+        rpc::TensorDecl d;
+        d.set_name(t.name);
+        for (int64_t s : t.shape) d.add_shape(s);
+        tensors.push_back(std::move(d));
+      }
+    } else {
+      tensors.assign(request.tensors().begin(), request.tensors().end());
+    }
+    if (tensors.empty()) return absl::InvalidArgumentError("Load: no tensors");
+    return tensors;
+  }
+
+  absl::StatusOr<rpc::Manifest> BuildManifest(const rpc::LoadRequest& request) {
+    ASSIGN_OR_RETURN(std::vector<rpc::TensorDecl> decls, LoadTensors(request));
+    SpecResolver resolver = options_.resolver;
+    if (!request.recipe_text().empty()) {
+      if (!options_.recipe_parser) {
+        return absl::UnimplementedError("this coordinator cannot parse recipes");
+      }
+      ASSIGN_OR_RETURN(resolver, options_.recipe_parser(request.recipe_text()));
+    }
+    rpc::Manifest manifest;
+    std::vector<sharding::ManifestTensor> entries;
+    for (size_t i = 0; i < decls.size(); ++i) {
+      const rpc::TensorDecl& d = decls[i];
+      int64_t rows = 1;
+      for (int j = 0; j + 1 < d.shape_size(); ++j) rows *= d.shape(j);
+      const int64_t cols = d.shape_size() > 0 ? d.shape(d.shape_size() - 1) : 1;
+      for (int64_t s : d.shape()) {
+        if (s < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tensor ", d.name(), " has an empty dimension"));
+        }
+      }
+      HybridSpec spec;
+      if (resolver) {
+        ASSIGN_OR_RETURN(spec, resolver(d.name(), std::vector<int64_t>(d.shape().begin(),
+                                                                         d.shape().end())));
+      }
+      rpc::TensorInfo* t = manifest.add_tensors();
+      t->set_name(d.name());
+      *t->mutable_shape() = d.shape();
+      t->set_rows(rows);
+      t->set_cols(cols);
+      *t->mutable_spec() = HybridSpecToProto(spec);
+      t->set_index(static_cast<int>(i));
+      ASSIGN_OR_RETURN(sharding::ManifestTensor e, sharding::ManifestEntry(d.name(), rows, cols, spec));
+      entries.push_back(std::move(e));
+    }
+    ASSIGN_OR_RETURN(sharding::ShardPlan plan,
+                     sharding::MakeShardPlan(entries, options_.expected_daemons, options_.plan));
+    absl::MutexLock lock(&mu_);
+    for (const sharding::Piece& p : plan.pieces) {
+      rpc::ShardPiece* sp = manifest.add_pieces();
+      sp->set_tensor(plan.tensors[p.tensor].name);
+      sp->set_tensor_index(p.tensor);
+      sp->set_row_begin(p.row_begin);
+      sp->set_row_end(p.row_end);
+      sp->set_daemon_rank(p.daemon);
+      sp->set_daemon_address(daemons_[p.daemon].member.address());
+    }
+    manifest.set_expected_pushers(options_.expected_pushers);
+    manifest.set_optimizer(options_.optimizer_name);
+    manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
+    return manifest;
+  }
+
+  using LoadDone = std::function<void(absl::Status, const rpc::LoadResponse&)>;
+
+  void StartLoad(const rpc::LoadRequest& request, LoadDone done) {
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Status s;
+      if (static_cast<int>(daemons_.size()) < options_.expected_daemons) {
+        s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", daemons_.size(), " of ",
+                                                options_.expected_daemons, " joined"));
+      } else if (loading_) {
+        s = absl::FailedPreconditionError("a load is already in progress");
+      }
+      if (!s.ok()) {
+        done(s, rpc::LoadResponse());
+        return;
+      }
+      loading_ = true;
+    }
+    absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request);
+    if (!manifest.ok()) {
+      absl::MutexLock lock(&mu_);
+      loading_ = false;
+      done(manifest.status(), rpc::LoadResponse());
+      return;
+    }
+    std::vector<rpc::Daemon::Stub*> stubs;
+    {
+      absl::MutexLock lock(&mu_);
+      manifest_ = *manifest;
+      committed_ = -1;
+      for (DaemonEntry& d : daemons_) d.published = -1;
+      stubs = StubsLocked();
+    }
+    Log(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
+                           manifest->pieces_size(), " pieces on ", stubs.size(), " daemons"));
+    const std::string path = request.safetensors_path();
+    FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
+        stubs, options_.load_timeout,
+        [this, &manifest, &path](int rank, rpc::LoadShardsRequest* r) {
+          *r->mutable_manifest() = *manifest;
+          r->set_daemon_rank(rank);
+          r->set_safetensors_path(path);
+          r->set_expected_pushers(options_.expected_pushers);
+        },
+        [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::LoadShardsRequest* req,
+           rpc::LoadShardsResponse* resp, std::function<void(grpc::Status)> cb) {
+          stub->async()->LoadShards(c, req, resp, std::move(cb));
+        },
+        [this, done = std::move(done)](auto& calls) {
+          absl::Status s = FirstError(calls, "LoadShards");
+          rpc::LoadResponse response;
+          bool advanced = false;
+          {
+            absl::MutexLock lock(&mu_);
+            loading_ = false;
+            if (s.ok()) {
+              for (size_t i = 0; i < calls.size(); ++i) {
+                daemons_[i].published =
+                    std::max(daemons_[i].published, calls[i]->response.published_version());
+              }
+              advanced = RecomputeCommittedLocked();
+            }
+            *response.mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
+            response.set_committed_version(committed_);
+          }
+          if (advanced) version_waiters_.WakeAll();
+          done(s, response);
+        });
+  }
+
+  const CoordinatorOptions options_;
+  WaitList world_waiters_;
+  WaitList version_waiters_;
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<DaemonEntry> daemons_ ABSL_GUARDED_BY(mu_);  // by rank
+  std::vector<rpc::Member> others_ ABSL_GUARDED_BY(mu_);   // trainers, observers
+  int next_member_ ABSL_GUARDED_BY(mu_) = 0;
+  int next_trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
+  rpc::Manifest manifest_ ABSL_GUARDED_BY(mu_);
+  bool loading_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+// Sends the committed version whenever it advances, until cancelled.
+class WatchReactor : public WaitingWriter<rpc::VersionEvent> {
+ public:
+  WatchReactor(Coordinator::Impl* coordinator, int64_t min_version)
+      : WaitingWriter(coordinator->version_waiters()),
+        coordinator_(coordinator),
+        min_version_(min_version) {}
+
+ private:
+  void PumpLocked() override {
+    RegisterLocked();
+    if (coordinator_->shut_down()) {
+      UnregisterLocked();
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator shutting down"));
+      return;
+    }
+    const int64_t v = coordinator_->committed_version();
+    if (v < 0 || v < min_version_ || v == last_sent_) return;
+    UnregisterLocked();
+    last_sent_ = v;
+    event_.set_committed_version(v);
+    WriteLocked(&event_);
+  }
+
+  Coordinator::Impl* const coordinator_;
+  const int64_t min_version_;
+  rpc::VersionEvent event_ ABSL_GUARDED_BY(mu_);
+  int64_t last_sent_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+grpc::ServerWriteReactor<rpc::VersionEvent>* Coordinator::Impl::WatchVersion(
+    grpc::CallbackServerContext* /*context*/, const rpc::WatchVersionRequest* request) {
+  auto* reactor = new WatchReactor(this, request->min_version());
+  reactor->Begin();
+  return reactor;
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOptions options) {
+  if (options.expected_daemons < 1) {
+    return absl::InvalidArgumentError("coordinator: expected_daemons must be >= 1");
+  }
+  if (options.expected_pushers < 0) {
+    return absl::InvalidArgumentError("coordinator: expected_pushers must be >= 0");
+  }
+  if (options.data_plane != "host" && options.data_plane != "local") {
+    return absl::InvalidArgumentError(absl::StrCat("coordinator: unknown data plane \"",
+                                                   options.data_plane, "\" (host or local)"));
+  }
+  if (options.data_plane == "local" && options.expected_daemons != 1) {
+    return absl::InvalidArgumentError(
+        "coordinator: the local data plane serves one process; use host for several daemons");
+  }
+  return std::unique_ptr<Coordinator>(
+      new Coordinator(std::make_unique<Impl>(std::move(options))));
+}
+
+Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Coordinator::~Coordinator() { Shutdown(); }
+grpc::Service* Coordinator::service() { return impl_.get(); }
+void Coordinator::Shutdown() { impl_->Shutdown(); }
+int64_t Coordinator::committed_version() const { return impl_->committed_version(); }
+
+}  // namespace paramd

@@ -1,0 +1,93 @@
+// File: server/coordinator.h
+//
+// The coordinator role of `hybrid-paramd`: the gRPC service
+// paramd.rpc.Coordinator of proto/paramd.proto. Single source of truth for
+// membership and ranks (daemons get ranks 0..D-1, trainers D, D+1, ...),
+// the data-plane rendezvous (transport name + address book), the manifest
+// (tensors, their HybridSpecs from the recipe, the shard plan of
+// //sharding:plan with daemon addresses) and the committed version: version
+// v is committed once every daemon has reported publishing it.
+//
+// Loading: once every expected daemon has joined, Load (or the startup
+// model, CoordinatorOptions::model_path) builds the manifest and sends each
+// daemon LoadShards; version 0 is committed when every daemon has published
+// it. Steps are driven by the trainers' pushes (each daemon steps on its
+// own when all expected pushers have pushed) or by the admin Step RPC.
+//
+// Threading: thread-safe; gRPC callbacks never block (waits are reactors
+// woken by state changes, fan-outs to daemons are async calls).
+#ifndef PARAMD_SERVER_COORDINATOR_H_
+#define PARAMD_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/format.h"
+#include "sharding/plan.h"
+
+namespace paramd {
+
+// The HybridSpec of a tensor (name, shape as in the model file): a recipe.
+using SpecResolver = std::function<absl::StatusOr<HybridSpec>(
+    const std::string& name, absl::Span<const int64_t> shape)>;
+// Parses recipe text (LoadRequest.recipe_text) into a resolver.
+using RecipeParser = std::function<absl::StatusOr<SpecResolver>(const std::string& text)>;
+
+struct CoordinatorOptions {
+  int expected_daemons = 1;
+  // Pushes per version each daemon waits for before stepping; 0 = steps
+  // only on admin Step.
+  int expected_pushers = 1;
+  // Data-plane transport handed to members: "host" or "local".
+  std::string data_plane = "host";
+  // Specs of tensors; null = HybridSpec{} (BF16 passthrough both ways).
+  SpecResolver resolver;
+  // For LoadRequest.recipe_text; null = such requests are UNIMPLEMENTED.
+  RecipeParser recipe_parser;
+  // Safetensors file loaded as soon as every daemon has joined ("" = wait
+  // for a Load RPC).
+  std::string model_path;
+  // Informative (manifest.optimizer).
+  std::string optimizer_name = "adamw";
+  sharding::PlanOptions plan;
+  // Deadline of LoadShards calls (reading + quantizing a model) and of
+  // other calls to daemons.
+  absl::Duration load_timeout = absl::Minutes(10);
+  absl::Duration daemon_call_timeout = absl::Seconds(10);
+};
+
+class Coordinator {
+ public:
+  // InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(CoordinatorOptions options);
+
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // The paramd.rpc.Coordinator service to register. Owned by this object.
+  grpc::Service* service();
+  // Fails every waiting call (UNAVAILABLE) and refuses new waits.
+  // Idempotent.
+  void Shutdown();
+
+  // -1 until version 0 is committed.
+  int64_t committed_version() const;
+
+  class Impl;
+
+ private:
+  explicit Coordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_COORDINATOR_H_

@@ -1,0 +1,971 @@
+#include "server/daemon.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "kernels/reference.h"
+#include "proto/paramd.grpc.pb.h"
+#include "safetensors/safetensors.h"
+#include "server/async_util.h"
+#include "server/chunks.h"
+#include "server/convert.h"
+#include "server/data_plane.h"
+
+namespace paramd {
+namespace {
+
+constexpr char kTag[] = "daemon";
+constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
+
+// One thread running posted tasks in order.
+class Worker {
+ public:
+  Worker() : thread_([this] { Run(); }) {}
+  ~Worker() { Stop(); }
+
+  void Post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    tasks_.push_back(std::move(task));
+    cv_.notify_one();
+  }
+
+  // Runs the queued tasks, then joins. Idempotent.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Rows [row_begin, row_end) of a [rows][cols] tensor of a safetensors file,
+// converted to FP32.
+absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef& def,
+                      const ShardDef& shard, absl::Span<float> out) {
+  const safetensors::TensorInfo* info = file.Find(def.name);
+  if (info == nullptr) {
+    return absl::NotFoundError(absl::StrCat(file.path(), ": no tensor ", def.name));
+  }
+  if (info->num_elements != def.rows * def.cols) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor ", def.name, " has ",
+                                                   info->num_elements, " elements, manifest says ",
+                                                   def.rows, " x ", def.cols));
+  }
+  const int64_t n = shard.rows() * def.cols;
+  const int elem = safetensors::DtypeSize(info->dtype);
+  std::vector<uint8_t> bytes(n * elem);
+  RETURN_IF_ERROR(file.ReadTensorBytes(*info, shard.row_begin * def.cols * elem,
+                                       absl::MakeSpan(bytes)));
+  switch (info->dtype) {
+    case safetensors::Dtype::kF32:
+      std::memcpy(out.data(), bytes.data(), n * 4);
+      return absl::OkStatus();
+    case safetensors::Dtype::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = ref::DecodeBf16(static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
+      }
+      return absl::OkStatus();
+    case safetensors::Dtype::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8));
+        const int exp = (h >> 10) & 0x1F;
+        const int mant = h & 0x3FF;
+        float v;
+        if (exp == 0) {
+          v = std::ldexp(static_cast<float>(mant), -24);
+        } else if (exp == 31) {
+          v = mant ? std::numeric_limits<float>::quiet_NaN()
+                   : std::numeric_limits<float>::infinity();
+        } else {
+          v = std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+        }
+        out[i] = (h & 0x8000) ? -v : v;
+      }
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor ", def.name, " has dtype ",
+                       safetensors::DtypeName(info->dtype), "; want F32, BF16 or F16"));
+  }
+}
+
+}  // namespace
+
+class FetchReactor;
+
+class Daemon::Impl : public rpc::Daemon::CallbackService {
+ public:
+  friend class Daemon;
+  explicit Impl(DaemonOptions options) : options_(std::move(options)) {}
+
+  ~Impl() override { Shutdown(); }
+
+  void Start(const std::string& address, const std::string& coordinator) {
+    {
+      absl::MutexLock lock(&mu_);
+      address_ = address;
+    }
+    channel_ = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+    coordinator_ = rpc::Coordinator::NewStub(channel_);
+    join_thread_ = std::thread([this] { JoinLoop(); });
+  }
+
+  void Shutdown() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return;
+      shut_down_ = true;
+      if (join_context_ != nullptr) join_context_->TryCancel();
+    }
+    if (join_thread_.joinable()) join_thread_.join();
+    if (data_plane_) data_plane_->Shutdown();  // unblocks a step in the all-reduce
+    worker_.Stop();
+    publish_waiters_.WakeAll();
+  }
+
+  int rank() const {
+    absl::MutexLock lock(&mu_);
+    return rank_;
+  }
+
+  int64_t published_version() const {
+    absl::MutexLock lock(&mu_);
+    return latest_ ? latest_->version : -1;
+  }
+
+  // ---- RPCs ----
+
+  grpc::ServerReadReactor<rpc::PushGradientsRequest>* PushGradients(
+      grpc::CallbackServerContext* context, rpc::PushGradientsResponse* response) override;
+  grpc::ServerWriteReactor<rpc::FetchResponse>* Fetch(grpc::CallbackServerContext* context,
+                                                      const rpc::FetchRequest* request) override;
+  grpc::ServerReadReactor<rpc::PushWeightsRequest>* PushWeights(
+      grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) override;
+
+  grpc::ServerUnaryReactor* LoadShards(grpc::CallbackServerContext* context,
+                                       const rpc::LoadShardsRequest* request,
+                                       rpc::LoadShardsResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<ModelView> view;
+    {
+      absl::MutexLock lock(&mu_);
+      if (rank_ < 0) {
+        reactor->Finish(ToGrpcStatus(absl::UnavailableError("daemon has not joined yet")));
+        return reactor;
+      }
+      if (request->daemon_rank() != rank_) {
+        reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+            "LoadShards for daemon rank ", request->daemon_rank(), " sent to rank ", rank_))));
+        return reactor;
+      }
+      view = MakeModelView(request->manifest(), rank_, ++generation_);
+    }
+    if (!view.ok()) {
+      reactor->Finish(ToGrpcStatus(view.status()));
+      return reactor;
+    }
+    auto shared_view = std::make_shared<const ModelView>(*std::move(view));
+    worker_.Post([this, shared_view, path = request->safetensors_path(),
+                  pushers = request->expected_pushers(), reactor, response] {
+      absl::StatusOr<int64_t> v = LoadOnWorker(shared_view, path, pushers);
+      if (v.ok()) response->set_published_version(*v);
+      reactor->Finish(ToGrpcStatus(v.status()));
+    });
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
+                                 const rpc::DaemonStepRequest* request,
+                                 rpc::DaemonStepResponse* response) override {
+    const int64_t from = request->version();
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Status s = StartAdminStepLocked(from);
+      if (!s.ok()) {
+        grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+        reactor->Finish(ToGrpcStatus(s));
+        return reactor;
+      }
+    }
+    return StartWaitingUnary(&publish_waiters_,
+                             [this, from, response]() -> std::optional<grpc::Status> {
+                               absl::MutexLock lock(&mu_);
+                               if (latest_ && latest_->version > from) {
+                                 response->set_published_version(latest_->version);
+                                 return grpc::Status::OK;
+                               }
+                               if (shut_down_) {
+                                 return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                     "daemon shutting down");
+                               }
+                               if (!stepping_ && failed_step_from_ == from) {
+                                 return ToGrpcStatus(last_step_error_);
+                               }
+                               return std::nullopt;
+                             });
+  }
+
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const rpc::GetStatsRequest* request,
+                                     rpc::GetStatsResponse* response) override {
+    FillStats(request->include_shards(), response->mutable_stats());
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  // ---- Used by the reactors ----
+
+  // What a fetch should do now.
+  struct FetchTarget {
+    std::shared_ptr<const PublishedVersion> version;  // null: wait
+    std::shared_ptr<const ModelView> view;
+    int rank = -1;
+  };
+  absl::StatusOr<FetchTarget> ResolveFetch(int64_t version) {
+    absl::MutexLock lock(&mu_);
+    FetchTarget t;
+    if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    if (!latest_ || version > latest_->version) return t;  // wait
+    t.view = view_;
+    t.rank = rank_;
+    if (version < 0 || version == latest_->version) {
+      t.version = latest_;
+    } else if (previous_ && version == previous_->version) {
+      t.version = previous_;
+    } else {
+      return absl::NotFoundError(absl::StrCat(
+          "version ", version, " was dropped; this daemon holds versions ",
+          previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
+    }
+    return t;
+  }
+
+  WaitList* publish_waiters() { return &publish_waiters_; }
+  int64_t default_chunk_bytes() const { return options_.default_chunk_bytes; }
+  void AddServed(Direction d, int64_t bytes) {
+    bytes_served_[d == Direction::kRowwise ? 0 : 1].fetch_add(bytes);
+  }
+
+  // First message of a push stream: fails fast on a bad version or pusher.
+  absl::StatusOr<std::shared_ptr<const ModelView>> BeginPush(int64_t version,
+                                                             const std::string& pusher) {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckPushLocked(version, pusher));
+    return view_;
+  }
+
+  // Sums a complete push into the accumulators, exactly once per pusher and
+  // version; may start the step.
+  absl::Status CommitPush(int64_t version, const std::string& pusher, const ModelView& view,
+                          std::vector<StagedPiece>& pieces, int64_t bytes,
+                          rpc::PushGradientsResponse* response) {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckPushLocked(version, pusher));
+    if (view.generation != view_->generation) {
+      return absl::FailedPreconditionError("the model was reloaded during the push");
+    }
+    for (StagedPiece& p : pieces) {
+      absl::Span<float> g = shards_->gradient(p.shard);
+      const ShardDef& shard = shards_->shards()[p.shard];
+      const int64_t cols = view.tensors[p.tensor].cols;
+      float* dst = g.data() + (p.row_begin - shard.row_begin) * cols;
+      for (size_t i = 0; i < p.values.size(); ++i) dst[i] += p.values[i];
+    }
+    pushers_.insert(pusher);
+    bytes_pushed_.fetch_add(bytes);
+    response->set_version(version);
+    response->set_pushers_received(static_cast<int>(pushers_.size()));
+    response->set_pushers_expected(expected_pushers_);
+    response->set_bytes_received(bytes);
+    MaybeStartStepLocked();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<const ModelView>> BeginWeights() {
+    absl::MutexLock lock(&mu_);
+    if (!awaiting_weights_) {
+      return absl::FailedPreconditionError(
+          "this daemon is not waiting for pushed weights (load with declared tensors first)");
+    }
+    return view_;
+  }
+
+  absl::Status CommitWeights(const ModelView& view, std::vector<StagedPiece>& pieces,
+                             rpc::PushWeightsResponse* response, int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    if (!awaiting_weights_ || view.generation != view_->generation) {
+      return absl::FailedPreconditionError("the model was reloaded or published meanwhile");
+    }
+    for (StagedPiece& p : pieces) {
+      absl::Span<float> m = shards_->master(p.shard);
+      const ShardDef& shard = shards_->shards()[p.shard];
+      const int64_t cols = view.tensors[p.tensor].cols;
+      std::copy(p.values.begin(), p.values.end(),
+                m.begin() + (p.row_begin - shard.row_begin) * cols);
+      std::vector<bool>& loaded = rows_loaded_[p.shard];
+      for (int64_t r = p.row_begin; r < p.row_end; ++r) {
+        if (!loaded[r - shard.row_begin]) {
+          loaded[r - shard.row_begin] = true;
+          --rows_missing_;
+        }
+      }
+    }
+    response->set_bytes_received(bytes);
+    response->set_complete(rows_missing_ == 0);
+    if (rows_missing_ == 0) {
+      awaiting_weights_ = false;
+      stepping_ = true;
+      stepping_from_ = -1;
+      worker_.Post([this] { RunStep(-1, /*apply_optimizer=*/false); });
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status CheckPushLocked(int64_t version, const std::string& pusher)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pusher.empty()) return absl::InvalidArgumentError("push without pusher_id");
+    if (!latest_) {
+      return absl::FailedPreconditionError("no model published on this daemon yet");
+    }
+    const int64_t current = latest_->version;
+    if (version == current && pushers_.count(pusher) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat("pusher ", pusher,
+                                                   " already pushed gradients for version ",
+                                                   version, " to this daemon"));
+    }
+    if (version < current) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stale push for version ", version, ": this daemon is at version ", current));
+    }
+    if (version > current) {
+      return absl::OutOfRangeError(absl::StrCat("push for future version ", version,
+                                                ": this daemon is at version ", current,
+                                                "; wait for it first"));
+    }
+    if (stepping_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", version, " is being stepped; push for version ", version + 1, " later"));
+    }
+    if (expected_pushers_ > 0 && static_cast<int>(pushers_.size()) >= expected_pushers_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "all ", expected_pushers_, " expected pushers already pushed version ", version));
+    }
+    return absl::OkStatus();
+  }
+
+  void MaybeStartStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!latest_ || stepping_ || expected_pushers_ <= 0 ||
+        static_cast<int>(pushers_.size()) < expected_pushers_) {
+      return;
+    }
+    stepping_ = true;
+    stepping_from_ = latest_->version;
+    const int64_t from = stepping_from_;
+    worker_.Post([this, from] { RunStep(from, /*apply_optimizer=*/true); });
+  }
+
+  absl::Status StartAdminStepLocked(int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!latest_) return absl::FailedPreconditionError("no model published on this daemon yet");
+    if (stepping_ && stepping_from_ == from) return absl::OkStatus();  // already running
+    if (from < latest_->version) return absl::OkStatus();  // already done: reported at once
+    if (from > latest_->version) {
+      return absl::OutOfRangeError(absl::StrCat("step from version ", from,
+                                                ": this daemon is at version ",
+                                                latest_->version));
+    }
+    if (stepping_) return absl::FailedPreconditionError("another step is running");
+    stepping_ = true;
+    stepping_from_ = from;
+    worker_.Post([this, from] { RunStep(from, /*apply_optimizer=*/true); });
+    return absl::OkStatus();
+  }
+
+  // Worker thread. `from` = -1 publishes version 0 without an optimizer step.
+  void RunStep(int64_t from, bool apply_optimizer) {
+    AllReduceMaxFn all_reduce;
+    ShardSet* shards;
+    {
+      absl::MutexLock lock(&mu_);
+      all_reduce = all_reduce_;
+      shards = shards_.get();
+    }
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
+        all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce)
+                   : absl::FailedPreconditionError("data plane not open");
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    {
+      absl::MutexLock lock(&mu_);
+      stepping_ = false;
+      if (result.ok()) {
+        previous_ = from < 0 ? nullptr : latest_;
+        latest_ = *result;
+        pushers_.clear();
+        last_step_seconds_ = seconds;
+        if (apply_optimizer) ++steps_;
+      } else {
+        failed_step_from_ = from;
+        last_step_error_ = result.status();
+      }
+    }
+    publish_waiters_.WakeAll();
+    if (!result.ok()) {
+      Log(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
+      return;
+    }
+    ReportVersion(from + 1, seconds);
+  }
+
+  // Worker thread: installs a new model and (from a file) publishes v0.
+  absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
+                                       const std::string& path, int expected_pushers) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ShardSet> shards,
+                     ShardSet::Create(view->tensors, view->shards, options_.optimizer));
+    if (!path.empty()) {
+      ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
+                       safetensors::SafetensorsFile::Open(path));
+      for (size_t i = 0; i < shards->shards().size(); ++i) {
+        const ShardDef& d = shards->shards()[i];
+        RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->master(i)));
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      shards_ = std::move(shards);
+      view_ = view;
+      expected_pushers_ = expected_pushers;
+      latest_ = nullptr;
+      previous_ = nullptr;
+      pushers_.clear();
+      failed_step_from_ = -2;
+      rows_loaded_.clear();
+      rows_missing_ = 0;
+      for (const ShardDef& d : view->shards) {
+        rows_loaded_.emplace_back(d.rows(), path.empty() ? false : true);
+        if (path.empty()) rows_missing_ += d.rows();
+      }
+      awaiting_weights_ = path.empty() && rows_missing_ > 0;
+      if (awaiting_weights_) return -1;
+      stepping_ = true;
+      stepping_from_ = -1;
+    }
+    Log(kTag, absl::StrCat("rank ", view->rank, ": loaded ", view->shards.size(), " shards of ",
+                           view->tensors.size(), " tensors"));
+    RunStep(-1, /*apply_optimizer=*/false);
+    absl::MutexLock lock(&mu_);
+    if (!latest_) return last_step_error_;
+    return latest_->version;
+  }
+
+  void ReportVersion(int64_t version, double seconds) {
+    rpc::ReportVersionRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_member_id(member_id_);
+      request.set_daemon_rank(rank_);
+    }
+    request.set_published_version(version);
+    request.set_step_seconds(seconds);
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.coordinator_call_timeout));
+      rpc::ReportVersionResponse response;
+      grpc::Status s = coordinator_->ReportVersion(&context, request, &response);
+      if (s.ok()) return;
+      Log(kTag, absl::StrCat("ReportVersion(", version, ") failed: ", s.error_message()));
+      {
+        absl::MutexLock lock(&mu_);
+        if (shut_down_) return;
+      }
+      absl::SleepFor(absl::Milliseconds(200 << attempt));
+    }
+  }
+
+  void JoinLoop() {
+    const absl::Time give_up = absl::Now() + options_.join_timeout;
+    absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
+        DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
+                              options_.step_timeout);
+    if (!data_plane.ok()) {
+      absl::MutexLock lock(&mu_);
+      join_error_ = absl::StrCat("data plane: ", data_plane.status().ToString());
+      Log(kTag, join_error_);
+      return;
+    }
+    data_plane_ = *std::move(data_plane);
+    rpc::JoinRequest request;
+    request.set_role(rpc::ROLE_DAEMON);
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_address(address_);
+    }
+    request.set_data_plane_address(data_plane_->address());
+    request.set_name(absl::StrCat("daemon@", request.address()));
+    request.set_wait_for_world(true);
+    while (absl::Now() < give_up) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(30))));
+      context.set_wait_for_ready(true);
+      {
+        absl::MutexLock lock(&mu_);
+        if (shut_down_) return;
+        join_context_ = &context;
+      }
+      rpc::JoinResponse response;
+      grpc::Status s = coordinator_->Join(&context, request, &response);
+      {
+        absl::MutexLock lock(&mu_);
+        join_context_ = nullptr;
+        if (shut_down_) return;
+      }
+      if (s.ok()) {
+        absl::StatusOr<AllReduceMaxFn> all_reduce =
+            data_plane_->Connect(response.data_plane(), response.rank());
+        absl::MutexLock lock(&mu_);
+        rank_ = response.rank();
+        member_id_ = response.member_id();
+        if (all_reduce.ok()) {
+          all_reduce_ = *std::move(all_reduce);
+        } else {
+          join_error_ = all_reduce.status().ToString();
+        }
+        Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
+                               response.data_plane().num_daemons(),
+                               all_reduce.ok() ? "" : absl::StrCat("; data plane: ", join_error_)));
+        return;
+      }
+      const grpc::StatusCode code = s.error_code();
+      if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED) {
+        absl::MutexLock lock(&mu_);
+        join_error_ = absl::StrCat("join refused: ", s.error_message());
+        Log(kTag, join_error_);
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    absl::MutexLock lock(&mu_);
+    join_error_ = "could not join the coordinator before join_timeout";
+    Log(kTag, join_error_);
+  }
+
+  void FillStats(bool include_shards, rpc::DaemonStats* stats) const {
+    absl::MutexLock lock(&mu_);
+    stats->set_rank(rank_);
+    stats->set_address(address_);
+    stats->set_published_version(latest_ ? latest_->version : -1);
+    if (previous_) stats->add_held_versions(previous_->version);
+    if (latest_) stats->add_held_versions(latest_->version);
+    stats->set_pushers_received(static_cast<int>(pushers_.size()));
+    stats->set_pushers_expected(expected_pushers_);
+    stats->set_bytes_served_rowwise(bytes_served_[0].load());
+    stats->set_bytes_served_columnwise(bytes_served_[1].load());
+    stats->set_bytes_pushed(bytes_pushed_.load());
+    stats->set_steps(steps_);
+    stats->set_last_step_seconds(last_step_seconds_);
+    std::string error = join_error_;
+    if (failed_step_from_ > -2 && !last_step_error_.ok()) {
+      absl::StrAppend(&error, error.empty() ? "" : "; ", "step from ", failed_step_from_,
+                      " failed: ", last_step_error_.ToString());
+    }
+    stats->set_error(error);
+    if (!include_shards || !latest_ || !view_) return;
+    for (const PublishedPiece& p : latest_->pieces) {
+      if (stats->shards_size() == 0 || stats->shards().rbegin()->tensor() !=
+                                           view_->tensors[p.tensor].name ||
+          stats->shards().rbegin()->row_begin() != p.row_begin) {
+        rpc::ShardStats* s = stats->add_shards();
+        s->set_tensor(view_->tensors[p.tensor].name);
+        s->set_row_begin(p.row_begin);
+        s->set_row_end(p.row_end);
+      }
+      rpc::DirectionStats* d = stats->mutable_shards()->rbegin()->add_directions();
+      d->set_direction(DirectionToProto(p.direction));
+      d->set_format(FormatToProto(p.q.format));
+      d->set_scale(p.scale);
+      d->set_scale_inv(p.q.scale_inv);
+      d->set_amax(p.q.amax);
+      // Delayed scaling records the reduced amax of the cast as its newest
+      // history entry.
+      if (p.q.format == Format::kFp8Delayed) d->set_amax_history_head(p.q.amax);
+    }
+  }
+
+  DaemonOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
+  std::thread join_thread_;
+  std::unique_ptr<DaemonDataPlane> data_plane_;  // written by the join thread only
+  Worker worker_;
+  WaitList publish_waiters_;
+  std::atomic<int64_t> bytes_served_[2] = {0, 0};
+  std::atomic<int64_t> bytes_pushed_{0};
+
+  mutable absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* join_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string member_id_ ABSL_GUARDED_BY(mu_);
+  std::string join_error_ ABSL_GUARDED_BY(mu_);
+  AllReduceMaxFn all_reduce_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const ModelView> view_ ABSL_GUARDED_BY(mu_);
+  // Written under mu_ between steps; the worker uses it without mu_ while
+  // stepping_ (no push can commit then).
+  std::unique_ptr<ShardSet> shards_;
+  int expected_pushers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool awaiting_weights_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::vector<bool>> rows_loaded_ ABSL_GUARDED_BY(mu_);
+  int64_t rows_missing_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const PublishedVersion> latest_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const PublishedVersion> previous_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> pushers_ ABSL_GUARDED_BY(mu_);
+  bool stepping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t stepping_from_ ABSL_GUARDED_BY(mu_) = -2;
+  int64_t failed_step_from_ ABSL_GUARDED_BY(mu_) = -2;
+  absl::Status last_step_error_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
+  double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+namespace {
+
+// ---- Client-streaming uploads of GradientChunks ----
+//
+// Every message is validated as it arrives; the stream's content is applied
+// only when the client closes it successfully. A client that disconnects
+// mid-stream (cancelled) applies nothing.
+template <class Request, class Response>
+class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
+ public:
+  ChunkStreamReactor(Daemon::Impl* daemon, grpc::CallbackServerContext* context,
+                     Response* response)
+      : daemon_(daemon), context_(context), response_(response) {}
+
+  void OnReadDone(bool ok) override {
+    absl::Status s;
+    if (!ok) {
+      s = context_->IsCancelled() ? absl::CancelledError("upload cancelled; nothing applied")
+                                  : OnComplete();
+      this->Finish(ToGrpcStatus(s));
+      return;
+    }
+    s = OnMessage(request_);
+    if (!s.ok()) {
+      this->Finish(ToGrpcStatus(s));
+      return;
+    }
+    this->StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ protected:
+  virtual absl::Status OnMessage(const Request& request) = 0;
+  virtual absl::Status OnComplete() = 0;
+
+  Daemon::Impl* const daemon_;
+  grpc::CallbackServerContext* const context_;
+  Response* const response_;
+  Request request_;
+  std::shared_ptr<const ModelView> view_;
+  std::optional<ChunkAssembler> assembler_;
+};
+
+// PushGradients: one atomic contribution of one pusher for one version.
+class PushReactor
+    : public ChunkStreamReactor<rpc::PushGradientsRequest, rpc::PushGradientsResponse> {
+ public:
+  using ChunkStreamReactor::ChunkStreamReactor;
+  void Begin() { StartRead(&request_); }
+
+ private:
+  absl::Status OnMessage(const rpc::PushGradientsRequest& request) override {
+    if (view_ == nullptr) {
+      version_ = request.version();
+      pusher_ = request.pusher_id();
+      ASSIGN_OR_RETURN(view_, daemon_->BeginPush(version_, pusher_));
+      assembler_.emplace(view_.get(), /*allow_non_finite=*/false);
+    } else if ((request.version() != 0 && request.version() != version_) ||
+               (!request.pusher_id().empty() && request.pusher_id() != pusher_)) {
+      return absl::InvalidArgumentError("version/pusher_id changed inside a push stream");
+    }
+    if (!request.has_chunk()) return absl::OkStatus();
+    return assembler_->Add(request.chunk());
+  }
+
+  absl::Status OnComplete() override {
+    if (view_ == nullptr) return absl::InvalidArgumentError("empty push stream (no version)");
+    RETURN_IF_ERROR(assembler_->Close());
+    return daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
+                               assembler_->bytes(), response_);
+  }
+
+  int64_t version_ = 0;
+  std::string pusher_;
+};
+
+// PushWeights: rows of a model loaded with declared tensors.
+class WeightsReactor
+    : public ChunkStreamReactor<rpc::PushWeightsRequest, rpc::PushWeightsResponse> {
+ public:
+  using ChunkStreamReactor::ChunkStreamReactor;
+  void Begin() {
+    absl::StatusOr<std::shared_ptr<const ModelView>> view = daemon_->BeginWeights();
+    if (!view.ok()) {
+      Finish(ToGrpcStatus(view.status()));
+      return;
+    }
+    view_ = *std::move(view);
+    assembler_.emplace(view_.get(), /*allow_non_finite=*/true);
+    StartRead(&request_);
+  }
+
+ private:
+  absl::Status OnMessage(const rpc::PushWeightsRequest& request) override {
+    return assembler_->Add(request.chunk());
+  }
+  absl::Status OnComplete() override {
+    RETURN_IF_ERROR(assembler_->Close());
+    return daemon_->CommitWeights(*view_, assembler_->pieces(), response_, assembler_->bytes());
+  }
+};
+
+}  // namespace
+
+// ---- Fetch: plan, then chunks; waits for unpublished versions ----
+//
+// The published version is held by shared_ptr: a step publishing newer
+// versions never changes the bytes being streamed.
+class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
+ public:
+  FetchReactor(Daemon::Impl* daemon, const rpc::FetchRequest& request)
+      : WaitingWriter(daemon->publish_waiters()), daemon_(daemon), request_(request) {}
+
+ private:
+  struct Segment {
+    int piece;
+    rpc::BufferKind kind;
+    const std::vector<uint8_t>* bytes;
+    Direction direction;
+  };
+
+  void PumpLocked() override {
+    if (started_) {
+      WriteNextLocked();
+      return;
+    }
+    // Registers before resolving so that a publish in between still wakes us.
+    RegisterLocked();
+    absl::StatusOr<Daemon::Impl::FetchTarget> target = daemon_->ResolveFetch(request_.version());
+    if (target.ok() && target->version == nullptr) return;  // wait for a publish
+    UnregisterLocked();
+    started_ = true;
+    absl::Status s = target.ok() ? BuildPlan(*target) : target.status();
+    if (!s.ok()) {
+      FinishLocked(ToGrpcStatus(s));
+      return;
+    }
+    WriteNextLocked();
+  }
+
+  void OnWrittenLocked() override {
+    if (last_chunk_bytes_ > 0) daemon_->AddServed(last_direction_, last_chunk_bytes_);
+  }
+
+  absl::Status BuildPlan(const Daemon::Impl::FetchTarget& target)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    version_ = target.version;
+    const ModelView& view = *target.view;
+    chunk_bytes_ = request_.max_chunk_bytes() > 0 ? request_.max_chunk_bytes()
+                                                  : daemon_->default_chunk_bytes();
+    chunk_bytes_ = std::min(chunk_bytes_, kMaxChunkBytes);
+    // Selected (tensor, direction) pairs; empty = all.
+    std::vector<std::pair<int, std::vector<Direction>>> wanted;
+    for (const rpc::TensorDirections& td : request_.tensors()) {
+      const int t = view.Find(td.tensor());
+      if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", td.tensor(), "\""));
+      std::vector<Direction> dirs;
+      for (int d : td.directions()) {
+        ASSIGN_OR_RETURN(Direction dir, DirectionFromProto(static_cast<rpc::Direction>(d)));
+        const HybridSpec& spec = view.tensors[t].spec;
+        if (!(dir == Direction::kRowwise ? spec.rowwise_usage : spec.columnwise_usage)) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "tensor ", td.tensor(), " does not publish a ", DirectionName(dir), " copy"));
+        }
+        dirs.push_back(dir);
+      }
+      wanted.emplace_back(t, std::move(dirs));
+    }
+    rpc::FetchPlan* plan = plan_message_.mutable_plan();
+    plan->set_version(version_->version);
+    plan->set_daemon_rank(target.rank);
+    auto add = [&](const PublishedPiece& p) {
+      const int index = plan->pieces_size();
+      rpc::FetchPiece* fp = plan->add_pieces();
+      fp->set_tensor(view.tensors[p.tensor].name);
+      fp->set_tensor_index(p.tensor);
+      fp->set_direction(DirectionToProto(p.direction));
+      fp->set_row_begin(p.row_begin);
+      fp->set_row_end(p.row_end);
+      fp->set_cols(view.tensors[p.tensor].cols);
+      fp->set_format(FormatToProto(p.q.format));
+      *fp->mutable_layout() = LayoutToProto(p.layout);
+      fp->set_data_bytes(p.q.data.size());
+      fp->set_scale_bytes(p.q.scales.size());
+      fp->set_scale_inv(p.q.scale_inv);
+      fp->set_amax(p.q.amax);
+      if (!request_.plan_only()) {
+        segments_.push_back({index, rpc::BUFFER_DATA, &p.q.data, p.direction});
+        segments_.push_back({index, rpc::BUFFER_SCALES, &p.q.scales, p.direction});
+      }
+    };
+    if (wanted.empty()) {
+      for (const PublishedPiece& p : version_->pieces) add(p);
+    } else {
+      for (const auto& [t, dirs] : wanted) {
+        for (const PublishedPiece& p : version_->pieces) {
+          if (p.tensor != t) continue;
+          if (!dirs.empty() && std::find(dirs.begin(), dirs.end(), p.direction) == dirs.end()) {
+            continue;
+          }
+          add(p);
+        }
+      }
+    }
+    plan_pending_ = true;
+    return absl::OkStatus();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    last_chunk_bytes_ = 0;
+    if (plan_pending_) {
+      plan_pending_ = false;
+      WriteLocked(&plan_message_);
+      return;
+    }
+    while (segment_ < segments_.size() &&
+           offset_ >= static_cast<int64_t>(segments_[segment_].bytes->size())) {
+      ++segment_;
+      offset_ = 0;
+    }
+    if (segment_ >= segments_.size()) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    const Segment& seg = segments_[segment_];
+    const int64_t n =
+        std::min<int64_t>(chunk_bytes_, static_cast<int64_t>(seg.bytes->size()) - offset_);
+    rpc::FetchChunk* chunk = chunk_message_.mutable_chunk();
+    chunk->set_piece(seg.piece);
+    chunk->set_buffer(seg.kind);
+    chunk->set_offset(offset_);
+    chunk->set_data(reinterpret_cast<const char*>(seg.bytes->data()) + offset_, n);
+    offset_ += n;
+    last_chunk_bytes_ = n;
+    last_direction_ = seg.direction;
+    WriteLocked(&chunk_message_);
+  }
+
+  Daemon::Impl* const daemon_;
+  const rpc::FetchRequest request_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const PublishedVersion> version_ ABSL_GUARDED_BY(mu_);
+  rpc::FetchResponse plan_message_ ABSL_GUARDED_BY(mu_);
+  rpc::FetchResponse chunk_message_ ABSL_GUARDED_BY(mu_);
+  bool plan_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Segment> segments_ ABSL_GUARDED_BY(mu_);
+  size_t segment_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t last_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  Direction last_direction_ ABSL_GUARDED_BY(mu_) = Direction::kRowwise;
+};
+
+grpc::ServerReadReactor<rpc::PushGradientsRequest>* Daemon::Impl::PushGradients(
+    grpc::CallbackServerContext* context, rpc::PushGradientsResponse* response) {
+  auto* reactor = new PushReactor(this, context, response);
+  reactor->Begin();
+  return reactor;
+}
+
+grpc::ServerWriteReactor<rpc::FetchResponse>* Daemon::Impl::Fetch(
+    grpc::CallbackServerContext* /*context*/, const rpc::FetchRequest* request) {
+  auto* reactor = new FetchReactor(this, *request);
+  reactor->Begin();
+  return reactor;
+}
+
+grpc::ServerReadReactor<rpc::PushWeightsRequest>* Daemon::Impl::PushWeights(
+    grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) {
+  auto* reactor = new WeightsReactor(this, context, response);
+  reactor->Begin();
+  return reactor;
+}
+
+// ---- Daemon ----
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
+  RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  if (options.data_plane.empty()) return absl::InvalidArgumentError("daemon: no data plane");
+  if (options.default_chunk_bytes < 1) {
+    return absl::InvalidArgumentError("daemon: default_chunk_bytes must be >= 1");
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::make_unique<Impl>(std::move(options))));
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::~Daemon() { Shutdown(); }
+grpc::Service* Daemon::service() { return impl_.get(); }
+void Daemon::Start(const std::string& address, const std::string& coordinator) {
+  impl_->Start(address, coordinator);
+}
+void Daemon::Shutdown() { impl_->Shutdown(); }
+int Daemon::rank() const { return impl_->rank(); }
+int64_t Daemon::published_version() const { return impl_->published_version(); }
+rpc::DaemonStats Daemon::Stats(bool include_shards) const {
+  rpc::DaemonStats stats;
+  impl_->FillStats(include_shards, &stats);
+  return stats;
+}
+
+}  // namespace paramd

@@ -1,0 +1,100 @@
+// File: server/daemon.h
+//
+// The daemon role of `hybrid-paramd`: a gRPC server (service
+// paramd.rpc.Daemon of proto/paramd.proto) that owns the shards the
+// coordinator's plan gives it. Per shard it keeps the FP32 master, the
+// optimizer state and the FP32 gradient accumulator (server/shard_set.h);
+// it publishes the quantized copies of the last two versions, immutable
+// once published (a fetch of version v is never torn by the step writing
+// v+1; a fetch of an older version gets NOT_FOUND).
+//
+// Life of a daemon:
+//   1. Start() returns at once; a background thread joins the
+//      coordinator (retrying while it is unreachable) and waits for the
+//      world (every expected daemon), then opens the data plane used for
+//      the amax all-reduce.
+//   2. The coordinator sends LoadShards (manifest + shard plan + weights
+//      source); the daemon loads its rows and publishes version 0.
+//   3. Trainers push gradients for the current version; when every expected
+//      pusher's push has been summed (or on an admin Step) the daemon runs
+//      the step of DESIGN.md §3 on its worker thread, publishes v+1 and
+//      reports it to the coordinator.
+//
+// Threading: all public methods are thread-safe. gRPC callbacks never
+// block; loads and steps run on one worker thread per daemon.
+#ifndef PARAMD_SERVER_DAEMON_H_
+#define PARAMD_SERVER_DAEMON_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/paramd.pb.h"
+#include "server/optimizer.h"
+#include "server/shard_set.h"
+
+namespace paramd {
+
+struct DaemonOptions {
+  // Used when no checkpoint sets them.
+  OptimizerOptions optimizer;
+  // Upper bound of a fetch chunk when the request gives none.
+  int64_t default_chunk_bytes = int64_t{1} << 20;
+  // How long to keep trying to join the coordinator before giving up (the
+  // daemon then keeps serving, unjoined, and says so in GetStats).
+  absl::Duration join_timeout = absl::Minutes(5);
+  // Deadline of each call to the coordinator (ReportVersion).
+  absl::Duration coordinator_call_timeout = absl::Seconds(10);
+  // Data-plane backend for the amax all-reduce (server/data_plane.h): "host"
+  // or "local"; must match the coordinator's.
+  std::string data_plane = "host";
+  // Where the data-plane endpoint listens (host: "ip:port"; "" =
+  // "127.0.0.1:0", one machine; use "0.0.0.0:0" across machines).
+  std::string data_plane_listen;
+  // A step (its all-reduce) that takes longer fails with ABORTED.
+  absl::Duration step_timeout = absl::Seconds(60);
+};
+
+// The daemon: its gRPC service and its worker. Served by ParamdServer
+// (server/server.h), which binds the port and then calls Start().
+class Daemon {
+ public:
+  // InvalidArgument for bad options.
+  static absl::StatusOr<std::unique_ptr<Daemon>> Create(DaemonOptions options);
+
+  ~Daemon();  // Shutdown()
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // The paramd.rpc.Daemon service to register. Owned by this object.
+  grpc::Service* service();
+  // Starts joining the coordinator at `coordinator` ("host:port") in the
+  // background, advertising `address` (this daemon's reachable
+  // "host:port"). Call once, after the server serving service() started.
+  void Start(const std::string& address, const std::string& coordinator);
+  // Stops the join thread and the worker; fails waiting calls. Call after
+  // the gRPC server has shut down. Idempotent.
+  void Shutdown();
+
+  // Rank once joined, else -1.
+  int rank() const;
+  // Latest published version, -1 if none.
+  int64_t published_version() const;
+  // What GetStats returns.
+  rpc::DaemonStats Stats(bool include_shards) const;
+
+  class Impl;
+
+ private:
+  explicit Daemon(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_DAEMON_H_

@@ -1,0 +1,63 @@
+// File: server/data_plane.h
+//
+// The daemons' side of the data plane: the packed amax all-reduce (MAX)
+// every step needs, over a Transport of //transport ("host" between
+// processes, "local" inside one). A daemon opens its endpoint before it
+// joins (the endpoint's address goes into the Join request), then connects
+// once the coordinator's rendezvous gives it its rank and the address book.
+// The daemons form the world 0..num_daemons-1; with one daemon the
+// all-reduce is the identity and nothing is connected.
+//
+// Threading: Open/Connect from one thread; the AllReduceMaxFn returned by
+// Connect is called from one thread at a time (the daemon's worker) and
+// stays valid while this object lives.
+#ifndef PARAMD_SERVER_DATA_PLANE_H_
+#define PARAMD_SERVER_DATA_PLANE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/paramd.pb.h"
+#include "server/shard_set.h"
+#include "transport/transport.h"
+
+namespace paramd {
+
+class DaemonDataPlane {
+ public:
+  // Opens an endpoint of backend `transport` ("host", "local") listening
+  // on `listen` (host: "ip:port", "" = "127.0.0.1:0"; local: fabric name).
+  // NOT_FOUND for a backend that is not linked in.
+  static absl::StatusOr<std::unique_ptr<DaemonDataPlane>> Open(const std::string& transport,
+                                                               const std::string& listen,
+                                                               absl::Duration step_timeout);
+  ~DaemonDataPlane();
+
+  // Give this to the coordinator as JoinRequest.data_plane_address.
+  std::string address() const { return address_; }
+
+  // Connects daemon `rank` to daemons 0..num_daemons-1 of `data_plane`.
+  // FAILED_PRECONDITION if the coordinator's transport differs from ours;
+  // INVALID_ARGUMENT for a rank outside the daemons or a missing address.
+  // The returned function fails (UNAVAILABLE / DEADLINE_EXCEEDED after
+  // step_timeout) when a peer is gone, never hangs.
+  absl::StatusOr<AllReduceMaxFn> Connect(const rpc::DataPlane& data_plane, int rank);
+
+  // Leaves the world (peers blocked in an all-reduce with us fail).
+  void Shutdown();
+
+ private:
+  DaemonDataPlane() = default;
+
+  std::string transport_name_;
+  absl::Duration step_timeout_;
+  std::string address_;
+  std::unique_ptr<TransportEndpoint> endpoint_;
+  std::unique_ptr<Transport> transport_;
+};
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_DATA_PLANE_H_

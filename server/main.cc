@@ -1,0 +1,181 @@
+// hybrid-paramd: the parameter-server process (coordinator and/or daemon).
+//
+//   hybrid-paramd                      # single node: coordinator + daemon on :7070
+//   hybrid-paramd --model=m.safetensors --recipe=r.textproto
+//   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070
+//   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071
+//
+// Flags live here only; the libraries take Options structs.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "recipe/recipe.h"
+#include "server/async_util.h"
+#include "server/metrics.h"
+#include "server/optimizer.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, role, "both", "coordinator | daemon | both (one process, one port)");
+ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (port 0 = any free port)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "address other processes use to reach this one (default 127.0.0.1:<port>)");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound gRPC port (one decimal line) to this file once serving");
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
+          "coordinator address (--role=daemon; --role=both uses its own)");
+ABSL_FLAG(int32_t, daemons, 1, "coordinator: number of daemons in the world");
+ABSL_FLAG(int32_t, expected_pushers, 1,
+          "coordinator: gradient pushes per version each daemon waits for before stepping "
+          "(0 = step only on an admin Step, e.g. `hpctl step`)");
+ABSL_FLAG(std::string, recipe, "",
+          "coordinator: recipe file (protobuf text, proto/recipe.proto); empty = built-in recipe");
+ABSL_FLAG(std::string, model, "",
+          "coordinator: safetensors file to load once every daemon has joined (readable by "
+          "every daemon)");
+ABSL_FLAG(std::string, data_plane, "host", "data plane for the daemons' amax all-reduce: host | local");
+ABSL_FLAG(std::string, data_plane_listen, "",
+          "daemon: data-plane listen address (host: \"\" = 127.0.0.1:0; use 0.0.0.0:0 across "
+          "machines)");
+ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
+ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
+ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
+ABSL_FLAG(double, beta2, 0.999, "daemon: AdamW beta2");
+ABSL_FLAG(double, adam_eps, 1e-8, "daemon: AdamW epsilon");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "daemon: weight decay (AdamW: decoupled; SGD: added to the gradient)");
+ABSL_FLAG(double, momentum, 0.0, "daemon: SGD momentum");
+ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
+ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "serve Prometheus text metrics on http://0.0.0.0:<port>/metrics (0 = off)");
+
+namespace paramd {
+namespace {
+
+absl::Status Run() {
+  ServerOptions options;
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "both" && role != "coordinator" && role != "daemon") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role must be coordinator, daemon or both, got \"", role, "\""));
+  }
+  options.run_coordinator = role != "daemon";
+  options.run_daemon = role != "coordinator";
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+
+  OptimizerOptions& opt = options.daemon.optimizer;
+  ASSIGN_OR_RETURN(opt.kind, ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
+  opt.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  opt.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
+  opt.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
+  opt.eps = static_cast<float>(absl::GetFlag(FLAGS_adam_eps));
+  opt.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  opt.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  options.daemon.default_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.daemon.data_plane = absl::GetFlag(FLAGS_data_plane);
+  options.daemon.data_plane_listen = absl::GetFlag(FLAGS_data_plane_listen);
+  options.daemon.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+
+  CoordinatorOptions& c = options.coordinator;
+  c.expected_daemons = absl::GetFlag(FLAGS_daemons);
+  c.expected_pushers = absl::GetFlag(FLAGS_expected_pushers);
+  c.data_plane = absl::GetFlag(FLAGS_data_plane);
+  c.model_path = absl::GetFlag(FLAGS_model);
+  c.optimizer_name = std::string(OptimizerName(opt.kind));
+  if (options.run_coordinator) {
+    auto recipe = std::make_shared<Recipe>(Recipe::Builtin());
+    if (!absl::GetFlag(FLAGS_recipe).empty()) {
+      ASSIGN_OR_RETURN(*recipe, Recipe::Load(absl::GetFlag(FLAGS_recipe)));
+    }
+    c.resolver = [recipe](const std::string& name,
+                          absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
+      return recipe->SpecFor(name);
+    };
+    c.recipe_parser = [](const std::string& text) -> absl::StatusOr<SpecResolver> {
+      ASSIGN_OR_RETURN(Recipe r, Recipe::Parse(text, "LoadRequest.recipe_text"));
+      auto shared = std::make_shared<Recipe>(std::move(r));
+      return SpecResolver([shared](const std::string& name,
+                                   absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
+        return shared->SpecFor(name);
+      });
+    };
+  }
+
+  // SIGINT/SIGTERM are taken by a thread (sigwait) that shuts down cleanly;
+  // block them before any thread exists so that every thread inherits it.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ASSIGN_OR_RETURN(std::unique_ptr<ParamdServer> server, ParamdServer::Start(options));
+  std::unique_ptr<MetricsExporter> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(absl::GetFlag(FLAGS_metrics_port),
+                                                     server.get()));
+  }
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << server->port() << "\n";
+      if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+    }
+  }
+  std::thread signal_thread([&server, signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    Log("hybrid-paramd", absl::StrCat("signal ", sig, ": shutting down"));
+    server->Shutdown();
+  });
+  server->Wait();
+  // Wait() returns after Shutdown(); wake the signal thread if it still waits.
+  pthread_kill(signal_thread.native_handle(), SIGTERM);
+  signal_thread.join();
+  metrics.reset();
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace paramd
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "hybrid-paramd: parameter-server daemon and coordinator for hybrid-quantized weights.\n"
+      "Alone it starts a single-node setup (coordinator + one daemon on :7070);\n"
+      "load a model with --model or `hpctl load`.\n"
+      "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]");
+  // `--help` lists the flags defined in this file (absl's default looks for
+  // a file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = paramd::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "hybrid-paramd: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,80 @@
+// File: server/server.h
+//
+// One `hybrid-paramd` process: a gRPC server on one port serving the
+// coordinator role, the daemon role or both (server/coordinator.h,
+// server/daemon.h), plus gRPC health checking and reflection. With both
+// roles the daemon joins its own coordinator through that port, so one
+// process is a complete single-node setup.
+//
+// Threading: thread-safe. Shutdown() may be called from any thread (not
+// from a signal handler).
+#ifndef PARAMD_SERVER_SERVER_H_
+#define PARAMD_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "server/coordinator.h"
+#include "server/daemon.h"
+
+namespace paramd {
+
+struct ServerOptions {
+  // "host:port"; port 0 picks a free port (see ParamdServer::port()).
+  std::string listen = "0.0.0.0:7070";
+  // The address other processes use to reach this one. Empty:
+  // "127.0.0.1:<bound port>" (single machine).
+  std::string advertise_address;
+  bool run_coordinator = true;
+  bool run_daemon = true;
+  CoordinatorOptions coordinator;
+  DaemonOptions daemon;
+  // Coordinator address for the daemon role. Empty with run_coordinator:
+  // this process. Required otherwise.
+  std::string coordinator_address;
+  // Served on the same port (e.g. checkpoint/). Not owned; must outlive the
+  // server.
+  std::vector<grpc::Service*> extra_services;
+  // Largest gRPC message accepted or sent.
+  int max_message_bytes = 64 << 20;
+};
+
+class ParamdServer {
+ public:
+  // InvalidArgument for bad options (no role, bad role options);
+  // Unavailable if `listen` cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ParamdServer>> Start(ServerOptions options);
+
+  ~ParamdServer();  // Shutdown()
+  ParamdServer(const ParamdServer&) = delete;
+  ParamdServer& operator=(const ParamdServer&) = delete;
+
+  int port() const { return port_; }
+  const std::string& address() const { return address_; }
+  // Null when the role does not run here.
+  Coordinator* coordinator() { return coordinator_.get(); }
+  Daemon* daemon() { return daemon_.get(); }
+
+  // Blocks until Shutdown().
+  void Wait();
+  // Fails waiting calls, stops the roles and the server. Idempotent.
+  void Shutdown();
+
+ private:
+  ParamdServer() = default;
+
+  int port_ = 0;
+  std::string address_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_SERVER_H_

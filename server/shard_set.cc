@@ -1,0 +1,266 @@
+#include "server/shard_set.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/reference.h"
+
+namespace paramd {
+namespace {
+
+constexpr int kRow = 0;
+constexpr int kCol = 1;
+
+bool IsDelayed(const QuantSpec& s) { return s.format == Format::kFp8Delayed; }
+
+// Whether the rowwise copy is computed at all (published, or as the
+// temporary source of a rowwise_dequantized columnwise copy).
+bool RowwiseComputed(const HybridSpec& s) {
+  return s.rowwise_usage ||
+         (s.columnwise_usage && s.columnwise_source == ColumnwiseSource::kRowwiseDequantized);
+}
+
+bool RowwiseNeedsReduce(const HybridSpec& s) {
+  return RowwiseComputed(s) && NeedsGlobalAmax(s.rowwise.format);
+}
+
+bool ColumnwiseNeedsReduce(const HybridSpec& s) {
+  return s.columnwise_usage && NeedsGlobalAmax(s.columnwise.format);
+}
+
+// The columnwise amax can only be taken after the rowwise scale is global:
+// rowwise_dequantized from a current-scaling or NVFP4 rowwise copy.
+bool ColumnwiseNeedsSecondRound(const HybridSpec& s) {
+  return ColumnwiseNeedsReduce(s) &&
+         s.columnwise_source == ColumnwiseSource::kRowwiseDequantized &&
+         NeedsGlobalAmax(s.rowwise.format) && !IsDelayed(s.rowwise);
+}
+
+DelayedScalingState InitialDelayed(const QuantSpec& spec) {
+  DelayedScalingState d;
+  d.amax_history.assign(std::max(spec.amax_history_len, 1), 0.0f);
+  return d;
+}
+
+// The TensorScaling of one direction from its (global) amax and state.
+TensorScaling DirectionScaling(const QuantSpec& spec, const DelayedScalingState& delayed,
+                               float global_amax) {
+  if (IsDelayed(spec)) {
+    TensorScaling t;
+    t.scale = delayed.scale;
+    t.global_amax = global_amax;
+    return t;
+  }
+  return ref::ScalingFromAmax(spec, global_amax);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(std::vector<TensorDef> tensors,
+                                                           std::vector<ShardDef> shards,
+                                                           const OptimizerOptions& optimizer) {
+  RETURN_IF_ERROR(ValidateOptimizerOptions(optimizer));
+  std::unique_ptr<ShardSet> s(new ShardSet());
+  for (const TensorDef& t : tensors) {
+    if (t.rows < 1 || t.cols < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", t.name, ": bad shape [", t.rows, ", ", t.cols, "]"));
+    }
+  }
+  std::vector<ShardDef> sorted = shards;
+  std::sort(sorted.begin(), sorted.end(), [](const ShardDef& a, const ShardDef& b) {
+    return std::make_pair(a.tensor, a.row_begin) < std::make_pair(b.tensor, b.row_begin);
+  });
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const ShardDef& d = sorted[i];
+    if (d.tensor < 0 || d.tensor >= static_cast<int>(tensors.size()) || d.row_begin < 0 ||
+        d.row_end <= d.row_begin || d.row_end > tensors[d.tensor].rows) {
+      return absl::InvalidArgumentError(absl::StrCat("bad shard: tensor ", d.tensor, " rows [",
+                                                     d.row_begin, ", ", d.row_end, ")"));
+    }
+    if (i > 0 && sorted[i - 1].tensor == d.tensor && sorted[i - 1].row_end > d.row_begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("overlapping shards of tensor ", tensors[d.tensor].name));
+    }
+  }
+  s->tensors_ = std::move(tensors);
+  s->shards_ = std::move(sorted);
+  s->optimizer_ = optimizer;
+  for (const ShardDef& d : s->shards_) {
+    const size_t n = static_cast<size_t>(d.rows() * s->tensors_[d.tensor].cols);
+    s->masters_.emplace_back(n, 0.0f);
+    s->grads_.emplace_back(n, 0.0f);
+    s->opt_.emplace_back();
+  }
+  for (const TensorDef& t : s->tensors_) {
+    s->delayed_.push_back({InitialDelayed(t.spec.rowwise), InitialDelayed(t.spec.columnwise)});
+  }
+  return s;
+}
+
+int ShardSet::FindShard(int tensor, int64_t row_begin, int64_t row_end) const {
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    const ShardDef& d = shards_[i];
+    if (d.tensor == tensor && d.row_begin <= row_begin && row_end <= d.row_end &&
+        row_begin < row_end) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+const DelayedScalingState& ShardSet::delayed_state(int t, Direction d) const {
+  return delayed_[t][d == Direction::kRowwise ? kRow : kCol];
+}
+
+absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
+    int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce) {
+  const int num_tensors = static_cast<int>(tensors_.size());
+  const int num_shards = static_cast<int>(shards_.size());
+
+  // 1. Optimizer, into copies (committed at the end).
+  std::vector<std::vector<float>> masters = masters_;
+  std::vector<OptimizerState> opt = opt_;
+  if (apply_optimizer) {
+    for (int i = 0; i < num_shards; ++i) {
+      ApplyOptimizer(optimizer_, optimizer_steps_ + 1, absl::MakeSpan(masters[i]), grads_[i],
+                     opt[i]);
+    }
+  }
+
+  // 2. Partial amaxes, packed as [tensor][direction]; tensors without a
+  // piece here contribute 0. Which rounds run depends on the manifest only,
+  // so every daemon makes the same all-reduce calls.
+  std::vector<float> amax(2 * num_tensors, 0.0f);
+  bool round1 = false;
+  bool round2 = false;
+  for (const TensorDef& t : tensors_) {
+    round1 |= RowwiseNeedsReduce(t.spec) || ColumnwiseNeedsReduce(t.spec);
+    round2 |= ColumnwiseNeedsSecondRound(t.spec);
+  }
+  std::vector<std::array<DelayedScalingState, 2>> delayed = delayed_;
+  for (int i = 0; i < num_shards; ++i) {
+    const ShardDef& d = shards_[i];
+    const TensorDef& t = tensors_[d.tensor];
+    const HybridSpec& spec = t.spec;
+    const bool row = RowwiseNeedsReduce(spec);
+    const bool col = ColumnwiseNeedsReduce(spec) && !ColumnwiseNeedsSecondRound(spec);
+    if (!row && !col) continue;
+    const std::vector<float> source = ref::RoundToSource(masters[i], spec.source_dtype);
+    const float source_amax = ref::Amax(source);
+    if (row) amax[2 * d.tensor + kRow] = std::max(amax[2 * d.tensor + kRow], source_amax);
+    if (col) {
+      float a = source_amax;
+      if (spec.columnwise_source == ColumnwiseSource::kRowwiseDequantized) {
+        // The rowwise scale is known locally here (delayed, or block-local).
+        const TensorScaling row_scaling =
+            DirectionScaling(spec.rowwise, delayed[d.tensor][kRow], 0.0f);
+        ASSIGN_OR_RETURN(std::vector<float> values,
+                         ref::ColumnwiseSourceValues(masters[i], d.rows(), t.cols, spec,
+                                                     row_scaling));
+        a = ref::Amax(values);
+      }
+      amax[2 * d.tensor + kCol] = std::max(amax[2 * d.tensor + kCol], a);
+    }
+  }
+  if (round1) {
+    absl::Status s = all_reduce(absl::MakeSpan(amax));
+    if (!s.ok()) {
+      return absl::AbortedError(absl::StrCat("amax all-reduce failed: ", s.message()));
+    }
+  }
+
+  // 3. Rowwise scaling from the global amaxes.
+  std::vector<ref::HybridScaling> scaling(num_tensors);
+  for (int t = 0; t < num_tensors; ++t) {
+    scaling[t].rowwise =
+        DirectionScaling(tensors_[t].spec.rowwise, delayed[t][kRow], amax[2 * t + kRow]);
+  }
+  if (round2) {
+    std::vector<float> amax2(num_tensors, 0.0f);
+    for (int i = 0; i < num_shards; ++i) {
+      const ShardDef& d = shards_[i];
+      const TensorDef& t = tensors_[d.tensor];
+      if (!ColumnwiseNeedsSecondRound(t.spec)) continue;
+      ASSIGN_OR_RETURN(std::vector<float> values,
+                       ref::ColumnwiseSourceValues(masters[i], d.rows(), t.cols, t.spec,
+                                                   scaling[d.tensor].rowwise));
+      amax2[d.tensor] = std::max(amax2[d.tensor], ref::Amax(values));
+    }
+    absl::Status s = all_reduce(absl::MakeSpan(amax2));
+    if (!s.ok()) {
+      return absl::AbortedError(absl::StrCat("amax all-reduce (round 2) failed: ", s.message()));
+    }
+    for (int t = 0; t < num_tensors; ++t) {
+      if (ColumnwiseNeedsSecondRound(tensors_[t].spec)) amax[2 * t + kCol] = amax2[t];
+    }
+  }
+  for (int t = 0; t < num_tensors; ++t) {
+    scaling[t].columnwise =
+        DirectionScaling(tensors_[t].spec.columnwise, delayed[t][kCol], amax[2 * t + kCol]);
+  }
+
+  // 4. Quantize every shard with the global scaling.
+  auto published = std::make_shared<PublishedVersion>();
+  published->version = new_version;
+  published->tensors.resize(num_tensors);
+  for (int i = 0; i < num_shards; ++i) {
+    const ShardDef& d = shards_[i];
+    const TensorDef& t = tensors_[d.tensor];
+    ASSIGN_OR_RETURN(ref::HybridResult r, ref::QuantizeHybrid(masters[i], d.rows(), t.cols,
+                                                               t.spec, scaling[d.tensor]));
+    for (int dir = kRow; dir <= kCol; ++dir) {
+      std::optional<QuantizedTensor>& q = dir == kRow ? r.rowwise : r.columnwise;
+      if (!q.has_value()) continue;
+      const QuantSpec& qs = dir == kRow ? t.spec.rowwise : t.spec.columnwise;
+      PublishedPiece p;
+      p.shard = i;
+      p.tensor = d.tensor;
+      p.row_begin = d.row_begin;
+      p.row_end = d.row_end;
+      p.direction = dir == kRow ? Direction::kRowwise : Direction::kColumnwise;
+      ASSIGN_OR_RETURN(p.layout, ComputeLayout(qs, p.direction, d.rows(), t.cols));
+      p.q = std::move(*q);
+      if (NeedsGlobalAmax(qs.format)) p.q.amax = amax[2 * d.tensor + dir];
+      p.scale = dir == kRow ? scaling[d.tensor].rowwise.scale : scaling[d.tensor].columnwise.scale;
+      published->pieces.push_back(std::move(p));
+    }
+    published->tensors[d.tensor].held = true;
+  }
+
+  // 5. Delayed scaling: the casts above used the scale from the previous
+  // update; record the reduced amax of this cast and compute the next scale
+  // (FORMATS.md §1). Tensors not held here are updated too, harmlessly:
+  // their state is never used by this daemon.
+  for (int t = 0; t < num_tensors; ++t) {
+    const HybridSpec& spec = tensors_[t].spec;
+    if (IsDelayed(spec.rowwise) && spec.rowwise_usage) {
+      ref::DelayedRecordAmax(delayed[t][kRow], amax[2 * t + kRow]);
+      ref::DelayedUpdate(delayed[t][kRow], delayed[t][kRow].amax_history[0], spec.rowwise);
+    }
+    if (IsDelayed(spec.columnwise) && spec.columnwise_usage) {
+      ref::DelayedRecordAmax(delayed[t][kCol], amax[2 * t + kCol]);
+      ref::DelayedUpdate(delayed[t][kCol], delayed[t][kCol].amax_history[0], spec.columnwise);
+    }
+    TensorScalingInfo& info = published->tensors[t];
+    info.rowwise_scale = scaling[t].rowwise.scale;
+    info.rowwise_amax = amax[2 * t + kRow];
+    info.columnwise_scale = scaling[t].columnwise.scale;
+    info.columnwise_amax = amax[2 * t + kCol];
+  }
+
+  // 6. Commit.
+  masters_ = std::move(masters);
+  opt_ = std::move(opt);
+  delayed_ = std::move(delayed);
+  if (apply_optimizer) {
+    ++optimizer_steps_;
+    for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+  }
+  return std::shared_ptr<const PublishedVersion>(std::move(published));
+}
+
+}  // namespace paramd
