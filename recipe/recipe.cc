@@ -271,6 +271,9 @@ absl::StatusOr<HybridSpec> ResolveHybridSpec(const recipe::HybridSpec& p, const 
   if (p.has_columnwise_source() && !spec.columnwise_usage) {
     return ctx.Error("columnwise_source", "is set but columnwise_usage is false");
   }
+  // kernels/format.h: each QuantSpec carries its hybrid's source dtype.
+  spec.rowwise.source_dtype = spec.source_dtype;
+  spec.columnwise.source_dtype = spec.source_dtype;
   return spec;
 }
 

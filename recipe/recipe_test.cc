@@ -83,6 +83,8 @@ TEST(Recipe, RulesInheritFromDefaultSpecPerItem) {
   EXPECT_EQ(a.columnwise.format, Format::kNvfp4);
   EXPECT_TRUE(a.columnwise.two_d);  // DefaultQuantSpec(NVFP4)
   EXPECT_EQ(a.source_dtype, SourceDtype::kFp32);
+  EXPECT_EQ(a.rowwise.source_dtype, SourceDtype::kFp32);  // copied into both QuantSpecs
+  EXPECT_EQ(a.columnwise.source_dtype, SourceDtype::kFp32);
   EXPECT_EQ(a.columnwise_source, ColumnwiseSource::kRowwiseDequantized);
 
   const HybridSpec& b = r->SpecFor("b");
@@ -90,6 +92,7 @@ TEST(Recipe, RulesInheritFromDefaultSpecPerItem) {
   EXPECT_EQ(b.rowwise.margin, 2);
   EXPECT_FALSE(b.columnwise_usage);
   EXPECT_EQ(b.source_dtype, SourceDtype::kBf16);
+  EXPECT_EQ(b.rowwise.source_dtype, SourceDtype::kBf16);
 
   const HybridSpec& c = r->SpecFor("c");  // a rule without spec = the default
   EXPECT_EQ(c.rowwise.format, Format::kFp8Delayed);
