@@ -1,0 +1,122 @@
+// File: transport/nccl_transport.h
+//
+// The "nccl" backend (DESIGN.md §4): bulk bytes between GPUs over NCCL,
+// control over gRPC. Registered as "nccl" (link //transport:nccl,
+// alwayslink; --config=cuda only). Passes the conformance suite
+// (transport/nccl_test.cc) with detects_size_mismatch = true and
+// buffered_sends = false.
+//
+// How it works. An endpoint binds to the CUDA device that is current on the
+// thread calling OpenNcclEndpoint and opens two "host" endpoints: a header
+// channel (carries, per user tag, a small header naming the message's size,
+// pieces and communicator generation; small messages ride inline in it) and
+// a sync channel (clear-to-send replies and NCCL unique ids). A message
+// larger than kNcclInlineMaxBytes between ranks on DIFFERENT GPUs goes:
+//   sender: header on (peer, tag) -> waits for the receiver's clear-to-send
+//   receiver: Recv matches the header -> clear-to-send -> ncclRecv
+//   sender: ncclSend (one group per message, one ncclSend per piece)
+// on a 2-rank communicator dedicated to that (sender -> receiver) direction,
+// so the order of NCCL operations on it is the receiver's order and the two
+// directions of a pair never wait on each other. Communicators are created
+// lazily, non-blocking (ncclConfig_t::blocking = 0): the unique id travels in
+// the first header, every NCCL wait polls ncclCommGetAsyncError against the
+// caller's deadline, and a deadline, shutdown or NCCL error aborts the
+// communicator (ncclCommAbort). The next message on that direction starts a
+// new generation with a fresh id, so a pair recovers after a failed transfer.
+//
+// Ranks on the SAME GPU (and messages to self) cannot share an NCCL
+// communicator (NCCL refuses duplicate GPUs): their bytes go inline over the
+// header channel. AllReduceMax runs on an NCCL communicator of the group
+// (created lazily, id sent by the group's lowest rank over the sync channel)
+// when all members are on distinct GPUs, else over the host channel. The
+// NCCL all-reduce maps floats to order-preserving integer keys so that NaN,
+// +0/-0 and Inf follow FORMATS.md's amax rule exactly (ncclMax on floats
+// does not define them).
+//
+// Addresses look like "nccl|<header addr>|<sync addr>|<hostname>|<pci bus id>".
+#ifndef PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
+#define PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "transport/transport.h"
+
+namespace paramd {
+
+// Messages up to this size travel inline over the header channel.
+inline constexpr size_t kNcclInlineMaxBytes = 64;
+// Pieces of one device message.
+inline constexpr size_t kNcclMaxPieces = 4096;
+
+// A device buffer to send / to receive into (device pointers of the
+// transport's device).
+struct DeviceBytes {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+struct MutableDeviceBytes {
+  void* data = nullptr;
+  size_t size = 0;
+};
+
+// The NCCL transport's device-memory API, beside the host-memory Transport
+// contract (same threading, deadline and status rules as there).
+class NcclTransport : public Transport {
+ public:
+  // The CUDA device this rank runs on.
+  virtual int device() const = 0;
+
+  // Whether bytes to `peer` move over NCCL (a different GPU) rather than
+  // inline over gRPC (self, same GPU).
+  virtual bool UsesNccl(int peer) const = 0;
+
+  // Sends the device buffers `pieces` to `peer` as one message: one NCCL
+  // group with one ncclSend per piece. Waits (on the transport's stream, not
+  // the host) for `ready` first when it is not null. Returns once the bytes
+  // have left the buffers. INVALID_ARGUMENT for more than kNcclMaxPieces.
+  virtual absl::Status SendDevice(int peer, uint64_t tag, absl::Span<const DeviceBytes> pieces,
+                                  cudaEvent_t ready, absl::Time deadline) = 0;
+
+  // Receives one message from `peer` into `pieces`, whose sizes must equal
+  // the sender's pieces one for one (else INVALID_ARGUMENT; the message is
+  // consumed and the sender's call succeeds). Returns once the bytes are in
+  // device memory: any stream may read them after.
+  virtual absl::Status RecvDevice(int peer, uint64_t tag,
+                                  absl::Span<const MutableDeviceBytes> pieces,
+                                  absl::Time deadline) = 0;
+
+  // AllReduceMax over `count` device floats at `values`, ordered after the
+  // work enqueued so far on `stream`; `stream` waits for the result. Only
+  // ENQUEUES the collective (the group's communicator is created, blocking,
+  // on first use): errors and hangs surface in WaitStream. Groups with two
+  // members on one GPU are UNIMPLEMENTED here (use AllReduceMax).
+  virtual absl::Status AllReduceMaxDevice(absl::Span<const int> group, float* values,
+                                          size_t count, cudaStream_t stream,
+                                          absl::Time deadline) = 0;
+
+  // Waits until the work enqueued on `stream` so far completes, polling the
+  // async errors of this transport's group communicators; on an NCCL error
+  // or the deadline it aborts them (UNAVAILABLE / DEADLINE_EXCEEDED; the
+  // next collective rebuilds them, every member must then do the same).
+  virtual absl::Status WaitStream(cudaStream_t stream, absl::Time deadline) = 0;
+};
+
+// Opens an endpoint on the current CUDA device. Same as
+// OpenTransportEndpoint("nccl", options). UNAVAILABLE without a GPU.
+absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
+    const TransportOptions& options = {});
+
+// The NCCL API of `transport`, or null if it is another backend.
+NcclTransport* AsNcclTransport(Transport* transport);
+
+}  // namespace paramd
+
+#endif  // PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
