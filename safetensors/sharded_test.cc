@@ -161,6 +161,22 @@ TEST(ShardedWriter, OrderErrorsAndNoIndexUntilComplete) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(ShardedWriter, EmptyModelGivesOneEmptyShardAndAnIndex) {
+  std::string dir = MakeTempDir();
+  auto writer = ShardedWriter::Create(dir, *PlanShards({}, 100));
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_EQ((*writer)->next_tensor(), "");
+  ASSERT_TRUE((*writer)->Finish().ok());
+  auto model = ShardedSafetensors::Open(dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE(model->tensors().empty());
+  EXPECT_EQ(model->total_size(), 0u);
+  EXPECT_EQ(ListDir(dir).size(), 2u);
+  auto shard = SafetensorsFile::Open(dir + "/model-00001-of-00001.safetensors");
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(shard->tensors().empty());
+}
+
 // A valid two-shard directory to corrupt: a.safetensors {x}, b.safetensors {y}.
 std::string TwoShardDir() {
   std::string dir = MakeTempDir();
