@@ -1,0 +1,526 @@
+#include "checkpoint/service.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <list>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "checkpoint/daemon_io.h"
+#include "checkpoint/export.h"
+#include "checkpoint/store.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/paramd.grpc.pb.h"
+
+namespace paramd {
+namespace checkpoint {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Runs each task on its own thread, so that slow file work never holds a
+// gRPC thread. Finished threads are joined on the next Run; the destructor
+// joins the rest.
+class TaskThreads {
+ public:
+  ~TaskThreads() {
+    std::list<Task> tasks;
+    {
+      absl::MutexLock lock(&mu_);
+      tasks.swap(tasks_);
+    }
+    for (Task& task : tasks) task.thread.join();
+  }
+
+  void Run(std::function<void()> fn) {
+    std::list<Task> finished;
+    absl::MutexLock lock(&mu_);
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (it->done->load()) {
+        finished.splice(finished.end(), tasks_, it++);
+      } else {
+        ++it;
+      }
+    }
+    for (Task& task : finished) task.thread.join();
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    tasks_.push_back(Task{std::thread([fn = std::move(fn), done] {
+                            fn();
+                            done->store(true);
+                          }),
+                          done});
+  }
+
+ private:
+  struct Task {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex mu_;
+  std::list<Task> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status NoRoot() {
+  return absl::FailedPreconditionError(
+      "checkpoints are off: start hybrid-paramd with --checkpoint_dir=DIR");
+}
+
+ExportDtype FromProto(ExportRowsDtype dtype);
+
+}  // namespace
+
+// ===========================================================================
+// Daemon side
+
+class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
+ public:
+  Impl(CheckpointServiceOptions options, CheckpointableDaemon* daemon)
+      : options_(std::move(options)), daemon_(daemon) {}
+
+  grpc::ServerUnaryReactor* WriteShard(grpc::CallbackServerContext* context,
+                                       const WriteShardRequest* request,
+                                       WriteShardResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    threads_.Run([this, reactor, request, response] {
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status status = DoWriteShard(*request, response);
+      response->set_seconds(SecondsSince(start));
+      reactor->Finish(ToGrpcStatus(status));
+    });
+    return reactor;
+  }
+
+  grpc::ServerWriteReactor<ExportRowsChunk>* ExportRows(grpc::CallbackServerContext* context,
+                                                        const ExportRowsRequest* request) override;
+
+  const CheckpointServiceOptions& options() const { return options_; }
+  CheckpointableDaemon* daemon() { return daemon_; }
+  TaskThreads& threads() { return threads_; }
+
+ private:
+  absl::Status DoWriteShard(const WriteShardRequest& request, WriteShardResponse* response) {
+    if (options_.root.empty()) return NoRoot();
+    ASSIGN_OR_RETURN(CheckpointStore store,
+                     CheckpointStore::OpenUnder(options_.root, request.dir(), /*create=*/true));
+    return daemon_->WithState(
+        static_cast<int64_t>(request.version()),
+        [&](const DaemonStateView& state) -> absl::Status {
+          ASSIGN_OR_RETURN(*response->mutable_shard(),
+                           WriteDaemonShard(store, request.daemon_rank(), request.world_size(),
+                                            state));
+          return absl::OkStatus();
+        });
+  }
+
+  const CheckpointServiceOptions options_;
+  CheckpointableDaemon* const daemon_;
+  TaskThreads threads_;  // last member: joined first
+};
+
+namespace {
+
+ExportDtype FromProto(ExportRowsDtype dtype) {
+  return dtype == EXPORT_DTYPE_FP32 ? ExportDtype::kFp32 : ExportDtype::kBf16;
+}
+
+// Streams rows of one export request. A producer thread reads and encodes
+// one chunk at a time and hands it to gRPC; at most one write is in flight.
+class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
+ public:
+  ExportReactor(CheckpointDaemonService::Impl* service, const ExportRowsRequest* request)
+      : service_(service), request_(*request) {}
+
+  void Begin() {
+    service_->threads().Run([this] { Produce(); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) broken_ = true;
+  }
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    broken_ = true;
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // Reads rows [row, end) as FP32 from the daemon's memory or, for a
+  // version the daemon no longer holds, from a checkpoint of it.
+  absl::Status ReadRows(int64_t row, int64_t end, absl::Span<float> out) {
+    const ExportValuesKind kind = static_cast<ExportValuesKind>(request_.values());
+    const int64_t version = static_cast<int64_t>(request_.version());
+    if (checkpoint_ == nullptr) {
+      absl::Status status =
+          service_->daemon()->ReadRows(version, kind, request_.tensor(), row, end, out);
+      if (!absl::IsFailedPrecondition(status) || kind != ExportValuesKind::kMaster) return status;
+      if (row != request_.row_begin()) {
+        return absl::AbortedError(absl::StrCat("version ", version,
+                                               " moved on during the export; retry, or "
+                                               "checkpoint first and export from it"));
+      }
+      // Not the daemon's current version: a checkpoint of it may have it.
+      if (service_->options().root.empty()) return status;
+      auto store = CheckpointStore::OpenUnder(service_->options().root,
+                                              request_.checkpoint_dir(), /*create=*/false);
+      if (!store.ok()) return store.status();
+      auto reader = CheckpointReader::Open(*store, static_cast<uint64_t>(version));
+      if (!reader.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            status.message(), "; and no checkpoint of version ", version, ": ",
+            reader.status().message()));
+      }
+      checkpoint_ = *std::move(reader);
+    }
+    return checkpoint_->ReadRows(request_.tensor(), kMasterSection, row, end, out);
+  }
+
+  absl::Status Stream() {
+    const int64_t cols = request_.cols();
+    if (cols < 1 || request_.row_begin() < 0 || request_.row_end() <= request_.row_begin()) {
+      return absl::InvalidArgumentError(absl::StrCat("bad rows [", request_.row_begin(), ", ",
+                                                     request_.row_end(), ") x ", cols));
+    }
+    const ExportDtype dtype = FromProto(request_.dtype());
+    const int64_t chunk_bytes = request_.max_chunk_bytes() > 0
+                                    ? request_.max_chunk_bytes()
+                                    : service_->options().export_chunk_bytes;
+    const int64_t rows_per_chunk =
+        std::max<int64_t>(1, chunk_bytes / (cols * ExportDtypeSize(dtype)));
+    std::vector<float> values;
+    int64_t offset = 0;
+    for (int64_t row = request_.row_begin(); row < request_.row_end(); row += rows_per_chunk) {
+      const int64_t end = std::min(request_.row_end(), row + rows_per_chunk);
+      values.resize(static_cast<size_t>((end - row) * cols));
+      RETURN_IF_ERROR(ReadRows(row, end, absl::MakeSpan(values)));
+      bytes_.clear();
+      AppendForExport(values, dtype, bytes_);
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](ExportReactor* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+              return !r->writing_ || r->broken_;
+            },
+            this));
+        if (broken_) return absl::CancelledError("export stream cancelled");
+        writing_ = true;
+        chunk_.set_offset(offset);
+        chunk_.set_data(bytes_.data(), bytes_.size());
+      }
+      StartWrite(&chunk_);
+      offset += static_cast<int64_t>(bytes_.size());
+    }
+    return absl::OkStatus();
+  }
+
+  void Produce() {
+    absl::Status status = Stream();
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ExportReactor* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
+            return !r->writing_ || r->broken_;
+          },
+          this));
+      if (status.ok() && broken_) status = absl::CancelledError("export stream cancelled");
+    }
+    Finish(ToGrpcStatus(status));  // may run OnDone (delete this) inline: nothing after
+  }
+
+  CheckpointDaemonService::Impl* const service_;
+  const ExportRowsRequest request_;
+  std::unique_ptr<CheckpointReader> checkpoint_;  // producer thread only
+  std::vector<uint8_t> bytes_;                    // producer thread only
+  absl::Mutex mu_;
+  ExportRowsChunk chunk_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<ExportRowsChunk>* CheckpointDaemonService::Impl::ExportRows(
+    grpc::CallbackServerContext*, const ExportRowsRequest* request) {
+  auto* reactor = new ExportReactor(this, request);
+  reactor->Begin();
+  return reactor;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointDaemonService>> CheckpointDaemonService::Create(
+    CheckpointServiceOptions options, CheckpointableDaemon* daemon) {
+  if (daemon == nullptr) return absl::InvalidArgumentError("no daemon");
+  if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
+  return std::unique_ptr<CheckpointDaemonService>(
+      new CheckpointDaemonService(std::make_unique<Impl>(std::move(options), daemon)));
+}
+
+CheckpointDaemonService::CheckpointDaemonService(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+CheckpointDaemonService::~CheckpointDaemonService() = default;
+grpc::Service* CheckpointDaemonService::service() { return impl_.get(); }
+
+// ===========================================================================
+// Coordinator side
+
+namespace {
+
+class GrpcClusterView : public ClusterView {
+ public:
+  GrpcClusterView(const std::string& address, absl::Duration timeout)
+      : stub_(rpc::Coordinator::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        timeout_(timeout) {}
+
+  absl::StatusOr<rpc::Manifest> GetManifest() override {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         absl::ToChronoMilliseconds(timeout_));
+    rpc::GetManifestRequest request;
+    rpc::GetManifestResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->GetManifest(&context, request, &response), "GetManifest"));
+    return response.manifest();
+  }
+
+ private:
+  std::unique_ptr<rpc::Coordinator::Stub> stub_;
+  absl::Duration timeout_;
+};
+
+}  // namespace
+
+std::unique_ptr<ClusterView> NewGrpcClusterView(const std::string& address,
+                                                absl::Duration timeout) {
+  return std::make_unique<GrpcClusterView>(address, timeout);
+}
+
+std::vector<TensorInfo> CheckpointTensorsOf(const rpc::Manifest& manifest) {
+  std::vector<TensorInfo> tensors;
+  for (const rpc::TensorInfo& t : manifest.tensors()) {
+    TensorInfo info;
+    info.set_name(t.name());
+    for (int64_t d : t.shape()) info.add_shape(d);
+    info.set_rows(t.rows());
+    info.set_cols(t.cols());
+    info.set_spec(t.spec().SerializeAsString());
+    info.set_spec_type(rpc::HybridSpec::descriptor()->full_name());
+    tensors.push_back(std::move(info));
+  }
+  return tensors;
+}
+
+class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::CallbackService {
+ public:
+  Impl(CheckpointServiceOptions options, std::unique_ptr<ClusterView> cluster)
+      : options_(std::move(options)), cluster_(std::move(cluster)) {}
+
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const CheckpointRequest* request,
+                                       CheckpointResponse* response) override {
+    return RunOnThread(context, [this, request, response] {
+      ASSIGN_OR_RETURN(*response, DoCheckpoint(*request));
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
+                                            const ListCheckpointsRequest* request,
+                                            ListCheckpointsResponse* response) override {
+    return RunOnThread(context, [this, request, response]() -> absl::Status {
+      ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request->dir(), /*create=*/false));
+      ASSIGN_OR_RETURN(std::vector<CheckpointSummary> list, store.List());
+      for (const CheckpointSummary& summary : list) {
+        CheckpointEntry* entry = response->add_checkpoints();
+        entry->set_version(summary.version);
+        entry->set_world_size(summary.world_size);
+        entry->set_created_unix_micros(summary.created_unix_micros);
+        entry->set_total_bytes(summary.total_bytes);
+        entry->set_num_tensors(summary.num_tensors);
+        entry->set_path(summary.path);
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  grpc::ServerUnaryReactor* DescribeCheckpoint(grpc::CallbackServerContext* context,
+                                               const DescribeCheckpointRequest* request,
+                                               DescribeCheckpointResponse* response) override {
+    return RunOnThread(context, [this, request, response]() -> absl::Status {
+      ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request->dir(), /*create=*/false));
+      uint64_t version = static_cast<uint64_t>(request->version());
+      if (request->version() < 0) {
+        ASSIGN_OR_RETURN(version, store.LatestVersion());
+      }
+      ASSIGN_OR_RETURN(*response->mutable_manifest(), store.ReadManifest(version));
+      if (request->verify()) {
+        RETURN_IF_ERROR(store.Verify(version));
+        response->set_verified(true);
+      }
+      response->set_path(store.VersionDir(version));
+      return absl::OkStatus();
+    });
+  }
+
+  absl::StatusOr<CheckpointResponse> DoCheckpoint(const CheckpointRequest& request) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request.dir(), /*create=*/true));
+    // One checkpoint at a time: KeepLast must not see another's files.
+    absl::MutexLock serial(&checkpoint_mu_);
+    absl::Status last;
+    for (int attempt = 0; attempt <= options_.version_retries; ++attempt) {
+      ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
+      if (manifest.committed_version() < 0) {
+        return absl::FailedPreconditionError("no model loaded: nothing to checkpoint");
+      }
+      if (request.version() > manifest.committed_version()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("version ", request.version(), " is not committed (committed: ",
+                         manifest.committed_version(), ")"));
+      }
+      const uint64_t version = static_cast<uint64_t>(
+          request.version() >= 0 ? request.version() : manifest.committed_version());
+      CheckpointResponse response;
+      response.set_version(version);
+      response.set_path(store.VersionDir(version));
+      if (store.ReadManifest(version).ok()) {
+        response.set_already_existed(true);
+        response.set_seconds(SecondsSince(start));
+        return response;
+      }
+      absl::StatusOr<std::vector<ShardFileInfo>> shards = WriteShards(request.dir(), version,
+                                                                      manifest);
+      if (!shards.ok()) {
+        last = shards.status();
+        // A daemon moved past the version: retry with the new one if the
+        // caller asked for "the committed version".
+        if (request.version() < 0 && absl::IsFailedPrecondition(last)) continue;
+        return last;
+      }
+      std::map<std::string, std::string> metadata = {
+          {"optimizer", manifest.optimizer()},
+          {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
+          {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
+      Manifest written = BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards),
+                                       metadata);
+      for (const ShardFileInfo& shard : written.shards()) {
+        response.set_total_bytes(response.total_bytes() + shard.size_bytes());
+      }
+      RETURN_IF_ERROR(store.CommitManifest(std::move(written)));
+      const int keep = request.keep() == 0 ? options_.keep : request.keep();
+      if (keep > 0) {
+        ASSIGN_OR_RETURN(std::vector<uint64_t> removed, store.KeepLast(keep));
+        for (uint64_t v : removed) response.add_removed_versions(v);
+      }
+      response.set_seconds(SecondsSince(start));
+      return response;
+    }
+    return absl::AbortedError(absl::StrCat("the daemons kept moving past the committed version (",
+                                           last.message(), ")"));
+  }
+
+ private:
+  absl::StatusOr<CheckpointStore> OpenStore(const std::string& dir, bool create) {
+    if (options_.root.empty()) return NoRoot();
+    return CheckpointStore::OpenUnder(options_.root, dir, create);
+  }
+
+  grpc::ServerUnaryReactor* RunOnThread(grpc::CallbackServerContext* context,
+                                        std::function<absl::Status()> fn) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    threads_.Run([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); });
+    return reactor;
+  }
+
+  rpc::DaemonInfo DaemonOf(const rpc::Manifest& manifest, int rank) {
+    for (const rpc::DaemonInfo& daemon : manifest.daemons()) {
+      if (daemon.rank() == rank) return daemon;
+    }
+    return rpc::DaemonInfo();
+  }
+
+  CheckpointDaemon::Stub* StubFor(const std::string& address) {
+    absl::MutexLock lock(&stubs_mu_);
+    auto& stub = stubs_[address];
+    if (stub == nullptr) {
+      stub = CheckpointDaemon::NewStub(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    }
+    return stub.get();
+  }
+
+  // WriteShard on every daemon in parallel; the first error (by rank) wins.
+  absl::StatusOr<std::vector<ShardFileInfo>> WriteShards(const std::string& dir, uint64_t version,
+                                                         const rpc::Manifest& manifest) {
+    const int world = manifest.daemons_size();
+    if (world < 1) return absl::FailedPreconditionError("no daemons in the manifest");
+    std::vector<absl::Status> statuses(world);
+    std::vector<ShardFileInfo> shards(world);
+    std::vector<std::thread> calls;
+    for (int rank = 0; rank < world; ++rank) {
+      const std::string address = DaemonOf(manifest, rank).address();
+      calls.emplace_back([&, rank, address] {
+        if (address.empty()) {
+          statuses[rank] = absl::FailedPreconditionError(absl::StrCat("daemon ", rank,
+                                                                      " has no address"));
+          return;
+        }
+        WriteShardRequest request;
+        request.set_dir(dir);
+        request.set_version(version);
+        request.set_daemon_rank(rank);
+        request.set_world_size(world);
+        WriteShardResponse response;
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() +
+                             absl::ToChronoMilliseconds(options_.daemon_call_timeout));
+        statuses[rank] = FromGrpcStatus(StubFor(address)->WriteShard(&context, request, &response),
+                                        absl::StrCat("WriteShard on daemon ", rank, " at ",
+                                                     address));
+        shards[rank] = response.shard();
+      });
+    }
+    for (std::thread& call : calls) call.join();
+    for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
+    return shards;
+  }
+
+  const CheckpointServiceOptions options_;
+  const std::unique_ptr<ClusterView> cluster_;
+  absl::Mutex checkpoint_mu_;
+  absl::Mutex stubs_mu_;
+  std::map<std::string, std::unique_ptr<CheckpointDaemon::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  TaskThreads threads_;  // last member: joined first
+};
+
+absl::StatusOr<std::unique_ptr<CheckpointCoordinatorService>> CheckpointCoordinatorService::Create(
+    CheckpointServiceOptions options, std::unique_ptr<ClusterView> cluster) {
+  if (cluster == nullptr) return absl::InvalidArgumentError("no cluster view");
+  if (options.keep < 0) return absl::InvalidArgumentError("keep must be >= 0");
+  if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
+  return std::unique_ptr<CheckpointCoordinatorService>(new CheckpointCoordinatorService(
+      std::make_unique<Impl>(std::move(options), std::move(cluster))));
+}
+
+CheckpointCoordinatorService::CheckpointCoordinatorService(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+CheckpointCoordinatorService::~CheckpointCoordinatorService() = default;
+grpc::Service* CheckpointCoordinatorService::service() { return impl_.get(); }
+
+absl::StatusOr<CheckpointResponse> CheckpointCoordinatorService::Checkpoint(
+    const CheckpointRequest& request) {
+  return impl_->DoCheckpoint(request);
+}
+
+}  // namespace checkpoint
+}  // namespace paramd
