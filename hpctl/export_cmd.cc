@@ -1,0 +1,149 @@
+// hpctl export: a committed version as Hugging Face safetensors, computed
+// from the FP32 masters on the daemons (BF16 round to nearest even, or
+// FP32), streamed to this machine and written as model-0000k-of-0000n
+// shards plus model.safetensors.index.json. --direction exports the
+// dequantized published copy a trainer saw instead of the master.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "checkpoint/export.h"
+#include "checkpoint/remote_export.h"
+#include "hpctl/cluster.h"
+#include "hpctl/command.h"
+
+namespace paramd {
+namespace hpctl {
+namespace {
+
+// "\r[#########           ]  45%  1.2/2.7 GB  350 MB/s" on a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled), start_(Clock::now()) {}
+  void Update(uint64_t done, uint64_t total) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const double fraction = total == 0 ? 1.0 : static_cast<double>(done) / total;
+    const int filled = static_cast<int>(fraction * kWidth);
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "\r[%s%s] %3d%%  %.2f/%.2f GB  %.0f MB/s ",
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
+                 static_cast<int>(fraction * 100), done / 1e9, total / 1e9,
+                 seconds > 0 ? done / 1e6 / seconds : 0.0);
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int kWidth = 30;
+  bool enabled_;
+  Clock::time_point start_;
+  Clock::time_point last_;
+};
+
+int RunExport(int argc, char** argv) {
+  ClusterOptions cluster;
+  std::string out;
+  int64_t version = -1;
+  std::string max_shard_size = "5GB";
+  std::string dtype_name = "bf16";
+  std::string direction = "master";
+  std::string checkpoint_dir;
+  bool progress = true;
+  OptionParser opts(
+      "hpctl export --out DIR [--version V] [--max_shard_size 5GB] [--dtype bf16|fp32] "
+      "[--direction master|rowwise|columnwise]",
+      "Writes version V (default: the committed one) as Hugging Face safetensors in DIR: "
+      "model-0000k-of-0000n.safetensors with __metadata__ {\"format\": \"pt\"} and "
+      "model.safetensors.index.json (written last). The daemons convert their FP32 master "
+      "shards (BF16: round to nearest even, a NaN stays NaN) and stream them here. A version "
+      "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any.");
+  cluster.AddTo(opts);
+  opts.AddString("out", &out, "output directory (created)");
+  opts.AddInt("version", &version, "version to export; -1 = the committed one");
+  opts.AddString("max_shard_size", &max_shard_size, "largest shard file (5GB, 500MB, 2GiB)");
+  opts.AddString("dtype", &dtype_name, "bf16 or fp32");
+  opts.AddString("direction", &direction,
+                 "master (the FP32 master), or rowwise / columnwise: the dequantized published "
+                 "copy of that direction");
+  opts.AddString("checkpoint_dir", &checkpoint_dir,
+                 "directory below the daemons' --checkpoint_dir to read older versions from");
+  opts.AddBool("progress", &progress, "progress bar on a terminal");
+  if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
+  auto usage_error = [&](const std::string& message) {
+    std::cerr << "hpctl export: " << message << "\n\n" << opts.Usage();
+    return kExitUsage;
+  };
+  if (!opts.positional().empty()) return usage_error("unexpected argument " + opts.positional()[0]);
+  if (out.empty()) return usage_error("--out is required");
+  auto dtype = checkpoint::ParseExportDtype(dtype_name);
+  if (!dtype.ok()) return usage_error(std::string(dtype.status().message()));
+  auto shard_bytes = checkpoint::ParseByteSize(max_shard_size);
+  if (!shard_bytes.ok()) return usage_error(std::string(shard_bytes.status().message()));
+  checkpoint::RemoteExportOptions remote;
+  if (direction == "master") {
+    remote.values = checkpoint::ExportValuesKind::kMaster;
+  } else if (direction == "rowwise") {
+    remote.values = checkpoint::ExportValuesKind::kRowwise;
+  } else if (direction == "columnwise") {
+    remote.values = checkpoint::ExportValuesKind::kColumnwise;
+  } else {
+    return usage_error("--direction must be master, rowwise or columnwise");
+  }
+
+  auto client = cluster.Connect();
+  if (!client.ok()) return ReportFailure("export", client.status());
+  auto manifest = (*client)->RefreshManifest(cluster.timeout());
+  if (!manifest.ok()) return ReportFailure("export", manifest.status());
+  if (manifest->committed_version < 0) {
+    return ReportFailure("export", absl::FailedPreconditionError("no model loaded"));
+  }
+  remote.version = static_cast<uint64_t>(version >= 0 ? version : manifest->committed_version);
+  remote.checkpoint_dir = checkpoint_dir;
+
+  std::vector<checkpoint::ExportTensor> tensors;
+  std::map<std::string, std::vector<checkpoint::RemotePiece>> pieces;
+  for (const client::TensorMeta& tensor : manifest->tensors) {
+    tensors.push_back({tensor.name, tensor.shape, tensor.rows, tensor.cols});
+    for (const client::PieceLocation& piece : tensor.pieces) {
+      pieces[tensor.name].push_back({piece.row_begin, piece.row_end, piece.daemon_address});
+    }
+  }
+  auto source = checkpoint::NewRemoteExportSource(std::move(pieces), remote);
+  ProgressBar bar(progress && ::isatty(STDERR_FILENO));
+  checkpoint::ExportOptions options;
+  options.out_dir = out;
+  options.dtype = *dtype;
+  options.max_shard_bytes = *shard_bytes;
+  options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
+  const auto start = std::chrono::steady_clock::now();
+  auto result = checkpoint::ExportSafetensors(tensors, *source, options);
+  if (!result.ok()) return ReportFailure("export", result.status());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << absl::StrFormat(
+      "exported version %d (%s, %s): %d tensors, %.1f MB in %d file(s) + index to %s "
+      "in %.2f s (%.0f MB/s)\n",
+      remote.version, checkpoint::ExportDtypeName(*dtype), direction, result->num_tensors,
+      result->total_bytes / 1e6, static_cast<int>(result->files.size()) - 1, out, seconds,
+      result->total_bytes / 1e6 / std::max(seconds, 1e-9));
+  return kExitOk;
+}
+
+}  // namespace
+
+HPCTL_REGISTER_COMMAND(export, "write a version as BF16 (or FP32) Hugging Face safetensors",
+                       RunExport);
+
+}  // namespace hpctl
+}  // namespace paramd
