@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
+#include "server/reference_step.h"
 #include "sharding/assemble.h"
 
 namespace paramd {
@@ -61,25 +62,6 @@ HybridSpec Spec(Format row, Format col, ColumnwiseSource source = ColumnwiseSour
   s.rowwise = DefaultQuantSpec(row);
   s.columnwise = DefaultQuantSpec(col);
   s.columnwise_source = source;
-  return s;
-}
-
-// Whole-tensor reference: scaling from the whole tensor's amaxes (delayed:
-// the given states' scales).
-ref::HybridScaling ReferenceScaling(const std::vector<float>& master, int64_t rows, int64_t cols,
-                                    const HybridSpec& spec, const DelayedScalingState& row_state,
-                                    const DelayedScalingState& col_state) {
-  ref::HybridScaling s;
-  const std::vector<float> source = ref::RoundToSource(master, spec.source_dtype);
-  const float a = ref::Amax(source);
-  s.rowwise = spec.rowwise.format == Format::kFp8Delayed ? TensorScaling{row_state.scale, a}
-                                                         : ref::ScalingFromAmax(spec.rowwise, a);
-  std::vector<float> col_source =
-      *ref::ColumnwiseSourceValues(master, rows, cols, spec, s.rowwise);
-  const float ac = ref::Amax(col_source);
-  s.columnwise = spec.columnwise.format == Format::kFp8Delayed
-                     ? TensorScaling{col_state.scale, ac}
-                     : ref::ScalingFromAmax(spec.columnwise, ac);
   return s;
 }
 
@@ -160,11 +142,8 @@ TEST_P(SplitTensorTest, PiecesAssembleToWholeTensorReference) {
   TwoDaemons d(def, 128);
   d.SetMaster(w);
   auto [va, vb] = d.Step(0, /*optimizer=*/false);
-  DelayedScalingState fresh;
-  fresh.amax_history.assign(1024, 0.0f);
-  const ref::HybridScaling scaling = ReferenceScaling(w, def.rows, def.cols, spec, fresh, fresh);
-  absl::StatusOr<ref::HybridResult> whole =
-      ref::QuantizeHybrid(w, def.rows, def.cols, spec, scaling);
+  ReferenceTensorState state = InitialReferenceState(spec);
+  absl::StatusOr<ref::HybridResult> whole = ReferencePublish(w, def.rows, def.cols, spec, state);
   ASSERT_TRUE(whole.ok()) << whole.status();
   ExpectAssembledEqualsReference(*va, *vb, spec, *whole);
 }
@@ -198,9 +177,7 @@ TEST(ShardSetTest, DelayedScalingOverTenStepsMatchesReference) {
   TwoDaemons d(def, 128, opt);
   std::vector<float> w = RandomValues(def.rows * def.cols, 11);
   d.SetMaster(w);
-  DelayedScalingState row, col;
-  row.amax_history.assign(4, 0.0f);
-  col.amax_history.assign(4, 0.0f);
+  ReferenceTensorState state = InitialReferenceState(spec);
   for (int64_t v = 0; v <= 10; ++v) {
     SCOPED_TRACE(v);
     std::vector<float> g;
@@ -210,17 +187,13 @@ TEST(ShardSetTest, DelayedScalingOverTenStepsMatchesReference) {
       for (size_t i = 0; i < w.size(); ++i) w[i] -= opt.lr * g[i];  // SGD, exact
     }
     auto [va, vb] = d.Step(v, /*optimizer=*/v > 0);
-    const ref::HybridScaling scaling = ReferenceScaling(w, def.rows, def.cols, spec, row, col);
     absl::StatusOr<ref::HybridResult> whole =
-        ref::QuantizeHybrid(w, def.rows, def.cols, spec, scaling);
+        ReferencePublish(w, def.rows, def.cols, spec, state);
     ASSERT_TRUE(whole.ok());
     ExpectAssembledEqualsReference(*va, *vb, spec, *whole);
-    ref::DelayedRecordAmax(row, scaling.rowwise.global_amax);
-    ref::DelayedUpdate(row, row.amax_history[0], spec.rowwise);
-    ref::DelayedRecordAmax(col, scaling.columnwise.global_amax);
-    ref::DelayedUpdate(col, col.amax_history[0], spec.columnwise);
-    EXPECT_EQ(d.a->delayed_state(0, Direction::kRowwise).scale, row.scale);
-    EXPECT_EQ(d.b->delayed_state(0, Direction::kColumnwise).amax_history, col.amax_history);
+    EXPECT_EQ(d.a->delayed_state(0, Direction::kRowwise).scale, state.rowwise.scale);
+    EXPECT_EQ(d.b->delayed_state(0, Direction::kColumnwise).amax_history,
+              state.columnwise.amax_history);
   }
   EXPECT_EQ(d.a->optimizer_steps(), 10);
 }

@@ -19,15 +19,15 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   const std::string server = "server/hybrid-paramd";  // runfiles-relative (test cwd)
   const std::string d = c->dir();
   auto log = [&](const std::string& name) { return d + "/" + name + ".log"; };
-  ASSIGN_OR_RETURN(
-      const int coordinator,
-      c->children_.Start({"coordinator",
-                          {server, "--role=coordinator", "--listen=127.0.0.1:0",
-                           "--port_file=" + d + "/coordinator.port",
-                           absl::StrCat("--daemons=", options.daemons),
-                           absl::StrCat("--expected_pushers=", options.expected_pushers)},
-                          log("coordinator"),
-                          log("coordinator")}));
+  std::vector<std::string> coordinator_argv = {
+      server, "--role=coordinator", "--listen=127.0.0.1:0",
+      "--port_file=" + d + "/coordinator.port", absl::StrCat("--daemons=", options.daemons),
+      absl::StrCat("--expected_pushers=", options.expected_pushers)};
+  coordinator_argv.insert(coordinator_argv.end(), options.coordinator_flags.begin(),
+                          options.coordinator_flags.end());
+  ASSIGN_OR_RETURN(const int coordinator,
+                   c->children_.Start({"coordinator", std::move(coordinator_argv),
+                                       log("coordinator"), log("coordinator")}));
   c->names_.push_back("coordinator");
   ASSIGN_OR_RETURN(const int port, demo::WaitForPortFile(d + "/coordinator.port",
                                                          absl::Seconds(20), &c->children_,
@@ -35,17 +35,17 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   c->coordinator_address_ = absl::StrCat("127.0.0.1:", port);
   for (int i = 0; i < options.daemons; ++i) {
     const std::string name = absl::StrCat("daemon", i);
-    ASSIGN_OR_RETURN(
-        const int index,
-        c->children_.Start({name,
-                            {server, "--role=daemon", "--listen=127.0.0.1:0",
-                             "--port_file=" + d + "/" + name + ".port",
-                             "--coordinator=" + c->coordinator_address_,
-                             "--optimizer=" + options.optimizer,
-                             absl::StrFormat("--lr=%.9g", options.lr),
-                             absl::StrFormat("--momentum=%.9g", options.momentum)},
-                            log(name),
-                            log(name)}));
+    std::vector<std::string> argv = {server,
+                                     "--role=daemon",
+                                     "--listen=127.0.0.1:0",
+                                     "--port_file=" + d + "/" + name + ".port",
+                                     "--coordinator=" + c->coordinator_address_,
+                                     "--optimizer=" + options.optimizer,
+                                     absl::StrFormat("--lr=%.9g", options.lr),
+                                     absl::StrFormat("--momentum=%.9g", options.momentum)};
+    argv.insert(argv.end(), options.daemon_flags.begin(), options.daemon_flags.end());
+    ASSIGN_OR_RETURN(const int index,
+                     c->children_.Start({name, std::move(argv), log(name), log(name)}));
     c->daemons_.push_back(index);
     c->names_.push_back(name);
   }

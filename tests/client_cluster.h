@@ -27,6 +27,10 @@ struct TestClusterOptions {
   std::string optimizer = "sgd";
   double lr = 0.5;
   double momentum = 0.0;
+  // Further flags of the coordinator / of every daemon (e.g. --recipe,
+  // --model, --data_plane).
+  std::vector<std::string> coordinator_flags;
+  std::vector<std::string> daemon_flags;
 };
 
 class TestCluster {

@@ -1,0 +1,258 @@
+#include "tests/server_test_util.h"
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "safetensors/safetensors.h"
+#include "server/convert.h"
+#include "sharding/assemble.h"
+
+namespace paramd {
+namespace testing {
+namespace {
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors) {
+  std::vector<safetensors::TensorSpec> specs;
+  for (const TestTensor& t : tensors) specs.push_back({t.name, safetensors::Dtype::kF32, t.shape});
+  ASSIGN_OR_RETURN(std::unique_ptr<safetensors::SafetensorsWriter> w,
+                   safetensors::SafetensorsWriter::Create(path, specs));
+  for (const TestTensor& t : tensors) {
+    RETURN_IF_ERROR(w->WriteTensor(
+        t.name, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(t.values.data()),
+                                    t.values.size() * 4)));
+  }
+  return w->Finish();
+}
+
+std::vector<float> RandomValues(int64_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+rpc::PushGradientsRequest GradientMessage(int64_t version, const std::string& pusher,
+                                          const std::string& tensor, int64_t row_begin,
+                                          int64_t row_end, const float* values, int64_t cols) {
+  rpc::PushGradientsRequest r;
+  r.set_version(version);
+  r.set_pusher_id(pusher);
+  rpc::GradientChunk* c = r.mutable_chunk();
+  c->set_tensor(tensor);
+  c->set_row_begin(row_begin);
+  c->set_row_end(row_end);
+  c->set_dtype(rpc::DTYPE_FP32);
+  c->set_offset(0);
+  c->set_data(reinterpret_cast<const char*>(values + row_begin * cols),
+              (row_end - row_begin) * cols * 4);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<RawCluster>> RawCluster::Start(const TestClusterOptions& options) {
+  auto c = std::make_unique<RawCluster>();
+  ASSIGN_OR_RETURN(c->cluster_, TestCluster::Start(options));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  c->coordinator_channel_ = grpc::CreateCustomChannel(
+      c->cluster_->coordinator_address(), grpc::InsecureChannelCredentials(), args);
+  c->coordinator_ = rpc::Coordinator::NewStub(c->coordinator_channel_);
+  return c;
+}
+
+const rpc::TensorInfo& RawCluster::tensor(const std::string& name) const {
+  for (const rpc::TensorInfo& t : manifest_.tensors()) {
+    if (t.name() == name) return t;
+  }
+  static const rpc::TensorInfo* const kNone = new rpc::TensorInfo();
+  return *kNone;
+}
+
+HybridSpec RawCluster::spec(const std::string& name) const {
+  return *HybridSpecFromProto(tensor(name).spec());
+}
+
+absl::StatusOr<int64_t> RawCluster::Load(const std::string& path, const std::string& recipe_text,
+                                         absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  rpc::LoadRequest request;
+  request.set_safetensors_path(path);
+  request.set_recipe_text(recipe_text);
+  for (;;) {
+    grpc::ClientContext context;
+    SetDeadline(context, give_up - absl::Now());
+    rpc::LoadResponse response;
+    grpc::Status s = coordinator_->Load(&context, request, &response);
+    // UNAVAILABLE: the coordinator or the daemons are still starting.
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    RETURN_IF_ERROR(FromGrpcStatus(s, "Load"));
+    RETURN_IF_ERROR(RefreshManifest());
+    return response.committed_version();
+  }
+}
+
+absl::Status RawCluster::RefreshManifest() {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::GetManifestResponse response;
+  RETURN_IF_ERROR(
+      FromGrpcStatus(coordinator_->GetManifest(&context, rpc::GetManifestRequest(), &response),
+                     "GetManifest"));
+  manifest_ = response.manifest();
+  daemons_.clear();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  for (const rpc::DaemonInfo& d : manifest_.daemons()) {
+    daemons_.push_back(rpc::Daemon::NewStub(
+        grpc::CreateCustomChannel(d.address(), grpc::InsecureChannelCredentials(), args)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> RawCluster::WaitForVersion(int64_t min_version, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  rpc::WaitForVersionRequest request;
+  request.set_min_version(min_version);
+  rpc::WaitForVersionResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->WaitForVersion(&context, request, &response),
+                                 "WaitForVersion"));
+  return response.committed_version();
+}
+
+grpc::Status RawCluster::FetchFrom(int rank, const rpc::FetchRequest& request,
+                                   absl::Duration timeout, FetchedPieces* out) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  std::unique_ptr<grpc::ClientReader<rpc::FetchResponse>> reader =
+      daemon(rank).Fetch(&context, request);
+  rpc::FetchResponse message;
+  *out = FetchedPieces();
+  while (reader->Read(&message)) {
+    if (message.has_plan()) {
+      out->plan = message.plan();
+      for (const rpc::FetchPiece& p : out->plan.pieces()) {
+        QuantizedTensor q;
+        q.format = *FormatFromProto(p.format());
+        q.direction = *DirectionFromProto(p.direction());
+        q.rows = p.row_end() - p.row_begin();
+        q.cols = p.cols();
+        q.scale_inv = p.scale_inv();
+        q.amax = p.amax();
+        out->pieces.push_back(std::move(q));
+      }
+      continue;
+    }
+    const rpc::FetchChunk& c = message.chunk();
+    QuantizedTensor& q = out->pieces.at(c.piece());
+    std::vector<uint8_t>& buf = c.buffer() == rpc::BUFFER_DATA ? q.data : q.scales;
+    if (static_cast<int64_t>(buf.size()) != c.offset()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "fetch chunk out of order");
+    }
+    buf.insert(buf.end(), c.data().begin(), c.data().end());
+  }
+  return reader->Finish();
+}
+
+absl::StatusOr<std::vector<QuantizedTensor>> RawCluster::FetchPieces(int64_t version,
+                                                                     const std::string& tensor,
+                                                                     Direction direction) {
+  std::vector<std::pair<int64_t, QuantizedTensor>> pieces;
+  for (int r = 0; r < num_daemons(); ++r) {
+    rpc::FetchRequest request;
+    request.set_version(version);
+    rpc::TensorDirections* td = request.add_tensors();
+    td->set_tensor(tensor);
+    td->add_directions(DirectionToProto(direction));
+    FetchedPieces got;
+    RETURN_IF_ERROR(FromGrpcStatus(FetchFrom(r, request, absl::Seconds(10), &got),
+                                   absl::StrCat("Fetch from daemon ", r)));
+    for (int i = 0; i < got.plan.pieces_size(); ++i) {
+      pieces.emplace_back(got.plan.pieces(i).row_begin(), std::move(got.pieces[i]));
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<QuantizedTensor> out;
+  for (auto& p : pieces) out.push_back(std::move(p.second));
+  return out;
+}
+
+absl::StatusOr<QuantizedTensor> RawCluster::FetchAssembled(int64_t version,
+                                                           const std::string& tensor,
+                                                           Direction direction,
+                                                           absl::Duration /*timeout*/) {
+  ASSIGN_OR_RETURN(std::vector<QuantizedTensor> pieces, FetchPieces(version, tensor, direction));
+  const HybridSpec s = spec(tensor);
+  return sharding::Assemble(direction == Direction::kRowwise ? s.rowwise : s.columnwise, pieces);
+}
+
+grpc::Status RawCluster::PushRaw(int rank, const std::vector<rpc::PushGradientsRequest>& messages,
+                                 rpc::PushGradientsResponse* response) {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::PushGradientsResponse ignored;
+  std::unique_ptr<grpc::ClientWriter<rpc::PushGradientsRequest>> writer =
+      daemon(rank).PushGradients(&context, response ? response : &ignored);
+  for (const rpc::PushGradientsRequest& m : messages) {
+    if (!writer->Write(m)) break;  // the server finished early: Finish() says why
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+absl::Status RawCluster::PushAll(int64_t version, const std::string& pusher_id,
+                                 const std::map<std::string, std::vector<float>>& gradients) {
+  std::vector<std::vector<rpc::PushGradientsRequest>> streams(num_daemons());
+  for (const rpc::ShardPiece& p : manifest_.pieces()) {
+    auto it = gradients.find(p.tensor());
+    if (it == gradients.end()) continue;
+    streams[p.daemon_rank()].push_back(GradientMessage(version, pusher_id, p.tensor(),
+                                                       p.row_begin(), p.row_end(),
+                                                       it->second.data(), tensor(p.tensor()).cols()));
+  }
+  std::vector<grpc::Status> statuses(num_daemons());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < num_daemons(); ++r) {
+    if (streams[r].empty()) {
+      rpc::PushGradientsRequest header;
+      header.set_version(version);
+      header.set_pusher_id(pusher_id);
+      streams[r].push_back(header);
+    }
+    threads.emplace_back([&, r] { statuses[r] = PushRaw(r, streams[r]); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < num_daemons(); ++r) {
+    RETURN_IF_ERROR(FromGrpcStatus(statuses[r], absl::StrCat("PushGradients to daemon ", r)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<rpc::DaemonStats> RawCluster::Stats(int rank, bool include_shards) {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::GetStatsRequest request;
+  request.set_include_shards(include_shards);
+  rpc::GetStatsResponse response;
+  RETURN_IF_ERROR(FromGrpcStatus(daemon(rank).GetStats(&context, request, &response),
+                                 absl::StrCat("GetStats on daemon ", rank)));
+  return response.stats();
+}
+
+}  // namespace testing
+}  // namespace paramd

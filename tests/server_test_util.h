@@ -1,0 +1,109 @@
+// File: tests/server_test_util.h
+//
+// Raw-gRPC access to a real hybrid-paramd cluster (tests/client_cluster.h)
+// for the server's integration tests: deliberately NOT the client library,
+// so that every request the tests make (including malformed ones) is spelled
+// out in proto/paramd.proto terms.
+//
+// Not thread-safe; use from the test's main thread.
+#ifndef PARAMD_TESTS_SERVER_TEST_UTIL_H_
+#define PARAMD_TESTS_SERVER_TEST_UTIL_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/format.h"
+#include "proto/paramd.grpc.pb.h"
+#include "tests/client_cluster.h"
+
+namespace paramd {
+namespace testing {
+
+// One tensor of a test model: row-major FP32 values.
+struct TestTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+// Writes an FP32 safetensors file.
+absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors);
+
+// Normally distributed values (deterministic in `seed`).
+std::vector<float> RandomValues(int64_t n, uint32_t seed, float stddev = 1.0f);
+
+// What one daemon's Fetch returned: the plan and, per piece, its bytes.
+struct FetchedPieces {
+  rpc::FetchPlan plan;
+  std::vector<QuantizedTensor> pieces;  // parallel to plan.pieces()
+};
+
+class RawCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<RawCluster>> Start(const TestClusterOptions& options);
+
+  TestCluster& cluster() { return *cluster_; }
+  rpc::Coordinator::Stub& coordinator() { return *coordinator_; }
+  // Daemon stubs by rank (from the manifest of the last Load/Refresh).
+  rpc::Daemon::Stub& daemon(int rank) { return *daemons_.at(rank); }
+  int num_daemons() const { return static_cast<int>(daemons_.size()); }
+  const rpc::Manifest& manifest() const { return manifest_; }
+  const rpc::TensorInfo& tensor(const std::string& name) const;
+  HybridSpec spec(const std::string& name) const;
+
+  // Coordinator.Load (retried while daemons are still joining), then
+  // refreshes the manifest and daemon stubs. Returns the committed version.
+  absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe_text,
+                               absl::Duration timeout = absl::Seconds(30));
+  absl::Status RefreshManifest();
+  absl::StatusOr<int64_t> WaitForVersion(int64_t min_version,
+                                         absl::Duration timeout = absl::Seconds(20));
+
+  // Daemon.Fetch on daemon `rank`; the grpc status of the call.
+  grpc::Status FetchFrom(int rank, const rpc::FetchRequest& request, absl::Duration timeout,
+                         FetchedPieces* out);
+  // Every piece of (tensor, direction) at `version` from every daemon,
+  // assembled (//sharding:assemble) into the whole tensor's layout.
+  absl::StatusOr<QuantizedTensor> FetchAssembled(int64_t version, const std::string& tensor,
+                                                 Direction direction,
+                                                 absl::Duration timeout = absl::Seconds(10));
+  // Each daemon's pieces of (tensor, direction) at `version`.
+  absl::StatusOr<std::vector<QuantizedTensor>> FetchPieces(int64_t version,
+                                                           const std::string& tensor,
+                                                           Direction direction);
+
+  // A push stream of `messages` to daemon `rank`, exactly as given.
+  grpc::Status PushRaw(int rank, const std::vector<rpc::PushGradientsRequest>& messages,
+                       rpc::PushGradientsResponse* response = nullptr);
+  // The gradients of pusher `pusher_id` for `version` (whole tensors, FP32),
+  // routed by rows: one stream to EVERY daemon (empty where it owns none).
+  // The first failing daemon's status.
+  absl::Status PushAll(int64_t version, const std::string& pusher_id,
+                       const std::map<std::string, std::vector<float>>& gradients);
+
+  absl::StatusOr<rpc::DaemonStats> Stats(int rank, bool include_shards = false);
+
+ private:
+  std::unique_ptr<TestCluster> cluster_;
+  std::shared_ptr<grpc::Channel> coordinator_channel_;
+  std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
+  std::vector<std::unique_ptr<rpc::Daemon::Stub>> daemons_;
+  rpc::Manifest manifest_;
+};
+
+// The whole FP32 rows [row_begin, row_end) of a [rows][cols] tensor as one
+// push message chunk.
+rpc::PushGradientsRequest GradientMessage(int64_t version, const std::string& pusher,
+                                          const std::string& tensor, int64_t row_begin,
+                                          int64_t row_end, const float* values, int64_t cols);
+
+}  // namespace testing
+}  // namespace paramd
+
+#endif  // PARAMD_TESTS_SERVER_TEST_UTIL_H_
