@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -84,6 +85,14 @@ std::string HumanBytes(double n) {
   if (n >= (1 << 20)) return absl::StrFormat("%.2f MiB", n / (1 << 20));
   if (n >= (1 << 10)) return absl::StrFormat("%.1f KiB", n / (1 << 10));
   return absl::StrFormat("%.0f B", n);
+}
+
+// "layers.2.attn.proj.weight" -> "attn.proj": enough to tell the layers apart.
+std::string ShortName(const std::string& tensor) {
+  std::string name = tensor;
+  if (absl::StartsWith(name, "layers.")) name = name.substr(name.find('.', 7) + 1);
+  if (absl::EndsWith(name, ".weight")) name.resize(name.size() - 7);
+  return name;
 }
 
 // A path as given if it exists, else inside this binary's runfiles.
@@ -253,8 +262,9 @@ absl::Status Demo::LoadModel() {
   }
   RETURN_IF_ERROR(version.status());
   manifest_ = observer->manifest();
-  std::printf("loaded %s with recipe %s: version %lld\n", model_path.c_str(),
-              recipe_path_.c_str(), static_cast<long long>(*version));
+  std::printf("loaded the demo model (%s) with recipe %s: version %lld\n",
+              model_path.c_str(), absl::GetFlag(FLAGS_recipe).c_str(),
+              static_cast<long long>(*version));
   PrintManifest();
   return absl::OkStatus();
 }
@@ -315,22 +325,23 @@ void Demo::PrintStep(int64_t step) {
       continue;
     }
     if (s.format == "nvfp4") {
-      absl::StrAppendFormat(&scales, " | %s nvfp4 A=%.4g", s.tensor, s.amax);
+      absl::StrAppendFormat(&scales, " | %s nvfp4 A=%.4g", ShortName(s.tensor), s.amax);
     } else if (s.format == "fp8_delayed" || s.format == "fp8_current") {
-      absl::StrAppendFormat(&scales, " | %s %s scale=%.4g amax=%.4g", s.tensor, s.format,
-                            1.0 / s.scale_inv, s.amax);
+      absl::StrAppendFormat(&scales, " | %s %s scale=%.4g amax=%.4g", ShortName(s.tensor),
+                            s.format, 1.0 / s.scale_inv, s.amax);
     } else {
       continue;
     }
     shown.push_back(s.format);
   }
   std::printf(
-      "step %3lld v%-3lld loss %.4f acc %.3f | per trainer fetched row %s + col %s = %s "
-      "(FP32 %s, BF16 %s)%s | %.0f ms\n",
+      "step %3lld v%-3lld loss %.4f acc %.3f | fetched/trainer row %s (FP32 %s, BF16 %s) "
+      "col %s (FP32 %s, BF16 %s)%s | %.0f ms\n",
       static_cast<long long>(step), static_cast<long long>(r0.version), row.loss, row.accuracy,
-      HumanBytes(r0.received.rowwise).c_str(), HumanBytes(r0.received.columnwise).c_str(),
-      HumanBytes(r0.received.total()).c_str(), HumanBytes(r0.fp32.total()).c_str(),
-      HumanBytes(r0.bf16.total()).c_str(), scales.c_str(), step_ms);
+      HumanBytes(r0.received.rowwise).c_str(), HumanBytes(r0.fp32.rowwise).c_str(),
+      HumanBytes(r0.bf16.rowwise).c_str(), HumanBytes(r0.received.columnwise).c_str(),
+      HumanBytes(r0.fp32.columnwise).c_str(), HumanBytes(r0.bf16.columnwise).c_str(),
+      scales.c_str(), step_ms);
   std::fflush(stdout);
 }
 
@@ -461,15 +472,16 @@ absl::Status Demo::Finish() {
               "difference %.2f%% (tolerance %.2f%%)\n",
               static_cast<long long>(finals_.at(0).eval_samples), eval, baseline.eval_loss,
               100 * rel_diff, 100 * tolerance);
-  std::printf("fetched per trainer per step: rowwise %s + columnwise %s = %s; "
-              "FP32 would move %s (%.2fx), BF16 %s (%.2fx)\n",
+  std::printf("fetched per trainer per step: rowwise %s (FP32 %s, BF16 %s), columnwise %s "
+              "(FP32 %s, BF16 %s); total %s = %.2fx less than FP32, %.2fx less than BF16\n",
               HumanBytes(double(received.rowwise) / steps).c_str(),
+              HumanBytes(double(fp32.rowwise) / steps).c_str(),
+              HumanBytes(double(bf16.rowwise) / steps).c_str(),
               HumanBytes(double(received.columnwise) / steps).c_str(),
+              HumanBytes(double(fp32.columnwise) / steps).c_str(),
+              HumanBytes(double(bf16.columnwise) / steps).c_str(),
               HumanBytes(double(received.total()) / steps).c_str(),
-              HumanBytes(double(fp32.total()) / steps).c_str(),
-              double(fp32.total()) / received.total(),
-              HumanBytes(double(bf16.total()) / steps).c_str(),
-              double(bf16.total()) / received.total());
+              double(fp32.total()) / received.total(), double(bf16.total()) / received.total());
   std::printf("step time: mean %.1f ms, median %.1f ms; training %.1f s, baseline %.1f s, "
               "wall %.1f s\n",
               mean_ms, median_ms, distributed_s, baseline_s, wall_s);
@@ -501,7 +513,9 @@ absl::Status Demo::Finish() {
                               {"fp32", fp32.total()},
                               {"fp32_rowwise", fp32.rowwise},
                               {"fp32_columnwise", fp32.columnwise},
-                              {"bf16", bf16.total()}};
+                              {"bf16", bf16.total()},
+                              {"bf16_rowwise", bf16.rowwise},
+                              {"bf16_columnwise", bf16.columnwise}};
     j["step_ms"] = step_ms;
     j["step_ms_mean"] = mean_ms;
     j["step_ms_median"] = median_ms;
