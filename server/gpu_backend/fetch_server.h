@@ -1,0 +1,47 @@
+// File: server/gpu_backend/fetch_server.h
+//
+// The daemon's side of a GPU fetch (DESIGN.md §4): the device pieces of the
+// requested (shard, direction) items of a published version, in the order
+// of the fetch plan that both sides derive from the same request: for each
+// item, its data buffer, its scale buffer (if the layout has one), then the
+// scale_inv and amax scalars (4 bytes each). client/gpu_fetch/fetch.h
+// receives exactly these pieces.
+#ifndef PARAMD_SERVER_GPU_BACKEND_FETCH_SERVER_H_
+#define PARAMD_SERVER_GPU_BACKEND_FETCH_SERVER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/format.h"
+#include "server/gpu_backend/shard_store.h"
+#include "transport/nccl_transport.h"
+
+namespace paramd {
+namespace gpu_backend {
+
+struct FetchItem {
+  int shard = 0;
+  Direction direction = Direction::kRowwise;
+};
+
+// The pieces of `items` of `version`. NOT_FOUND for an unpublished version
+// or a direction the shard does not publish.
+absl::StatusOr<std::vector<DeviceBytes>> FetchPieces(const GpuShardStore& store, int64_t version,
+                                                     absl::Span<const FetchItem> items);
+
+// Sends `items` of `version` to `trainer` as one message (one NCCL group).
+// With `per_item` each item is its own message (tag, tag+1, ...) sent after
+// the item's TensorReady event: the fetch of item i overlaps the
+// quantization of item i+1 while a step is in flight.
+absl::Status ServeFetch(NcclTransport& transport, int trainer, uint64_t tag,
+                        const GpuShardStore& store, int64_t version,
+                        absl::Span<const FetchItem> items, bool per_item, absl::Time deadline);
+
+}  // namespace gpu_backend
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_GPU_BACKEND_FETCH_SERVER_H_
