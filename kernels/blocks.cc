@@ -28,10 +28,63 @@ void ForEachRowSegment(const BlockGrid& g, Fn fn) {
 
 }  // namespace
 
-std::vector<float> BlockAmaxes(const float* src, const BlockGrid& grid) {
+MatrixRows::MatrixRows(const float* w, int64_t w_rows, int64_t w_cols, bool transposed)
+    : w_(w), w_rows_(w_rows), w_cols_(w_cols), transposed_(transposed) {
+  if (transposed_) {
+    pitch_ = w_rows_ + kPanel;
+    panel_.resize(std::min(kPanel, w_cols_) * pitch_);  // never more rows than W^T has
+  }
+}
+
+const float* MatrixRows::Row(int64_t i) const {
+  if (!transposed_) return w_ + i * w_cols_;
+  const int64_t begin = i - i % kPanel;
+  if (begin != panel_begin_) {
+    // Row k of the panel is column begin + k of W.
+    const int64_t n = std::min(kPanel, w_cols_ - begin);
+    for (int64_t r = 0; r < w_rows_; ++r) {
+      const float* from = w_ + r * w_cols_ + begin;
+      for (int64_t k = 0; k < n; ++k) panel_[k * pitch_ + r] = from[k];
+    }
+    panel_begin_ = begin;
+  }
+  return panel_.data() + (i - begin) * pitch_;
+}
+
+MatrixRowsOut::MatrixRowsOut(float* w, int64_t w_rows, int64_t w_cols, bool transposed)
+    : w_(w), w_rows_(w_rows), w_cols_(w_cols), transposed_(transposed) {
+  if (transposed_) {
+    pitch_ = w_rows_ + kPanel;
+    panel_.resize(std::min(kPanel, w_cols_) * pitch_);  // never more rows than W^T has
+  }
+}
+
+float* MatrixRowsOut::Row(int64_t i) {
+  if (!transposed_) return w_ + i * w_cols_;
+  const int64_t begin = i - i % kPanel;
+  if (begin != panel_begin_) {
+    FlushPanel();
+    panel_begin_ = begin;
+  }
+  return panel_.data() + (i - begin) * pitch_;
+}
+
+void MatrixRowsOut::Finish() { FlushPanel(); }
+
+void MatrixRowsOut::FlushPanel() {
+  if (!transposed_ || panel_begin_ < 0) return;
+  const int64_t n = std::min(kPanel, w_cols_ - panel_begin_);
+  for (int64_t r = 0; r < w_rows_; ++r) {
+    float* to = w_ + r * w_cols_ + panel_begin_;
+    for (int64_t k = 0; k < n; ++k) to[k] = panel_[k * pitch_ + r];
+  }
+  panel_begin_ = -1;
+}
+
+std::vector<float> BlockAmaxes(const MatrixRows& src, const BlockGrid& grid) {
   std::vector<float> amax(grid.num_blocks(), 0.0f);
   ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
-    const float* row = src + i * grid.cols;
+    const float* row = src.Row(i);
     float m = amax[b];
     for (int64_t j = j0; j < j1; ++j) {
       const float a = std::fabs(row[j]);
@@ -42,33 +95,33 @@ std::vector<float> BlockAmaxes(const float* src, const BlockGrid& grid) {
   return amax;
 }
 
-void EncodeFp8Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+void EncodeFp8Blocks(const MatrixRows& src, const BlockGrid& grid, const std::vector<float>& enc,
                      Fp8Type type, uint8_t* out) {
   ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
     const float s = enc[b];
-    const float* row = src + i * grid.cols;
+    const float* row = src.Row(i);
     uint8_t* q = out + i * grid.cols;
     for (int64_t j = j0; j < j1; ++j) q[j] = EncodeFp8(row[j] * s, type);
   });
 }
 
 void DecodeFp8Blocks(const uint8_t* codes, const BlockGrid& grid, const std::vector<float>& dec,
-                     Fp8Type type, float* out) {
+                     Fp8Type type, MatrixRowsOut& out) {
   const float* value = Fp8ValueTable(type);
   ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
     const float d = dec[b];
     const uint8_t* q = codes + i * grid.cols;
-    float* x = out + i * grid.cols;
+    float* x = out.Row(i);
     for (int64_t j = j0; j < j1; ++j) x[j] = value[q[j]] * d;
   });
 }
 
-void EncodeFp4Blocks(const float* src, const BlockGrid& grid, const std::vector<float>& enc,
+void EncodeFp4Blocks(const MatrixRows& src, const BlockGrid& grid, const std::vector<float>& enc,
                      uint8_t* out) {
   const int64_t row_bytes = CeilDiv(grid.cols, 2);
   ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
     const float s = enc[b];
-    const float* row = src + i * grid.cols;
+    const float* row = src.Row(i);
     uint8_t* q = out + i * row_bytes;
     for (int64_t j = j0; j < j1; ++j) {
       const uint8_t code = EncodeE2M1(row[j] * s);
@@ -80,14 +133,14 @@ void EncodeFp4Blocks(const float* src, const BlockGrid& grid, const std::vector<
 }
 
 void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
-                     const std::vector<float>& dec, float* out) {
+                     const std::vector<float>& dec, MatrixRowsOut& out) {
   const int64_t row_bytes = CeilDiv(grid.cols, 2);
   float value[16];
   for (int c = 0; c < 16; ++c) value[c] = DecodeE2M1(static_cast<uint8_t>(c));
   ForEachRowSegment(grid, [&](int64_t i, int64_t j0, int64_t j1, int64_t b) {
     const float d = dec[b];
     const uint8_t* q = packed + i * row_bytes;
-    float* x = out + i * grid.cols;
+    float* x = out.Row(i);
     for (int64_t j = j0; j < j1; ++j) x[j] = value[(q[j >> 1] >> ((j & 1) * 4)) & 0xF] * d;
   });
 }

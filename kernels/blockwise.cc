@@ -46,7 +46,7 @@ void QuantizeBlockwiseRowwise(const SourceMatrix& src, const QuantSpec& spec,
   }
 }
 
-void DequantizeBlockwiseRowwise(const EncodedView& v, const QuantSpec& spec, float* out) {
+void DequantizeBlockwiseRowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out) {
   // D15: value(q) * scale_inv, one rounding.
   const BlockGrid grid = GridFor(spec, v.rows, v.cols);
   const int64_t gc = grid.grid_cols();

@@ -38,7 +38,7 @@ void QuantizeMxfp8Rowwise(const SourceMatrix& src, const QuantSpec& spec,
   StoreRowScaleBytes(e, grid, src.layout.scale_cols, q.scales.data());  // R[i][j/32]
 }
 
-void DequantizeMxfp8Rowwise(const EncodedView& v, const QuantSpec& spec, float* out) {
+void DequantizeMxfp8Rowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out) {
   // x^ = value(q) * 2^(e-127), with e read from each row's own scale entry.
   const BlockGrid grid{v.rows, v.cols, 1, kBlock};
   const std::vector<uint8_t> e = LoadRowScaleBytes(v.scales, grid, v.layout.scale_cols);

@@ -44,7 +44,7 @@ void QuantizeNvfp4Rowwise(const SourceMatrix& src, const QuantSpec& spec,
   q.amax = scaling.global_amax;  // A is stored, not S_enc (§4)
 }
 
-void DequantizeNvfp4Rowwise(const EncodedView& v, const QuantSpec& /*spec*/, float* out) {
+void DequantizeNvfp4Rowwise(const EncodedView& v, const QuantSpec& /*spec*/, MatrixRowsOut& out) {
   // x^ = e2m1(q) * mul(mul(e4m3_value(sd), A), RCP2688) (D4: TE's decode).
   const BlockGrid grid{v.rows, v.cols, 1, kBlock};
   const std::vector<uint8_t> sd = LoadRowScaleBytes(v.scales, grid, v.layout.scale_cols);

@@ -18,7 +18,7 @@ void QuantizePerTensorRowwise(const SourceMatrix& src, const QuantSpec& spec,
   q.amax = BlockAmaxes(src.values, whole)[0];
 }
 
-void DequantizePerTensorRowwise(const EncodedView& v, const QuantSpec& spec, float* out) {
+void DequantizePerTensorRowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out) {
   const BlockGrid whole{v.rows, v.cols, v.rows, v.cols};
   DecodeFp8Blocks(v.data, whole, {v.scale_inv}, spec.fp8_type, out);
 }

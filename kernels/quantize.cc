@@ -24,7 +24,7 @@ using internal::Transpose;
 struct FormatImpl {
   void (*quantize)(const SourceMatrix&, const QuantSpec&, const TensorScaling&,
                    QuantizedTensor&);
-  void (*dequantize)(const EncodedView&, const QuantSpec&, float*);
+  void (*dequantize)(const EncodedView&, const QuantSpec&, internal::MatrixRowsOut&);
 };
 
 absl::StatusOr<FormatImpl> ImplFor(Format format) {
@@ -80,14 +80,14 @@ absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t
   q.cols = cols;
   q.data.assign(layout.data_bytes(), 0);  // D8: padding is 0
   q.scales.assign(layout.scale_bytes(), 0);
-  if (!FromTranspose(spec.format, direction)) {
-    impl.quantize({source.data(), rows, cols, layout}, spec, scaling, q);
+  const bool transposed = FromTranspose(spec.format, direction);
+  const internal::MatrixRows values(source.data(), rows, cols, transposed);
+  if (!transposed) {
+    impl.quantize({values, rows, cols, layout}, spec, scaling, q);
     return q;
   }
-  std::vector<float> transposed(source.size());
-  Transpose(source.data(), rows, cols, transposed.data());
   ASSIGN_OR_RETURN(const Layout t_layout, ComputeLayout(spec, Direction::kRowwise, cols, rows));
-  impl.quantize({transposed.data(), cols, rows, t_layout}, spec, scaling, q);
+  impl.quantize({values, cols, rows, t_layout}, spec, scaling, q);
   if (spec.format == Format::kMxfp8) {
     // The buffers are the same sizes transposed: [K][M] data and
     // [roundup(K,128)][roundup(M/32,4)] scales (zero padding moves along).
@@ -112,34 +112,30 @@ absl::StatusOr<std::vector<float>> Dequantize(const QuantizedTensor& q, const Qu
         " scale bytes, got ", q.data.size(), " and ", q.scales.size()));
   }
   std::vector<float> out(q.rows * q.cols);
+  const bool transposed = FromTranspose(spec.format, q.direction);
+  internal::MatrixRowsOut rows_out(out.data(), q.rows, q.cols, transposed);
   EncodedView v;
-  v.scale_inv = q.scale_inv;
-  v.amax = q.amax;
-  if (!FromTranspose(spec.format, q.direction)) {
-    v.rows = q.rows;
-    v.cols = q.cols;
-    v.layout = layout;
-    v.data = q.data.data();
-    v.scales = q.scales.data();
-    impl.dequantize(v, spec, out.data());
-    return out;
-  }
-  // Dequantize the rowwise form of W^T, then transpose the values back.
-  v.rows = q.cols;
-  v.cols = q.rows;
-  ASSIGN_OR_RETURN(v.layout, ComputeLayout(spec, Direction::kRowwise, v.rows, v.cols));
+  v.rows = rows_out.rows();
+  v.cols = rows_out.cols();
   v.data = q.data.data();
   v.scales = q.scales.data();
+  v.scale_inv = q.scale_inv;
+  v.amax = q.amax;
+  v.layout = layout;
   std::vector<uint8_t> data_t, scales_t;
-  if (spec.format == Format::kMxfp8) {
-    data_t = TransposedBytes(q.data, q.rows, q.cols);
-    scales_t = TransposedBytes(q.scales, layout.scale_rows, layout.scale_cols);
-    v.data = data_t.data();
-    v.scales = scales_t.data();
+  if (transposed) {
+    // Dequantize the rowwise form of W^T; MXFP8 first transposes its
+    // buffers into that form.
+    ASSIGN_OR_RETURN(v.layout, ComputeLayout(spec, Direction::kRowwise, v.rows, v.cols));
+    if (spec.format == Format::kMxfp8) {
+      data_t = TransposedBytes(q.data, q.rows, q.cols);
+      scales_t = TransposedBytes(q.scales, layout.scale_rows, layout.scale_cols);
+      v.data = data_t.data();
+      v.scales = scales_t.data();
+    }
   }
-  std::vector<float> transposed(out.size());
-  impl.dequantize(v, spec, transposed.data());
-  Transpose(transposed.data(), v.rows, v.cols, out.data());
+  impl.dequantize(v, spec, rows_out);
+  rows_out.Finish();
   return out;
 }
 

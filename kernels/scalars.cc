@@ -13,7 +13,8 @@ namespace ref {
 float Amax(absl::Span<const float> values) {
   if (values.empty()) return 0.0f;
   const int64_t n = static_cast<int64_t>(values.size());
-  return internal::BlockAmaxes(values.data(), {1, n, 1, n})[0];
+  const internal::MatrixRows row(values.data(), 1, n, /*transposed=*/false);
+  return internal::BlockAmaxes(row, {1, n, 1, n})[0];
 }
 
 std::vector<float> RoundToSource(absl::Span<const float> master, SourceDtype dtype) {
