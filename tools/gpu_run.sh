@@ -38,11 +38,11 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   pids=()
   for ((i = 0; i < shards; i++)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
-      timeout 480 $B/bin/quantize_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
+      timeout 300 $B/bin/quantize_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} \
       > "$OUT/quantize_test.shard$i.log" 2>&1 &
     pids+=($!)
   done
-  timeout 300 $B/bin/optimizer_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/optimizer_test.log" 2>&1
+  timeout 200 $B/bin/optimizer_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/optimizer_test.log" 2>&1
   summary+=("optimizer_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/optimizer_test.log" | tr '\n' ' ')")
   rc_all=0
   for p in "${pids[@]}"; do wait "$p" || rc_all=1; done
@@ -56,16 +56,22 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
 fi
 
 if [ "${RUN_BENCH:-1}" = 1 ]; then
-  timeout 400 $B/bin/bench --json="$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout 200 $B/bin/bench --json="$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-    timeout 240 ncu --clock-control none --kernel-name regex:"${NCU_KERNEL:-QuantizeTiles}" \
-      --launch-skip 1 --launch-count "${NCU_COUNT:-2}" \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-      --section LaunchStats --section WarpStateStats \
-      $B/bin/bench --reps=1 --warmup=1 --only="${NCU_ONLY:-per-tensor row+col^T (src bf16)}" \
-      > "$OUT/ncu.log" 2>&1
-    summary+=("ncu rc=$?")
+    # NCU_ONLY: ';'-separated bench --only filters, one ncu report each.
+    IFS=';' read -ra filters <<< "${NCU_ONLY:-per-tensor row+col^T (src bf16)}"
+    n=0
+    for f in "${filters[@]}"; do
+      timeout 150 ncu --clock-control none --kernel-name regex:"${NCU_KERNEL:-QuantizeTiles}" \
+        --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section InstructionStats \
+        $B/bin/bench --reps=1 --warmup=1 --only="$f" > "$OUT/ncu$n.log" 2>&1
+      summary+=("ncu[$f] rc=$?")
+      n=$((n + 1))
+    done
   fi
   tail -n 25 "$OUT/bench.log"
 fi

@@ -33,6 +33,19 @@ __device__ __forceinline__ uint32_t Bf16Bits(float x) {
   return (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
 }
 __device__ __forceinline__ float Bf16Round(float x) { return __uint_as_float(Bf16Bits(x) << 16); }
+// Hardware RNE of two floats to BF16 (cvt.rn.bf16x2.f32; NaN -> 0x7FFF on
+// sm_90, D14): the packed pair, `lo` in the low half.
+__device__ __forceinline__ uint32_t Bf16x2Bits(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// Both values rounded to BF16 in place (one instruction for two).
+__device__ __forceinline__ void RoundPairBf16(float& lo, float& hi) {
+  const uint32_t r = Bf16x2Bits(lo, hi);
+  lo = __uint_as_float(r << 16);
+  hi = __uint_as_float(r & 0xFFFF0000u);
+}
 // D1: the value the quantizer reads.
 __device__ __forceinline__ float ToSource(float x, bool round_bf16) {
   return round_bf16 ? Bf16Round(x) : x;

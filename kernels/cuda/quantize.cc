@@ -61,6 +61,14 @@ absl::Status FillDirection(const QuantizeTensorArgs& a, Direction dir, bool writ
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", FormatName(spec.format),
                                                    " needs a scale buffer"));
   }
+  // Natural alignment of the element types (BF16 / FP32 data, FP32 scales).
+  const uintptr_t data_align = spec.format == Format::kIdentityBf16   ? 2
+                               : spec.format == Format::kIdentityFp32 ? 4
+                                                                      : 1;
+  const uintptr_t scale_align = layout.scale_elem_bytes == 4 ? 4 : 1;
+  if (!Aligned(b.data, data_align) || (b.scales != nullptr && !Aligned(b.scales, scale_align))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": buffers must be aligned to their element size"));
+  }
   d.data = b.data;
   d.scales = b.scales;
   d.scale_inv = b.scale_inv;
@@ -114,7 +122,11 @@ absl::StatusOr<detail::TensorDesc> MakeTensorDesc(const QuantizeTensorArgs& a, M
   t.rows = a.rows;
   t.cols = a.cols;
   t.src_bf16 = a.input_type == InputType::kBf16;
-  t.round_bf16 = h.source_dtype == SourceDtype::kBf16 && !t.src_bf16;
+  if (!Aligned(a.source, t.src_bf16 ? 2 : 4)) {
+    return absl::InvalidArgumentError("source must be aligned to its element size");
+  }
+  t.source_bf16 = h.source_dtype == SourceDtype::kBf16;
+  t.round_bf16 = t.source_bf16 && !t.src_bf16;
   const int64_t vec_elems = t.src_bf16 ? 8 : 4;
   t.src_vec = a.cols % vec_elems == 0 && Aligned(a.source, 16);
   t.tiles_k = detail::CeilDivI(a.cols, detail::kTile);

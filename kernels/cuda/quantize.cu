@@ -24,6 +24,10 @@
 //      per thread (8 lanes cover 128 contiguous output bytes); MXFP8 and
 //      identity columnwise keep [M][K] order and use the row mapping;
 //   6. per-direction amax: block reduction, one atomic per tile.
+//
+// The tensor descriptor is copied out of the parameter space once per tile
+// (fields held in registers), and every pass is specialised at compile time
+// on its format (one switch per tile, none per element).
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -65,16 +69,17 @@ __device__ __forceinline__ float4 Bf16x4ToFloat4(uint32_t lo, uint32_t hi) {
                      __uint_as_float(hi << 16), __uint_as_float(hi & 0xFFFF0000u));
 }
 
+// Byte k (0..3) of q, k known at run time, without a local array.
+__device__ __forceinline__ uint32_t ByteOf(uint32_t q, int k) { return (q >> (8 * k)) & 0xFFu; }
+
 // ---------------------------------------------------------------------------
 // Stage 1: load
 // ---------------------------------------------------------------------------
 
 template <int NT>
-__device__ __forceinline__ void LoadTileFp32Vec(const TensorDesc& t, TileSmem& s, int64_t i0,
-                                                int64_t j0) {
-  const float* src = static_cast<const float*>(t.src);
-  const int64_t M = t.rows, K = t.cols;
-#pragma unroll 8
+__device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K,
+                                                TileSmem& s, int64_t i0, int64_t j0) {
+#pragma unroll
   for (int k = 0; k < kTile * kChunks / NT; ++k) {
     const int c = threadIdx.x + k * NT;
     const int r = c >> 5, ch = c & 31;
@@ -86,10 +91,8 @@ __device__ __forceinline__ void LoadTileFp32Vec(const TensorDesc& t, TileSmem& s
 }
 
 template <int NT>
-__device__ __forceinline__ void LoadTileBf16Vec(const TensorDesc& t, TileSmem& s, int64_t i0,
-                                                int64_t j0) {
-  const uint16_t* src = static_cast<const uint16_t*>(t.src);
-  const int64_t M = t.rows, K = t.cols;
+__device__ __forceinline__ void LoadTileBf16Vec(const uint16_t* src, int64_t M, int64_t K,
+                                                TileSmem& s, int64_t i0, int64_t j0) {
   constexpr int kPer = kTile * kTile / 8 / NT;  // 16-byte segments per thread
   uint4 buf[kPer];
 #pragma unroll
@@ -110,17 +113,16 @@ __device__ __forceinline__ void LoadTileBf16Vec(const TensorDesc& t, TileSmem& s
 }
 
 template <int NT>
-__device__ __forceinline__ void LoadTileScalar(const TensorDesc& t, TileSmem& s, int64_t i0,
-                                               int64_t j0) {
-  const int64_t M = t.rows, K = t.cols;
+__device__ __forceinline__ void LoadTileScalar(const void* src, bool bf16, int64_t M, int64_t K,
+                                               TileSmem& s, int64_t i0, int64_t j0) {
   float* tf = reinterpret_cast<float*>(s.tile);
   for (int e = threadIdx.x; e < kTile * kTile; e += NT) {
     const int r = e >> 7, c = e & 127;
     const int64_t gi = i0 + r, gj = j0 + c;
     float v = 0.0f;
     if (gi < M && gj < K) {
-      v = t.src_bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(t.src)[gi * K + gj])
-                     : static_cast<const float*>(t.src)[gi * K + gj];
+      v = bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(src)[gi * K + gj])
+               : static_cast<const float*>(src)[gi * K + gj];
     }
     tf[Phys(r, c >> 2) * 4 + (c & 3)] = v;
   }
@@ -129,30 +131,26 @@ __device__ __forceinline__ void LoadTileScalar(const TensorDesc& t, TileSmem& s,
 // Fused AdamW: the tile's master values are updated in registers, p/m/v are
 // written back, and the new p is what the quantizer sees.
 template <int NT>
-__device__ __forceinline__ void LoadTileAdam(const TensorDesc& t, const AdamHyper& h,
-                                             TileSmem& s, int64_t i0, int64_t j0) {
-  const int64_t M = t.rows, K = t.cols;
-  const OptDesc& o = t.opt;
-  if (t.src_vec) {
+__device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
+                                             const AdamHyper& h, TileSmem& s, int64_t i0,
+                                             int64_t j0) {
+  if (vec) {
     constexpr int kPer = kTile * kChunks / NT;
-    constexpr int kBatch = 4;
+    constexpr int kBatch = 2;
 #pragma unroll 1
     for (int k0 = 0; k0 < kPer; k0 += kBatch) {
       float4 p[kBatch], m[kBatch], v[kBatch], g[kBatch];
-      bool ok[kBatch];
-      int64_t off[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int c = threadIdx.x + (k0 + b) * NT;
         const int r = c >> 5, ch = c & 31;
         const int64_t gi = i0 + r, gj = j0 + 4 * ch;
-        ok[b] = gi < M && gj < K;
-        off[b] = gi * K + gj;
-        if (ok[b]) {
-          p[b] = *reinterpret_cast<const float4*>(o.param + off[b]);
-          m[b] = *reinterpret_cast<const float4*>(o.m + off[b]);
-          v[b] = *reinterpret_cast<const float4*>(o.v + off[b]);
-          g[b] = __ldg(reinterpret_cast<const float4*>(o.grad + off[b]));
+        const int64_t off = gi * K + gj;
+        if (gi < M && gj < K) {
+          p[b] = *reinterpret_cast<const float4*>(o.param + off);
+          m[b] = *reinterpret_cast<const float4*>(o.m + off);
+          v[b] = *reinterpret_cast<const float4*>(o.v + off);
+          g[b] = __ldg(reinterpret_cast<const float4*>(o.grad + off));
         } else {
           p[b] = m[b] = v[b] = g[b] = make_float4(0.f, 0.f, 0.f, 0.f);
         }
@@ -161,14 +159,16 @@ __device__ __forceinline__ void LoadTileAdam(const TensorDesc& t, const AdamHype
       for (int b = 0; b < kBatch; ++b) {
         const int c = threadIdx.x + (k0 + b) * NT;
         const int r = c >> 5, ch = c & 31;
-        if (ok[b]) {
+        const int64_t gi = i0 + r, gj = j0 + 4 * ch;
+        const int64_t off = gi * K + gj;
+        if (gi < M && gj < K) {
           AdamWElement(p[b].x, m[b].x, v[b].x, g[b].x, h);
           AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
           AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
           AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
-          *reinterpret_cast<float4*>(o.param + off[b]) = p[b];
-          *reinterpret_cast<float4*>(o.m + off[b]) = m[b];
-          *reinterpret_cast<float4*>(o.v + off[b]) = v[b];
+          *reinterpret_cast<float4*>(o.param + off) = p[b];
+          *reinterpret_cast<float4*>(o.m + off) = m[b];
+          *reinterpret_cast<float4*>(o.v + off) = v[b];
         }
         s.tile[Phys(r, ch)] = p[b];
       }
@@ -197,25 +197,40 @@ __device__ __forceinline__ void LoadTileAdam(const TensorDesc& t, const AdamHype
 // Stage 2: block amaxes
 // ---------------------------------------------------------------------------
 
-// Max-updates dst with the amax of each bm x bk block of the tile: bk == 1
+__device__ __forceinline__ void ReadRow4(const TileSmem& s, int r, int ch, bool round_bf16,
+                                         float& x0, float& x1, float& x2, float& x3) {
+  const float4 v = s.tile[Phys(r, ch)];
+  x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
+  if (round_bf16) {
+    RoundPairBf16(x0, x1);
+    RoundPairBf16(x2, x3);
+  }
+}
+
+__device__ __forceinline__ float Max4Abs(float x0, float x1, float x2, float x3) {
+  return fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3)));
+}
+
+// Max-updates dst with the amax of each kBm x kBk block of the tile: kBk == 1
 // gives one entry per (row block, column) at dst[rb * 128 + col]; otherwise
-// dst[rb * (128 / bk) + cb]. dst must be zero beforehand.
-template <int NT>
-__device__ __forceinline__ void BlockAmaxPass(const TileSmem& s, bool round_bf16, int bm, int bk,
-                                              uint32_t* dst) {
+// dst[rb * (128 / kBk) + cb]. dst must be zero beforehand.
+template <int NT, int kBm, int kBk>
+__device__ __forceinline__ void BlockAmaxPass(const TileSmem& s, bool round_bf16, uint32_t* dst) {
   constexpr int kWarps = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
+#pragma unroll 4
   for (int r = warp; r < kTile; r += kWarps) {
-    const float4 v = s.tile[Phys(r, lane)];
-    acc0 = AbsMax(acc0, ToSource(v.x, round_bf16));
-    acc1 = AbsMax(acc1, ToSource(v.y, round_bf16));
-    acc2 = AbsMax(acc2, ToSource(v.z, round_bf16));
-    acc3 = AbsMax(acc3, ToSource(v.w, round_bf16));
+    float x0, x1, x2, x3;
+    ReadRow4(s, r, lane, round_bf16, x0, x1, x2, x3);
+    acc0 = AbsMax(acc0, x0);
+    acc1 = AbsMax(acc1, x1);
+    acc2 = AbsMax(acc2, x2);
+    acc3 = AbsMax(acc3, x3);
     const int next = r + kWarps;
-    if (next >= kTile || next / bm != r / bm) {
-      const int rb = r / bm;
-      if (bk == 1) {
+    if (next >= kTile || next / kBm != r / kBm) {
+      const int rb = r / kBm;
+      if constexpr (kBk == 1) {
         uint32_t* d = dst + rb * kTile + 4 * lane;
         atomicMax(d + 0, __float_as_uint(acc0));
         atomicMax(d + 1, __float_as_uint(acc1));
@@ -223,11 +238,12 @@ __device__ __forceinline__ void BlockAmaxPass(const TileSmem& s, bool round_bf16
         atomicMax(d + 3, __float_as_uint(acc3));
       } else {
         float m = fmaxf(fmaxf(acc0, acc1), fmaxf(acc2, acc3));
-        for (int off = 1; off < bk / 4; off <<= 1) {
+#pragma unroll
+        for (int off = 1; off < kBk / 4; off <<= 1) {
           m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
         }
-        if ((lane & (bk / 4 - 1)) == 0) {
-          atomicMax(dst + rb * (kTile / bk) + (4 * lane) / bk, __float_as_uint(m));
+        if ((lane & (kBk / 4 - 1)) == 0) {
+          atomicMax(dst + rb * (kTile / kBk) + (4 * lane) / kBk, __float_as_uint(m));
         }
       }
       acc0 = acc1 = acc2 = acc3 = 0.f;
@@ -261,17 +277,15 @@ __device__ __forceinline__ BlockCfg ColBlockCfg(const DirDesc& d) {
   }
 }
 
-// ---------------------------------------------------------------------------
-// Stores of 4 consecutive elements of one row (row-mapped passes)
-// ---------------------------------------------------------------------------
-
-// Four bytes (b0 lowest) at out[0..3], `n` of them valid.
-__device__ __forceinline__ void Store4Bytes(uint8_t* out, uint32_t q, int n, bool vec) {
-  if (vec && n == 4) {
-    *reinterpret_cast<uint32_t*>(out) = q;
-    return;
-  }
-  for (int k = 0; k < n; ++k) out[k] = static_cast<uint8_t>(q >> (8 * k));
+template <int NT>
+__device__ __forceinline__ void RunBlockAmax(const TileSmem& s, bool round_bf16, BlockCfg c,
+                                             uint32_t* dst) {
+  if (c.bm == 32 && c.bk == 32) BlockAmaxPass<NT, 32, 32>(s, round_bf16, dst);
+  if (c.bm == 32 && c.bk == 1) BlockAmaxPass<NT, 32, 1>(s, round_bf16, dst);
+  if (c.bm == 16 && c.bk == 16) BlockAmaxPass<NT, 16, 16>(s, round_bf16, dst);
+  if (c.bm == 16 && c.bk == 1) BlockAmaxPass<NT, 16, 1>(s, round_bf16, dst);
+  if (c.bm == 128 && c.bk == 128) BlockAmaxPass<NT, 128, 128>(s, round_bf16, dst);
+  if (c.bm == 128 && c.bk == 1) BlockAmaxPass<NT, 128, 1>(s, round_bf16, dst);
 }
 
 // ---------------------------------------------------------------------------
@@ -280,206 +294,210 @@ __device__ __forceinline__ void Store4Bytes(uint8_t* out, uint32_t q, int n, boo
 // ---------------------------------------------------------------------------
 
 struct RowPassArgs {
-  bool colmode;      // columnwise MXFP8 / identity: multipliers from colbuf, no scale writes
-  bool round_bf16;   // tile values still need rounding to the source dtype
-  bool writeback;    // write values for the columnwise pass back to the tile
-  bool deq_writeback;  // ... the dequantized values (rowwise_dequantized), else the source
+  bool round_bf16 = false;     // tile values still need rounding to the source dtype
+  bool writeback = false;      // write values for the columnwise pass back to the tile
+  bool deq_writeback = false;  // ... the dequantized values (rowwise_dequantized), else the source
+  bool source_bf16 = false;    // D2: round the dequantized values to BF16
 };
 
-template <int NT>
-__device__ __forceinline__ void RowMappedPass(const TensorDesc& t, const DirDesc& d,
+// Four bytes (b0 lowest) at out[0..3], `n` of them valid.
+__device__ __forceinline__ void Store4Bytes(uint8_t* out, uint32_t q, int n, bool vec) {
+  if (vec && n == 4) {
+    *reinterpret_cast<uint32_t*>(out) = q;
+    return;
+  }
+  for (int k = 0; k < n; ++k) out[k] = static_cast<uint8_t>(ByteOf(q, k));
+}
+
+// kColMode: the columnwise copy of MXFP8 / identity (multipliers from colbuf,
+// no scale writes, no writeback).
+template <int NT, int F, bool kE5M2, bool kColMode>
+__device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDesc& d,
                                               TileSmem& s, int tm, int tk, RowPassArgs a,
                                               float& amax_acc) {
   constexpr int kWarps = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t M = t.rows, K = t.cols;
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
   const int64_t gj = j0 + 4 * lane;
   const int nvalid_col = gj >= K ? 0 : (K - gj >= 4 ? 4 : static_cast<int>(K - gj));
-  const bool e5m2 = d.e5m2;
   const bool write = d.write;
-  const bool round_bf16 = a.round_bf16;
+  const bool vec = d.vec;
+  uint8_t* const data = static_cast<uint8_t*>(d.data);
+  uint8_t* const scales = static_cast<uint8_t*>(d.scales);
+  const int64_t scale_rows = d.scale_rows, scale_cols = d.scale_cols;
+  const bool round_bf16 = a.round_bf16, writeback = a.writeback, deq_wb = a.deq_writeback;
+  const bool src_bf16 = a.source_bf16;
 
   // Per-tile constants.
   float scale = 1.0f, scale_inv = 1.0f;  // FP8 per-tensor / 128x128 block
-  float nv_factor = 0.f, nv_sdec = 0.f, nv_deq = 0.f;
-  const float rcp_max = Fbits(e5m2 ? kRcp57344Bits : kRcp448Bits);
-  if (d.fmt == kKFp8Tensor) {
+  float nv_factor = 0.f, nv_sdec = 0.f, nv_a = 0.f;
+  const float rcp_max = Fbits(kE5M2 ? kRcp57344Bits : kRcp448Bits);
+  if constexpr (F == kKFp8Tensor) {
     scale = *d.scale;
     scale_inv = __frcp_rn(scale);
-  } else if (d.fmt == kKBlock2d && !a.colmode) {
-    scale = ComputeScale(Fbits(s.amax2d_row[0]), Fp8Max(e5m2), d.pow2, d.eps, d.inf_value);
+  } else if constexpr (F == kKBlock2d) {
+    scale = ComputeScale(Fbits(s.amax2d_row[0]), Fp8Max(kE5M2), d.pow2, d.eps, d.inf_value);
     scale_inv = __frcp_rn(scale);
-  } else if (d.fmt == kKNvfp4) {
-    const float A = *d.global_amax;
-    const float s_enc = Nvfp4GlobalEncodeScale(A);
+  } else if constexpr (F == kKNvfp4) {
+    nv_a = *d.global_amax;
+    const float s_enc = Nvfp4GlobalEncodeScale(nv_a);
     nv_sdec = __frcp_rn(s_enc);
     nv_factor = __fmul_rn(s_enc, Fbits(kRcp6Bits));
-    nv_deq = A;
   }
+  const bool pow2 = d.pow2;
+  const float eps = d.eps, inf_value = d.inf_value;
+  const bool two_d = d.two_d;
 
+#pragma unroll 2
   for (int r = warp; r < kTile; r += kWarps) {
     const int64_t gi = i0 + r;
     const bool row_ok = gi < M;
     const int n = row_ok ? nvalid_col : 0;
-    const float4 v4 = s.tile[Phys(r, lane)];
-    float x0 = ToSource(v4.x, round_bf16), x1 = ToSource(v4.y, round_bf16);
-    float x2 = ToSource(v4.z, round_bf16), x3 = ToSource(v4.w, round_bf16);
-    const float lmax = fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3)));
+    float x0, x1, x2, x3;
+    ReadRow4(s, r, lane, round_bf16, x0, x1, x2, x3);
+    const float lmax = Max4Abs(x0, x1, x2, x3);
     amax_acc = fmaxf(amax_acc, lmax);
     float d0 = x0, d1 = x1, d2 = x2, d3 = x3;  // dequantized values
-    switch (d.fmt) {
-      case kKBf16: {
-        const uint32_t b0 = Bf16Bits(x0), b1 = Bf16Bits(x1), b2 = Bf16Bits(x2), b3 = Bf16Bits(x3);
-        if (write && n > 0) {
-          uint16_t* out = static_cast<uint16_t*>(d.data) + gi * K + gj;
-          if (d.vec && n == 4) {
-            *reinterpret_cast<uint2*>(out) = make_uint2(b0 | (b1 << 16), b2 | (b3 << 16));
-          } else {
-            const uint32_t bb[4] = {b0, b1, b2, b3};
-            for (int k = 0; k < n; ++k) out[k] = static_cast<uint16_t>(bb[k]);
-          }
+    if constexpr (F == kKBf16) {
+      const uint32_t b01 = Bf16x2Bits(x0, x1), b23 = Bf16x2Bits(x2, x3);
+      if (write && n > 0) {
+        uint16_t* out = reinterpret_cast<uint16_t*>(data) + gi * K + gj;
+        if (vec && n == 4) {
+          *reinterpret_cast<uint2*>(out) = make_uint2(b01, b23);
+        } else {
+          out[0] = static_cast<uint16_t>(b01);
+          if (n > 1) out[1] = static_cast<uint16_t>(b01 >> 16);
+          if (n > 2) out[2] = static_cast<uint16_t>(b23);
+          if (n > 3) out[3] = static_cast<uint16_t>(b23 >> 16);
         }
-        d0 = Bf16ToFloat(b0), d1 = Bf16ToFloat(b1), d2 = Bf16ToFloat(b2), d3 = Bf16ToFloat(b3);
-        break;
       }
-      case kKFp32: {
-        if (write && n > 0) {
-          float* out = static_cast<float*>(d.data) + gi * K + gj;
-          if (d.vec && n == 4) {
-            *reinterpret_cast<float4*>(out) = make_float4(x0, x1, x2, x3);
-          } else {
-            const float xx[4] = {x0, x1, x2, x3};
-            for (int k = 0; k < n; ++k) out[k] = xx[k];
-          }
+      d0 = __uint_as_float(b01 << 16), d1 = __uint_as_float(b01 & 0xFFFF0000u);
+      d2 = __uint_as_float(b23 << 16), d3 = __uint_as_float(b23 & 0xFFFF0000u);
+    } else if constexpr (F == kKFp32) {
+      if (write && n > 0) {
+        float* out = reinterpret_cast<float*>(data) + gi * K + gj;
+        if (vec && n == 4) {
+          *reinterpret_cast<float4*>(out) = make_float4(x0, x1, x2, x3);
+        } else {
+          out[0] = x0;
+          if (n > 1) out[1] = x1;
+          if (n > 2) out[2] = x2;
+          if (n > 3) out[3] = x3;
         }
-        break;
       }
-      case kKFp8Tensor:
-      case kKBlock2d:
-      case kKBlock1d:
-      case kKMxfp8: {
-        float m0, m1, m2, m3;   // multipliers
-        float q0, q1, q2, q3;   // dequantization factors
-        if (d.fmt == kKMxfp8) {
-          if (a.colmode) {
-            const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
-            m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
-            q0 = q1 = q2 = q3 = 1.0f;  // no writeback in colmode
-          } else {
-            float bam;
-            if (d.two_d) {
-              bam = Fbits(s.amax2d_row[(r >> 5) * 4 + (lane >> 3)]);
-            } else {
-              bam = lmax;
-              bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
-              bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
-              bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 4));
-            }
-            const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
-            m0 = m1 = m2 = m3 = E8M0Reciprocal(e);
-            q0 = q1 = q2 = q3 = DecodeE8M0(e);
-            if (write && (lane & 7) == 0 && gi < d.scale_rows) {
-              const int64_t b = int64_t{tk} * 4 + (lane >> 3);
-              if (b < d.scale_cols) {
-                const bool valid = row_ok && b * 32 < K;
-                static_cast<uint8_t*>(d.scales)[gi * d.scale_cols + b] =
-                    static_cast<uint8_t>(valid ? e : 0u);
-              }
-            }
-          }
-        } else if (d.fmt == kKBlock1d) {
-          float bam = lmax;
-#pragma unroll
-          for (int off = 1; off < 32; off <<= 1) {
-            bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, off));
-          }
-          const float sc = ComputeScale(bam, Fp8Max(e5m2), d.pow2, d.eps, d.inf_value);
-          const float si = __frcp_rn(sc);
-          m0 = m1 = m2 = m3 = sc;
-          q0 = q1 = q2 = q3 = si;
-          // Layout [ceil(K/128)][roundup(M,4)], entry [kb][i].
-          if (write && lane == 0 && gi < d.scale_cols) {
-            static_cast<float*>(d.scales)[int64_t{tk} * d.scale_cols + gi] = row_ok ? si : 0.0f;
-          }
-        } else {  // per-tensor or 128x128 block
-          m0 = m1 = m2 = m3 = scale;
-          q0 = q1 = q2 = q3 = scale_inv;
-        }
-        const uint32_t q = CvtFp8x4(__fmul_rn(x0, m0), __fmul_rn(x1, m1), __fmul_rn(x2, m2),
-                                    __fmul_rn(x3, m3), e5m2);
-        if (write && n > 0) {
-          Store4Bytes(static_cast<uint8_t*>(d.data) + gi * K + gj, q, n, d.vec);
-        }
-        if (a.deq_writeback) {
-          d0 = __fmul_rn(DecodeFp8(q, e5m2), q0);
-          d1 = __fmul_rn(DecodeFp8(q >> 8, e5m2), q1);
-          d2 = __fmul_rn(DecodeFp8(q >> 16, e5m2), q2);
-          d3 = __fmul_rn(DecodeFp8(q >> 24, e5m2), q3);
-        }
-        break;
+    } else if constexpr (F == kKNvfp4) {
+      float bam;
+      if (two_d) {
+        bam = Fbits(s.amax2d_row[(r >> 4) * 8 + (lane >> 2)]);
+      } else {
+        bam = lmax;
+        bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
+        bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
       }
-      case kKNvfp4: {
+      const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
+      const float sdv = DecodeFp8(sd, false);
+      const float enc = fminf(__frcp_rn(__fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
+      const uint32_t c0 = EncodeE2M1(__fmul_rn(x0, enc)), c1 = EncodeE2M1(__fmul_rn(x1, enc));
+      const uint32_t c2 = EncodeE2M1(__fmul_rn(x2, enc)), c3 = EncodeE2M1(__fmul_rn(x3, enc));
+      if (write) {
+        if (n > 0) {
+          const int64_t rb = (K + 1) / 2;  // bytes per data row
+          uint8_t* out = data + gi * rb + gj / 2;
+          const uint32_t byte0 = c0 | (c1 << 4), byte1 = c2 | (c3 << 4);
+          if (vec && n == 4) {
+            *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(byte0 | (byte1 << 8));
+          } else {
+            out[0] = static_cast<uint8_t>(byte0);
+            if (gj / 2 + 1 < rb) out[1] = static_cast<uint8_t>(byte1);
+          }
+        }
+        if ((lane & 3) == 0 && gi < scale_rows) {
+          const int64_t b = int64_t{tk} * 8 + (lane >> 2);
+          if (b < scale_cols) {
+            const bool valid = row_ok && b * 16 < K;
+            scales[gi * scale_cols + b] = static_cast<uint8_t>(valid ? sd : 0u);
+          }
+        }
+      }
+      if (deq_wb) {
+        const float f = __fmul_rn(__fmul_rn(sdv, nv_a), Fbits(kRcp2688Bits));
+        d0 = __fmul_rn(DecodeE2M1(c0), f);
+        d1 = __fmul_rn(DecodeE2M1(c1), f);
+        d2 = __fmul_rn(DecodeE2M1(c2), f);
+        d3 = __fmul_rn(DecodeE2M1(c3), f);
+      }
+    } else {  // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
+      float m0, m1, m2, m3;  // multipliers
+      float q = 1.0f;        // dequantization factor (one per lane here)
+      if constexpr (F == kKMxfp8 && kColMode) {
+        const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
+        m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
+      } else if constexpr (F == kKMxfp8) {
         float bam;
-        if (d.two_d) {
-          bam = Fbits(s.amax2d_row[(r >> 4) * 8 + (lane >> 2)]);
+        if (two_d) {
+          bam = Fbits(s.amax2d_row[(r >> 5) * 4 + (lane >> 3)]);
         } else {
           bam = lmax;
           bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
           bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
+          bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 4));
         }
-        const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
-        const float sdv = DecodeFp8(sd, false);
-        const float enc = fminf(__fdiv_rn(1.0f, __fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
-        const uint32_t c0 = EncodeE2M1(__fmul_rn(x0, enc)), c1 = EncodeE2M1(__fmul_rn(x1, enc));
-        const uint32_t c2 = EncodeE2M1(__fmul_rn(x2, enc)), c3 = EncodeE2M1(__fmul_rn(x3, enc));
-        if (write) {
-          if (n > 0) {
-            const int64_t rb = (K + 1) / 2;  // bytes per data row
-            uint8_t* out = static_cast<uint8_t*>(d.data) + gi * rb + gj / 2;
-            const uint32_t byte0 = c0 | (c1 << 4), byte1 = c2 | (c3 << 4);
-            if (d.vec && n == 4) {
-              *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(byte0 | (byte1 << 8));
-            } else {
-              out[0] = static_cast<uint8_t>(byte0);
-              if (gj / 2 + 1 < rb) out[1] = static_cast<uint8_t>(byte1);
-            }
-          }
-          if ((lane & 3) == 0 && gi < d.scale_rows) {
-            const int64_t b = int64_t{tk} * 8 + (lane >> 2);
-            if (b < d.scale_cols) {
-              const bool valid = row_ok && b * 16 < K;
-              static_cast<uint8_t*>(d.scales)[gi * d.scale_cols + b] =
-                  static_cast<uint8_t>(valid ? sd : 0u);
-            }
+        const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
+        m0 = m1 = m2 = m3 = E8M0Reciprocal(e);
+        q = DecodeE8M0(e);
+        if (write && (lane & 7) == 0 && gi < scale_rows) {
+          const int64_t b = int64_t{tk} * 4 + (lane >> 3);
+          if (b < scale_cols) {
+            const bool valid = row_ok && b * 32 < K;
+            scales[gi * scale_cols + b] = static_cast<uint8_t>(valid ? e : 0u);
           }
         }
-        if (a.deq_writeback) {
-          const float f = __fmul_rn(__fmul_rn(sdv, nv_deq), Fbits(kRcp2688Bits));
-          d0 = __fmul_rn(DecodeE2M1(c0), f);
-          d1 = __fmul_rn(DecodeE2M1(c1), f);
-          d2 = __fmul_rn(DecodeE2M1(c2), f);
-          d3 = __fmul_rn(DecodeE2M1(c3), f);
+      } else if constexpr (F == kKBlock1d) {
+        float bam = lmax;
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, off));
+        const float sc = ComputeScale(bam, Fp8Max(kE5M2), pow2, eps, inf_value);
+        m0 = m1 = m2 = m3 = sc;
+        q = __frcp_rn(sc);
+        // Layout [ceil(K/128)][roundup(M,4)], entry [kb][i].
+        if (write && lane == 0 && gi < scale_cols) {
+          reinterpret_cast<float*>(scales)[int64_t{tk} * scale_cols + gi] = row_ok ? q : 0.0f;
         }
-        break;
+      } else {  // per-tensor or 128x128 block
+        m0 = m1 = m2 = m3 = scale;
+        q = scale_inv;
       }
-      default:
-        break;
+      const uint32_t qb = CvtFp8x4(__fmul_rn(x0, m0), __fmul_rn(x1, m1), __fmul_rn(x2, m2),
+                                   __fmul_rn(x3, m3), kE5M2);
+      if (write && n > 0) Store4Bytes(data + gi * K + gj, qb, n, vec);
+      if constexpr (!kColMode) {
+        if (deq_wb) {
+          d0 = __fmul_rn(DecodeFp8(qb, kE5M2), q);
+          d1 = __fmul_rn(DecodeFp8(qb >> 8, kE5M2), q);
+          d2 = __fmul_rn(DecodeFp8(qb >> 16, kE5M2), q);
+          d3 = __fmul_rn(DecodeFp8(qb >> 24, kE5M2), q);
+        }
+      }
     }
-    if (a.writeback) {
-      // Elements outside [M, K] stay 0 (they must not reach an amax).
-      float4 w;
-      if (a.deq_writeback) {
-        // D2: the dequantized rowwise values rounded to the source dtype.
-        const bool rs = t.round_bf16;
-        w.x = n > 0 ? ToSource(d0, rs) : 0.f;
-        w.y = n > 1 ? ToSource(d1, rs) : 0.f;
-        w.z = n > 2 ? ToSource(d2, rs) : 0.f;
-        w.w = n > 3 ? ToSource(d3, rs) : 0.f;
-      } else {
-        w = make_float4(x0, x1, x2, x3);
+    if constexpr (!kColMode) {
+      if (writeback) {
+        // Elements outside [M, K] stay 0 (they must not reach an amax).
+        float4 w;
+        if (deq_wb) {
+          // D2: the dequantized rowwise values rounded to the source dtype.
+          if (src_bf16) {
+            RoundPairBf16(d0, d1);
+            RoundPairBf16(d2, d3);
+          }
+          w.x = n > 0 ? d0 : 0.f;
+          w.y = n > 1 ? d1 : 0.f;
+          w.z = n > 2 ? d2 : 0.f;
+          w.w = n > 3 ? d3 : 0.f;
+        } else {
+          w = make_float4(x0, x1, x2, x3);
+        }
+        s.tile[Phys(r, lane)] = w;
       }
-      s.tile[Phys(r, lane)] = w;
     }
   }
 }
@@ -489,25 +507,25 @@ __device__ __forceinline__ void RowMappedPass(const TensorDesc& t, const DirDesc
 // ---------------------------------------------------------------------------
 
 template <int NT>
-__device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc& d, TileSmem& s,
+__device__ __forceinline__ void ColScaleStep(int64_t M, int64_t K, const DirDesc& d, TileSmem& s,
                                              const uint32_t* amax2d, int tm, int tk) {
-  const int64_t M = t.rows, K = t.cols;
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
-  const bool e5m2 = d.e5m2;
+  const bool e5m2 = d.e5m2, two_d = d.two_d, write = d.write;
+  const int64_t scale_rows = d.scale_rows, scale_cols = d.scale_cols;
   switch (d.fmt) {
     case kKMxfp8: {
       // Compact C[roundup(ceil(M/32),4)][roundup(K,128)], entry [i/32][j].
+      uint8_t* scales = static_cast<uint8_t*>(d.scales);
       const float rcp_max = Fbits(e5m2 ? kRcp57344Bits : kRcp448Bits);
       for (int it = threadIdx.x; it < 4 * kTile; it += NT) {
         const int rb = it >> 7, c = it & 127;
-        const float bam = Fbits(d.two_d ? amax2d[rb * 4 + (c >> 5)] : s.colbuf[it]);
+        const float bam = Fbits(two_d ? amax2d[rb * 4 + (c >> 5)] : s.colbuf[it]);
         const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
         s.colbuf[it] = __float_as_uint(E8M0Reciprocal(e));
         const int64_t srow = int64_t{tm} * 4 + rb, gj = j0 + c;
-        if (d.write && srow < d.scale_rows && gj < d.scale_cols) {
+        if (write && srow < scale_rows && gj < scale_cols) {
           const bool valid = i0 + rb * 32 < M && gj < K;
-          static_cast<uint8_t*>(d.scales)[srow * d.scale_cols + gj] =
-              static_cast<uint8_t>(valid ? e : 0u);
+          scales[srow * scale_cols + gj] = static_cast<uint8_t>(valid ? e : 0u);
         }
       }
       break;
@@ -515,6 +533,7 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
     case kKNvfp4: {
       // [roundup(K,128)][roundup(ceil(M/16),4)], entry [j][i/16]: one thread
       // per column writes the tile's 8 row blocks.
+      uint8_t* scales = static_cast<uint8_t*>(d.scales);
       const float A = *d.global_amax;
       const float s_enc = Nvfp4GlobalEncodeScale(A);
       const float s_dec = __frcp_rn(s_enc);
@@ -524,10 +543,10 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
         uint32_t lo = 0, hi = 0;
 #pragma unroll
         for (int rb = 0; rb < 8; ++rb) {
-          const float bam = Fbits(d.two_d ? amax2d[rb * 8 + (c >> 4)] : s.colbuf[rb * kTile + c]);
+          const float bam = Fbits(two_d ? amax2d[rb * 8 + (c >> 4)] : s.colbuf[rb * kTile + c]);
           const uint32_t sd = CvtFp8(__fmul_rn(bam, factor), false);
           const float enc =
-              fminf(__fdiv_rn(1.0f, __fmul_rn(DecodeFp8(sd, false), s_dec)), Fbits(kFltMaxBits));
+              fminf(__frcp_rn(__fmul_rn(DecodeFp8(sd, false), s_dec)), Fbits(kFltMaxBits));
           s.colbuf[rb * kTile + c] = __float_as_uint(enc);
           const bool valid = gj < K && i0 + rb * 16 < M;
           const uint32_t byte = valid ? sd : 0u;
@@ -537,15 +556,14 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
             hi |= byte << (8 * (rb - 4));
           }
         }
-        if (d.write && gj < d.scale_rows) {
-          uint8_t* out = static_cast<uint8_t*>(d.scales) + gj * d.scale_cols + int64_t{tm} * 8;
-          const int64_t room = d.scale_cols - int64_t{tm} * 8;
-          if (room >= 8 && (d.scale_cols & 7) == 0 &&
-              (reinterpret_cast<uintptr_t>(d.scales) & 7) == 0) {
+        if (write && gj < scale_rows) {
+          uint8_t* out = scales + gj * scale_cols + int64_t{tm} * 8;
+          const int64_t room = scale_cols - int64_t{tm} * 8;
+          if (room >= 8 && (scale_cols & 7) == 0 && (reinterpret_cast<uintptr_t>(scales) & 7) == 0) {
             *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
           } else {
             for (int b = 0; b < 8 && b < room; ++b) {
-              out[b] = static_cast<uint8_t>(b < 4 ? lo >> (8 * b) : hi >> (8 * (b - 4)));
+              out[b] = static_cast<uint8_t>(b < 4 ? ByteOf(lo, b) : ByteOf(hi, b - 4));
             }
           }
         }
@@ -554,14 +572,15 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
     }
     case kKBlock1d: {
       // [ceil(M/128)][roundup(K,4)], entry [mb][j].
+      float* scales = static_cast<float*>(d.scales);
+      const bool pow2 = d.pow2;
+      const float eps = d.eps, inf_value = d.inf_value;
       for (int c = threadIdx.x; c < kTile; c += NT) {
-        const float sc =
-            ComputeScale(Fbits(s.colbuf[c]), Fp8Max(e5m2), d.pow2, d.eps, d.inf_value);
+        const float sc = ComputeScale(Fbits(s.colbuf[c]), Fp8Max(e5m2), pow2, eps, inf_value);
         s.colbuf[c] = __float_as_uint(sc);
         const int64_t gj = j0 + c;
-        if (d.write && gj < d.scale_cols) {
-          static_cast<float*>(d.scales)[int64_t{tm} * d.scale_cols + gj] =
-              gj < K ? __frcp_rn(sc) : 0.0f;
+        if (write && gj < scale_cols) {
+          scales[int64_t{tm} * scale_cols + gj] = gj < K ? __frcp_rn(sc) : 0.0f;
         }
       }
       break;
@@ -571,11 +590,11 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
       if (threadIdx.x == 0) {
         const float sc = ComputeScale(Fbits(amax2d[0]), Fp8Max(e5m2), d.pow2, d.eps, d.inf_value);
         s.colbuf[0] = __float_as_uint(sc);
-        if (d.write) {
-          float* out = static_cast<float*>(d.scales) + int64_t{tk} * d.scale_cols;
+        if (write) {
+          float* out = static_cast<float*>(d.scales) + int64_t{tk} * scale_cols;
           out[tm] = __frcp_rn(sc);
           if ((int64_t{tm} + 1) * kTile >= M) {  // last row tile: padding entries
-            for (int64_t x = tm + 1; x < d.scale_cols; ++x) out[x] = 0.0f;
+            for (int64_t x = tm + 1; x < scale_cols; ++x) out[x] = 0.0f;
           }
         }
       }
@@ -590,85 +609,96 @@ __device__ __forceinline__ void ColScaleStep(const TensorDesc& t, const DirDesc&
 // Stage 5: transposed columnwise pass (per-tensor FP8, blockwise FP8, NVFP4)
 // ---------------------------------------------------------------------------
 
-template <int NT>
-__device__ __forceinline__ void ColTransposedPass(const TensorDesc& t, const DirDesc& d,
+// kFp4: NVFP4 (nibbles, multiplier per 16-row block); otherwise FP8 bytes with
+// a multiplier per tile (per-tensor, 128x128) or per column (1x128).
+template <int NT, bool kFp4, bool kE5M2>
+__device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const DirDesc& d,
                                                   const TileSmem& s, int tm, int tk,
                                                   bool round_bf16, float& amax_acc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int a = lane & 7, b = lane >> 3;
-  const int64_t M = t.rows, K = t.cols;
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
   const int64_t gi0 = i0 + 16 * a;
-  const bool e5m2 = d.e5m2;
-  const bool nvfp4 = d.fmt == kKNvfp4;
-  const float tensor_scale = d.fmt == kKFp8Tensor ? *d.scale : 1.0f;
+  const uint8_t fmt = d.fmt;
+  const bool write = d.write && gi0 < M;
+  const bool full = d.vec && gi0 + 16 <= M;
+  uint8_t* const data = static_cast<uint8_t*>(d.data);
+  const float tensor_scale = fmt == kKFp8Tensor ? *d.scale : 1.0f;
+  const int64_t rbytes = (M + 1) / 2;  // NVFP4 bytes per output row
   for (int ch = warp * 4 + b; ch < kChunks; ch += NT / 8) {
-    float mult[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int c = 4 * ch + k;
-      switch (d.fmt) {
-        case kKFp8Tensor:
-          mult[k] = tensor_scale;
-          break;
-        case kKBlock2d:
-          mult[k] = Fbits(s.colbuf[0]);
-          break;
-        case kKBlock1d:
-          mult[k] = Fbits(s.colbuf[c]);
-          break;
-        default:  // NVFP4: the lane's 16 rows are row block a
-          mult[k] = Fbits(s.colbuf[a * kTile + c]);
-          break;
-      }
+    float m0, m1, m2, m3;
+    const int c0 = 4 * ch;
+    if (kFp4) {
+      const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[a * kChunks + ch];
+      m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
+    } else if (fmt == kKBlock1d) {
+      const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[ch];
+      m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
+    } else if (fmt == kKBlock2d) {
+      m0 = m1 = m2 = m3 = Fbits(s.colbuf[0]);
+    } else {
+      m0 = m1 = m2 = m3 = tensor_scale;
     }
-    uint32_t w[4][4];  // FP8: [column][4 rows per word]; NVFP4 uses w[k][0..1]
+    // FP8: w[k][q] = bytes of rows 4q..4q+3 of column c0+k. NVFP4: w[k][0..1].
+    uint32_t w0[4], w1[4], w2[4], w3[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k][0] = w[k][1] = w[k][2] = w[k][3] = 0u;
-#pragma unroll
-    for (int sr = 0; sr < 16; ++sr) {
-      const float4 v4 = s.tile[Phys(16 * a + sr, ch)];
-      const float x0 = ToSource(v4.x, round_bf16), x1 = ToSource(v4.y, round_bf16);
-      const float x2 = ToSource(v4.z, round_bf16), x3 = ToSource(v4.w, round_bf16);
-      amax_acc = fmaxf(amax_acc, fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3))));
-      if (nvfp4) {
-        const int sh = 4 * (sr & 7);
-        w[0][sr >> 3] |= EncodeE2M1(__fmul_rn(x0, mult[0])) << sh;
-        w[1][sr >> 3] |= EncodeE2M1(__fmul_rn(x1, mult[1])) << sh;
-        w[2][sr >> 3] |= EncodeE2M1(__fmul_rn(x2, mult[2])) << sh;
-        w[3][sr >> 3] |= EncodeE2M1(__fmul_rn(x3, mult[3])) << sh;
-      } else {
-        const uint32_t p01 = CvtFp8x2(__fmul_rn(x0, mult[0]), __fmul_rn(x1, mult[1]), e5m2);
-        const uint32_t p23 = CvtFp8x2(__fmul_rn(x2, mult[2]), __fmul_rn(x3, mult[3]), e5m2);
-        const int sh = 8 * (sr & 3);
-        w[0][sr >> 2] |= (p01 & 0xFFu) << sh;
-        w[1][sr >> 2] |= (p01 >> 8) << sh;
-        w[2][sr >> 2] |= (p23 & 0xFFu) << sh;
-        w[3][sr >> 2] |= (p23 >> 8) << sh;
-      }
-    }
-    if (!d.write || gi0 >= M) continue;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t gj = j0 + 4 * ch + k;
-      if (gj >= K) continue;
-      if (nvfp4) {
-        const int64_t rbytes = (M + 1) / 2;
-        uint8_t* out = static_cast<uint8_t*>(d.data) + gj * rbytes + gi0 / 2;
-        if (d.vec && gi0 + 16 <= M) {
-          *reinterpret_cast<uint2*>(out) = make_uint2(w[k][0], w[k][1]);
+    for (int sr = 0; sr < 16; sr += 2) {
+      float xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3;
+      ReadRow4(s, 16 * a + sr, ch, round_bf16, xa0, xa1, xa2, xa3);
+      ReadRow4(s, 16 * a + sr + 1, ch, round_bf16, xb0, xb1, xb2, xb3);
+      amax_acc = fmaxf(amax_acc, fmaxf(Max4Abs(xa0, xa1, xa2, xa3), Max4Abs(xb0, xb1, xb2, xb3)));
+      if constexpr (kFp4) {
+        // Two rows of one column make one byte (even row in the low nibble).
+        const uint32_t y0 = EncodeE2M1(__fmul_rn(xa0, m0)) | (EncodeE2M1(__fmul_rn(xb0, m0)) << 4);
+        const uint32_t y1 = EncodeE2M1(__fmul_rn(xa1, m1)) | (EncodeE2M1(__fmul_rn(xb1, m1)) << 4);
+        const uint32_t y2 = EncodeE2M1(__fmul_rn(xa2, m2)) | (EncodeE2M1(__fmul_rn(xb2, m2)) << 4);
+        const uint32_t y3 = EncodeE2M1(__fmul_rn(xa3, m3)) | (EncodeE2M1(__fmul_rn(xb3, m3)) << 4);
+        const int q = sr >> 3, sh = 8 * ((sr >> 1) & 3);
+        if (sh == 0) {
+          w0[q] = y0, w1[q] = y1, w2[q] = y2, w3[q] = y3;
         } else {
-          for (int q = 0; q < 8 && gi0 / 2 + q < rbytes; ++q) {
-            out[q] = static_cast<uint8_t>(w[k][q >> 2] >> (8 * (q & 3)));
+          w0[q] |= y0 << sh, w1[q] |= y1 << sh, w2[q] |= y2 << sh, w3[q] |= y3 << sh;
+        }
+      } else {
+        // cvt packs the two rows of one column into 16 bits (row sr low).
+        const uint32_t h0 = CvtFp8x2(__fmul_rn(xa0, m0), __fmul_rn(xb0, m0), kE5M2);
+        const uint32_t h1 = CvtFp8x2(__fmul_rn(xa1, m1), __fmul_rn(xb1, m1), kE5M2);
+        const uint32_t h2 = CvtFp8x2(__fmul_rn(xa2, m2), __fmul_rn(xb2, m2), kE5M2);
+        const uint32_t h3 = CvtFp8x2(__fmul_rn(xa3, m3), __fmul_rn(xb3, m3), kE5M2);
+        const int q = sr >> 2;
+        if ((sr & 2) == 0) {
+          w0[q] = h0, w1[q] = h1, w2[q] = h2, w3[q] = h3;
+        } else {
+          w0[q] = __byte_perm(w0[q], h0, 0x5410);
+          w1[q] = __byte_perm(w1[q], h1, 0x5410);
+          w2[q] = __byte_perm(w2[q], h2, 0x5410);
+          w3[q] = __byte_perm(w3[q], h3, 0x5410);
+        }
+      }
+    }
+    if (!write) continue;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int64_t gj = j0 + c0 + k;
+      if (gj >= K) continue;
+      const uint32_t* w = k == 0 ? w0 : k == 1 ? w1 : k == 2 ? w2 : w3;
+      if constexpr (kFp4) {
+        uint8_t* out = data + gj * rbytes + gi0 / 2;
+        if (full) {
+          *reinterpret_cast<uint2*>(out) = make_uint2(w[0], w[1]);
+        } else {
+          for (int qb = 0; qb < 8 && gi0 / 2 + qb < rbytes; ++qb) {
+            out[qb] = static_cast<uint8_t>(ByteOf(qb < 4 ? w[0] : w[1], qb & 3));
           }
         }
       } else {
-        uint8_t* out = static_cast<uint8_t*>(d.data) + gj * M + gi0;
-        if (d.vec && gi0 + 16 <= M) {
-          *reinterpret_cast<uint4*>(out) = make_uint4(w[k][0], w[k][1], w[k][2], w[k][3]);
+        uint8_t* out = data + gj * M + gi0;
+        if (full) {
+          *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
-          for (int q = 0; q < 16 && gi0 + q < M; ++q) {
-            out[q] = static_cast<uint8_t>(w[k][q >> 2] >> (8 * (q & 3)));
+          for (int qb = 0; qb < 16 && gi0 + qb < M; ++qb) {
+            const uint32_t word = qb < 4 ? w[0] : qb < 8 ? w[1] : qb < 12 ? w[2] : w[3];
+            out[qb] = static_cast<uint8_t>(ByteOf(word, qb & 3));
           }
         }
       }
@@ -681,17 +711,11 @@ template <int NT>
 __device__ __forceinline__ float TileAmax(const TileSmem& s, bool round_bf16) {
   float m = 0.f;
   for (int c = threadIdx.x; c < kTile * kChunks; c += NT) {
-    const float4 v = s.tile[c];
-    m = AbsMax(m, ToSource(v.x, round_bf16));
-    m = AbsMax(m, ToSource(v.y, round_bf16));
-    m = AbsMax(m, ToSource(v.z, round_bf16));
-    m = AbsMax(m, ToSource(v.w, round_bf16));
+    float x0, x1, x2, x3;
+    ReadRow4(s, c >> 5, c & 31, round_bf16, x0, x1, x2, x3);
+    m = fmaxf(m, Max4Abs(x0, x1, x2, x3));
   }
   return m;
-}
-
-__device__ __forceinline__ bool IsTransposed(uint8_t fmt) {
-  return fmt == kKFp8Tensor || fmt == kKBlock2d || fmt == kKBlock1d || fmt == kKNvfp4;
 }
 
 // Warp max then one shared atomic per warp.
@@ -699,6 +723,67 @@ __device__ __forceinline__ void BlockAmaxContribute(float v, uint32_t* slot) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   if ((threadIdx.x & 31) == 0) atomicMax(slot, __float_as_uint(v));
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch on the formats (once per tile)
+// ---------------------------------------------------------------------------
+
+template <int NT, bool kColMode>
+__device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc& d, TileSmem& s,
+                                             int tm, int tk, RowPassArgs a, float& amax) {
+  const bool e5 = d.e5m2;
+  switch (d.fmt) {
+    case kKBf16:
+      RowMappedPass<NT, kKBf16, false, kColMode>(M, K, d, s, tm, tk, a, amax);
+      break;
+    case kKFp32:
+      RowMappedPass<NT, kKFp32, false, kColMode>(M, K, d, s, tm, tk, a, amax);
+      break;
+    case kKMxfp8:
+      if (e5) {
+        RowMappedPass<NT, kKMxfp8, true, kColMode>(M, K, d, s, tm, tk, a, amax);
+      } else {
+        RowMappedPass<NT, kKMxfp8, false, kColMode>(M, K, d, s, tm, tk, a, amax);
+      }
+      break;
+    default:
+      if constexpr (!kColMode) {
+        switch (d.fmt) {
+          case kKNvfp4:
+            RowMappedPass<NT, kKNvfp4, false, false>(M, K, d, s, tm, tk, a, amax);
+            break;
+          case kKBlock1d:
+            if (e5) {
+              RowMappedPass<NT, kKBlock1d, true, false>(M, K, d, s, tm, tk, a, amax);
+            } else {
+              RowMappedPass<NT, kKBlock1d, false, false>(M, K, d, s, tm, tk, a, amax);
+            }
+            break;
+          case kKBlock2d:
+            if (e5) {
+              RowMappedPass<NT, kKBlock2d, true, false>(M, K, d, s, tm, tk, a, amax);
+            } else {
+              RowMappedPass<NT, kKBlock2d, false, false>(M, K, d, s, tm, tk, a, amax);
+            }
+            break;
+          case kKFp8Tensor:
+            if (e5) {
+              RowMappedPass<NT, kKFp8Tensor, true, false>(M, K, d, s, tm, tk, a, amax);
+            } else {
+              RowMappedPass<NT, kKFp8Tensor, false, false>(M, K, d, s, tm, tk, a, amax);
+            }
+            break;
+          default:
+            break;
+        }
+      }
+      break;
+  }
+}
+
+__device__ __forceinline__ bool IsTransposed(uint8_t fmt) {
+  return fmt == kKFp8Tensor || fmt == kKBlock2d || fmt == kKBlock1d || fmt == kKNvfp4;
 }
 
 // ---------------------------------------------------------------------------
@@ -717,10 +802,14 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
       hi = mid - 1;
     }
   }
+  // Each pass copies the descriptor fields it needs into registers before
+  // its loops (a read through this reference could alias the global stores
+  // and would be repeated after each of them).
   const TensorDesc& t = batch.t[lo];
+  const int64_t M = t.rows, K = t.cols;
   const int64_t local = tile - t.tile_begin;
   const int tm = static_cast<int>(local / t.tiles_k);
-  const int tk = static_cast<int>(local % t.tiles_k);
+  const int tk = static_cast<int>(local - int64_t{tm} * t.tiles_k);
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
   const DirDesc& row = t.row;
   const DirDesc& col = t.col;
@@ -733,13 +822,13 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   if (threadIdx.x < 4) s.red[threadIdx.x] = 0u;
 
   if (t.opt.param != nullptr) {
-    LoadTileAdam<NT>(t, batch.adam, s, i0, j0);
+    LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (t.src_vec && !t.src_bf16) {
-    LoadTileFp32Vec<NT>(t, s, i0, j0);
+    LoadTileFp32Vec<NT>(static_cast<const float*>(t.src), M, K, s, i0, j0);
   } else if (t.src_vec) {
-    LoadTileBf16Vec<NT>(t, s, i0, j0);
+    LoadTileBf16Vec<NT>(static_cast<const uint16_t*>(t.src), M, K, s, i0, j0);
   } else {
-    LoadTileScalar<NT>(t, s, i0, j0);
+    LoadTileScalar<NT>(t.src, t.src_bf16, M, K, s, i0, j0);
   }
   __syncthreads();
 
@@ -752,34 +841,35 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   const bool row_needed = row.fmt != kKNone;
   const bool col_needed = col.fmt != kKNone || col.amax != nullptr;
   const bool rbf = t.round_bf16;
+  const bool deq = t.col_from_row;
 
   // Stage 2.
   const BlockCfg rcfg = row_needed ? RowBlockCfg(row) : BlockCfg{};
   const BlockCfg ccfg = col.fmt != kKNone ? ColBlockCfg(col) : BlockCfg{};
-  const bool col_same_2d = ccfg.bm != 0 && ccfg.bk > 1 && ccfg.bm == rcfg.bm && ccfg.bk == rcfg.bk &&
-                           !t.col_from_row;
+  const bool col_same_2d =
+      ccfg.bm != 0 && ccfg.bk > 1 && ccfg.bm == rcfg.bm && ccfg.bk == rcfg.bk && !deq;
   const uint32_t* col2d = col_same_2d ? s.amax2d_row : s.amax2d_col;
-  bool synced = true;
+  bool need_sync = false;
   if (rcfg.bm != 0) {
-    BlockAmaxPass<NT>(s, rbf, rcfg.bm, rcfg.bk, s.amax2d_row);
-    synced = false;
+    RunBlockAmax<NT>(s, rbf, rcfg, s.amax2d_row);
+    need_sync = true;
   }
-  if (ccfg.bm != 0 && !t.col_from_row && !col_same_2d) {
-    BlockAmaxPass<NT>(s, rbf, ccfg.bm, ccfg.bk, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
-    synced = false;
+  if (ccfg.bm != 0 && !deq && !col_same_2d) {
+    RunBlockAmax<NT>(s, rbf, ccfg, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
+    need_sync = true;
   }
-  if (!synced) __syncthreads();
+  if (need_sync) __syncthreads();
 
   // Stage 3.
   float row_amax = 0.f, col_amax = 0.f;
   bool tile_is_source = false;  // the tile holds the columnwise input, already rounded
   if (row_needed) {
     RowPassArgs a;
-    a.colmode = false;
     a.round_bf16 = rbf;
-    a.deq_writeback = t.col_from_row;
-    a.writeback = col_needed && (t.col_from_row || rbf);
-    RowMappedPass<NT>(t, row, s, tm, tk, a, row_amax);
+    a.deq_writeback = deq;
+    a.writeback = col_needed && (deq || rbf);
+    a.source_bf16 = t.source_bf16;
+    RunRowMapped<NT, false>(M, K, row, s, tm, tk, a, row_amax);
     if (a.writeback) {
       tile_is_source = true;
       __syncthreads();
@@ -792,23 +882,26 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
     if (col.fmt == kKNone) {
       col_amax = TileAmax<NT>(s, crbf);
     } else {
-      if (ccfg.bm != 0 && t.col_from_row) {
-        BlockAmaxPass<NT>(s, crbf, ccfg.bm, ccfg.bk, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
+      if (ccfg.bm != 0 && deq) {
+        RunBlockAmax<NT>(s, crbf, ccfg, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
         __syncthreads();
       }
       if (col.fmt != kKFp8Tensor && col.fmt != kKBf16 && col.fmt != kKFp32) {
-        ColScaleStep<NT>(t, col, s, col2d, tm, tk);
+        ColScaleStep<NT>(M, K, col, s, col2d, tm, tk);
         __syncthreads();
       }
       if (IsTransposed(col.fmt)) {
-        ColTransposedPass<NT>(t, col, s, tm, tk, crbf, col_amax);
+        if (col.fmt == kKNvfp4) {
+          ColTransposedPass<NT, true, false>(M, K, col, s, tm, tk, crbf, col_amax);
+        } else if (col.e5m2) {
+          ColTransposedPass<NT, false, true>(M, K, col, s, tm, tk, crbf, col_amax);
+        } else {
+          ColTransposedPass<NT, false, false>(M, K, col, s, tm, tk, crbf, col_amax);
+        }
       } else {
         RowPassArgs a;
-        a.colmode = true;
         a.round_bf16 = crbf;
-        a.writeback = false;
-        a.deq_writeback = false;
-        RowMappedPass<NT>(t, col, s, tm, tk, a, col_amax);
+        RunRowMapped<NT, true>(M, K, col, s, tm, tk, a, col_amax);
       }
     }
   }
@@ -849,7 +942,6 @@ __global__ void __launch_bounds__(NT, kMinBlocks)
 
 template <int NT, int kMinBlocks>
 cudaError_t LaunchVariant(const QuantizeBatch& batch, bool persistent, cudaStream_t stream) {
-  static_assert(NT % 256 == 0 || NT == 128, "thread count");
   const size_t smem = sizeof(TileSmem);
   auto kernel = QuantizeTilesKernel<NT, kMinBlocks>;
   cudaError_t err =

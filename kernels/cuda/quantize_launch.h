@@ -69,6 +69,7 @@ struct TensorDesc {
   uint8_t round_bf16 = 0;  // D1: round to BF16 on read
   uint8_t src_vec = 0;     // 16-byte aligned rows (cols % 8 == 0 and aligned pointer)
   uint8_t col_from_row = 0;  // columnwise_source = rowwise_dequantized
+  uint8_t source_bf16 = 0;   // D1 source dtype is BF16 (D2 rounds the dequantized values)
   DirDesc row;
   DirDesc col;
   OptDesc opt;

@@ -7,6 +7,7 @@
 // included), scale_inv and amax must equal ref::QuantizeHybrid exactly.
 // Also: ColumnwiseSourceAmax, dequantization, device amax and scaling updates,
 // and one 8192 x 16384 tensor per format.
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
@@ -202,9 +203,12 @@ std::vector<std::string> RunBatch(DeviceArena& arena, const HybridSpec& h, Input
       const Direction dir = d == 0 ? Direction::kRowwise : Direction::kColumnwise;
       DeviceOut& o = tc.out[d];
       o.layout = *ComputeLayout(d == 0 ? h.rowwise : h.columnwise, dir, M, K);
-      const size_t out_mis = rng() % 4 == 0 ? 1 : 0;  // exercises the byte-store paths
-      o.data = arena.Alloc(o.layout.data_bytes(), out_mis);
-      o.scales = arena.Alloc(o.layout.scale_bytes(), out_mis);
+      // Misaligned by one element now and then: exercises the scalar store paths.
+      const Format f = (d == 0 ? h.rowwise : h.columnwise).format;
+      const size_t elem = f == Format::kIdentityBf16 ? 2 : f == Format::kIdentityFp32 ? 4 : 1;
+      const bool mis = rng() % 4 == 0;
+      o.data = arena.Alloc(o.layout.data_bytes(), mis ? elem : 0);
+      o.scales = arena.Alloc(o.layout.scale_bytes(), mis ? std::max(1, o.layout.scale_elem_bytes) : 0);
       o.scale_inv = static_cast<float*>(arena.Alloc(4));
       o.amax = arena.Scalar(0.0f);
       DirectionBuffers& b = d == 0 ? a.rowwise : a.columnwise;
@@ -360,6 +364,11 @@ TEST(QuantizeValidation, RefusesBadArguments) {
   a.spec.columnwise_usage = false;
   a.rowwise.data = Arena().Alloc(16);
   EXPECT_EQ(QuantizeHybrid({a}, nullptr).code(), absl::StatusCode::kInvalidArgument);  // no scale
+  a.rowwise_scaling.scale = Arena().Scalar(1.0f);
+  EXPECT_TRUE(QuantizeHybrid({a}, nullptr).ok());
+  a.spec.rowwise = DefaultQuantSpec(Format::kIdentityFp32);
+  a.rowwise.data = static_cast<char*>(Arena().Alloc(80)) + 2;  // FP32 output, 2-byte aligned
+  EXPECT_EQ(QuantizeHybrid({a}, nullptr).code(), absl::StatusCode::kInvalidArgument);
   a.rows = 0;
   EXPECT_EQ(QuantizeHybrid({a}, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
