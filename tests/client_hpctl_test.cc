@@ -1,0 +1,207 @@
+// hpctl's cluster commands (load, status, fetch, step) as an operator runs
+// them: the //hpctl:hpctl binary against a coordinator and two daemon
+// processes.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "deploy/process.h"
+#include "nlohmann/json.hpp"
+#include "safetensors/safetensors.h"
+#include "tests/client_cluster.h"
+
+namespace paramd {
+namespace {
+
+constexpr char kRecipe[] = R"pb(
+  name: "hpctl_test"
+  rule {
+    pattern: "w\\.weight"
+    spec {
+      rowwise { format: NVFP4 }
+      columnwise { format: FP8_CURRENT }
+    }
+  }
+  default_spec {
+    rowwise { format: MXFP8 }
+    columnwise { format: MXFP8 }
+    columnwise_source: ROWWISE_DEQUANTIZED
+  }
+)pb";
+
+struct HpctlRun {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+};
+
+class HpctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = testing::TestCluster::Start({});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    dir_ = cluster_->dir();
+    // w.weight [384][256] is large enough to be cut into 128-row pieces.
+    values_.resize(384 * 256);
+    for (size_t i = 0; i < values_.size(); ++i) {
+      values_[i] = std::sin(0.001f * i) * (1 + i % 5);
+    }
+    std::vector<float> v(64 * 64, 0.25f);
+    auto writer = safetensors::SafetensorsWriter::Create(
+        dir_ + "/model.safetensors", {{"w.weight", safetensors::Dtype::kF32, {384, 256}},
+                                      {"v.weight", safetensors::Dtype::kF32, {64, 64}}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->WriteTensor("w.weight", Bytes(values_)).ok());
+    ASSERT_TRUE((*writer)->WriteTensor("v.weight", Bytes(v)).ok());
+    ASSERT_TRUE((*writer)->Finish().ok());
+    std::ofstream(dir_ + "/recipe.textproto") << kRecipe;
+  }
+
+  static absl::Span<const uint8_t> Bytes(const std::vector<float>& v) {
+    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v.data()), v.size() * 4);
+  }
+
+  HpctlRun Hpctl(std::vector<std::string> args) {
+    args.insert(args.begin(), "hpctl/hpctl");
+    args.push_back("--address=" + cluster_->coordinator_address());
+    args.push_back("--timeout=20");
+    const std::string log = absl::StrCat(dir_, "/hpctl", ++runs_, ".out");
+    demo::ChildProcesses children;
+    HpctlRun run;
+    auto index = children.Start({"hpctl", args, log, log});
+    EXPECT_TRUE(index.ok()) << index.status();
+    if (!index.ok()) return run;
+    auto status = children.Wait(*index, absl::Seconds(30));
+    EXPECT_TRUE(status.ok()) << status.status();
+    if (status.ok() && WIFEXITED(*status)) run.exit_code = WEXITSTATUS(*status);
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    run.out = text.str();
+    return run;
+  }
+
+  // `hpctl load`, retried while the daemons are still joining.
+  void Load() {
+    HpctlRun run;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      run = Hpctl({"load", dir_ + "/model.safetensors", "--recipe=" + dir_ + "/recipe.textproto"});
+      if (run.exit_code == 0 || !absl::StrContains(run.out, "UNAVAILABLE")) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_EQ(run.exit_code, 0) << run.out << cluster_->Logs();
+    EXPECT_TRUE(absl::StrContains(run.out, "loaded 2 tensors on 2 daemons; committed version 0"))
+        << run.out;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::string dir_;
+  std::vector<float> values_;
+  int runs_ = 0;
+};
+
+TEST_F(HpctlTest, LoadStatusStepAndStatusJson) {
+  Load();
+  HpctlRun status = Hpctl({"status"});
+  ASSERT_EQ(status.exit_code, 0) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "committed version 0")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "w.weight")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "nvfp4")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "rowwise_dequantized")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "SCALES")) << status.out;
+
+  HpctlRun step = Hpctl({"step"});
+  ASSERT_EQ(step.exit_code, 0) << step.out << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(step.out, "stepped from version 0; committed version 1"))
+      << step.out;
+  // Stepping from a version that is not the committed one is refused.
+  HpctlRun stale = Hpctl({"step", "--version=0"});
+  EXPECT_EQ(stale.exit_code, 1) << stale.out;
+  EXPECT_TRUE(absl::StrContains(stale.out, "FAILED_PRECONDITION")) << stale.out;
+
+  HpctlRun json = Hpctl({"status", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.out;
+  nlohmann::json j = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << json.out;
+  EXPECT_EQ(j["committed_version"], "1");  // int64 fields are JSON strings in proto3 JSON
+  EXPECT_EQ(j["daemons"].size(), 2u);
+  EXPECT_EQ(j["manifest"]["tensors"].size(), 2u);
+}
+
+TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
+  Load();
+  const std::string raw = dir_ + "/w_col.safetensors";
+  HpctlRun fetch = Hpctl({"fetch", "w.weight", "--direction=columnwise", "--out=" + raw});
+  ASSERT_EQ(fetch.exit_code, 0) << fetch.out;
+  auto file = safetensors::SafetensorsFile::Open(raw);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->metadata().at("format"), "fp8_current");
+  EXPECT_EQ(file->metadata().at("direction"), "columnwise");
+  EXPECT_EQ(file->metadata().at("transposed"), "true");
+  EXPECT_EQ(file->metadata().at("version"), "0");
+  ASSERT_NE(file->Find("data"), nullptr);
+  EXPECT_EQ(file->Find("data")->shape, (std::vector<int64_t>{256, 384}));  // [K][M]
+
+  // The same bytes a trainer gets through the library.
+  client::ClientOptions options;
+  options.coordinator_address = cluster_->coordinator_address();
+  options.role = client::ClientOptions::Role::kObserver;
+  auto c = client::Client::Connect(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto fetched = (*c)->Fetch(0, {{"w.weight", Direction::kColumnwise, {}, {}}});
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(*file->ReadTensor("data") == fetched->tensors[0].value.data);
+
+  const std::string deq = dir_ + "/w_row.safetensors";
+  HpctlRun fetch2 = Hpctl({"fetch", "w.weight", "--out=" + deq, "--dequantize"});
+  ASSERT_EQ(fetch2.exit_code, 0) << fetch2.out;
+  auto file2 = safetensors::SafetensorsFile::Open(deq);
+  ASSERT_TRUE(file2.ok()) << file2.status();
+  EXPECT_EQ(file2->metadata().at("format"), "nvfp4");
+  auto bytes = file2->ReadTensor("w.weight");
+  ASSERT_TRUE(bytes.ok());
+  ASSERT_EQ(bytes->size(), values_.size() * 4);
+  const float* got = reinterpret_cast<const float*>(bytes->data());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < values_.size(); ++i) {
+    err += (got[i] - values_[i]) * (got[i] - values_[i]);
+    norm += values_[i] * values_[i];
+  }
+  EXPECT_LT(std::sqrt(err / norm), 0.15) << "NVFP4 relative RMS error";
+  EXPECT_GT(err, 0) << "NVFP4 cannot be lossless here";
+
+  HpctlRun missing = Hpctl({"fetch", "nope", "--out=" + dir_ + "/x"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(missing.out, "NOT_FOUND")) << missing.out;
+  HpctlRun usage = Hpctl({"fetch", "w.weight"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.out;
+}
+
+TEST(HpctlNoCluster, StatusWithoutACoordinatorFailsFast) {
+  demo::ChildProcesses children;
+  auto dir = demo::TempDir::Create("hpctl");
+  ASSERT_TRUE(dir.ok());
+  const std::string log = dir->path() + "/out";
+  auto index = children.Start(
+      {"hpctl", {"hpctl/hpctl", "status", "--address=127.0.0.1:1", "--timeout=0.5"}, log, log});
+  ASSERT_TRUE(index.ok());
+  auto status = children.Wait(*index, absl::Seconds(10));
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(WEXITSTATUS(*status), 1);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_TRUE(absl::StrContains(text.str(), "hpctl status: UNAVAILABLE")) << text.str();
+}
+
+}  // namespace
+}  // namespace paramd
