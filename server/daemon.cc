@@ -186,16 +186,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     absl::StatusOr<ModelView> view;
     {
       absl::MutexLock lock(&mu_);
-      if (rank_ < 0) {
-        reactor->Finish(ToGrpcStatus(absl::UnavailableError("daemon has not joined yet")));
-        return reactor;
-      }
-      if (request->daemon_rank() != rank_) {
-        reactor->Finish(ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-            "LoadShards for daemon rank ", request->daemon_rank(), " sent to rank ", rank_))));
-        return reactor;
-      }
-      view = MakeModelView(request->manifest(), rank_, ++generation_);
+      view = MakeModelView(request->manifest(), request->daemon_rank(), ++generation_);
     }
     if (!view.ok()) {
       reactor->Finish(ToGrpcStatus(view.status()));
@@ -204,7 +195,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     auto shared_view = std::make_shared<const ModelView>(*std::move(view));
     worker_.Post([this, shared_view, path = request->safetensors_path(),
                   pushers = request->expected_pushers(), reactor, response] {
-      absl::StatusOr<int64_t> v = LoadOnWorker(shared_view, path, pushers);
+      // The coordinator may send this as soon as it has registered our Join,
+      // before the join thread has seen the reply and opened the data plane.
+      const absl::Status joined = AwaitJoined(shared_view->rank);
+      absl::StatusOr<int64_t> v =
+          joined.ok() ? LoadOnWorker(shared_view, path, pushers) : absl::StatusOr<int64_t>(joined);
       if (v.ok()) response->set_published_version(*v);
       reactor->Finish(ToGrpcStatus(v.status()));
     });
@@ -455,6 +450,27 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     ReportVersion(from + 1, seconds);
   }
 
+  // Worker thread: waits until the join thread is done (bounded), then
+  // checks that this daemon is rank `rank`.
+  absl::Status AwaitJoined(int rank) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shut_down_ || join_done_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.step_timeout)) {
+      return absl::UnavailableError("daemon has not finished joining");
+    }
+    if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    if (!all_reduce_) {
+      return absl::FailedPreconditionError(absl::StrCat("daemon not joined: ", join_error_));
+    }
+    if (rank != rank_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("LoadShards for daemon rank ", rank, " sent to rank ", rank_));
+    }
+    return absl::OkStatus();
+  }
+
   // Worker thread: installs a new model and (from a file) publishes v0.
   absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
                                        const std::string& path, int expected_pushers) {
@@ -521,6 +537,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   }
 
   void JoinLoop() {
+    JoinLoopBody();
+    absl::MutexLock lock(&mu_);
+    join_done_ = true;
+  }
+
+  void JoinLoopBody() {
     const absl::Time give_up = absl::Now() + options_.join_timeout;
     absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
         DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
@@ -646,6 +668,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   std::string join_error_ ABSL_GUARDED_BY(mu_);
+  bool join_done_ ABSL_GUARDED_BY(mu_) = false;  // the join thread has finished
   AllReduceMaxFn all_reduce_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const ModelView> view_ ABSL_GUARDED_BY(mu_);

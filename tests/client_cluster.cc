@@ -50,9 +50,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
     c->names_.push_back(name);
   }
   for (int i = 0; i < options.daemons; ++i) {
-    RETURN_IF_ERROR(demo::WaitForPortFile(absl::StrCat(d, "/daemon", i, ".port"),
-                                          absl::Seconds(20), &c->children_, c->daemons_[i])
-                        .status());
+    ASSIGN_OR_RETURN(const int port,
+                     demo::WaitForPortFile(absl::StrCat(d, "/daemon", i, ".port"),
+                                           absl::Seconds(20), &c->children_, c->daemons_[i]));
+    c->daemon_ports_.push_back(port);
   }
   return c;
 }

@@ -40,6 +40,9 @@ class TestCluster {
   const std::string& coordinator_address() const { return coordinator_address_; }
   // A scratch directory removed with the cluster.
   const std::string& dir() const { return dir_.path(); }
+  // The gRPC port of daemon process `d` (the order of starting, which is
+  // not necessarily its rank: ranks go by the order of joining).
+  int daemon_port(int d) const { return daemon_ports_[d]; }
   // SIGKILLs daemon `d` and reaps it.
   void KillDaemon(int d);
   // The last lines of every process's log, for failure messages.
@@ -50,6 +53,7 @@ class TestCluster {
   demo::TempDir dir_;
   demo::ChildProcesses children_;
   std::vector<int> daemons_;
+  std::vector<int> daemon_ports_;
   std::vector<std::string> names_;
   std::string coordinator_address_;
 };

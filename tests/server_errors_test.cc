@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -492,7 +493,13 @@ TEST(ServerDownTest, DeadDaemonIsUnavailableWithinTheDeadline) {
   const std::string model = cluster.cluster().dir() + "/model.safetensors";
   ASSERT_TRUE(WriteModel(model, {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 1)}}).ok());
   ASSERT_TRUE(cluster.Load(model, kRecipe).ok());
-  cluster.cluster().KillDaemon(1);
+  // Kill the process that joined as rank 1.
+  const std::string address = cluster.manifest().daemons(1).address();
+  for (int i = 0; i < 2; ++i) {
+    if (absl::EndsWith(address, absl::StrCat(":", cluster.cluster().daemon_port(i)))) {
+      cluster.cluster().KillDaemon(i);
+    }
+  }
   rpc::FetchRequest request;
   request.set_version(0);
   FetchedPieces got;
