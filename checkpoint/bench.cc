@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -22,9 +24,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "checkpoint/daemon_io.h"
 #include "checkpoint/export.h"
+#include "checkpoint/remote_export.h"
+#include "checkpoint/service.h"
 #include "checkpoint/store.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/checkpoint_service.grpc.pb.h"
 
 ABSL_FLAG(int64_t, master_mb, 1024, "FP32 master bytes of the model, in MiB");
 ABSL_FLAG(int32_t, daemons, 2, "daemons writing the checkpoint (one thread each)");
@@ -64,6 +72,73 @@ void EvictFromCache(const std::string& path) {
   ::fdatasync(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   ::close(fd);
+}
+
+// A daemon whose state is rows [begin, end) of every tensor of the bench's
+// in-memory model, at version 1: the gRPC phases go through the same
+// services a real daemon registers.
+class MemoryDaemon : public CheckpointableDaemon {
+ public:
+  MemoryDaemon(const Manifest* manifest, const std::vector<std::vector<std::vector<float>>>* data,
+               int64_t begin, int64_t end)
+      : manifest_(manifest), data_(data), begin_(begin), end_(end) {}
+
+  absl::Status WithState(int64_t version,
+                         const std::function<absl::Status(const DaemonStateView&)>& fn) override {
+    if (version != 1) return absl::FailedPreconditionError("the bench daemon is at version 1");
+    DaemonStateView view;
+    view.version = 1;
+    for (int t = 0; t < manifest_->tensors_size(); ++t) {
+      if (end_ <= begin_) break;
+      PieceView piece;
+      piece.tensor = manifest_->tensors(t).name();
+      piece.row_begin = begin_;
+      piece.row_end = end_;
+      piece.cols = kCols;
+      auto rows = [&](int s) {
+        return absl::MakeConstSpan((*data_)[t][s]).subspan(begin_ * kCols, (end_ - begin_) * kCols);
+      };
+      piece.master = rows(0);
+      piece.moments = {{kSections[1], rows(1)}, {kSections[2], rows(2)}};
+      view.pieces.push_back(std::move(piece));
+      view.tensor_states[manifest_->tensors(t).name()].set_optimizer_step(1);
+    }
+    return fn(view);
+  }
+
+  absl::Status ReadRows(int64_t version, ExportValuesKind kind, const std::string& tensor,
+                        int64_t row_begin, int64_t row_end, absl::Span<float> out) override {
+    if (version != 1 || kind != ExportValuesKind::kMaster) {
+      return absl::FailedPreconditionError("the bench daemon has only masters of version 1");
+    }
+    const int t = std::stoi(tensor.substr(7));
+    std::memcpy(out.data(), (*data_)[t][0].data() + row_begin * kCols, out.size() * 4);
+    return absl::OkStatus();
+  }
+
+ private:
+  const Manifest* manifest_;
+  const std::vector<std::vector<std::vector<float>>>* data_;
+  int64_t begin_, end_;
+};
+
+class StaticClusterView : public ClusterView {
+ public:
+  explicit StaticClusterView(rpc::Manifest manifest) : manifest_(std::move(manifest)) {}
+  absl::StatusOr<rpc::Manifest> GetManifest() override { return manifest_; }
+
+ private:
+  rpc::Manifest manifest_;
+};
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  auto server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
 }
 
 absl::Status Run() {
@@ -210,6 +285,66 @@ absl::Status Run() {
   start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(export_from(memory, root + "/export_fp32", ExportDtype::kFp32));
   Row("export FP32 from memory", master_bytes, Seconds(start));
+
+  // 5. The same through the gRPC services, in-process over localhost: a
+  // coordinator service asking two daemon services to write (hpctl
+  // checkpoint), and hpctl export's remote source streaming BF16 from them.
+  {
+    CheckpointServiceOptions options;
+    options.root = root + "/ckpt";
+    std::vector<std::unique_ptr<MemoryDaemon>> daemons;
+    std::vector<std::unique_ptr<CheckpointDaemonService>> services;
+    std::vector<std::unique_ptr<grpc::Server>> servers;
+    std::vector<std::string> addresses(world);
+    rpc::Manifest cluster;
+    cluster.set_committed_version(1);
+    for (int t = 0; t < num_tensors; ++t) {
+      rpc::TensorInfo* info = cluster.add_tensors();
+      info->set_name(manifest.tensors(t).name());
+      info->add_shape(rows);
+      info->add_shape(kCols);
+      info->set_rows(rows);
+      info->set_cols(kCols);
+    }
+    std::map<std::string, std::vector<RemotePiece>> pieces;
+    for (int d = 0; d < world; ++d) {
+      const int64_t begin = rows * d / world, end = rows * (d + 1) / world;
+      daemons.push_back(std::make_unique<MemoryDaemon>(&manifest, &data, begin, end));
+      ASSIGN_OR_RETURN(auto service, CheckpointDaemonService::Create(options, daemons.back().get()));
+      services.push_back(std::move(service));
+      servers.push_back(Serve(services.back()->service(), &addresses[d]));
+      rpc::DaemonInfo* info = cluster.add_daemons();
+      info->set_rank(d);
+      info->set_address(addresses[d]);
+      for (int t = 0; t < num_tensors && end > begin; ++t) {
+        pieces[manifest.tensors(t).name()].push_back({begin, end, addresses[d]});
+      }
+    }
+    ASSIGN_OR_RETURN(auto coordinator,
+                     CheckpointCoordinatorService::Create(
+                         options, std::make_unique<StaticClusterView>(cluster)));
+    std::string coordinator_address;
+    auto coordinator_server = Serve(coordinator->service(), &coordinator_address);
+    auto stub = CheckpointCoordinator::NewStub(
+        grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()));
+    start = std::chrono::steady_clock::now();
+    grpc::ClientContext context;
+    CheckpointRequest request;
+    request.set_dir("grpc");
+    request.set_version(1);
+    CheckpointResponse response;
+    RETURN_IF_ERROR(FromGrpcStatus(stub->Checkpoint(&context, request, &response), "Checkpoint"));
+    Row("checkpoint via gRPC services (hpctl path)", response.total_bytes(), Seconds(start));
+
+    RemoteExportOptions remote;
+    remote.version = 1;
+    auto source = NewRemoteExportSource(pieces, remote);
+    start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(export_from(*source, root + "/export_grpc", ExportDtype::kBf16));
+    Row("export BF16 via gRPC from daemons (MB FP32)", master_bytes, Seconds(start));
+    coordinator_server->Shutdown();
+    for (auto& server : servers) server->Shutdown();
+  }
 
   if (!absl::GetFlag(FLAGS_keep)) std::system(absl::StrCat("rm -rf '", root, "'").c_str());
   return absl::OkStatus();
