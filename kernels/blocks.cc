@@ -145,21 +145,24 @@ void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
   });
 }
 
-void StoreRowScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
-                        int64_t scale_cols, uint8_t* scales) {
+void StoreScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
+                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols,
+                     uint8_t* scales) {
   const int64_t gc = grid.grid_cols();
-  for (int64_t i = 0; i < grid.rows; ++i) {
-    const uint8_t* from = &block_bytes[(i / grid.block_rows) * gc];
-    std::copy(from, from + gc, scales + i * scale_cols);
+  for (int64_t r = 0; r * entry_rows < grid.rows; ++r) {
+    const uint8_t* block_row = &block_bytes[(r * entry_rows / grid.block_rows) * gc];
+    for (int64_t c = 0; c * entry_cols < grid.cols; ++c) {
+      scales[r * scale_cols + c] = block_row[c * entry_cols / grid.block_cols];
+    }
   }
 }
 
-std::vector<uint8_t> LoadRowScaleBytes(const uint8_t* scales, const BlockGrid& grid,
-                                       int64_t scale_cols) {
-  const int64_t gc = grid.grid_cols();
-  std::vector<uint8_t> bytes(grid.rows * gc);
-  for (int64_t i = 0; i < grid.rows; ++i) {
-    std::copy(scales + i * scale_cols, scales + i * scale_cols + gc, &bytes[i * gc]);
+std::vector<uint8_t> LoadScaleBytes(const uint8_t* scales, const BlockGrid& entries,
+                                    int64_t scale_cols) {
+  const int64_t gc = entries.grid_cols();
+  std::vector<uint8_t> bytes(entries.num_blocks());
+  for (int64_t r = 0; r < entries.grid_rows(); ++r) {
+    std::copy(scales + r * scale_cols, scales + r * scale_cols + gc, &bytes[r * gc]);
   }
   return bytes;
 }

@@ -40,14 +40,14 @@ void QuantizeNvfp4Rowwise(const SourceMatrix& src, const QuantSpec& spec,
     enc[b] = std::min(1.0f / (DecodeE4M3(sd[b]) * s_dec), FLT_MAX);
   }
   EncodeFp4Blocks(src.values, grid, enc, q.data.data());
-  StoreRowScaleBytes(sd, grid, src.layout.scale_cols, q.scales.data());  // [i][j/16]
+  StoreScaleBytes(sd, grid, 1, kBlock, src.layout.scale_cols, q.scales.data());  // [i][j/16]
   q.amax = scaling.global_amax;  // A is stored, not S_enc (§4)
 }
 
 void DequantizeNvfp4Rowwise(const EncodedView& v, const QuantSpec& /*spec*/, MatrixRowsOut& out) {
   // x^ = e2m1(q) * mul(mul(e4m3_value(sd), A), RCP2688) (D4: TE's decode).
   const BlockGrid grid{v.rows, v.cols, 1, kBlock};
-  const std::vector<uint8_t> sd = LoadRowScaleBytes(v.scales, grid, v.layout.scale_cols);
+  const std::vector<uint8_t> sd = LoadScaleBytes(v.scales, grid, v.layout.scale_cols);
   std::vector<float> dec(sd.size());
   for (size_t b = 0; b < sd.size(); ++b) dec[b] = (DecodeE4M3(sd[b]) * v.amax) * Rcp2688();
   DecodeFp4Blocks(v.data, grid, dec, out);

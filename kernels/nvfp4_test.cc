@@ -161,6 +161,21 @@ TEST(Nvfp4, TwoDimensionalTilesAndNibbleTranspose) {
   EXPECT_EQ(col.amax, 6.0f);
 }
 
+TEST(Nvfp4, BlockFactorIsTheRoundedProductSEncTimesRcp6) {
+  // §4 evaluates mul(S_enc, RCP6) = 74.66667 (0x42955556), not
+  // div(S_enc, 6) = 74.666664 (0x42955555). For amax = 0x40B92492
+  // (5.7857141) the two give 432.00003 and 431.99997 around the E4M3 tie at
+  // 432 (between 416 and 448): only the product gives sd = 448 (0x7E); the
+  // quotient would give 416 (0x7D). The element still encodes to 6 (7).
+  std::vector<float> w(17, 0.0f);
+  w[0] = 6.0f;
+  w[16] = testing::F(0x40B92492);
+  ASSERT_OK_AND_ASSIGN(auto q, Quantize(w, 1, 17, OneD(), Direction::kRowwise,
+                                        TensorScaling{1.0f, 6.0f}));
+  EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x7E}, {1, 0x7E}}));
+  EXPECT_EQ(q.data, BytesAt(9, {{0, 0x07}, {8, 0x07}}));
+}
+
 TEST(Nvfp4, GlobalAmaxEdgeCases) {
   const QuantSpec spec = OneD();
   const float inf = std::numeric_limits<float>::infinity();

@@ -4,9 +4,10 @@
 // not part of the public API, which is kernels/reference.h).
 //
 // Every block format is implemented once, for the ROWWISE direction of a
-// [rows][cols] matrix. The columnwise copy of each format is the rowwise
-// copy of W^T (FORMATS.md tables; for MXFP8 with both buffers transposed
-// back), which quantize.cc applies in one place.
+// [rows][cols] matrix. The columnwise copy of per-tensor FP8, NVFP4 and
+// blockwise FP8 is the rowwise copy of W^T (FORMATS.md tables), which
+// quantize.cc applies in one place; MXFP8 keeps its columnwise data in
+// [M][K] order and quantizes 32x1 blocks in place.
 #ifndef PARAMD_KERNELS_REFERENCE_INTERNAL_H_
 #define PARAMD_KERNELS_REFERENCE_INTERNAL_H_
 
@@ -54,24 +55,6 @@ inline float LoadF32Le(const uint8_t* p) {
 
 // All 256 FP8 values of `type` (NaN codes hold a NaN), for the decode loops.
 const float* Fp8ValueTable(Fp8Type type);
-
-// `out[c][r] = in[r][c]` for an [rows][cols] matrix, cache-blocked. Small
-// tiles: with power-of-2 row pitches every row of a tile maps to the same
-// cache set, and 8 rows still fit the ways (measured 3-6x faster than 32
-// for 4096x4096 floats and bytes).
-template <typename T>
-void Transpose(const T* in, int64_t rows, int64_t cols, T* out) {
-  constexpr int64_t kTile = 8;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-      const int64_t r1 = r0 + kTile < rows ? r0 + kTile : rows;
-      const int64_t c1 = c0 + kTile < cols ? c0 + kTile : cols;
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) out[c * rows + r] = in[r * cols + c];
-      }
-    }
-  }
-}
 
 // Row-by-row access to the matrix a rowwise quantizer reads: W itself, or
 // W^T for a columnwise copy. W^T's rows are gathered kPanel at a time into a
@@ -152,31 +135,38 @@ void EncodeFp4Blocks(const MatrixRows& src, const BlockGrid& grid, const std::ve
 void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
                      const std::vector<float>& dec, MatrixRowsOut& out);
 
-// Compact rowwise byte scales (MXFP8, NVFP4): entry [i][bj] of a buffer
-// with row stride `scale_cols` holds block (i / block_rows, bj)'s byte, so a
-// 2D tile's byte is written into every row of the tile (§3, §4).
-void StoreRowScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
-                        int64_t scale_cols, uint8_t* scales);
-// The inverse for a grid with block_rows = 1: one byte per (row, block),
-// each row's own entry.
-std::vector<uint8_t> LoadRowScaleBytes(const uint8_t* scales, const BlockGrid& grid,
-                                       int64_t scale_cols);
+// Compact byte scales (MXFP8, NVFP4). Entry (r, c) of a buffer with row
+// stride `scale_cols` describes the entry_rows x entry_cols elements from
+// (r*entry_rows, c*entry_cols) on: rowwise 1 x 32 (MXFP8) or 1 x 16 (NVFP4),
+// MXFP8 columnwise 32 x 1. Store writes each valid entry with the byte of
+// the block holding its elements, so a 2D tile's byte repeats over every
+// entry inside the tile (§3, §4); padding entries are left alone.
+void StoreScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
+                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols,
+                     uint8_t* scales);
+// The valid entries back, one per block of `entries` (the matrix cut into
+// entry_rows x entry_cols blocks), each entry's own byte.
+std::vector<uint8_t> LoadScaleBytes(const uint8_t* scales, const BlockGrid& entries,
+                                    int64_t scale_cols);
 
-// Every format is implemented for the ROWWISE direction of a [rows][cols]
-// matrix: W itself, or W^T when quantize.cc makes a columnwise copy.
+// The per-format entry points. "Rowwise" ones quantize along the rows of a
+// [rows][cols] matrix: W itself, or W^T when quantize.cc makes a columnwise
+// copy from it.
 
-// The matrix a rowwise quantizer reads, and the layout it writes.
+// The matrix a quantizer reads, and the layout of the buffers it writes
+// (the direction's layout; for W^T that equals the rowwise layout of W^T).
 struct SourceMatrix {
   const MatrixRows& values;
   int64_t rows;  // values.rows()
   int64_t cols;  // values.cols()
-  Layout layout;  // ComputeLayout(spec, kRowwise, rows, cols)
+  Layout layout;
 };
-// The encoded buffers of one rowwise-form matrix, validated against `layout`.
+// The encoded buffers of one direction, validated against `layout`; rows
+// and cols are those of the matrix the quantizer read (W or W^T).
 struct EncodedView {
   int64_t rows = 0;
   int64_t cols = 0;
-  Layout layout;  // ComputeLayout(spec, kRowwise, rows, cols)
+  Layout layout;
   const uint8_t* data = nullptr;
   const uint8_t* scales = nullptr;
   float scale_inv = 1.0f;
@@ -195,10 +185,14 @@ void DequantizeIdentityRowwise(const EncodedView& v, const QuantSpec& spec, Matr
 void QuantizePerTensorRowwise(const SourceMatrix& src, const QuantSpec& spec,
                               const TensorScaling& scaling, QuantizedTensor& q);
 void DequantizePerTensorRowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out);
-// mxfp8.cc
+// mxfp8.cc: both directions on W itself.
 void QuantizeMxfp8Rowwise(const SourceMatrix& src, const QuantSpec& spec,
                           const TensorScaling& scaling, QuantizedTensor& q);
 void DequantizeMxfp8Rowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out);
+void QuantizeMxfp8Columnwise(const SourceMatrix& src, const QuantSpec& spec,
+                             const TensorScaling& scaling, QuantizedTensor& q);
+void DequantizeMxfp8Columnwise(const EncodedView& v, const QuantSpec& spec,
+                               MatrixRowsOut& out);
 // nvfp4.cc
 void QuantizeNvfp4Rowwise(const SourceMatrix& src, const QuantSpec& spec,
                           const TensorScaling& scaling, QuantizedTensor& q);
