@@ -91,11 +91,12 @@ QuantSpec DefaultQuantSpec(Format format) {
 
 absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction,
                                      int64_t rows, int64_t cols) {
-  // The upper bound keeps every byte count below 2^62 (no int64 overflow).
-  constexpr int64_t kMaxDim = int64_t{1} << 31;
-  if (rows < 1 || cols < 1 || rows > kMaxDim || cols > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad shape [", rows, ", ", cols, "]: need 1 <= M, K <= 2^31"));
+  // The element bound keeps every byte count (at most 4 per element plus
+  // small paddings) far from int64 overflow.
+  constexpr int64_t kMaxElements = int64_t{1} << 48;
+  if (rows < 1 || cols < 1 || rows > kMaxElements / cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad shape [", rows, ", ", cols, "]: need M, K >= 1 and M*K <= 2^48"));
   }
   if (direction == Direction::kRowwise) return RowwiseLayout(spec, rows, cols);
   if (direction != Direction::kColumnwise) {

@@ -103,7 +103,9 @@ struct Layout {
   int64_t scale_bytes() const { return scale_rows * scale_cols * scale_elem_bytes; }
 };
 
-// InvalidArgument for M or K < 1 or an unknown format.
+// InvalidArgument for M or K < 1, M*K > 2^48, or an unknown format or
+// direction. Identity copies keep [M][K] in both directions; see
+// FORMATS.md §1-§6 for the others.
 absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction,
                                      int64_t rows, int64_t cols);
 

@@ -88,6 +88,9 @@ TEST(ComputeLayout, RejectsBadShapesAndFormats) {
   EXPECT_EQ(ComputeLayout(spec, kRow, 0, 5).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ComputeLayout(spec, kRow, 5, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ComputeLayout(spec, kCol, -1, 5).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeLayout(spec, kRow, int64_t{1} << 30, int64_t{1} << 30).status().code(),
+            absl::StatusCode::kInvalidArgument);  // 2^60 elements
+  EXPECT_TRUE(ComputeLayout(spec, kRow, int64_t{1} << 24, int64_t{1} << 24).ok());
   QuantSpec bad = spec;
   bad.format = static_cast<Format>(99);
   EXPECT_EQ(ComputeLayout(bad, kRow, 4, 4).status().code(), absl::StatusCode::kInvalidArgument);

@@ -60,7 +60,7 @@ const float* Fp8ValueTable(Fp8Type type);
 // W^T for a columnwise copy. W^T's rows are gathered kPanel at a time into a
 // small buffer instead of transposing the whole tensor: a fresh 64 MiB
 // buffer costs more in page faults than the whole quantization (measured
-// ~200 ms for 4096x4096 on the CI machines). Cheapest when rows are read in
+// ~200 ms for 4096x4096 on the 2-core build machine). Cheapest when rows are read in
 // increasing order. Not thread-safe (one per call).
 class MatrixRows {
  public:
