@@ -92,6 +92,32 @@ __device__ __forceinline__ uint32_t EncodeE2M1(float x) {
                      (a >= 3.5f) + (a > 5.0f);
   return c | ((__float_as_uint(x) >> 28) & 0x8u);
 }
+// The same codes with saturating FMAs (FMA pipe, no compares): for a > t,
+// a*2^25 - t*2^25 >= 1 once a exceeds t by one ulp (the smallest gap above
+// any threshold here is 2^-25), so sat() gives exactly 1, and 0 for a <= t.
+// ">= t" is "> pred(t)" (pred = the float just below t). NaN gives 0 in
+// every step: callers route NaN to EncodeE2M1. Sign kept for -0 (D7).
+__device__ __forceinline__ uint32_t E2M1MagnitudeNoNaN(float a_abs) {
+  constexpr float kK = 33554432.0f;  // 2^25
+  float s = 8388608.0f;              // 2^23: the sum's bits - 0x4B000000 = the code
+  s += __saturatef(__fmaf_rn(a_abs, kK, -8388608.0f));      // > 0.25        (0.25 * 2^25)
+  s += __saturatef(__fmaf_rn(a_abs, kK, -25165822.0f));     // >= 0.75: > 0.75 - 2^-24
+  s += __saturatef(__fmaf_rn(a_abs, kK, -41943040.0f));     // > 1.25
+  s += __saturatef(__fmaf_rn(a_abs, kK, -58720252.0f));     // >= 1.75: > 1.75 - 2^-23
+  s += __saturatef(__fmaf_rn(a_abs, kK, -83886080.0f));     // > 2.5
+  s += __saturatef(__fmaf_rn(a_abs, kK, -117440504.0f));    // >= 3.5: > 3.5 - 2^-22
+  s += __saturatef(__fmaf_rn(a_abs, kK, -167772160.0f));    // > 5
+  return __float_as_uint(s) - 0x4B000000u;
+}
+// Two codes, y0 in bits 0..3 and y1 in bits 4..7.
+__device__ __forceinline__ uint32_t EncodeE2M1x2(float y0, float y1) {
+  if (__builtin_expect(isnan(y0 + y1), 0)) {  // a NaN (or Inf - Inf): exact slow path
+    return EncodeE2M1(y0) | (EncodeE2M1(y1) << 4);
+  }
+  const uint32_t c0 = E2M1MagnitudeNoNaN(fabsf(y0)) | ((__float_as_uint(y0) >> 28) & 0x8u);
+  const uint32_t c1 = E2M1MagnitudeNoNaN(fabsf(y1)) | ((__float_as_uint(y1) >> 28) & 0x8u);
+  return c0 | (c1 << 4);
+}
 __device__ __forceinline__ float DecodeE2M1(uint32_t code) {
   // Twice the magnitudes {0,1,2,3,4,6,8,12} packed in nibbles.
   const float v = static_cast<float>((0xC8643210u >> (4 * (code & 7u))) & 0xFu) * 0.5f;

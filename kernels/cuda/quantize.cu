@@ -79,13 +79,16 @@ __device__ __forceinline__ uint32_t ByteOf(uint32_t q, int k) { return (q >> (8 
 template <int NT>
 __device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K,
                                                 TileSmem& s, int64_t i0, int64_t j0) {
+  const float* tsrc = src + i0 * K + j0;  // tile origin
+  const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;
+  const int cols_valid = K - j0 < kTile ? static_cast<int>(K - j0) : kTile;
+  const int ch = threadIdx.x & 31;
+  const bool col_ok = 4 * ch < cols_valid;  // K % 4 == 0: a chunk is all in or all out
 #pragma unroll
   for (int k = 0; k < kTile * kChunks / NT; ++k) {
-    const int c = threadIdx.x + k * NT;
-    const int r = c >> 5, ch = c & 31;
-    const int64_t gi = i0 + r, gj = j0 + 4 * ch;
-    const bool ok = gi < M && gj < K;  // K % 4 == 0: a chunk is all in or all out
-    CpAsync16(&s.tile[Phys(r, ch)], ok ? src + gi * K + gj : src, ok ? 16 : 0);
+    const int r = (threadIdx.x >> 5) + k * (NT / 32);
+    const bool ok = col_ok && r < rows_valid;
+    CpAsync16(&s.tile[Phys(r, ch)], ok ? tsrc + int64_t{r} * K + 4 * ch : src, ok ? 16 : 0);
   }
   CpAsyncWaitAll();
 }
@@ -298,6 +301,10 @@ struct RowPassArgs {
   bool writeback = false;      // write values for the columnwise pass back to the tile
   bool deq_writeback = false;  // ... the dequantized values (rowwise_dequantized), else the source
   bool source_bf16 = false;    // D2: round the dequantized values to BF16
+  // Fused columnwise block amax (per column, row blocks of col_bm rows), max-
+  // updated into col_amax[rb * 128 + col]; null: none.
+  uint32_t* col_amax = nullptr;
+  int col_bm = 0;
 };
 
 // Four bytes (b0 lowest) at out[0..3], `n` of them valid.
@@ -310,7 +317,8 @@ __device__ __forceinline__ void Store4Bytes(uint8_t* out, uint32_t q, int n, boo
 }
 
 // kColMode: the columnwise copy of MXFP8 / identity (multipliers from colbuf,
-// no scale writes, no writeback).
+// no scale writes, no writeback). Addresses advance by pointer increments; the
+// per-row bounds are 32-bit compares against the tile's valid extent.
 template <int NT, int F, bool kE5M2, bool kColMode>
 __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDesc& d,
                                               TileSmem& s, int tm, int tk, RowPassArgs a,
@@ -320,13 +328,46 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
   const int64_t gj = j0 + 4 * lane;
   const int nvalid_col = gj >= K ? 0 : (K - gj >= 4 ? 4 : static_cast<int>(K - gj));
+  const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;
   const bool write = d.write;
   const bool vec = d.vec;
-  uint8_t* const data = static_cast<uint8_t*>(d.data);
-  uint8_t* const scales = static_cast<uint8_t*>(d.scales);
   const int64_t scale_rows = d.scale_rows, scale_cols = d.scale_cols;
   const bool round_bf16 = a.round_bf16, writeback = a.writeback, deq_wb = a.deq_writeback;
   const bool src_bf16 = a.source_bf16;
+  uint32_t* const col_amax = a.col_amax;
+  const int col_bm = a.col_bm;
+
+  // Output row pitch (bytes) and this thread's first output byte.
+  int64_t pitch, col_off;
+  if constexpr (F == kKBf16) {
+    pitch = 2 * K, col_off = 2 * gj;
+  } else if constexpr (F == kKFp32) {
+    pitch = 4 * K, col_off = 4 * gj;
+  } else if constexpr (F == kKNvfp4) {
+    pitch = (K + 1) / 2, col_off = gj / 2;
+  } else {
+    pitch = K, col_off = gj;
+  }
+  uint8_t* out = static_cast<uint8_t*>(d.data) + (i0 + warp) * pitch + col_off;
+  const int64_t out_step = kWarps * pitch;
+  // Row-scale entries (MXFP8 [i][b], NVFP4 [i][b]; 1x128 [kb][i]).
+  int scale_rows_valid = 0;
+  uint8_t* srow = nullptr;
+  int64_t srow_step = 0;
+  int64_t sblock = 0;
+  if constexpr (F == kKMxfp8 || F == kKNvfp4) {
+    constexpr int kBlk = F == kKMxfp8 ? 32 : 16;
+    sblock = int64_t{tk} * (kTile / kBlk) + lane / (kBlk / 4);
+    const int64_t left = scale_rows - i0;
+    scale_rows_valid = left < kTile ? static_cast<int>(left) : kTile;
+    srow = static_cast<uint8_t*>(d.scales) + (i0 + warp) * scale_cols + sblock;
+    srow_step = kWarps * scale_cols;
+  } else if constexpr (F == kKBlock1d) {
+    const int64_t left = scale_cols - i0;  // scale "rows" of 1x128 are the entries [kb][i]
+    scale_rows_valid = left < kTile ? static_cast<int>(left) : kTile;
+    srow = static_cast<uint8_t*>(d.scales) + 4 * (int64_t{tk} * scale_cols + i0 + warp);
+    srow_step = 4 * kWarps;
+  }
 
   // Per-tile constants.
   float scale = 1.0f, scale_inv = 1.0f;  // FP8 per-tensor / 128x128 block
@@ -347,42 +388,54 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   const bool pow2 = d.pow2;
   const float eps = d.eps, inf_value = d.inf_value;
   const bool two_d = d.two_d;
+  float ca0 = 0.f, ca1 = 0.f, ca2 = 0.f, ca3 = 0.f;  // fused column amax
 
 #pragma unroll 2
-  for (int r = warp; r < kTile; r += kWarps) {
-    const int64_t gi = i0 + r;
-    const bool row_ok = gi < M;
+  for (int r = warp; r < kTile; r += kWarps, out += out_step, srow += srow_step) {
+    const bool row_ok = r < rows_valid;
     const int n = row_ok ? nvalid_col : 0;
     float x0, x1, x2, x3;
     ReadRow4(s, r, lane, round_bf16, x0, x1, x2, x3);
     const float lmax = Max4Abs(x0, x1, x2, x3);
     amax_acc = fmaxf(amax_acc, lmax);
+    if (col_amax != nullptr) {
+      ca0 = AbsMax(ca0, x0), ca1 = AbsMax(ca1, x1), ca2 = AbsMax(ca2, x2), ca3 = AbsMax(ca3, x3);
+      const int next = r + kWarps;
+      if (next >= kTile || next / col_bm != r / col_bm) {
+        uint32_t* dst = col_amax + (r / col_bm) * kTile + 4 * lane;
+        atomicMax(dst + 0, __float_as_uint(ca0));
+        atomicMax(dst + 1, __float_as_uint(ca1));
+        atomicMax(dst + 2, __float_as_uint(ca2));
+        atomicMax(dst + 3, __float_as_uint(ca3));
+        ca0 = ca1 = ca2 = ca3 = 0.f;
+      }
+    }
     float d0 = x0, d1 = x1, d2 = x2, d3 = x3;  // dequantized values
     if constexpr (F == kKBf16) {
       const uint32_t b01 = Bf16x2Bits(x0, x1), b23 = Bf16x2Bits(x2, x3);
       if (write && n > 0) {
-        uint16_t* out = reinterpret_cast<uint16_t*>(data) + gi * K + gj;
+        uint16_t* o = reinterpret_cast<uint16_t*>(out);
         if (vec && n == 4) {
-          *reinterpret_cast<uint2*>(out) = make_uint2(b01, b23);
+          *reinterpret_cast<uint2*>(o) = make_uint2(b01, b23);
         } else {
-          out[0] = static_cast<uint16_t>(b01);
-          if (n > 1) out[1] = static_cast<uint16_t>(b01 >> 16);
-          if (n > 2) out[2] = static_cast<uint16_t>(b23);
-          if (n > 3) out[3] = static_cast<uint16_t>(b23 >> 16);
+          o[0] = static_cast<uint16_t>(b01);
+          if (n > 1) o[1] = static_cast<uint16_t>(b01 >> 16);
+          if (n > 2) o[2] = static_cast<uint16_t>(b23);
+          if (n > 3) o[3] = static_cast<uint16_t>(b23 >> 16);
         }
       }
       d0 = __uint_as_float(b01 << 16), d1 = __uint_as_float(b01 & 0xFFFF0000u);
       d2 = __uint_as_float(b23 << 16), d3 = __uint_as_float(b23 & 0xFFFF0000u);
     } else if constexpr (F == kKFp32) {
       if (write && n > 0) {
-        float* out = reinterpret_cast<float*>(data) + gi * K + gj;
+        float* o = reinterpret_cast<float*>(out);
         if (vec && n == 4) {
-          *reinterpret_cast<float4*>(out) = make_float4(x0, x1, x2, x3);
+          *reinterpret_cast<float4*>(o) = make_float4(x0, x1, x2, x3);
         } else {
-          out[0] = x0;
-          if (n > 1) out[1] = x1;
-          if (n > 2) out[2] = x2;
-          if (n > 3) out[3] = x3;
+          o[0] = x0;
+          if (n > 1) o[1] = x1;
+          if (n > 2) o[2] = x2;
+          if (n > 3) o[3] = x3;
         }
       }
     } else if constexpr (F == kKNvfp4) {
@@ -397,34 +450,28 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
       const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
       const float sdv = DecodeFp8(sd, false);
       const float enc = fminf(__frcp_rn(__fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
-      const uint32_t c0 = EncodeE2M1(__fmul_rn(x0, enc)), c1 = EncodeE2M1(__fmul_rn(x1, enc));
-      const uint32_t c2 = EncodeE2M1(__fmul_rn(x2, enc)), c3 = EncodeE2M1(__fmul_rn(x3, enc));
+      const uint32_t byte0 = EncodeE2M1x2(__fmul_rn(x0, enc), __fmul_rn(x1, enc));
+      const uint32_t byte1 = EncodeE2M1x2(__fmul_rn(x2, enc), __fmul_rn(x3, enc));
       if (write) {
         if (n > 0) {
-          const int64_t rb = (K + 1) / 2;  // bytes per data row
-          uint8_t* out = data + gi * rb + gj / 2;
-          const uint32_t byte0 = c0 | (c1 << 4), byte1 = c2 | (c3 << 4);
           if (vec && n == 4) {
             *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(byte0 | (byte1 << 8));
           } else {
             out[0] = static_cast<uint8_t>(byte0);
-            if (gj / 2 + 1 < rb) out[1] = static_cast<uint8_t>(byte1);
+            if (gj / 2 + 1 < pitch) out[1] = static_cast<uint8_t>(byte1);
           }
         }
-        if ((lane & 3) == 0 && gi < scale_rows) {
-          const int64_t b = int64_t{tk} * 8 + (lane >> 2);
-          if (b < scale_cols) {
-            const bool valid = row_ok && b * 16 < K;
-            scales[gi * scale_cols + b] = static_cast<uint8_t>(valid ? sd : 0u);
-          }
+        if ((lane & 3) == 0 && r < scale_rows_valid && sblock < scale_cols) {
+          const bool valid = row_ok && sblock * 16 < K;
+          *srow = static_cast<uint8_t>(valid ? sd : 0u);
         }
       }
       if (deq_wb) {
         const float f = __fmul_rn(__fmul_rn(sdv, nv_a), Fbits(kRcp2688Bits));
-        d0 = __fmul_rn(DecodeE2M1(c0), f);
-        d1 = __fmul_rn(DecodeE2M1(c1), f);
-        d2 = __fmul_rn(DecodeE2M1(c2), f);
-        d3 = __fmul_rn(DecodeE2M1(c3), f);
+        d0 = __fmul_rn(DecodeE2M1(byte0 & 0xFu), f);
+        d1 = __fmul_rn(DecodeE2M1(byte0 >> 4), f);
+        d2 = __fmul_rn(DecodeE2M1(byte1 & 0xFu), f);
+        d3 = __fmul_rn(DecodeE2M1(byte1 >> 4), f);
       }
     } else {  // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
       float m0, m1, m2, m3;  // multipliers
@@ -445,12 +492,9 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
         m0 = m1 = m2 = m3 = E8M0Reciprocal(e);
         q = DecodeE8M0(e);
-        if (write && (lane & 7) == 0 && gi < scale_rows) {
-          const int64_t b = int64_t{tk} * 4 + (lane >> 3);
-          if (b < scale_cols) {
-            const bool valid = row_ok && b * 32 < K;
-            scales[gi * scale_cols + b] = static_cast<uint8_t>(valid ? e : 0u);
-          }
+        if (write && (lane & 7) == 0 && r < scale_rows_valid && sblock < scale_cols) {
+          const bool valid = row_ok && sblock * 32 < K;
+          *srow = static_cast<uint8_t>(valid ? e : 0u);
         }
       } else if constexpr (F == kKBlock1d) {
         float bam = lmax;
@@ -460,8 +504,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         m0 = m1 = m2 = m3 = sc;
         q = __frcp_rn(sc);
         // Layout [ceil(K/128)][roundup(M,4)], entry [kb][i].
-        if (write && lane == 0 && gi < scale_cols) {
-          reinterpret_cast<float*>(scales)[int64_t{tk} * scale_cols + gi] = row_ok ? q : 0.0f;
+        if (write && lane == 0 && r < scale_rows_valid) {
+          *reinterpret_cast<float*>(srow) = row_ok ? q : 0.0f;
         }
       } else {  // per-tensor or 128x128 block
         m0 = m1 = m2 = m3 = scale;
@@ -469,7 +513,7 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
       }
       const uint32_t qb = CvtFp8x4(__fmul_rn(x0, m0), __fmul_rn(x1, m1), __fmul_rn(x2, m2),
                                    __fmul_rn(x3, m3), kE5M2);
-      if (write && n > 0) Store4Bytes(data + gi * K + gj, qb, n, vec);
+      if (write && n > 0) Store4Bytes(out, qb, n, vec);
       if constexpr (!kColMode) {
         if (deq_wb) {
           d0 = __fmul_rn(DecodeFp8(qb, kE5M2), q);
@@ -622,9 +666,10 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
   const uint8_t fmt = d.fmt;
   const bool write = d.write && gi0 < M;
   const bool full = d.vec && gi0 + 16 <= M;
-  uint8_t* const data = static_cast<uint8_t*>(d.data);
+  const int cols_valid = K - j0 < kTile ? static_cast<int>(K - j0) : kTile;
   const float tensor_scale = fmt == kKFp8Tensor ? *d.scale : 1.0f;
-  const int64_t rbytes = (M + 1) / 2;  // NVFP4 bytes per output row
+  const int64_t pitch = kFp4 ? (M + 1) / 2 : M;  // bytes per output row
+  uint8_t* const out_base = static_cast<uint8_t*>(d.data) + j0 * pitch + (kFp4 ? gi0 / 2 : gi0);
   for (int ch = warp * 4 + b; ch < kChunks; ch += NT / 8) {
     float m0, m1, m2, m3;
     const int c0 = 4 * ch;
@@ -639,20 +684,25 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
     } else {
       m0 = m1 = m2 = m3 = tensor_scale;
     }
+    // Rows 16a .. 16a+15 of chunk ch: (16a+sr) >> 4 == a, so the swizzled
+    // position is the same for all 16 rows.
+    const float4* rows = &s.tile[(16 * a) * kChunks + (ch ^ a)];
     // FP8: w[k][q] = bytes of rows 4q..4q+3 of column c0+k. NVFP4: w[k][0..1].
     uint32_t w0[4], w1[4], w2[4], w3[4];
 #pragma unroll
     for (int sr = 0; sr < 16; sr += 2) {
-      float xa0, xa1, xa2, xa3, xb0, xb1, xb2, xb3;
-      ReadRow4(s, 16 * a + sr, ch, round_bf16, xa0, xa1, xa2, xa3);
-      ReadRow4(s, 16 * a + sr + 1, ch, round_bf16, xb0, xb1, xb2, xb3);
-      amax_acc = fmaxf(amax_acc, fmaxf(Max4Abs(xa0, xa1, xa2, xa3), Max4Abs(xb0, xb1, xb2, xb3)));
+      float4 va = rows[sr * kChunks], vb = rows[(sr + 1) * kChunks];
+      if (round_bf16) {
+        RoundPairBf16(va.x, va.y), RoundPairBf16(va.z, va.w);
+        RoundPairBf16(vb.x, vb.y), RoundPairBf16(vb.z, vb.w);
+      }
+      amax_acc = fmaxf(amax_acc, fmaxf(Max4Abs(va.x, va.y, va.z, va.w), Max4Abs(vb.x, vb.y, vb.z, vb.w)));
       if constexpr (kFp4) {
         // Two rows of one column make one byte (even row in the low nibble).
-        const uint32_t y0 = EncodeE2M1(__fmul_rn(xa0, m0)) | (EncodeE2M1(__fmul_rn(xb0, m0)) << 4);
-        const uint32_t y1 = EncodeE2M1(__fmul_rn(xa1, m1)) | (EncodeE2M1(__fmul_rn(xb1, m1)) << 4);
-        const uint32_t y2 = EncodeE2M1(__fmul_rn(xa2, m2)) | (EncodeE2M1(__fmul_rn(xb2, m2)) << 4);
-        const uint32_t y3 = EncodeE2M1(__fmul_rn(xa3, m3)) | (EncodeE2M1(__fmul_rn(xb3, m3)) << 4);
+        const uint32_t y0 = EncodeE2M1x2(__fmul_rn(va.x, m0), __fmul_rn(vb.x, m0));
+        const uint32_t y1 = EncodeE2M1x2(__fmul_rn(va.y, m1), __fmul_rn(vb.y, m1));
+        const uint32_t y2 = EncodeE2M1x2(__fmul_rn(va.z, m2), __fmul_rn(vb.z, m2));
+        const uint32_t y3 = EncodeE2M1x2(__fmul_rn(va.w, m3), __fmul_rn(vb.w, m3));
         const int q = sr >> 3, sh = 8 * ((sr >> 1) & 3);
         if (sh == 0) {
           w0[q] = y0, w1[q] = y1, w2[q] = y2, w3[q] = y3;
@@ -661,10 +711,10 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
         }
       } else {
         // cvt packs the two rows of one column into 16 bits (row sr low).
-        const uint32_t h0 = CvtFp8x2(__fmul_rn(xa0, m0), __fmul_rn(xb0, m0), kE5M2);
-        const uint32_t h1 = CvtFp8x2(__fmul_rn(xa1, m1), __fmul_rn(xb1, m1), kE5M2);
-        const uint32_t h2 = CvtFp8x2(__fmul_rn(xa2, m2), __fmul_rn(xb2, m2), kE5M2);
-        const uint32_t h3 = CvtFp8x2(__fmul_rn(xa3, m3), __fmul_rn(xb3, m3), kE5M2);
+        const uint32_t h0 = CvtFp8x2(__fmul_rn(va.x, m0), __fmul_rn(vb.x, m0), kE5M2);
+        const uint32_t h1 = CvtFp8x2(__fmul_rn(va.y, m1), __fmul_rn(vb.y, m1), kE5M2);
+        const uint32_t h2 = CvtFp8x2(__fmul_rn(va.z, m2), __fmul_rn(vb.z, m2), kE5M2);
+        const uint32_t h3 = CvtFp8x2(__fmul_rn(va.w, m3), __fmul_rn(vb.w, m3), kE5M2);
         const int q = sr >> 2;
         if ((sr & 2) == 0) {
           w0[q] = h0, w1[q] = h1, w2[q] = h2, w3[q] = h3;
@@ -677,22 +727,20 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
       }
     }
     if (!write) continue;
+    uint8_t* out = out_base + c0 * pitch;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int64_t gj = j0 + c0 + k;
-      if (gj >= K) continue;
+    for (int k = 0; k < 4; ++k, out += pitch) {
+      if (c0 + k >= cols_valid) continue;
       const uint32_t* w = k == 0 ? w0 : k == 1 ? w1 : k == 2 ? w2 : w3;
       if constexpr (kFp4) {
-        uint8_t* out = data + gj * rbytes + gi0 / 2;
         if (full) {
           *reinterpret_cast<uint2*>(out) = make_uint2(w[0], w[1]);
         } else {
-          for (int qb = 0; qb < 8 && gi0 / 2 + qb < rbytes; ++qb) {
+          for (int qb = 0; qb < 8 && gi0 / 2 + qb < pitch; ++qb) {
             out[qb] = static_cast<uint8_t>(ByteOf(qb < 4 ? w[0] : w[1], qb & 3));
           }
         }
       } else {
-        uint8_t* out = data + gj * M + gi0;
         if (full) {
           *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
@@ -854,7 +902,10 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
     RunBlockAmax<NT>(s, rbf, rcfg, s.amax2d_row);
     need_sync = true;
   }
-  if (ccfg.bm != 0 && !deq && !col_same_2d) {
+  // Per-column block amaxes ride along the rowwise pass when it reads the
+  // same values; otherwise a pre-pass computes them.
+  const bool fuse_col_amax = ccfg.bm != 0 && ccfg.bk == 1 && !deq && row_needed;
+  if (ccfg.bm != 0 && !deq && !col_same_2d && !fuse_col_amax) {
     RunBlockAmax<NT>(s, rbf, ccfg, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
     need_sync = true;
   }
@@ -869,11 +920,13 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
     a.deq_writeback = deq;
     a.writeback = col_needed && (deq || rbf);
     a.source_bf16 = t.source_bf16;
-    RunRowMapped<NT, false>(M, K, row, s, tm, tk, a, row_amax);
-    if (a.writeback) {
-      tile_is_source = true;
-      __syncthreads();
+    if (fuse_col_amax) {
+      a.col_amax = s.colbuf;
+      a.col_bm = ccfg.bm;
     }
+    RunRowMapped<NT, false>(M, K, row, s, tm, tk, a, row_amax);
+    if (a.writeback) tile_is_source = true;
+    if (a.writeback || fuse_col_amax) __syncthreads();
   }
 
   // Stages 4-5.
