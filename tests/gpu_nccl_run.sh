@@ -19,6 +19,7 @@ TARGETS=(
   //tests/gpu_integration:fetch_test
   //tests/gpu_integration:kill_test
   //tests/step_bench:step_bench
+  //deploy/gpu_trainer:gpu_trainer
 )
 
 if [ "${1:-}" = bundle ]; then
@@ -77,7 +78,12 @@ if [ "${TESTS:-1}" = 1 ]; then
   timeout 200 $B/bin/nccl_test > "$OUT/nccl_test.log" 2>&1 & p1=$!
   timeout 200 $B/bin/fetch_test > "$OUT/fetch_test.log" 2>&1 & p2=$!
   timeout 200 $B/bin/kill_test > "$OUT/kill_test.log" 2>&1 & p3=$!
-  wait $p1; r1=$?; wait $p2; r2=$?; wait $p3; r3=$?
+  timeout 120 $B/bin/gpu_trainer --check --steps=200 --format=fp8 > "$OUT/gpu_trainer.log" 2>&1 & p4=$!
+  wait $p1; r1=$?; wait $p2; r2=$?; wait $p3; r3=$?; wait $p4; r4=$?
+  for f in mxfp8 nvfp4; do
+    timeout 45 $B/bin/gpu_trainer --steps=200 --format=$f >> "$OUT/gpu_trainer.log" 2>&1
+  done
+  summary+=("gpu_trainer fp8 --check rc=$r4: $(grep -E '^format' "$OUT/gpu_trainer.log" | tr '\n' ' ')")
   for t in nccl_test:$r1 fetch_test:$r2 kill_test:$r3; do
     n=${t%%:*}
     summary+=("$n rc=${t##*:}: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$n.log" | tr '\n' ' ')")
@@ -86,7 +92,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -hE "Failure|FAILED|error:|WARN|Expected|Which is|actual|code [0-9]+ after" "$OUT"/*_test.log | head -60
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout 300 $B/bin/step_bench --json="$OUT/step_bench.json" ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
+  timeout 240 $B/bin/step_bench --json="$OUT/step_bench.json" ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
   summary+=("step_bench rc=$?")
   tail -n 8 "$OUT/step_bench.log"
 fi

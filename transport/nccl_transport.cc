@@ -469,8 +469,10 @@ class NcclTransportImpl final : public NcclTransport {
     return true;
   }
 
+  // Yield (low latency for the data plane's millisecond transfers) for the
+  // first ~200k polls, then sleep in 100 us steps.
   static void Backoff(int spin) {
-    if (spin < 2000) {
+    if (spin < 200000) {
       std::this_thread::yield();
     } else {
       absl::SleepFor(absl::Microseconds(100));

@@ -112,7 +112,7 @@ absl::Status GpuShardStore::Allocate() {
     }
   }
   for (int i = 0; i < options_.push_staging_buffers; ++i) {
-    ASSIGN_OR_RETURN(void* mem, Alloc(largest * 2));
+    ASSIGN_OR_RETURN(void* mem, Alloc(largest * options_.push_staging_element_bytes));
     staging_.push_back(mem);
   }
   // Small state: carved from one allocation.

@@ -56,9 +56,11 @@ struct GpuShardDef {
 struct GpuStoreOptions {
   int device = 0;
   gpu::AdamWHyper adamw;  // `step` is advanced by the store
-  // Gradient push staging: buffers of the largest shard's size, in BF16
-  // (pushes are pipelined over them). 0 = none.
+  // Gradient push staging: buffers of the largest shard's size, of
+  // push_staging_element_bytes per element (2: BF16 pushes, 4: FP32;
+  // pushes are pipelined over them). 0 buffers = none.
   int push_staging_buffers = 2;
+  int push_staging_element_bytes = 2;
 };
 
 // Device pointers of one published direction of one shard.

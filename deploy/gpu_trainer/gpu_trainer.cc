@@ -1,0 +1,447 @@
+// //deploy/gpu_trainer:gpu_trainer — a small GPU training example over the
+// GPU daemon and the NCCL data plane (issue 5). One process, two GPUs: the
+// daemon (GPU 0) keeps FP32 masters and AdamW state of a 2-layer linear
+// network and publishes hybrid-quantized weights every step; the trainer
+// (GPU 1) fetches exactly the directions it uses into its device memory:
+//   forward   h = x W1^T, y = h W2^T   from the ROWWISE copies
+//   dgrad     dh = dy W2               from W2's COLUMNWISE copy
+// With per-tensor FP8 (--format=fp8, default) both are cuBLASLt FP8 GEMMs
+// (TN, E4M3 x E4M3 -> FP32, scale_inv pointers), the columnwise copy being
+// the transposed [K][M] FP8 buffer. MXFP8 / NVFP4 / blockwise directions are
+// dequantized to BF16 (kernels/cuda/dequantize.h) for a BF16 GEMM, as Hopper
+// has no GEMM for them. Weight gradients are FP32 GEMMs, pushed to the
+// daemon as FP32 over NCCL. The task: regress a random teacher network; the
+// MSE loss falls (--check: exit 1 unless final < initial / 20).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/gpu_fetch/fetch.h"
+#include "common/gpu_status.h"
+#include "common/status_macros.h"
+#include "deploy/gpu_trainer/kernels.h"
+#include "kernels/cuda/amax.h"
+#include "kernels/cuda/dequantize.h"
+#include "kernels/cuda/quantize.h"
+#include "kernels/cuda/scaling.h"
+#include "kernels/format.h"
+#include "server/gpu_backend/fetch_server.h"
+#include "server/gpu_backend/shard_store.h"
+#include "transport/nccl_transport.h"
+
+ABSL_FLAG(std::string, format, "fp8", "weight format: fp8 (current scaling), mxfp8, nvfp4, block");
+ABSL_FLAG(int, steps, 200, "training steps");
+ABSL_FLAG(int, batch, 256, "batch size (multiple of 16)");
+ABSL_FLAG(int, in, 512, "input width (multiple of 16)");
+ABSL_FLAG(int, hidden, 512, "hidden width (multiple of 16)");
+ABSL_FLAG(int, out, 256, "output width (multiple of 16)");
+ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
+ABSL_FLAG(bool, check, false, "exit 1 unless the loss fell 20x");
+
+namespace paramd {
+namespace {
+
+using gpu_backend::FetchItem;
+using gpu_fetch::DeviceDirection;
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale) {
+  std::vector<float> v(n);
+  uint32_t x = seed * 2891336453u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = ((static_cast<int32_t>(x >> 8) - (1 << 23)) * (1.0f / (1 << 23))) * scale;
+  }
+  return v;
+}
+
+absl::StatusOr<float*> Upload(const std::vector<float>& v) {
+  float* d = nullptr;
+  GPU_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * 4));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+absl::StatusOr<void*> DeviceAlloc(size_t bytes) {
+  void* d = nullptr;
+  GPU_RETURN_IF_ERROR(cudaMalloc(&d, bytes));
+  GPU_RETURN_IF_ERROR(cudaMemset(d, 0, bytes));
+  return d;
+}
+
+// Column-major cuBLASLt GEMM D[m][n] = alpha op(A) op(B), FP32 output.
+struct Gemm {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = size_t{32} << 20;
+
+  absl::Status Init() {
+    GPU_RETURN_IF_ERROR(cublasLtCreate(&handle));
+    GPU_RETURN_IF_ERROR(cudaMalloc(&workspace, workspace_bytes));
+    return absl::OkStatus();
+  }
+
+  // a: rows_a x cols_a stored column-major (lda = rows_a); same for b.
+  absl::Status Run(bool ta, bool tb, int m, int n, int k, cudaDataType_t type, const void* a,
+                   int lda, const float* a_scale, const void* b, int ldb, const float* b_scale,
+                   float* d, int ldd, cudaStream_t stream) {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    absl::Status s = [&]() -> absl::Status {
+      GPU_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+      GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                         sizeof(opa)));
+      GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                         sizeof(opb)));
+      if (a_scale != nullptr) {
+        GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+      }
+      if (b_scale != nullptr) {
+        GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+            desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+      }
+      GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda));
+      GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
+      GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+      GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+      GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+          sizeof(workspace_bytes)));
+      cublasLtMatmulHeuristicResult_t result;
+      int found = 0;
+      GPU_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1,
+                                                         &result, &found));
+      if (found == 0) {
+        return absl::UnimplementedError(absl::StrCat("no cuBLASLt algorithm for type ", type));
+      }
+      const float alpha = 1.0f, beta = 0.0f;
+      GPU_RETURN_IF_ERROR(cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                                         &result.algo, workspace, workspace_bytes, stream));
+      return absl::OkStatus();
+    }();
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return s;
+  }
+};
+
+// FP8 current-scaling quantization of a trainer activation [rows][cols]
+// (row-major) with the issue-3 kernels: amax, scale, cast.
+struct Fp8Activation {
+  int64_t rows = 0, cols = 0;
+  float* amax = nullptr;
+  float* scale = nullptr;
+  float* scale_inv = nullptr;
+  void* data = nullptr;
+
+  absl::Status Init(int64_t r, int64_t c) {
+    rows = r;
+    cols = c;
+    ASSIGN_OR_RETURN(void* scalars, DeviceAlloc(256));
+    amax = static_cast<float*>(scalars);
+    scale = amax + 1;
+    scale_inv = amax + 2;
+    ASSIGN_OR_RETURN(data, DeviceAlloc(r * c));
+    return absl::OkStatus();
+  }
+
+  absl::Status Quantize(const float* source, cudaStream_t stream) {
+    gpu::AmaxArgs a;
+    a.source = source;
+    a.count = rows * cols;
+    a.source_dtype = SourceDtype::kFp32;
+    a.amax = amax;
+    RETURN_IF_ERROR(gpu::ComputeAmax({a}, stream, /*zero_first=*/true));
+    gpu::CurrentScalingArgs c;
+    c.amax = amax;
+    c.scale = scale;
+    c.scale_inv = scale_inv;
+    c.spec = DefaultQuantSpec(Format::kFp8Current);
+    RETURN_IF_ERROR(gpu::CurrentScalingUpdate({c}, stream));
+    gpu::QuantizeTensorArgs q;
+    q.source = source;
+    q.rows = rows;
+    q.cols = cols;
+    q.spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
+    q.spec.source_dtype = SourceDtype::kFp32;
+    q.spec.rowwise.source_dtype = SourceDtype::kFp32;
+    q.spec.columnwise_usage = false;
+    q.rowwise_scaling.scale = scale;
+    q.rowwise.data = data;
+    return gpu::QuantizeHybrid({q}, stream);
+  }
+};
+
+HybridSpec WeightSpec(const std::string& name) {
+  Format f = Format::kFp8Current;
+  if (name == "mxfp8") f = Format::kMxfp8;
+  if (name == "nvfp4") f = Format::kNvfp4;
+  if (name == "block") f = Format::kFp8Block128x128;
+  HybridSpec spec;
+  spec.rowwise = DefaultQuantSpec(f);
+  spec.columnwise = DefaultQuantSpec(f);
+  return spec;
+}
+
+int Run() {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const int B = absl::GetFlag(FLAGS_batch), I = absl::GetFlag(FLAGS_in),
+            H = absl::GetFlag(FLAGS_hidden), O = absl::GetFlag(FLAGS_out);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const HybridSpec spec = WeightSpec(absl::GetFlag(FLAGS_format));
+  const bool fp8 = spec.rowwise.format == Format::kFp8Current;
+  int gpus = 0;
+  cudaGetDeviceCount(&gpus);
+  if (gpus < 2) {
+    std::fprintf(stderr, "needs 2 GPUs\n");
+    return 1;
+  }
+  // ---- world: daemon rank 0 on GPU 0, trainer rank 1 on GPU 1 ----
+  std::vector<std::unique_ptr<TransportEndpoint>> endpoints;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    absl::StatusOr<std::unique_ptr<TransportEndpoint>> e = OpenNcclEndpoint();
+    if (!e.ok()) {
+      std::fprintf(stderr, "%s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    addresses.push_back((*e)->address());
+    endpoints.push_back(*std::move(e));
+  }
+  std::vector<std::unique_ptr<Transport>> world(2);
+  {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        absl::StatusOr<std::unique_ptr<Transport>> t = endpoints[r]->Connect(r, addresses);
+        if (t.ok()) world[r] = *std::move(t);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  if (!world[0] || !world[1]) {
+    std::fprintf(stderr, "connect failed\n");
+    return 1;
+  }
+  NcclTransport& daemon_t = *AsNcclTransport(world[0].get());
+  NcclTransport& trainer_t = *AsNcclTransport(world[1].get());
+
+  // ---- daemon ----
+  cudaSetDevice(0);
+  gpu_backend::GpuStoreOptions options;
+  options.device = 0;
+  options.adamw.lr = absl::GetFlag(FLAGS_lr);
+  options.adamw.weight_decay = 0.0;
+  options.push_staging_buffers = 1;
+  options.push_staging_element_bytes = 4;
+  absl::StatusOr<std::unique_ptr<gpu_backend::GpuShardStore>> store_or =
+      gpu_backend::GpuShardStore::Create({{"w1", H, I, spec}, {"w2", O, H, spec}}, options);
+  if (!store_or.ok()) {
+    std::fprintf(stderr, "%s\n", store_or.status().ToString().c_str());
+    return 1;
+  }
+  gpu_backend::GpuShardStore& store = **store_or;
+  {
+    std::vector<float> w1 = Random(size_t{H} * I, 1, 1.0f / std::sqrt(I));
+    std::vector<float> w2 = Random(size_t{O} * H, 2, 1.0f / std::sqrt(H));
+    cudaMemcpy(store.master(0), w1.data(), w1.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(store.master(1), w2.data(), w2.size() * 4, cudaMemcpyHostToDevice);
+  }
+  absl::Status init = store.Step(0, false, nullptr, In(absl::Seconds(30)));
+  if (!init.ok()) {
+    std::fprintf(stderr, "%s\n", init.ToString().c_str());
+    return 1;
+  }
+  std::printf("daemon: %lld parameters, %.2f device bytes per parameter\n",
+              static_cast<long long>(store.parameters()), store.bytes_per_parameter());
+  const std::vector<FetchItem> items = {
+      {0, Direction::kRowwise}, {1, Direction::kRowwise}, {1, Direction::kColumnwise}};
+
+  std::vector<float> losses;
+  absl::Status trainer_status, daemon_status;
+  std::thread daemon_thread([&] {
+    cudaSetDevice(0);
+    daemon_status = [&]() -> absl::Status {
+      for (int step = 0; step < steps; ++step) {
+        const uint64_t tag = 1000 + 10 * step;
+        RETURN_IF_ERROR(gpu_backend::ServeFetch(daemon_t, 1, tag, store, step, items, false,
+                                                In(absl::Seconds(30))));
+        for (int w = 0; w < 2; ++w) {
+          const size_t bytes = store.shards()[w].rows * store.shards()[w].cols * 4;
+          RETURN_IF_ERROR(daemon_t.RecvDevice(1, tag + 1 + w, {{store.push_staging(0), bytes}},
+                                              In(absl::Seconds(30))));
+          RETURN_IF_ERROR(store.Accumulate(w, store.push_staging(0), /*bf16=*/false));
+          GPU_RETURN_IF_ERROR(cudaStreamSynchronize(store.stream()));
+        }
+        RETURN_IF_ERROR(store.Step(step + 1, true, nullptr, In(absl::Seconds(30))));
+      }
+      return absl::OkStatus();
+    }();
+  });
+
+  // ---- trainer ----
+  trainer_status = [&]() -> absl::Status {
+    cudaSetDevice(1);
+    cudaStream_t stream;
+    GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    Gemm gemm;
+    RETURN_IF_ERROR(gemm.Init());
+    gpu_fetch::DevicePool pool(1);
+    std::vector<DeviceDirection> dst;
+    for (const FetchItem& item : items) {
+      const auto& s = store.shards()[item.shard];
+      ASSIGN_OR_RETURN(Layout layout,
+                       ComputeLayout(item.direction == Direction::kRowwise ? spec.rowwise
+                                                                           : spec.columnwise,
+                                     item.direction, s.rows, s.cols));
+      ASSIGN_OR_RETURN(DeviceDirection d, pool.Allocate(layout));
+      dst.push_back(d);
+    }
+    // Teacher weights and the dequantized BF16 copies (non-FP8 formats).
+    ASSIGN_OR_RETURN(float* t1, Upload(Random(size_t{H} * I, 11, 1.0f / std::sqrt(I))));
+    ASSIGN_OR_RETURN(float* t2, Upload(Random(size_t{O} * H, 12, 1.0f / std::sqrt(H))));
+    ASSIGN_OR_RETURN(void* w_bf16_0, DeviceAlloc(size_t{H} * I * 2));
+    ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(size_t{O} * H * 2));
+    ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(size_t{O} * H * 2));
+    ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(size_t{B} * std::max({I, H, O}) * 2));
+    ASSIGN_OR_RETURN(void* mem, DeviceAlloc(size_t{B} * (I + 3 * H + 4 * O) * 4 +
+                                            (size_t{H} * I + size_t{O} * H) * 4 + 256));
+    float* x = static_cast<float*>(mem);
+    float* h = x + size_t{B} * I;
+    float* dh = h + size_t{B} * H;
+    float* th = dh + size_t{B} * H;
+    float* y = th + size_t{B} * H;
+    float* t = y + size_t{B} * O;
+    float* dy = t + size_t{B} * O;
+    float* g1 = dy + size_t{B} * O;
+    float* g2 = g1 + size_t{H} * I;
+    float* loss = g2 + size_t{O} * H;
+    Fp8Activation x8, h8, dy8;
+    RETURN_IF_ERROR(x8.Init(B, I));
+    RETURN_IF_ERROR(h8.Init(B, H));
+    RETURN_IF_ERROR(dy8.Init(B, O));
+    const cudaDataType_t kE4M3 = CUDA_R_8F_E4M3, kBf16 = CUDA_R_16BF, kF32 = CUDA_R_32F;
+
+    auto dequant = [&](const DeviceDirection& d, const QuantSpec& q, Direction dir, int64_t rows,
+                       int64_t cols, void* out) -> absl::Status {
+      gpu::DequantizeArgs a;
+      a.spec = q;
+      a.direction = dir;
+      a.rows = rows;
+      a.cols = cols;
+      a.data = d.data;
+      a.scales = d.scales;
+      a.scale_inv = d.scale_inv;
+      a.global_amax = d.amax;
+      a.out = out;
+      a.output_type = gpu::OutputType::kBf16;
+      return gpu::Dequantize({a}, stream);
+    };
+    // Y[b][m] = X[b][k] W[m][k]^T: column-major D (m x b) = op(A) (m x k) * X_cm (k x b).
+    auto forward = [&](int w, const float* in, int k, int m, Fp8Activation& q, float* out)
+        -> absl::Status {
+      if (fp8) {
+        RETURN_IF_ERROR(q.Quantize(in, stream));
+        return gemm.Run(true, false, m, B, k, kE4M3, dst[w].data, k, dst[w].scale_inv, q.data, k,
+                        q.scale_inv, out, m, stream);
+      }
+      void* wb = w == 0 ? w_bf16_0 : w_bf16_1;
+      GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(in, act_bf16, int64_t{B} * k, stream));
+      return gemm.Run(true, false, m, B, k, kBf16, wb, k, nullptr, act_bf16, k, nullptr, out, m,
+                      stream);
+    };
+
+    for (int step = 0; step < steps; ++step) {
+      const uint64_t tag = 1000 + 10 * step;
+      RETURN_IF_ERROR(gpu_fetch::FetchDirections(trainer_t, 0, tag, dst, In(absl::Seconds(30))));
+      if (!fp8) {
+        RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
+        RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
+        RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
+      }
+      // A fresh batch and its teacher targets (FP32 GEMMs).
+      std::vector<float> xb = Random(size_t{B} * I, 1000 + step, 1.0f);
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice,
+                                          stream));
+      RETURN_IF_ERROR(gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H,
+                               stream));
+      RETURN_IF_ERROR(gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O,
+                               stream));
+      // Forward from the fetched rowwise copies.
+      RETURN_IF_ERROR(forward(0, x, I, H, x8, h));
+      RETURN_IF_ERROR(forward(1, h, H, O, h8, y));
+      GPU_RETURN_IF_ERROR(cudaMemsetAsync(loss, 0, 4, stream));
+      GPU_RETURN_IF_ERROR(
+          gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
+      // dgrad dh[b][H] = dy[b][O] W2[O][H]: D (H x b) = op(A) (H x O) * dy_cm (O x b).
+      if (fp8) {
+        // Columnwise FP8 is W2^T stored [H][O] = column-major O x H: op T.
+        RETURN_IF_ERROR(dy8.Quantize(dy, stream));
+        RETURN_IF_ERROR(gemm.Run(true, false, H, B, O, kE4M3, dst[2].data, O, dst[2].scale_inv,
+                                 dy8.data, O, dy8.scale_inv, dh, H, stream));
+      } else {
+        // Dequantized columnwise copy in logical [O][H] = column-major H x O: op N.
+        GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(dy, act_bf16, int64_t{B} * O, stream));
+        RETURN_IF_ERROR(gemm.Run(false, false, H, B, O, kBf16, w_bf16_1c, H, nullptr, act_bf16, O,
+                                 nullptr, dh, H, stream));
+      }
+      // wgrad (FP32): dW2[O][H] = dy^T h: column-major D (H x O) = h_cm (H x b) * dy_cm^T.
+      RETURN_IF_ERROR(gemm.Run(false, true, H, O, B, kF32, h, H, nullptr, dy, O, nullptr, g2, H,
+                               stream));
+      RETURN_IF_ERROR(gemm.Run(false, true, I, H, B, kF32, x, I, nullptr, dh, H, nullptr, g1, I,
+                               stream));
+      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      float l = 0;
+      GPU_RETURN_IF_ERROR(cudaMemcpy(&l, loss, 4, cudaMemcpyDeviceToHost));
+      losses.push_back(l);
+      if (step % 20 == 0 || step == steps - 1) std::printf("step %4d  loss %.6f\n", step, l);
+      RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, size_t{H} * I * 4}}, nullptr,
+                                           In(absl::Seconds(30))));
+      RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 2, {{g2, size_t{O} * H * 4}}, nullptr,
+                                           In(absl::Seconds(30))));
+    }
+    return absl::OkStatus();
+  }();
+  if (!trainer_status.ok()) world[1]->Shutdown();  // unblocks the daemon
+  daemon_thread.join();
+  if (!trainer_status.ok() || !daemon_status.ok()) {
+    std::fprintf(stderr, "trainer: %s\ndaemon: %s\n", trainer_status.ToString().c_str(),
+                 daemon_status.ToString().c_str());
+    return 1;
+  }
+  const float first = losses.front(), last = losses.back();
+  std::printf("format %s: loss %.6f -> %.6f (%.1fx lower) in %d steps\n",
+              absl::GetFlag(FLAGS_format).c_str(), first, last, first / last, steps);
+  if (absl::GetFlag(FLAGS_check) && !(last < first / 20)) {
+    std::printf("CHECK FAILED: loss did not fall 20x\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace paramd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return paramd::Run();
+}
