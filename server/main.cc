@@ -10,10 +10,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/program_name.h"
+#include "absl/flags/internal/usage.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -160,7 +163,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "hybrid-paramd: parameter-server daemon and coordinator for hybrid-quantized weights.\n"
+      "parameter-server daemon and coordinator for hybrid-quantized weights.\n"
       "Alone it starts a single-node setup (coordinator + one daemon on :7070);\n"
       "load a model with --model or `hpctl load`.\n"
       "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]");
@@ -171,6 +174,19 @@ int main(int argc, char** argv) {
     return absl::EndsWith(file, "server/main.cc");
   };
   absl::SetFlagsUsageConfig(usage);
+  // This Abseil exits with status 1 after --help; a requested help is a
+  // success, so print it here and exit 0.
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--help" || arg == "-h" || arg == "-help") {
+      absl::flags_internal::SetProgramInvocationName(argv[0]);
+      absl::flags_internal::FlagsHelp(std::cout, "server/main.",
+                                      absl::flags_internal::HelpFormat::kHumanReadable,
+                                      absl::ProgramUsageMessage());
+      return 0;
+    }
+  }
   absl::ParseCommandLine(argc, argv);
   const absl::Status s = paramd::Run();
   if (!s.ok()) {
