@@ -8,6 +8,7 @@
 #   GTEST_FILTER=...            passed to the tests
 #   SHARDS=8                    quantize_test runs as N parallel gtest shards
 #   BENCH_ARGS="--reps=30"      extra benchmark flags
+#   SASS=1                      dump the sm_90a SASS of the quantize kernels (cuobjdump)
 #   NCU=1                       also profile the named kernels with ncu
 #                               (--clock-control none), NCU_ONLY=<bench --only>
 set -uo pipefail
@@ -33,6 +34,10 @@ missing=$(ldd $B/bin/quantize_test | grep "not found" || true)
 [ -n "$missing" ] && echo "MISSING LIBRARIES: $missing"
 
 summary=()
+if [ "${SASS:-0}" = 1 ] && command -v cuobjdump >/dev/null; then
+  cuobjdump -sass -arch sm_90a $B/lib/libkernels_Scuda_Slibquantize_Uimpl.so > "$OUT/quantize_sm90a.sass" 2>&1
+  summary+=("sass rc=$? $(wc -l < "$OUT/quantize_sm90a.sass") lines")
+fi
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   shards=${SHARDS:-8}
   pids=()

@@ -99,14 +99,15 @@ __device__ __forceinline__ uint32_t EncodeE2M1(float x) {
 // every step: callers route NaN to EncodeE2M1. Sign kept for -0 (D7).
 __device__ __forceinline__ uint32_t E2M1MagnitudeNoNaN(float a_abs) {
   constexpr float kK = 33554432.0f;  // 2^25
-  float s = 8388608.0f;              // 2^23: the sum's bits - 0x4B000000 = the code
-  s += __saturatef(__fmaf_rn(a_abs, kK, -8388608.0f));      // > 0.25        (0.25 * 2^25)
-  s += __saturatef(__fmaf_rn(a_abs, kK, -25165822.0f));     // >= 0.75: > 0.75 - 2^-24
-  s += __saturatef(__fmaf_rn(a_abs, kK, -41943040.0f));     // > 1.25
-  s += __saturatef(__fmaf_rn(a_abs, kK, -58720252.0f));     // >= 1.75: > 1.75 - 2^-23
-  s += __saturatef(__fmaf_rn(a_abs, kK, -83886080.0f));     // > 2.5
-  s += __saturatef(__fmaf_rn(a_abs, kK, -117440504.0f));    // >= 3.5: > 3.5 - 2^-22
-  s += __saturatef(__fmaf_rn(a_abs, kK, -167772160.0f));    // > 5
+  const float h1 = __saturatef(__fmaf_rn(a_abs, kK, -8388608.0f));    // > 0.25        (0.25 * 2^25)
+  const float h2 = __saturatef(__fmaf_rn(a_abs, kK, -25165822.0f));   // >= 0.75: > 0.75 - 2^-24
+  const float h3 = __saturatef(__fmaf_rn(a_abs, kK, -41943040.0f));   // > 1.25
+  const float h4 = __saturatef(__fmaf_rn(a_abs, kK, -58720252.0f));   // >= 1.75: > 1.75 - 2^-23
+  const float h5 = __saturatef(__fmaf_rn(a_abs, kK, -83886080.0f));   // > 2.5
+  const float h6 = __saturatef(__fmaf_rn(a_abs, kK, -117440504.0f));  // >= 3.5: > 3.5 - 2^-22
+  const float h7 = __saturatef(__fmaf_rn(a_abs, kK, -167772160.0f));  // > 5
+  // A tree of exact small-integer sums; 2^23 makes the bits - 0x4B000000 the code.
+  const float s = ((h1 + h2) + (h3 + h4)) + ((h5 + h6) + (h7 + 8388608.0f));
   return __float_as_uint(s) - 0x4B000000u;
 }
 // Two codes, y0 in bits 0..3 and y1 in bits 4..7.

@@ -304,7 +304,7 @@ struct RowPassArgs {
   // Fused columnwise block amax (per column, row blocks of col_bm rows), max-
   // updated into col_amax[rb * 128 + col]; null: none.
   uint32_t* col_amax = nullptr;
-  int col_bm = 0;
+  int col_bm_log2 = 0;  // row block of 16, 32 or 128 rows
 };
 
 // Four bytes (b0 lowest) at out[0..3], `n` of them valid.
@@ -335,7 +335,7 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   const bool round_bf16 = a.round_bf16, writeback = a.writeback, deq_wb = a.deq_writeback;
   const bool src_bf16 = a.source_bf16;
   uint32_t* const col_amax = a.col_amax;
-  const int col_bm = a.col_bm;
+  const int col_sh = a.col_bm_log2;
 
   // Output row pitch (bytes) and this thread's first output byte.
   int64_t pitch, col_off;
@@ -401,8 +401,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
     if (col_amax != nullptr) {
       ca0 = AbsMax(ca0, x0), ca1 = AbsMax(ca1, x1), ca2 = AbsMax(ca2, x2), ca3 = AbsMax(ca3, x3);
       const int next = r + kWarps;
-      if (next >= kTile || next / col_bm != r / col_bm) {
-        uint32_t* dst = col_amax + (r / col_bm) * kTile + 4 * lane;
+      if (next >= kTile || (next >> col_sh) != (r >> col_sh)) {
+        uint32_t* dst = col_amax + (r >> col_sh) * kTile + 4 * lane;
         atomicMax(dst + 0, __float_as_uint(ca0));
         atomicMax(dst + 1, __float_as_uint(ca1));
         atomicMax(dst + 2, __float_as_uint(ca2));
@@ -491,7 +491,7 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         }
         const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
         m0 = m1 = m2 = m3 = E8M0Reciprocal(e);
-        q = DecodeE8M0(e);
+        if (deq_wb) q = DecodeE8M0(e);
         if (write && (lane & 7) == 0 && r < scale_rows_valid && sblock < scale_cols) {
           const bool valid = row_ok && sblock * 32 < K;
           *srow = static_cast<uint8_t>(valid ? e : 0u);
@@ -922,7 +922,7 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
     a.source_bf16 = t.source_bf16;
     if (fuse_col_amax) {
       a.col_amax = s.colbuf;
-      a.col_bm = ccfg.bm;
+      a.col_bm_log2 = ccfg.bm == 16 ? 4 : ccfg.bm == 32 ? 5 : 7;
     }
     RunRowMapped<NT, false>(M, K, row, s, tm, tk, a, row_amax);
     if (a.writeback) tile_is_source = true;
