@@ -110,6 +110,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return committed_;
   }
 
+  rpc::Manifest manifest() const {
+    absl::MutexLock lock(&mu_);
+    return ManifestLocked(/*with_pieces=*/true);
+  }
+
   bool shut_down() const {
     absl::MutexLock lock(&mu_);
     return shut_down_;
@@ -444,7 +449,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     dp->set_world_size(world);
   }
 
-  rpc::Manifest ManifestLocked(bool with_pieces) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  rpc::Manifest ManifestLocked(bool with_pieces) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     rpc::Manifest m = manifest_;
     if (!with_pieces) m.clear_pieces();
     m.set_committed_version(committed_);
@@ -698,5 +703,6 @@ Coordinator::~Coordinator() { Shutdown(); }
 grpc::Service* Coordinator::service() { return impl_.get(); }
 void Coordinator::Shutdown() { impl_->Shutdown(); }
 int64_t Coordinator::committed_version() const { return impl_->committed_version(); }
+rpc::Manifest Coordinator::manifest() const { return impl_->manifest(); }
 
 }  // namespace paramd

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/format.h"
+#include "proto/paramd.pb.h"
 #include "sharding/plan.h"
 
 namespace paramd {
@@ -80,6 +81,8 @@ class Coordinator {
 
   // -1 until version 0 is committed.
   int64_t committed_version() const;
+  // What GetManifest returns (with pieces and daemon addresses).
+  rpc::Manifest manifest() const;
 
   class Impl;
 

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -244,6 +245,37 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
+  }
+
+  absl::Status WithStableState(const Daemon::StableStateFn& fn, absl::Duration timeout) {
+    struct Gate {
+      absl::Notification entered;
+      absl::Notification release;
+    };
+    auto gate = std::make_shared<Gate>();
+    worker_.Post([gate] {
+      gate->entered.Notify();
+      gate->release.WaitForNotification();
+    });
+    // Release the worker on every path, also if it never got here.
+    struct Releaser {
+      Gate* g;
+      ~Releaser() { g->release.Notify(); }
+    } releaser{gate.get()};
+    if (!gate->entered.WaitForNotificationWithTimeout(timeout)) {
+      return absl::UnavailableError("the daemon's worker is busy (a step or load is running)");
+    }
+    std::shared_ptr<const PublishedVersion> latest, previous;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return absl::UnavailableError("daemon shutting down");
+      if (!latest_ || !shards_) {
+        return absl::FailedPreconditionError("no model published on this daemon yet");
+      }
+      latest = latest_;
+      previous = previous_;
+    }
+    return fn(*shards_, *latest, previous.get());
   }
 
   // ---- Used by the reactors ----
@@ -985,6 +1017,9 @@ void Daemon::Start(const std::string& address, const std::string& coordinator) {
 void Daemon::Shutdown() { impl_->Shutdown(); }
 int Daemon::rank() const { return impl_->rank(); }
 int64_t Daemon::published_version() const { return impl_->published_version(); }
+absl::Status Daemon::WithStableState(const StableStateFn& fn, absl::Duration timeout) {
+  return impl_->WithStableState(fn, timeout);
+}
 rpc::DaemonStats Daemon::Stats(bool include_shards) const {
   rpc::DaemonStats stats;
   impl_->FillStats(include_shards, &stats);

@@ -88,6 +88,18 @@ class Daemon {
   // What GetStats returns.
   rpc::DaemonStats Stats(bool include_shards) const;
 
+  // Runs `fn` on the calling thread while no step can commit (the worker is
+  // parked), with the shard state that produced the latest published
+  // version, that version, and the previous one (null if not kept). For
+  // checkpoints and exports (server/checkpointing.h). Blocks until the
+  // worker is free (queued steps run first); UNAVAILABLE if that takes
+  // longer than `timeout` or the daemon shuts down; FAILED_PRECONDITION if
+  // nothing is published yet. `fn` must not call back into this daemon.
+  using StableStateFn = std::function<absl::Status(
+      const ShardSet& shards, const PublishedVersion& latest, const PublishedVersion* previous)>;
+  absl::Status WithStableState(const StableStateFn& fn,
+                               absl::Duration timeout = absl::Minutes(10));
+
   class Impl;
 
  private:

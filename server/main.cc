@@ -25,7 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
+#include "checkpoint/service.h"
 #include "server/async_util.h"
+#include "server/checkpointing.h"
 #include "server/metrics.h"
 #include "server/optimizer.h"
 #include "server/server.h"
@@ -61,6 +63,11 @@ ABSL_FLAG(double, weight_decay, 0.0,
 ABSL_FLAG(double, momentum, 0.0, "daemon: SGD momentum");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
 ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "root directory of checkpoints (shared by every process); empty = checkpoints are "
+          "refused (exports still work)");
+ABSL_FLAG(int32_t, keep_checkpoints, 0,
+          "coordinator: keep only the newest N checkpoints (0 = keep all)");
 ABSL_FLAG(int32_t, metrics_port, 0,
           "serve Prometheus text metrics on http://0.0.0.0:<port>/metrics (0 = off)");
 
@@ -117,6 +124,30 @@ absl::Status Run() {
       });
     };
   }
+
+  // Checkpoint / export services (checkpoint/) over the roles run here.
+  checkpoint::CheckpointServiceOptions checkpoint_options;
+  checkpoint_options.root = absl::GetFlag(FLAGS_checkpoint_dir);
+  checkpoint_options.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  std::unique_ptr<checkpoint::CheckpointableDaemon> checkpointable;
+  std::unique_ptr<checkpoint::CheckpointDaemonService> checkpoint_daemon;
+  std::unique_ptr<checkpoint::CheckpointCoordinatorService> checkpoint_coordinator;
+  options.add_services = [&](Coordinator* coordinator, Daemon* daemon,
+                             std::vector<grpc::Service*>* services) -> absl::Status {
+    if (daemon != nullptr) {
+      checkpointable = NewCheckpointableDaemon(daemon);
+      ASSIGN_OR_RETURN(checkpoint_daemon, checkpoint::CheckpointDaemonService::Create(
+                                              checkpoint_options, checkpointable.get()));
+      services->push_back(checkpoint_daemon->service());
+    }
+    if (coordinator != nullptr) {
+      ASSIGN_OR_RETURN(checkpoint_coordinator,
+                       checkpoint::CheckpointCoordinatorService::Create(
+                           checkpoint_options, NewInProcessClusterView(coordinator)));
+      services->push_back(checkpoint_coordinator->service());
+    }
+    return absl::OkStatus();
+  };
 
   // SIGINT/SIGTERM are taken by a thread (sigwait) that shuts down cleanly;
   // block them before any thread exists so that every thread inherits it.

@@ -27,6 +27,11 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
     ASSIGN_OR_RETURN(s->daemon_, Daemon::Create(options.daemon));
   }
 
+  if (options.add_services) {
+    RETURN_IF_ERROR(options.add_services(s->coordinator_.get(), s->daemon_.get(),
+                                         &options.extra_services));
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

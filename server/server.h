@@ -11,6 +11,7 @@
 #ifndef PARAMD_SERVER_SERVER_H_
 #define PARAMD_SERVER_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,12 @@ struct ServerOptions {
   // Served on the same port (e.g. checkpoint/). Not owned; must outlive the
   // server.
   std::vector<grpc::Service*> extra_services;
+  // Called once the roles exist and before the port is bound, to create
+  // services over them (null arguments for roles not run here); appends to
+  // `services`, which the callee keeps alive until the server is gone.
+  std::function<absl::Status(Coordinator* coordinator, Daemon* daemon,
+                             std::vector<grpc::Service*>* services)>
+      add_services;
   // Largest gRPC message accepted or sent.
   int max_message_bytes = 64 << 20;
 };

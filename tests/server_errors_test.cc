@@ -40,10 +40,6 @@ constexpr char kRecipe[] = R"pb(
 
 using Tensors = std::map<std::string, std::vector<float>>;
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
 class ServerErrorsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

@@ -22,10 +22,6 @@ namespace {
 
 constexpr char kServer[] = "server/hybrid-paramd";  // runfiles-relative
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
 TEST(ServerSingleTest, OneProcessLoadsServesAndSteps) {
   absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_single");
   ASSERT_TRUE(dir.ok());

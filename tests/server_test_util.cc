@@ -14,13 +14,9 @@
 
 namespace paramd {
 namespace testing {
-namespace {
-
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
-
-}  // namespace
 
 absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors) {
   std::vector<safetensors::TensorSpec> specs;

@@ -32,6 +32,9 @@ struct TestTensor {
   std::vector<float> values;
 };
 
+// context.set_deadline(now + timeout).
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+
 // Writes an FP32 safetensors file.
 absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors);
 
