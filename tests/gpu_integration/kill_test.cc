@@ -181,6 +181,8 @@ std::pair<int, int64_t> ParseDone(const std::string& line) {
 }
 
 int GpuCountInChild() {
+  // Writing to a killed child's pipe must not kill the orchestrator.
+  signal(SIGPIPE, SIG_IGN);
   // The orchestrator must not initialise CUDA: ask a throwaway child.
   int fds[2];
   if (pipe(fds) != 0) return 0;
