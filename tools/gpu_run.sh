@@ -78,6 +78,15 @@ if [ "${RUN_BENCH:-1}" = 1 ]; then
       n=$((n + 1))
     done
   fi
+  if [ "${NCU_SRC:-0}" = 1 ] && command -v ncu >/dev/null; then
+    # Per-SASS-instruction counters of one kernel (hot spots), as CSV.
+    timeout 150 ncu --clock-control none --kernel-name regex:QuantizeTiles --launch-skip 1 \
+      --launch-count 1 --section SourceCounters --section WarpStateStats --page source \
+      --print-source sass --csv \
+      $B/bin/bench --reps=1 --warmup=1 --only="${NCU_SRC_ONLY:-mxfp8 row+col}" \
+      > "$OUT/ncu_source.csv" 2> "$OUT/ncu_source.err"
+    summary+=("ncu source rc=$? $(wc -c < "$OUT/ncu_source.csv") bytes")
+  fi
   tail -n 25 "$OUT/bench.log"
 fi
 echo "==== summary ===="
