@@ -12,8 +12,10 @@
 // wait), then the fetch of every published direction. Also timed: the fetch
 // of the rowwise direction alone through the transport, and raw
 // ncclSend/ncclRecv of exactly the same pieces on a plain communicator in
-// the same run (the ratio target is >= 0.90), and a pipelined step where the
-// fetch of tensor i waits only for tensor i's quantization.
+// the same run (the ratio target is >= 0.90); a pipelined step where the
+// fetch of tensor i waits only for tensor i's quantization; and a
+// double-buffered one where the fetch of version v runs during the step
+// that produces v+1.
 //
 // Medians over --steps timed steps after --warmup. Prints a table;
 // --json=PATH writes the numbers.
@@ -120,7 +122,7 @@ struct Result {
   double push_ms = 0, optimizer_ms = 0, all_reduce_ms = 0, scaling_ms = 0, quantize_ms = 0;
   double step_ms = 0, fetch_all_ms = 0, fetch_all_bytes = 0;
   double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0;
-  double pipelined_ms = 0, sequential_ms = 0;
+  double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0;
   double bytes_per_param = 0;
   bool verified = false;
 };
@@ -221,7 +223,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
-      raw_ms, seq_ms, pipe_ms;
+      raw_ms, seq_ms, pipe_ms, dbuf_ms;
   const int total_steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   const absl::Duration kDeadline = absl::Seconds(60);
   int64_t version = 0;
@@ -344,10 +346,27 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     pipe_fetcher.join();
     const double pipelined = absl::ToDoubleMilliseconds(absl::Now() - p0);
 
+    // ---- double buffering: the fetch of version v runs while the step
+    // producing v+1 writes the other slot ----
+    std::thread db_fetcher([&] {
+      cudaSetDevice(1);
+      meet.Meet();
+      CHECK_OK(gpu_fetch::FetchDirections(trainer_t, 0, base + 90, all_dst, In(kDeadline)));
+    });
+    meet.Meet();
+    const absl::Time d0 = absl::Now();
+    const int64_t fetched_version = version;
+    CHECK_OK(store.EnqueueStep(++version, true, nullptr));
+    CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 90, store, fetched_version, all_items,
+                                     false, In(kDeadline)));
+    CHECK_OK(store.FinishStep(In(kDeadline)));
+    db_fetcher.join();
+    const double double_buffered = absl::ToDoubleMilliseconds(absl::Now() - d0);
+
     // Sanity: the last fetched rowwise bytes of tensor 0 equal the daemon's.
     if (step == total_steps - 1) {
       absl::StatusOr<gpu_backend::GpuPublishedDirection> pub =
-          store.Published(version, 0, Direction::kRowwise);
+          store.Published(fetched_version, 0, Direction::kRowwise);
       CHECK_OK(pub.status());
       const size_t bytes = pub->layout.data_bytes();
       std::vector<uint8_t> a(bytes), b(bytes);
@@ -360,10 +379,10 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     }
     const gpu_backend::GpuStepTimings& t = store.last_timings();
     std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
-                "fetch-all %.2f  row %.2f raw %.2f  seq %.2f pipe %.2f ms\n",
+                "fetch-all %.2f  row %.2f raw %.2f  seq %.2f pipe %.2f dbuf %.2f ms\n",
                 config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
                 t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
-                fetch_row, raw_row, sequential, pipelined);
+                fetch_row, raw_row, sequential, pipelined, double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
     push_ms.push_back(push);
@@ -373,6 +392,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     raw_ms.push_back(raw_row);
     seq_ms.push_back(sequential);
     pipe_ms.push_back(pipelined);
+    dbuf_ms.push_back(double_buffered);
     // Phase timings of the (non-pipelined) step are overwritten by the
     // pipelined one; both are the same kernels, so either is fine.
     opt_ms.push_back(t.optimizer_ms);
@@ -391,6 +411,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   result.raw_row_ms = Median(raw_ms);
   result.sequential_ms = Median(seq_ms);
   result.pipelined_ms = Median(pipe_ms);
+  result.double_buffered_ms = Median(dbuf_ms);
   cudaSetDevice(1);
   for (void* g : grads) cudaFree(g);
   for (int r = 0; r < 2; ++r) {
@@ -425,19 +446,19 @@ int Main() {
                         absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_cols);
   std::printf("\n%.3f B parameters, 1 daemon (GPU 0) + 1 trainer (GPU 1); medians of %d steps\n",
               params / 1e9, absl::GetFlag(FLAGS_steps));
-  std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %8s | %5s %s\n",
+  std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %8s %8s | %5s %s\n",
               "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall",
-              "GB/s", "row", "raw", "ratio", "rowGB/s", "seq", "pipe", "B/par", "ok");
+              "GB/s", "row", "raw", "ratio", "rowGB/s", "seq", "pipe", "dbuf", "B/par", "ok");
   std::string json = "[";
   for (const Result& r : results) {
     const double ratio = r.fetch_row_ms > 0 ? r.raw_row_ms / r.fetch_row_ms : 0;
     std::printf(
         "%-5s %8.2f %8.2f %8.3f %8.3f %8.2f %8.2f | %9.2f %9.1f | %8.2f %8.2f %6.3f %8.1f | "
-        "%8.2f %8.2f | %5.2f %s\n",
+        "%8.2f %8.2f %8.2f | %5.2f %s\n",
         r.config.c_str(), r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms,
         r.quantize_ms, r.step_ms, r.fetch_all_ms, r.fetch_all_bytes / r.fetch_all_ms / 1e6,
         r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6, r.sequential_ms,
-        r.pipelined_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
+        r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
         absl::StrFormat(
@@ -445,10 +466,12 @@ int Main() {
             "\"scaling_ms\":%.4f,\"quantize_ms\":%.3f,\"step_ms\":%.3f,\"fetch_all_ms\":%.3f,"
             "\"fetch_all_bytes\":%.0f,\"fetch_row_ms\":%.3f,\"raw_row_ms\":%.3f,"
             "\"row_bytes\":%.0f,\"ratio\":%.4f,\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,"
+            "\"double_buffered_ms\":%.3f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
             r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
-            r.row_bytes, ratio, r.sequential_ms, r.pipelined_ms, r.bytes_per_param,
+            r.row_bytes, ratio, r.sequential_ms, r.pipelined_ms, r.double_buffered_ms,
+            r.bytes_per_param,
             r.verified ? "true" : "false"));
   }
   json += "]\n";
