@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "checkpoint/daemon_io.h"
+#include "checkpoint/store.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "proto/paramd.grpc.pb.h"
@@ -415,9 +417,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     if (world_complete) {
       world_waiters_.WakeAll();
-      if (!options_.model_path.empty()) {
+      if (!options_.model_path.empty() || !options_.restore_from.empty()) {
         rpc::LoadRequest load;
-        load.set_safetensors_path(options_.model_path);
+        if (!options_.restore_from.empty()) {
+          load.set_checkpoint_path(options_.restore_from);
+          load.set_checkpoint_version(options_.restore_version);
+        } else {
+          load.set_safetensors_path(options_.model_path);
+        }
         StartLoad(load, [](absl::Status s, const rpc::LoadResponse&) {
           if (!s.ok()) Log(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
         });
@@ -502,9 +509,61 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return tensors;
   }
 
-  absl::StatusOr<rpc::Manifest> BuildManifest(const rpc::LoadRequest& request) {
-    ASSIGN_OR_RETURN(std::vector<rpc::TensorDecl> decls, LoadTensors(request));
+  // A checkpoint's tensors and their saved specs; `version` becomes the
+  // resolved version (-1 = newest complete). Verifies every checksum.
+  absl::StatusOr<std::vector<std::pair<rpc::TensorDecl, HybridSpec>>> CheckpointTensors(
+      const std::string& path, int64_t& version) {
+    ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
+                     checkpoint::CheckpointStore::Open(path, /*create=*/false));
+    ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
+                     checkpoint::OpenForRestore(store, version, /*verify=*/true));
+    version = static_cast<int64_t>(reader->manifest().version());
+    std::vector<std::pair<rpc::TensorDecl, HybridSpec>> out;
+    for (const checkpoint::TensorInfo& t : reader->manifest().tensors()) {
+      rpc::TensorDecl d;
+      d.set_name(t.name());
+      *d.mutable_shape() = t.shape();
+      rpc::HybridSpec proto;
+      if (!proto.ParseFromString(t.spec())) {
+        return absl::DataLossError(
+            absl::StrCat("checkpoint ", version, ": tensor ", t.name(), " has a bad spec"));
+      }
+      ASSIGN_OR_RETURN(HybridSpec spec, HybridSpecFromProto(proto));
+      out.emplace_back(std::move(d), spec);
+    }
+    return out;
+  }
+
+  // `checkpoint_version` is resolved for a restore.
+  absl::StatusOr<rpc::Manifest> BuildManifest(const rpc::LoadRequest& request,
+                                              int64_t& checkpoint_version) {
+    std::vector<rpc::TensorDecl> decls;
+    std::vector<HybridSpec> saved_specs;
+    if (!request.checkpoint_path().empty()) {
+      if (!request.safetensors_path().empty() || request.tensors_size() > 0 ||
+          !request.recipe_text().empty()) {
+        return absl::InvalidArgumentError(
+            "Load: a checkpoint restore takes no safetensors path, tensors or recipe");
+      }
+      checkpoint_version = request.checkpoint_version();
+      ASSIGN_OR_RETURN(auto saved, CheckpointTensors(request.checkpoint_path(), checkpoint_version));
+      for (auto& [decl, spec] : saved) {
+        decls.push_back(std::move(decl));
+        saved_specs.push_back(spec);
+      }
+    } else {
+      ASSIGN_OR_RETURN(decls, LoadTensors(request));
+    }
     SpecResolver resolver = options_.resolver;
+    if (!saved_specs.empty()) {
+      resolver = [&](const std::string& name,
+                     absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
+        for (size_t i = 0; i < decls.size(); ++i) {
+          if (decls[i].name() == name) return saved_specs[i];
+        }
+        return absl::InternalError(name);
+      };
+    }
     if (!request.recipe_text().empty()) {
       if (!options_.recipe_parser) {
         return absl::UnimplementedError("this coordinator cannot parse recipes");
@@ -575,7 +634,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       }
       loading_ = true;
     }
-    absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request);
+    int64_t checkpoint_version = -1;
+    absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request, checkpoint_version);
     if (!manifest.ok()) {
       absl::MutexLock lock(&mu_);
       loading_ = false;
@@ -592,14 +652,15 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     Log(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
                            manifest->pieces_size(), " pieces on ", stubs.size(), " daemons"));
-    const std::string path = request.safetensors_path();
     FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
         stubs, options_.load_timeout,
-        [this, &manifest, &path](int rank, rpc::LoadShardsRequest* r) {
+        [this, &manifest, &request, checkpoint_version](int rank, rpc::LoadShardsRequest* r) {
           *r->mutable_manifest() = *manifest;
           r->set_daemon_rank(rank);
-          r->set_safetensors_path(path);
+          r->set_safetensors_path(request.safetensors_path());
           r->set_expected_pushers(options_.expected_pushers);
+          r->set_checkpoint_path(request.checkpoint_path());
+          r->set_checkpoint_version(checkpoint_version);
         },
         [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::LoadShardsRequest* req,
            rpc::LoadShardsResponse* resp, std::function<void(grpc::Status)> cb) {

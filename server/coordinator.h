@@ -55,6 +55,10 @@ struct CoordinatorOptions {
   // Safetensors file loaded as soon as every daemon has joined ("" = wait
   // for a Load RPC).
   std::string model_path;
+  // Or: restore this checkpoint store's version (-1 = newest complete) as
+  // soon as every daemon has joined (takes precedence over model_path).
+  std::string restore_from;
+  int64_t restore_version = -1;
   // Informative (manifest.optimizer).
   std::string optimizer_name = "adamw";
   sharding::PlanOptions plan;

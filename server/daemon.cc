@@ -24,6 +24,7 @@
 #include "server/chunks.h"
 #include "server/convert.h"
 #include "server/data_plane.h"
+#include "server/restore.h"
 
 namespace paramd {
 namespace {
@@ -194,13 +195,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       return reactor;
     }
     auto shared_view = std::make_shared<const ModelView>(*std::move(view));
-    worker_.Post([this, shared_view, path = request->safetensors_path(),
-                  pushers = request->expected_pushers(), reactor, response] {
+    LoadSource source;
+    source.safetensors_path = request->safetensors_path();
+    source.checkpoint_path = request->checkpoint_path();
+    source.checkpoint_version = request->checkpoint_version();
+    worker_.Post([this, shared_view, source, pushers = request->expected_pushers(), reactor,
+                  response] {
       // The coordinator may send this as soon as it has registered our Join,
       // before the join thread has seen the reply and opened the data plane.
       const absl::Status joined = AwaitJoined(shared_view->rank);
-      absl::StatusOr<int64_t> v =
-          joined.ok() ? LoadOnWorker(shared_view, path, pushers) : absl::StatusOr<int64_t>(joined);
+      absl::StatusOr<int64_t> v = joined.ok() ? LoadOnWorker(shared_view, source, pushers)
+                                              : absl::StatusOr<int64_t>(joined);
       if (v.ok()) response->set_published_version(*v);
       reactor->Finish(ToGrpcStatus(v.status()));
     });
@@ -446,8 +451,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     return absl::OkStatus();
   }
 
-  // Worker thread. `from` = -1 publishes version 0 without an optimizer step.
-  void RunStep(int64_t from, bool apply_optimizer) {
+  // Worker thread: publishes version from+1 (with one optimizer step if
+  // `apply_optimizer`) and reports it. A load publishes 0 (from = -1), a
+  // restore of checkpoint V republishes V (from = V-1, no optimizer, no
+  // delayed-scaling update).
+  void RunStep(int64_t from, bool apply_optimizer, bool update_delayed = true) {
     AllReduceMaxFn all_reduce;
     ShardSet* shards;
     {
@@ -457,14 +465,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
-        all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce)
+        all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed)
                    : absl::FailedPreconditionError("data plane not open");
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
       if (result.ok()) {
-        previous_ = from < 0 ? nullptr : latest_;
+        previous_ = apply_optimizer ? latest_ : nullptr;
         latest_ = *result;
         pushers_.clear();
         last_step_seconds_ = seconds;
@@ -503,19 +511,33 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     return absl::OkStatus();
   }
 
-  // Worker thread: installs a new model and (from a file) publishes v0.
+  struct LoadSource {
+    std::string safetensors_path;  // else pushed weights, unless a checkpoint
+    std::string checkpoint_path;
+    int64_t checkpoint_version = -1;
+  };
+
+  // Worker thread: installs a new model and publishes its first version (0
+  // from a file, V from checkpoint V); with neither, waits for PushWeights.
   absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
-                                       const std::string& path, int expected_pushers) {
+                                       const LoadSource& source, int expected_pushers) {
     ASSIGN_OR_RETURN(std::unique_ptr<ShardSet> shards,
                      ShardSet::Create(view->tensors, view->shards, options_.optimizer));
-    if (!path.empty()) {
+    const bool restore = !source.checkpoint_path.empty();
+    const bool from_file = restore || !source.safetensors_path.empty();
+    std::vector<SavedDelayedState> next_delayed;
+    if (restore) {
+      ASSIGN_OR_RETURN(next_delayed, RestoreShardSet(source.checkpoint_path,
+                                                     source.checkpoint_version, *shards));
+    } else if (from_file) {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
-                       safetensors::SafetensorsFile::Open(path));
+                       safetensors::SafetensorsFile::Open(source.safetensors_path));
       for (size_t i = 0; i < shards->shards().size(); ++i) {
         const ShardDef& d = shards->shards()[i];
         RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->master(i)));
       }
     }
+    const int64_t first_version = restore ? source.checkpoint_version : 0;
     {
       absl::MutexLock lock(&mu_);
       shards_ = std::move(shards);
@@ -528,19 +550,23 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       rows_loaded_.clear();
       rows_missing_ = 0;
       for (const ShardDef& d : view->shards) {
-        rows_loaded_.emplace_back(d.rows(), path.empty() ? false : true);
-        if (path.empty()) rows_missing_ += d.rows();
+        rows_loaded_.emplace_back(d.rows(), from_file);
+        if (!from_file) rows_missing_ += d.rows();
       }
-      awaiting_weights_ = path.empty() && rows_missing_ > 0;
+      awaiting_weights_ = !from_file && rows_missing_ > 0;
       if (awaiting_weights_) return -1;
       stepping_ = true;
-      stepping_from_ = -1;
+      stepping_from_ = first_version - 1;
     }
-    Log(kTag, absl::StrCat("rank ", view->rank, ": loaded ", view->shards.size(), " shards of ",
-                           view->tensors.size(), " tensors"));
-    RunStep(-1, /*apply_optimizer=*/false);
+    Log(kTag, absl::StrCat("rank ", view->rank, ": ", restore ? "restored" : "loaded ",
+                           view->shards.size(), " shards of ", view->tensors.size(),
+                           " tensors", restore ? absl::StrCat(" at version ", first_version) : ""));
+    RunStep(first_version - 1, /*apply_optimizer=*/false, /*update_delayed=*/!restore);
     absl::MutexLock lock(&mu_);
     if (!latest_) return last_step_error_;
+    // Back to the saved post-update scales (the worker is still ours: no
+    // step can run in between).
+    ApplyDelayedStates(next_delayed, *shards_);
     return latest_->version;
   }
 

@@ -66,6 +66,11 @@ ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes lo
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "root directory of checkpoints (shared by every process); empty = checkpoints are "
           "refused (exports still work)");
+ABSL_FLAG(std::string, restore_from, "",
+          "coordinator: restore this checkpoint store (readable by every daemon) once every "
+          "daemon has joined, instead of --model");
+ABSL_FLAG(int64_t, restore_version, -1,
+          "coordinator: the version to restore (-1 = the newest complete checkpoint)");
 ABSL_FLAG(int32_t, keep_checkpoints, 0,
           "coordinator: keep only the newest N checkpoints (0 = keep all)");
 ABSL_FLAG(int32_t, metrics_port, 0,
@@ -105,6 +110,8 @@ absl::Status Run() {
   c.expected_pushers = absl::GetFlag(FLAGS_expected_pushers);
   c.data_plane = absl::GetFlag(FLAGS_data_plane);
   c.model_path = absl::GetFlag(FLAGS_model);
+  c.restore_from = absl::GetFlag(FLAGS_restore_from);
+  c.restore_version = absl::GetFlag(FLAGS_restore_version);
   c.optimizer_name = std::string(OptimizerName(opt.kind));
   if (options.run_coordinator) {
     auto recipe = std::make_shared<Recipe>(Recipe::Builtin());

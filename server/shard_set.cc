@@ -116,8 +116,24 @@ const DelayedScalingState& ShardSet::delayed_state(int t, Direction d) const {
   return delayed_[t][d == Direction::kRowwise ? kRow : kCol];
 }
 
+absl::Status ShardSet::SetOptimizerState(int shard, OptimizerState state) {
+  const size_t n = masters_.at(shard).size();
+  if ((!state.m.empty() && state.m.size() != n) || (!state.v.empty() && state.v.size() != n)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer state of shard ", shard, " has ",
+                                                   state.m.size(), "/", state.v.size(),
+                                                   " values, want ", n));
+  }
+  opt_[shard] = std::move(state);
+  return absl::OkStatus();
+}
+
+void ShardSet::SetDelayedState(int tensor, Direction d, DelayedScalingState state) {
+  delayed_.at(tensor)[d == Direction::kRowwise ? kRow : kCol] = std::move(state);
+}
+
 absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
-    int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce) {
+    int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
+    bool update_delayed) {
   const int num_tensors = static_cast<int>(tensors_.size());
   const int num_shards = static_cast<int>(shards_.size());
 
@@ -237,11 +253,11 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   // their state is never used by this daemon.
   for (int t = 0; t < num_tensors; ++t) {
     const HybridSpec& spec = tensors_[t].spec;
-    if (IsDelayed(spec.rowwise) && spec.rowwise_usage) {
+    if (IsDelayed(spec.rowwise) && spec.rowwise_usage && update_delayed) {
       ref::DelayedRecordAmax(delayed[t][kRow], amax[2 * t + kRow]);
       ref::DelayedUpdate(delayed[t][kRow], delayed[t][kRow].amax_history[0], spec.rowwise);
     }
-    if (IsDelayed(spec.columnwise) && spec.columnwise_usage) {
+    if (IsDelayed(spec.columnwise) && spec.columnwise_usage && update_delayed) {
       ref::DelayedRecordAmax(delayed[t][kCol], amax[2 * t + kCol]);
       ref::DelayedUpdate(delayed[t][kCol], delayed[t][kCol].amax_history[0], spec.columnwise);
     }

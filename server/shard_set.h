@@ -114,15 +114,23 @@ class ShardSet {
   int64_t optimizer_steps() const { return optimizer_steps_; }
   const OptimizerOptions& optimizer() const { return optimizer_; }
 
+  // Restore (checkpoint/): state saved by an earlier run. Shapes must match
+  // (the optimizer moments may also be empty).
+  absl::Status SetOptimizerState(int shard, OptimizerState state);
+  void SetDelayedState(int tensor, Direction d, DelayedScalingState state);
+  void SetOptimizerSteps(int64_t steps) { optimizer_steps_ = steps; }
+
   // Produces version `new_version`: if `apply_optimizer`, one optimizer step
   // with the accumulated gradients first (then the accumulators are zeroed);
   // then partial amaxes, `all_reduce` (once, or twice when a
   // rowwise_dequantized columnwise copy needs the global rowwise scale of a
   // current-scaling/NVFP4 rowwise copy), scaling update and quantization.
-  // On error nothing changes.
+  // On error nothing changes. With `update_delayed` false the delayed
+  // scaling state is left as is (republishing a restored version).
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
                                                                bool apply_optimizer,
-                                                               const AllReduceMaxFn& all_reduce);
+                                                               const AllReduceMaxFn& all_reduce,
+                                                               bool update_delayed = true);
 
  private:
   ShardSet() = default;
