@@ -112,6 +112,19 @@ absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
   }
 }
 
+// CheckpointCoordinator.Checkpoint of `version` into the cluster's
+// --checkpoint_dir.
+grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
+  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
+      cluster.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(30));
+  checkpoint::CheckpointRequest request;
+  request.set_version(version);
+  checkpoint::CheckpointResponse response;
+  return stub->Checkpoint(&context, request, &response);
+}
+
 TEST(CheckpointRestoreTest, RestoredClustersContinueByteIdentically) {
   absl::StatusOr<demo::TempDir> ckpt = demo::TempDir::Create("paramd_restore");
   ASSERT_TRUE(ckpt.ok());
@@ -127,14 +140,7 @@ TEST(CheckpointRestoreTest, RestoredClustersContinueByteIdentically) {
       ASSERT_TRUE(a.PushAll(v, "trainer", Gradient(v)).ok());
       ASSERT_TRUE(a.WaitForVersion(v + 1).ok());
     }
-    auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-        a.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
-    checkpoint::CheckpointRequest request;
-    request.set_version(3);
-    checkpoint::CheckpointResponse response;
-    const grpc::Status s = stub->Checkpoint(&context, request, &response);
+    const grpc::Status s = Checkpoint(a, 3);
     ASSERT_TRUE(s.ok()) << s.error_message() << a.cluster().Logs();
     v3 = FetchAll(a, 3);
     ASSERT_TRUE(a.PushAll(3, "trainer", Gradient(3)).ok());
@@ -166,16 +172,7 @@ TEST(CheckpointRestoreTest, DamagedCheckpointIsDataLossNamingTheFile) {
   const std::string model = a.cluster().dir() + "/model.safetensors";
   ASSERT_TRUE(WriteModel(model, Model()).ok());
   ASSERT_TRUE(a.Load(model, kRecipe).ok());
-  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-      a.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
-  {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
-    checkpoint::CheckpointRequest request;
-    request.set_version(0);
-    checkpoint::CheckpointResponse response;
-    ASSERT_TRUE(stub->Checkpoint(&context, request, &response).ok());
-  }
+  ASSERT_TRUE(Checkpoint(a, 0).ok());
   // Flip one byte in the middle of one shard file.
   std::string victim;
   for (const auto& e : std::filesystem::recursive_directory_iterator(ckpt->path())) {
