@@ -44,24 +44,38 @@ __device__ uint32_t RefMinifloat(float x, int ebits, int mbits, int bias, uint32
   return sign | code;
 }
 
+// kernels/codecs.cc E8M0FromScaledAmax, line for line.
+__device__ uint32_t RefE8M0(float v) {
+  if (isnan(v)) return 0xFF;
+  if (isinf(v)) return 0xFE;
+  if (v == 0.0f) return 0x00;
+  const uint32_t b = __float_as_uint(v) & 0x7FFFFFFFu;
+  uint32_t e = b >> 23;
+  const uint32_t m = b & 0x7FFFFFu;
+  if (m != 0 && e != 0xFE && !(e == 0 && m <= 0x400000u)) ++e;
+  return e;
+}
+
 // counts[k]: mismatches of check k; first[k]: the smallest failing input.
 // 0: E4M3 cvt, 1: E5M2 cvt, 2: BF16 cvt vs bit formula, 3: E2M1 fast vs
-// compare-based (both nibbles), 4: E2M1 compare-based vs the reference rule.
+// compare-based (both nibbles), 4: E2M1 compare-based vs the reference rule,
+// 5: branch-free E8M0 vs the reference rule.
 __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32);
        i += stride) {
     const uint32_t u = static_cast<uint32_t>(i);
     const float x = __uint_as_float(u);
-    bool bad[5];
+    bool bad[kCodecChecks];
     bad[0] = CvtFp8(x, false) != RefMinifloat(x, 4, 3, 7, 0x7E, 0x7F);
     bad[1] = CvtFp8(x, true) != RefMinifloat(x, 5, 2, 15, 0x7B, 0x7F);
     bad[2] = (Bf16x2Bits(x, 0.0f) & 0xFFFFu) != Bf16Bits(x);
     const float y = __uint_as_float(u * 2654435761u);  // a second, unrelated input
     bad[3] = EncodeE2M1x2(x, y) != (EncodeE2M1(x) | (EncodeE2M1(y) << 4));
     bad[4] = EncodeE2M1(x) != RefMinifloat(x, 2, 1, 1, 0x7, 0x7);
+    bad[5] = E8M0FromScaledAmax(x) != RefE8M0(x);
 #pragma unroll
-    for (int k = 0; k < 5; ++k) {  // one atomic per warp (the loop is warp-uniform)
+    for (int k = 0; k < kCodecChecks; ++k) {  // one atomic per warp (the loop is warp-uniform)
       const unsigned mask = __ballot_sync(0xFFFFFFFFu, bad[k]);
       if (mask != 0) {
         const int leader = __ffs(mask) - 1;

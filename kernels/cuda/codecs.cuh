@@ -125,27 +125,26 @@ __device__ __forceinline__ float DecodeE2M1(uint32_t code) {
   return (code & 8u) ? -v : v;
 }
 
-// ---- E8M0 (§3, TE's ceiling rule) ----
+// ---- E8M0 (§3, TE's ceiling rule), branch-free (selects only) ----
 __device__ __forceinline__ uint32_t E8M0FromScaledAmax(float v) {
   const uint32_t b = __float_as_uint(v) & 0x7FFFFFFFu;
-  if (b > 0x7F800000u) return 0xFFu;
-  if (b == 0x7F800000u) return 0xFEu;
-  if (b == 0u) return 0u;
-  uint32_t e = b >> 23;
+  const uint32_t e = b >> 23;
   const uint32_t m = b & 0x7FFFFFu;
-  if (m != 0u && e != 0xFEu && !(e == 0u && m <= 0x400000u)) ++e;
-  return e;
+  // Round the exponent up for a non-zero mantissa, except at 254 and for
+  // subnormals <= 2^-127 (which e = 0 already covers).
+  const uint32_t inc = (m != 0u && e != 0xFEu && !(e == 0u && m <= 0x400000u)) ? 1u : 0u;
+  const uint32_t r = e + inc;  // Inf: 0xFF; 0 stays 0
+  return b > 0x7F800000u ? 0xFFu : (r > 0xFEu ? 0xFEu : r);
 }
 // 2^(127-e): the multiplier applied before the element cast.
 __device__ __forceinline__ float E8M0Reciprocal(uint32_t e) {
-  if (e == 0xFFu) return __uint_as_float(0x7FC00000u);
-  if (e == 254u) return __uint_as_float(0x00400000u);
-  return __uint_as_float((254u - e) << 23);
+  const uint32_t bits = e == 0xFFu ? 0x7FC00000u : (e == 254u ? 0x00400000u : (254u - e) << 23);
+  return __uint_as_float(bits);
 }
 // 2^(e-127): the dequantization factor.
 __device__ __forceinline__ float DecodeE8M0(uint32_t e) {
-  if (e == 0xFFu) return __uint_as_float(0x7FC00000u);
-  return __uint_as_float(e == 0u ? 0x00400000u : (e << 23));
+  const uint32_t bits = e == 0xFFu ? 0x7FC00000u : (e == 0u ? 0x00400000u : (e << 23));
+  return __uint_as_float(bits);
 }
 
 // ---- §2 compute_scale ----

@@ -90,9 +90,9 @@ struct DequantItem {
 cudaError_t LaunchDequantize(const DequantItem& item, cudaStream_t stream);
 
 // ---- codec_check.cu ----
-// Exhaustive self-check of the device codecs (see codec_check.cu); counts[5]
-// and first[5] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
-constexpr int kCodecChecks = 5;
+// Exhaustive self-check of the device codecs (see codec_check.cu); counts[6]
+// and first[6] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
+constexpr int kCodecChecks = 6;
 cudaError_t LaunchCodecCheck(unsigned long long* counts, unsigned* first, cudaStream_t stream);
 
 }  // namespace detail

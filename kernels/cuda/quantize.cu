@@ -361,9 +361,12 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   uint8_t* srow = nullptr;
   int64_t srow_step = 0;
   int64_t sblock = 0;
+  bool sblock_in = false, sblock_ok = false;  // inside the scale buffer / covers real columns
   if constexpr (F == kKMxfp8 || F == kKNvfp4) {
     constexpr int kBlk = F == kKMxfp8 ? 32 : 16;
     sblock = int64_t{tk} * (kTile / kBlk) + lane / (kBlk / 4);
+    sblock_in = sblock < scale_cols;
+    sblock_ok = sblock * kBlk < K;
     const int64_t left = scale_rows - i0;
     scale_rows_valid = left < kTile ? static_cast<int>(left) : kTile;
     srow = static_cast<uint8_t*>(d.scales) + (i0 + warp) * scale_cols + sblock;
@@ -467,8 +470,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
             if (gj / 2 + 1 < pitch) out[1] = static_cast<uint8_t>(byte1);
           }
         }
-        if ((lane & 3) == 0 && r < scale_rows_valid && sblock < scale_cols) {
-          const bool valid = row_ok && sblock * 16 < K;
+        if ((lane & 3) == 0 && r < scale_rows_valid && sblock_in) {
+          const bool valid = row_ok && sblock_ok;
           *srow = static_cast<uint8_t>(valid ? sd : 0u);
         }
       }
@@ -498,8 +501,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         const uint32_t e = E8M0FromScaledAmax(__fmul_rn(bam, rcp_max));
         m0 = m1 = m2 = m3 = E8M0Reciprocal(e);
         if (deq_wb) q = DecodeE8M0(e);
-        if (write && (lane & 7) == 0 && r < scale_rows_valid && sblock < scale_cols) {
-          const bool valid = row_ok && sblock * 32 < K;
+        if (write && (lane & 7) == 0 && r < scale_rows_valid && sblock_in) {
+          const bool valid = row_ok && sblock_ok;
           *srow = static_cast<uint8_t>(valid ? e : 0u);
         }
       } else if constexpr (F == kKBlock1d) {
