@@ -270,7 +270,10 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       advanced = RecomputeCommittedLocked();
       response->set_committed_version(committed_);
     }
-    if (advanced) version_waiters_.WakeAll();
+    if (advanced) {
+      version_waiters_.WakeAll();
+      if (options_.on_commit) options_.on_commit(committed_version());
+    }
     return Done(context, absl::OkStatus());
   }
 

@@ -66,6 +66,9 @@ struct CoordinatorOptions {
   // other calls to daemons.
   absl::Duration load_timeout = absl::Minutes(10);
   absl::Duration daemon_call_timeout = absl::Seconds(10);
+  // Called (on a gRPC thread, must not block) after each newly committed
+  // version, e.g. to start a periodic checkpoint.
+  std::function<void(int64_t version)> on_commit;
 };
 
 class Coordinator {

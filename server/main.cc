@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -71,6 +72,10 @@ ABSL_FLAG(std::string, restore_from, "",
           "daemon has joined, instead of --model");
 ABSL_FLAG(int64_t, restore_version, -1,
           "coordinator: the version to restore (-1 = the newest complete checkpoint)");
+ABSL_FLAG(int32_t, checkpoint_every, 0,
+          "coordinator: checkpoint the committed version whenever it is a multiple of N "
+          "(0 = only on request; needs --checkpoint_dir). If the daemons have moved on when "
+          "it runs, the newer committed version is saved.");
 ABSL_FLAG(int32_t, keep_checkpoints, 0,
           "coordinator: keep only the newest N checkpoints (0 = keep all)");
 ABSL_FLAG(int32_t, metrics_port, 0,
@@ -156,6 +161,36 @@ absl::Status Run() {
     return absl::OkStatus();
   };
 
+  // --checkpoint_every: one checkpoint at a time, on its own thread (the
+  // commit callback runs on a gRPC thread and must not block).
+  const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  absl::Mutex periodic_mu;
+  bool periodic_running = false;
+  std::vector<std::thread> periodic_threads;
+  if (checkpoint_every > 0 && options.run_coordinator) {
+    if (checkpoint_options.root.empty()) {
+      return absl::InvalidArgumentError("--checkpoint_every needs --checkpoint_dir");
+    }
+    c.on_commit = [&](int64_t version) {
+      if (version <= 0 || version % checkpoint_every != 0) return;
+      absl::MutexLock lock(&periodic_mu);
+      if (periodic_running || checkpoint_coordinator == nullptr) return;
+      periodic_running = true;
+      periodic_threads.emplace_back([&, version] {
+        checkpoint::CheckpointRequest request;
+        request.set_version(-1);
+        absl::StatusOr<checkpoint::CheckpointResponse> r =
+            checkpoint_coordinator->Checkpoint(request);
+        Log("hybrid-paramd", r.ok() ? absl::StrCat("checkpointed version ", r->version(),
+                                                   " (commit ", version, ")")
+                                    : absl::StrCat("periodic checkpoint failed: ",
+                                                   r.status().ToString()));
+        absl::MutexLock lock(&periodic_mu);
+        periodic_running = false;
+      });
+    };
+  }
+
   // SIGINT/SIGTERM are taken by a thread (sigwait) that shuts down cleanly;
   // block them before any thread exists so that every thread inherits it.
   sigset_t signals;
@@ -193,6 +228,8 @@ absl::Status Run() {
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
   metrics.reset();
+  server.reset();  // no more commits: no more periodic checkpoints start
+  for (std::thread& t : periodic_threads) t.join();
   return absl::OkStatus();
 }
 

@@ -120,3 +120,46 @@ TEST(ServerCheckpointTest, CheckpointAndExportFromRealDaemons) {
 }  // namespace
 }  // namespace testing
 }  // namespace paramd
+
+namespace paramd {
+namespace testing {
+namespace {
+
+TEST(ServerCheckpointTest, CheckpointEveryNVersions) {
+  absl::StatusOr<demo::TempDir> ckpt = demo::TempDir::Create("paramd_every");
+  ASSERT_TRUE(ckpt.ok());
+  TestClusterOptions options;
+  options.daemons = 2;
+  options.expected_pushers = 1;
+  options.coordinator_flags = {"--checkpoint_dir=" + ckpt->path(), "--checkpoint_every=2"};
+  options.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& cluster = **c;
+  const std::string model = cluster.cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 3)}}).ok());
+  ASSERT_TRUE(cluster.Load(model, "").ok());
+  const std::vector<float> g(kRows * kCols, 0.01f);
+  for (int64_t v = 0; v < 2; ++v) {
+    ASSERT_TRUE(cluster.PushAll(v, "trainer", {{"w", g}}).ok());
+    ASSERT_TRUE(cluster.WaitForVersion(v + 1).ok());
+  }
+  // Version 2 was committed: a checkpoint of it appears (written in the
+  // background; nothing moves the daemons on meanwhile).
+  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
+      cluster.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
+  checkpoint::ListCheckpointsResponse list;
+  for (int i = 0; i < 200 && list.checkpoints_size() == 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    ASSERT_TRUE(stub->ListCheckpoints(&context, checkpoint::ListCheckpointsRequest(), &list).ok());
+  }
+  ASSERT_EQ(list.checkpoints_size(), 1) << cluster.cluster().Logs();
+  EXPECT_EQ(list.checkpoints(0).version(), 2u);
+  EXPECT_EQ(list.checkpoints(0).world_size(), 2);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace paramd
