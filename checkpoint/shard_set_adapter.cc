@@ -24,6 +24,7 @@ void FillDirection(const DelayedScalingState& delayed, float scale, float amax,
                    DirectionScaling* out) {
   out->set_scale(delayed.scale);
   out->set_scale_inv(scale != 0.0f ? 1.0f / scale : 1.0f);
+  out->set_cast_scale(scale);
   out->set_global_amax(amax);
   for (float a : delayed.amax_history) out->add_amax_history(a);
 }

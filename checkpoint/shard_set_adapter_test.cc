@@ -90,6 +90,10 @@ TEST(ShardSetAdapterTest, CheckpointHoldsTheShardSetExactly) {
     ASSERT_EQ(w_state.rowwise().amax_history_size(), 8);
     EXPECT_TRUE(SameBytes(w_state.rowwise().amax_history(), delayed.amax_history));
     EXPECT_EQ(w_state.rowwise().scale(), delayed.scale);
+    // The exact multiplier version 3 was cast with, beside its rcp.
+    const TensorScalingInfo& cast = (*published)->tensors[0];
+    EXPECT_EQ(w_state.rowwise().cast_scale(), cast.rowwise_scale);
+    EXPECT_EQ(w_state.rowwise().scale_inv(), 1.0f / cast.rowwise_scale);
     // The steps recorded amaxes (the history is not all zeros).
     EXPECT_TRUE(std::any_of(delayed.amax_history.begin(), delayed.amax_history.end(),
                             [](float a) { return a != 0.0f; }));

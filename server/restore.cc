@@ -68,8 +68,13 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
       after.scale = ds.scale();
       after.amax_history.assign(ds.amax_history().begin(), ds.amax_history().end());
       DelayedScalingState cast = after;
-      // The scale version V was cast with (scale_inv = rcp(scale)).
-      if (ds.scale_inv() != 0.0f) cast.scale = 1.0f / ds.scale_inv();
+      // The scale version V was cast with, exactly; checkpoints without it
+      // (cast_scale 0) only give rcp(scale_inv), which may be one ulp off.
+      if (ds.cast_scale() != 0.0f) {
+        cast.scale = ds.cast_scale();
+      } else if (ds.scale_inv() != 0.0f) {
+        cast.scale = 1.0f / ds.scale_inv();
+      }
       shards.SetDelayedState(static_cast<int>(t), d, std::move(cast));
       next.push_back({static_cast<int>(t), d, std::move(after)});
     }

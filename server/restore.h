@@ -7,8 +7,8 @@
 //
 // Republishing the checkpoint's version V must quantize V as the saved run
 // did, then continue with the saved next scale. So RestoreShardSet leaves
-// each delayed direction's scale at the scale V was cast with
-// (rcp(saved scale_inv)), and returns the saved post-update states to put
+// each delayed direction's scale at the exact scale V was cast with (the
+// saved cast_scale; rcp(saved scale_inv) for older checkpoints), and returns the saved post-update states to put
 // back with ApplyDelayedStates() after the republishing step (which runs
 // with update_delayed = false).
 //
