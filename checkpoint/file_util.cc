@@ -8,7 +8,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -34,6 +33,13 @@ std::vector<std::string> Components(absl::string_view relative) {
     parts.emplace_back(part);
   }
   return parts;
+}
+
+// ErrnoStatus for an O_NOFOLLOW open: ELOOP there means the leaf is a symlink.
+absl::Status NoFollowOpenError(int err, absl::string_view what, absl::string_view path) {
+  absl::Status status = ErrnoStatus(err, what, path);
+  if (err != ELOOP) return status;
+  return absl::InvalidArgumentError(absl::StrCat(status.message(), " (symlinks are not followed)"));
 }
 
 }  // namespace
@@ -63,51 +69,16 @@ absl::Status UniqueFd::Close(absl::string_view path) {
   return absl::OkStatus();
 }
 
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
-  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  switch (err) {
-    case ENOENT:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case EEXIST:
-      return absl::AlreadyExistsError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    case ELOOP:
-      return absl::InvalidArgumentError(absl::StrCat(message, " (symlinks are not followed)"));
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::StatusOr<UniqueFd> OpenForRead(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return ErrnoStatus(errno, "open", path);
+  if (fd < 0) return NoFollowOpenError(errno, "open", path);
   return UniqueFd(fd);
 }
 
 absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return ErrnoStatus(errno, "create", path);
+  if (fd < 0) return NoFollowOpenError(errno, "create", path);
   return UniqueFd(fd);
-}
-
-absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "write", path);
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
 }
 
 absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset, absl::string_view path) {
@@ -127,21 +98,6 @@ absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset, absl::st
     offset += static_cast<uint64_t>(n);
   }
   return absl::OkStatus();
-}
-
-absl::Status FsyncFd(int fd, absl::string_view path) {
-  while (::fsync(fd) != 0) {
-    if (errno != EINTR) return ErrnoStatus(errno, "fsync", path);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open directory", dir);
-  UniqueFd owned(fd);
-  RETURN_IF_ERROR(FsyncFd(owned.get(), dir));
-  return owned.Close(dir);
 }
 
 absl::Status ValidateRelativePath(absl::string_view relative) {

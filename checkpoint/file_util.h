@@ -15,6 +15,9 @@
 //
 // All functions are thread-safe (no shared state) and block on the file
 // system. Errors name the path and carry strerror(errno).
+//
+// ErrnoStatus, WriteAll, FsyncFd and FsyncDir live in //common:file_util
+// (included here; code in namespace paramd::checkpoint calls them unqualified).
 #ifndef PARAMD_CHECKPOINT_FILE_UTIL_H_
 #define PARAMD_CHECKPOINT_FILE_UTIL_H_
 
@@ -25,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_util.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -50,28 +54,15 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-// An InternalError (or NotFound / PermissionDenied / AlreadyExists, by errno)
-// "<what> <path>: <strerror>".
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
-
 // Opens `path` for reading without following a symlink at the leaf.
 absl::StatusOr<UniqueFd> OpenForRead(const std::string& path);
 
 // Creates `path` exclusively (O_EXCL | O_NOFOLLOW), mode 0644.
 absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path);
 
-// write() until all `size` bytes are written (retries EINTR, short writes).
-absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path);
-
 // pread() exactly `size` bytes at `offset`; DataLoss if the file ends first.
 absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset,
                       absl::string_view path);
-
-// fsync() of a directory, so that a rename or unlink inside it is durable.
-absl::Status FsyncDir(const std::string& dir);
-
-// fsync() of a file.
-absl::Status FsyncFd(int fd, absl::string_view path);
 
 // Checks that `relative` is a relative path of plain components (see the
 // file comment). An empty string is accepted and means the root itself.

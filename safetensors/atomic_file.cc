@@ -1,36 +1,22 @@
 #include "safetensors/atomic_file.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace paramd {
 namespace safetensors {
 
 absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
-  std::string message = absl::StrCat(what, " '", path, "': ", strerror(err));
-  switch (err) {
-    case ENOENT:
-    case ENOTDIR:
-      return absl::NotFoundError(message);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return absl::PermissionDeniedError(message);
-    case ENOSPC:
-    case EDQUOT:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
+  return paramd::ErrnoStatus(err, what, absl::StrCat("'", path, "'"));
 }
 
 namespace {
@@ -81,20 +67,13 @@ absl::Status AtomicFile::Append(absl::Span<const uint8_t> bytes) {
   if (!error_.ok()) return error_;
   if (fd_ < 0)
     return absl::FailedPreconditionError(absl::StrCat("'", path_, "' already committed"));
-  const uint8_t* p = bytes.data();
-  size_t left = bytes.size();
-  while (left > 0) {
-    ssize_t n = write(fd_, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      error_ = ErrnoStatus(errno, "cannot write", temp_path_);
-      Abandon();
-      return error_;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-    bytes_written_ += static_cast<uint64_t>(n);
+  absl::Status status = WriteAll(fd_, bytes.data(), bytes.size(), temp_path_);
+  if (!status.ok()) {
+    error_ = std::move(status);
+    Abandon();
+    return error_;
   }
+  bytes_written_ += bytes.size();
   return absl::OkStatus();
 }
 
@@ -102,8 +81,8 @@ absl::Status AtomicFile::Commit() {
   if (!error_.ok()) return error_;
   if (fd_ < 0)
     return absl::FailedPreconditionError(absl::StrCat("'", path_, "' already committed"));
-  if (fsync(fd_) != 0) {
-    error_ = ErrnoStatus(errno, "cannot fsync", temp_path_);
+  if (absl::Status status = FsyncFd(fd_, temp_path_); !status.ok()) {
+    error_ = std::move(status);
     Abandon();
     return error_;
   }
@@ -119,15 +98,7 @@ absl::Status AtomicFile::Commit() {
     unlink(temp_path_.c_str());
     return error_;
   }
-  // Make the rename itself durable.
-  std::string dir = DirectoryOf(path_);
-  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir_fd < 0) return ErrnoStatus(errno, "cannot open directory", dir);
-  int rc = fsync(dir_fd);
-  int err = errno;
-  close(dir_fd);
-  if (rc != 0) return ErrnoStatus(err, "cannot fsync directory", dir);
-  return absl::OkStatus();
+  return FsyncDir(DirectoryOf(path_));  // makes the rename itself durable
 }
 
 }  // namespace safetensors

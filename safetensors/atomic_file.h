@@ -55,10 +55,8 @@ class AtomicFile {
   absl::Status error_;  // first failure; sticky
 };
 
-// The error status for a failed system call: the code follows errno
-// (ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, ENOSPC ->
-// ResourceExhausted, else Internal) and the message reads
-// "<what> '<path>': <strerror>".
+// paramd::ErrnoStatus (//common:file_util: the code follows errno) with the
+// path quoted, as safetensors/ words its errors: "<what> '<path>': <strerror>".
 absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
 
 }  // namespace safetensors

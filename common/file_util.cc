@@ -1,0 +1,64 @@
+#include "common/file_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace paramd {
+
+absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    case EEXIST:
+      return absl::AlreadyExistsError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    case ELOOP:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "write", path);
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncFd(int fd, absl::string_view path) {
+  while (::fsync(fd) != 0) {
+    if (errno != EINTR) return ErrnoStatus(errno, "fsync", path);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(errno, "open directory", dir);
+  absl::Status status = FsyncFd(fd, dir);
+  if (::close(fd) != 0 && status.ok()) status = ErrnoStatus(errno, "close", dir);
+  return status;
+}
+
+}  // namespace paramd

@@ -1,0 +1,44 @@
+// File: common/file_util.h
+//
+// POSIX helpers shared by checkpoint/ and safetensors/: the absl::Status for
+// a failed system call, a full write(), and the fsyncs that make a
+// write-then-rename durable (fsync the file, rename, fsync the directory).
+//
+// Thread-safe (no state). Every function but ErrnoStatus blocks on the file
+// system. Errors name the path and carry strerror(errno).
+#ifndef PARAMD_COMMON_FILE_UTIL_H_
+#define PARAMD_COMMON_FILE_UTIL_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace paramd {
+
+// The status for a failed system call: "<what> <path>: <strerror(err)>",
+// with the code chosen by errno so that a caller can decide whether a retry
+// helps:
+//   ENOENT, ENOTDIR        -> NotFound
+//   EACCES, EPERM, EROFS   -> PermissionDenied
+//   EEXIST                 -> AlreadyExists
+//   ENOSPC, EDQUOT         -> ResourceExhausted
+//   ELOOP                  -> InvalidArgument
+//   anything else          -> Internal
+absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path);
+
+// write() until all `size` bytes are written (retries EINTR and short
+// writes). `path` only names the file in errors.
+absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path);
+
+// fsync() of an open file (retries EINTR). `path` only names it in errors.
+absl::Status FsyncFd(int fd, absl::string_view path);
+
+// fsync() of a directory, so that a rename, create or unlink inside it is
+// durable. Opens and closes `dir` (a failed close is reported).
+absl::Status FsyncDir(const std::string& dir);
+
+}  // namespace paramd
+
+#endif  // PARAMD_COMMON_FILE_UTIL_H_
