@@ -94,6 +94,27 @@ absl::StatusOr<Manifest> ReadManifestFile(const std::string& path) {
   return manifest;
 }
 
+// One shard file per rank 0..world-1, each named ShardFileName(rank,
+// world): the only names a reader joins to the version directory (so a
+// crafted manifest cannot name "../x" or an absolute path).
+absl::Status CheckShardNames(const Manifest& manifest) {
+  const int world = manifest.world_size();
+  if (world < 1 || manifest.shards_size() != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(manifest.shards_size(), " shard files for ", world, " daemons"));
+  }
+  std::vector<bool> seen(world, false);
+  for (const ShardFileInfo& shard : manifest.shards()) {
+    const int rank = shard.daemon_rank();
+    if (rank < 0 || rank >= world || seen[rank] || shard.name() != ShardFileName(rank, world)) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected shard file '", shard.name(),
+                                                     "' for daemon ", rank));
+    }
+    seen[rank] = true;
+  }
+  return absl::OkStatus();
+}
+
 // Every tensor's master rows [0, rows) covered exactly once by the pieces.
 absl::Status CheckCoverage(const Manifest& manifest) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> pieces;
@@ -224,6 +245,9 @@ absl::StatusOr<Manifest> CheckpointStore::ReadManifest(uint64_t version) const {
     return absl::DataLossError(absl::StrCat("manifest ", path, " is for version ",
                                             manifest->version()));
   }
+  if (absl::Status names = CheckShardNames(*manifest); !names.ok()) {
+    return absl::DataLossError(absl::StrCat("manifest ", path, ": ", names.message()));
+  }
   return manifest;
 }
 
@@ -271,20 +295,11 @@ absl::Status CheckpointStore::CommitManifest(Manifest manifest) const {
     return absl::AlreadyExistsError(
         absl::StrCat("version ", version, " is already checkpointed in ", root_));
   }
-  if (world < 1 || manifest.shards_size() != world) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint v", version, ": ", manifest.shards_size(), " shard files for ", world,
-        " daemons"));
+  if (absl::Status names = CheckShardNames(manifest); !names.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint v", version, ": ", names.message()));
   }
-  std::vector<bool> seen(world, false);
   for (const ShardFileInfo& shard : manifest.shards()) {
-    const int rank = shard.daemon_rank();
-    if (rank < 0 || rank >= world || seen[rank] || shard.name() != ShardFileName(rank, world)) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint v", version,
-                                                        ": unexpected shard file '", shard.name(),
-                                                        "' for daemon ", rank));
-    }
-    seen[rank] = true;
     const std::string shard_path = absl::StrCat(dir, "/", shard.name());
     absl::StatusOr<uint64_t> size = RegularFileSize(shard_path);
     if (!size.ok()) {

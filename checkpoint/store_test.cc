@@ -294,6 +294,38 @@ TEST(StoreTest, DamagedManifestIsNotListed) {
   EXPECT_NE(status.message().find("MANIFEST"), absl::string_view::npos);
 }
 
+// A manifest with a valid checksum that names a file outside its version
+// directory: never listed, never read (the outside file would verify).
+TEST(StoreTest, CraftedManifestNamingAnotherFileIsRefused) {
+  const std::string root = MakeTempDir();
+  auto store = CheckpointStore::Open(root + "/ckpt", true);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE(WriteFakeCheckpoint(*store, 3, 3, Model(), 2).ok());
+  Manifest manifest = store->ReadManifest(3).value();
+  const std::string outside = root + "/outside.ckpt";
+  ASSERT_EQ(rename((store->VersionDir(3) + "/shard-00001-of-00002.ckpt").c_str(), outside.c_str()),
+            0);
+  for (const std::string& name : {std::string("../../outside.ckpt"), outside}) {
+    SCOPED_TRACE(name);
+    manifest.mutable_shards(1)->set_name(name);
+    ASSERT_TRUE(
+        testing::WriteManifestUnchecked(store->VersionDir(3) + "/MANIFEST", manifest).ok());
+    EXPECT_TRUE(Versions(*store).empty());
+    for (absl::Status status : {store->ReadManifest(3).status(), store->Verify(3),
+                                CheckpointReader::Open(*store, 3).status()}) {
+      EXPECT_TRUE(absl::IsDataLoss(status)) << status;
+      EXPECT_NE(status.message().find("unexpected shard file"), absl::string_view::npos) << status;
+    }
+  }
+  // The same manifest with the right name is fine again once the file is back.
+  ASSERT_EQ(rename(outside.c_str(), (store->VersionDir(3) + "/shard-00001-of-00002.ckpt").c_str()),
+            0);
+  manifest.mutable_shards(1)->set_name("shard-00001-of-00002.ckpt");
+  ASSERT_TRUE(testing::WriteManifestUnchecked(store->VersionDir(3) + "/MANIFEST", manifest).ok());
+  EXPECT_TRUE(store->Verify(3).ok());
+  EXPECT_TRUE(CheckFakeCheckpoint(*store, 3, 3, Model(), 1).ok());
+}
+
 TEST(StoreTest, KeepLastRemovesOldAndAbandonedOnly) {
   auto store = CheckpointStore::Open(MakeTempDir(), true);
   auto tensors = FakeTensors({{8, 8}});

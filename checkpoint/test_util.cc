@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,21 @@ absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version,
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteManifestUnchecked(const std::string& path, const Manifest& manifest) {
+  const std::string payload = manifest.SerializeAsString();
+  const uint64_t length = payload.size();
+  const uint64_t hash = Xxh3(payload);
+  std::string bytes = "HPCKMAN1";
+  bytes.append(reinterpret_cast<const char*>(&length), 8);
+  bytes.append(reinterpret_cast<const char*>(&hash), 8);
+  bytes.append(payload);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
 }
 

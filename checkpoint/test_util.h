@@ -64,6 +64,11 @@ absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version,
 absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version, uint64_t seed,
                                  const std::vector<TensorInfo>& tensors, const PiecePlan& plan);
 
+// Writes `manifest` to `path` in the MANIFEST format (magic, length,
+// XXH3-64, payload) without any of CommitManifest's checks: a crafted
+// manifest, for tests of what readers refuse.
+absl::Status WriteManifestUnchecked(const std::string& path, const Manifest& manifest);
+
 }  // namespace testing
 }  // namespace checkpoint
 }  // namespace paramd
