@@ -94,9 +94,37 @@ struct Gemm {
   }
 
   // a: rows_a x cols_a stored column-major (lda = rows_a); same for b.
+  // FP8 inputs write BF16 (the combination cuBLASLt supports on Hopper;
+  // FP32 output was refused with NOT_SUPPORTED on the H200) into a scratch
+  // buffer that is then widened to FP32.
   absl::Status Run(bool ta, bool tb, int m, int n, int k, cudaDataType_t type, const void* a,
                    int lda, const float* a_scale, const void* b, int ldb, const float* b_scale,
                    float* d, int ldd, cudaStream_t stream) {
+    if (type != CUDA_R_8F_E4M3) {
+      return RunTyped(ta, tb, m, n, k, type, a, lda, a_scale, b, ldb, b_scale, CUDA_R_32F, d, ldd,
+                      stream);
+    }
+    const size_t need = size_t{2} * ldd * n;
+    if (scratch_bytes < need) {
+      if (scratch != nullptr) cudaFree(scratch);
+      scratch = nullptr;
+      scratch_bytes = 0;
+      GPU_RETURN_IF_ERROR(cudaMalloc(&scratch, need));
+      scratch_bytes = need;
+    }
+    RETURN_IF_ERROR(RunTyped(ta, tb, m, n, k, type, a, lda, a_scale, b, ldb, b_scale, CUDA_R_16BF,
+                             scratch, ldd, stream));
+    GPU_RETURN_IF_ERROR(gpu_trainer::LaunchFromBf16(scratch, d, int64_t{ldd} * n, stream));
+    return absl::OkStatus();
+  }
+
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+
+  absl::Status RunTyped(bool ta, bool tb, int m, int n, int k, cudaDataType_t type, const void* a,
+                        int lda, const float* a_scale, const void* b, int ldb,
+                        const float* b_scale, cudaDataType_t out_type, void* d, int ldd,
+                        cudaStream_t stream) {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
@@ -117,22 +145,27 @@ struct Gemm {
       }
       GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda));
       GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
-      GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+      GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld, out_type, m, n, ldd));
       GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
       GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
           pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
           sizeof(workspace_bytes)));
-      cublasLtMatmulHeuristicResult_t result;
+      cublasLtMatmulHeuristicResult_t results[8];
       int found = 0;
-      GPU_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 1,
-                                                         &result, &found));
-      if (found == 0) {
-        return absl::UnimplementedError(absl::StrCat("no cuBLASLt algorithm for type ", type));
-      }
+      GPU_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 8,
+                                                         results, &found));
       const float alpha = 1.0f, beta = 0.0f;
-      GPU_RETURN_IF_ERROR(cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                                         &result.algo, workspace, workspace_bytes, stream));
-      return absl::OkStatus();
+      // The first algorithm that runs (cuBLASLt's advice: try them in turn).
+      absl::Status last = absl::UnimplementedError(
+          absl::StrCat("no cuBLASLt algorithm for type ", type, " m ", m, " n ", n, " k ", k));
+      for (int i = 0; i < found; ++i) {
+        last = GPU_STATUS(cublasLtMatmul(handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
+                                         &results[i].algo, workspace, workspace_bytes, stream));
+        if (last.ok()) return last;
+      }
+      return absl::Status(last.code(), absl::StrCat(last.message(), " (", found,
+                                                    " algorithms tried, m ", m, " n ", n, " k ",
+                                                    k, ")"));
     }();
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
@@ -277,6 +310,7 @@ int Run() {
       {0, Direction::kRowwise}, {1, Direction::kRowwise}, {1, Direction::kColumnwise}};
 
   std::vector<float> losses;
+  bool fp8_gemms_used = false;
   absl::Status trainer_status, daemon_status;
   std::thread daemon_thread([&] {
     cudaSetDevice(0);
@@ -357,9 +391,9 @@ int Run() {
       return gpu::Dequantize({a}, stream);
     };
     // Y[b][m] = X[b][k] W[m][k]^T: column-major D (m x b) = op(A) (m x k) * X_cm (k x b).
-    auto forward = [&](int w, const float* in, int k, int m, Fp8Activation& q, float* out)
-        -> absl::Status {
-      if (fp8) {
+    auto forward = [&](int w, const float* in, int k, int m, Fp8Activation& q, float* out,
+                       bool use_fp8) -> absl::Status {
+      if (use_fp8) {
         RETURN_IF_ERROR(q.Quantize(in, stream));
         return gemm.Run(true, false, m, B, k, kE4M3, dst[w].data, k, dst[w].scale_inv, q.data, k,
                         q.scale_inv, out, m, stream);
@@ -370,10 +404,11 @@ int Run() {
                       stream);
     };
 
+    bool fp8_gemm = fp8;
     for (int step = 0; step < steps; ++step) {
       const uint64_t tag = 1000 + 10 * step;
       RETURN_IF_ERROR(gpu_fetch::FetchDirections(trainer_t, 0, tag, dst, In(absl::Seconds(30))));
-      if (!fp8) {
+      if (!fp8_gemm) {
         RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
         RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
         RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
@@ -387,13 +422,23 @@ int Run() {
       RETURN_IF_ERROR(gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O,
                                stream));
       // Forward from the fetched rowwise copies.
-      RETURN_IF_ERROR(forward(0, x, I, H, x8, h));
-      RETURN_IF_ERROR(forward(1, h, H, O, h8, y));
+      absl::Status fwd = forward(0, x, I, H, x8, h, fp8_gemm);
+      if (!fwd.ok() && fp8_gemm && fwd.code() == absl::StatusCode::kUnimplemented) {
+        std::printf("FP8 GEMM refused by cuBLASLt (%s): falling back to dequantized BF16 GEMMs\n",
+                    fwd.ToString().c_str());
+        fp8_gemm = false;
+        RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
+        RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
+        RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
+        fwd = forward(0, x, I, H, x8, h, fp8_gemm);
+      }
+      RETURN_IF_ERROR(fwd);
+      RETURN_IF_ERROR(forward(1, h, H, O, h8, y, fp8_gemm));
       GPU_RETURN_IF_ERROR(cudaMemsetAsync(loss, 0, 4, stream));
       GPU_RETURN_IF_ERROR(
           gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
       // dgrad dh[b][H] = dy[b][O] W2[O][H]: D (H x b) = op(A) (H x O) * dy_cm (O x b).
-      if (fp8) {
+      if (fp8_gemm) {
         // Columnwise FP8 is W2^T stored [H][O] = column-major O x H: op T.
         RETURN_IF_ERROR(dy8.Quantize(dy, stream));
         RETURN_IF_ERROR(gemm.Run(true, false, H, B, O, kE4M3, dst[2].data, O, dst[2].scale_inv,
@@ -414,6 +459,7 @@ int Run() {
       GPU_RETURN_IF_ERROR(cudaMemcpy(&l, loss, 4, cudaMemcpyDeviceToHost));
       losses.push_back(l);
       if (step % 20 == 0 || step == steps - 1) std::printf("step %4d  loss %.6f\n", step, l);
+      fp8_gemms_used = fp8_gemm;
       RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, size_t{H} * I * 4}}, nullptr,
                                            In(absl::Seconds(30))));
       RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 2, {{g2, size_t{O} * H * 4}}, nullptr,
@@ -429,8 +475,9 @@ int Run() {
     return 1;
   }
   const float first = losses.front(), last = losses.back();
-  std::printf("format %s: loss %.6f -> %.6f (%.1fx lower) in %d steps\n",
-              absl::GetFlag(FLAGS_format).c_str(), first, last, first / last, steps);
+  std::printf("format %s (%s GEMMs): loss %.6f -> %.6f (%.1fx lower) in %d steps\n",
+              absl::GetFlag(FLAGS_format).c_str(), fp8_gemms_used ? "FP8" : "BF16", first, last,
+              first / last, steps);
   if (absl::GetFlag(FLAGS_check) && !(last < first / 20)) {
     std::printf("CHECK FAILED: loss did not fall 20x\n");
     return 1;

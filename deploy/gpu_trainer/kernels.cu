@@ -26,6 +26,13 @@ __global__ void ToBf16(const float* in, __nv_bfloat16* out, int64_t n) {
   }
 }
 
+__global__ void FromBf16(const __nv_bfloat16* in, float* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __bfloat162float(in[i]);
+  }
+}
+
 int Blocks(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024)); }
 
 }  // namespace
@@ -38,6 +45,11 @@ cudaError_t LaunchMseGrad(const float* y, const float* t, float* dy, float* loss
 
 cudaError_t LaunchToBf16(const float* in, void* out, int64_t n, cudaStream_t stream) {
   ToBf16<<<Blocks(n), 256, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out), n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFromBf16(const void* in, float* out, int64_t n, cudaStream_t stream) {
+  FromBf16<<<Blocks(n), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(in), out, n);
   return cudaGetLastError();
 }
 

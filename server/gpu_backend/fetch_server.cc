@@ -33,16 +33,22 @@ absl::StatusOr<std::vector<DeviceBytes>> FetchPieces(const GpuShardStore& store,
 
 absl::Status ServeFetch(NcclTransport& transport, int trainer, uint64_t tag,
                         const GpuShardStore& store, int64_t version,
-                        absl::Span<const FetchItem> items, bool per_item, absl::Time deadline) {
+                        absl::Span<const FetchItem> items, bool per_item, absl::Time deadline,
+                        cudaEvent_t ready) {
   if (!per_item) {
     ASSIGN_OR_RETURN(std::vector<DeviceBytes> pieces, FetchPieces(store, version, items));
-    return transport.SendDevice(trainer, tag, pieces, nullptr, deadline);
+    return transport.SendDevice(trainer, tag, pieces, ready, deadline);
   }
-  for (size_t i = 0; i < items.size(); ++i) {
+  // One message per run of consecutive items of the same shard.
+  uint64_t message = 0;
+  for (size_t begin = 0; begin < items.size(); ++message) {
+    size_t end = begin + 1;
+    while (end < items.size() && items[end].shard == items[begin].shard) ++end;
     ASSIGN_OR_RETURN(std::vector<DeviceBytes> pieces,
-                     FetchPieces(store, version, items.subspan(i, 1)));
-    RETURN_IF_ERROR(transport.SendDevice(trainer, tag + i, pieces,
-                                         store.TensorReady(items[i].shard), deadline));
+                     FetchPieces(store, version, items.subspan(begin, end - begin)));
+    RETURN_IF_ERROR(transport.SendDevice(trainer, tag + message, pieces,
+                                         store.TensorReady(items[begin].shard), deadline));
+    begin = end;
   }
   return absl::OkStatus();
 }

@@ -34,12 +34,17 @@ absl::StatusOr<std::vector<DeviceBytes>> FetchPieces(const GpuShardStore& store,
                                                      absl::Span<const FetchItem> items);
 
 // Sends `items` of `version` to `trainer` as one message (one NCCL group).
-// With `per_item` each item is its own message (tag, tag+1, ...) sent after
-// the item's TensorReady event: the fetch of item i overlaps the
-// quantization of item i+1 while a step is in flight.
+// With `per_item` each run of consecutive items of one shard is its own
+// message (tag, tag+1, ...) sent after that shard's TensorReady event: the
+// fetch of tensor i overlaps the quantization of tensor i+1 while a step is
+// in flight.
+// Without `per_item`, the one message waits (on the device) for `ready`
+// when it is set, e.g. StepDone() of a step in flight: the control round
+// trip then overlaps the step.
 absl::Status ServeFetch(NcclTransport& transport, int trainer, uint64_t tag,
                         const GpuShardStore& store, int64_t version,
-                        absl::Span<const FetchItem> items, bool per_item, absl::Time deadline);
+                        absl::Span<const FetchItem> items, bool per_item, absl::Time deadline,
+                        cudaEvent_t ready = nullptr);
 
 }  // namespace gpu_backend
 }  // namespace paramd

@@ -133,6 +133,8 @@ class GpuShardStore {
   // Recorded when shard's quantization (of the version being stepped or the
   // latest) has been enqueued; a fetch waits on it on its own stream.
   cudaEvent_t TensorReady(int shard) const { return tensors_[shard].ready; }
+  // Recorded at the end of the step in flight (or the last one).
+  cudaEvent_t StepDone() const { return events_[4]; }
 
   const GpuStepTimings& last_timings() const { return timings_; }
   // Every device byte this store allocated (masters, moments, accumulators,

@@ -122,7 +122,7 @@ struct Result {
   double push_ms = 0, optimizer_ms = 0, all_reduce_ms = 0, scaling_ms = 0, quantize_ms = 0;
   double step_ms = 0, fetch_all_ms = 0, fetch_all_bytes = 0;
   double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0;
-  double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0;
+  double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0, prefetch_exposed_ms = 0;
   double bytes_per_param = 0;
   bool verified = false;
 };
@@ -223,7 +223,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
-      raw_ms, seq_ms, pipe_ms, dbuf_ms;
+      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms;
   const int total_steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   const absl::Duration kDeadline = absl::Seconds(60);
   int64_t version = 0;
@@ -334,17 +334,33 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     meet.Meet();
     const absl::Time p0 = absl::Now();
     CHECK_OK(store.EnqueueStep(++version, true, nullptr));
-    for (int i = 0; i < n; ++i) {
-      std::vector<FetchItem> items;
-      for (const FetchItem& it : all_items) {
-        if (it.shard == i) items.push_back(it);
-      }
-      CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 70 + i, store, version, items, true,
-                                       In(kDeadline)));
-    }
+    CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 70, store, version, all_items, true,
+                                     In(kDeadline)));
     CHECK_OK(store.FinishStep(In(kDeadline)));
     pipe_fetcher.join();
     const double pipelined = absl::ToDoubleMilliseconds(absl::Now() - p0);
+
+    // ---- prefetch: the trainer's request for v+1 (and so the control
+    // round trip) happens while the step runs; the rowwise bytes leave as
+    // soon as the step's last kernel is done. Exposed fetch time = wall -
+    // the step's GPU time. ----
+    double prefetch_total = 0;
+    std::thread pre_fetcher([&] {
+      cudaSetDevice(1);
+      meet.Meet();
+      const absl::Time f0 = absl::Now();
+      CHECK_OK(gpu_fetch::FetchDirections(trainer_t, 0, base + 80, row_dst, In(kDeadline)));
+      prefetch_total = absl::ToDoubleMilliseconds(absl::Now() - f0);
+    });
+    meet.Meet();
+    CHECK_OK(store.EnqueueStep(++version, true, nullptr));
+    CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 80, store, version, row_items, false,
+                                     In(kDeadline), store.StepDone()));
+    CHECK_OK(store.FinishStep(In(kDeadline)));
+    pre_fetcher.join();
+    const gpu_backend::GpuStepTimings& pt = store.last_timings();
+    const double prefetch_exposed =
+        prefetch_total - (pt.optimizer_ms + pt.all_reduce_ms + pt.scaling_ms + pt.quantize_ms);
 
     // ---- double buffering: the fetch of version v runs while the step
     // producing v+1 writes the other slot ----
@@ -379,10 +395,10 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     }
     const gpu_backend::GpuStepTimings& t = store.last_timings();
     std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
-                "fetch-all %.2f  row %.2f raw %.2f  seq %.2f pipe %.2f dbuf %.2f ms\n",
+                "fetch-all %.2f  row %.2f raw %.2f prefetch-exposed %.2f  seq %.2f pipe %.2f dbuf %.2f ms\n",
                 config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
                 t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
-                fetch_row, raw_row, sequential, pipelined, double_buffered);
+                fetch_row, raw_row, prefetch_exposed, sequential, pipelined, double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
     push_ms.push_back(push);
@@ -393,6 +409,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     seq_ms.push_back(sequential);
     pipe_ms.push_back(pipelined);
     dbuf_ms.push_back(double_buffered);
+    pre_ms.push_back(prefetch_exposed);
     // Phase timings of the (non-pipelined) step are overwritten by the
     // pipelined one; both are the same kernels, so either is fine.
     opt_ms.push_back(t.optimizer_ms);
@@ -412,6 +429,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   result.sequential_ms = Median(seq_ms);
   result.pipelined_ms = Median(pipe_ms);
   result.double_buffered_ms = Median(dbuf_ms);
+  result.prefetch_exposed_ms = Median(pre_ms);
   cudaSetDevice(1);
   for (void* g : grads) cudaFree(g);
   for (int r = 0; r < 2; ++r) {
@@ -446,18 +464,21 @@ int Main() {
                         absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_cols);
   std::printf("\n%.3f B parameters, 1 daemon (GPU 0) + 1 trainer (GPU 1); medians of %d steps\n",
               params / 1e9, absl::GetFlag(FLAGS_steps));
-  std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %8s %8s | %5s %s\n",
+  std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %6s | %8s %8s %8s | %5s %s\n",
               "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall",
-              "GB/s", "row", "raw", "ratio", "rowGB/s", "seq", "pipe", "dbuf", "B/par", "ok");
+              "GB/s", "row", "raw", "ratio", "rowGB/s", "pre-exp", "ratio2", "seq", "pipe", "dbuf", "B/par",
+              "ok");
   std::string json = "[";
   for (const Result& r : results) {
     const double ratio = r.fetch_row_ms > 0 ? r.raw_row_ms / r.fetch_row_ms : 0;
+    const double ratio2 = r.prefetch_exposed_ms > 0 ? r.raw_row_ms / r.prefetch_exposed_ms : 0;
     std::printf(
         "%-5s %8.2f %8.2f %8.3f %8.3f %8.2f %8.2f | %9.2f %9.1f | %8.2f %8.2f %6.3f %8.1f | "
-        "%8.2f %8.2f %8.2f | %5.2f %s\n",
+        "%8.2f %6.3f | %8.2f %8.2f %8.2f | %5.2f %s\n",
         r.config.c_str(), r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms,
         r.quantize_ms, r.step_ms, r.fetch_all_ms, r.fetch_all_bytes / r.fetch_all_ms / 1e6,
-        r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6, r.sequential_ms,
+        r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6,
+        r.prefetch_exposed_ms, ratio2, r.sequential_ms,
         r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
@@ -466,11 +487,12 @@ int Main() {
             "\"scaling_ms\":%.4f,\"quantize_ms\":%.3f,\"step_ms\":%.3f,\"fetch_all_ms\":%.3f,"
             "\"fetch_all_bytes\":%.0f,\"fetch_row_ms\":%.3f,\"raw_row_ms\":%.3f,"
             "\"row_bytes\":%.0f,\"ratio\":%.4f,\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,"
-            "\"double_buffered_ms\":%.3f,"
+            "\"double_buffered_ms\":%.3f,\"prefetch_exposed_ms\":%.3f,\"prefetch_ratio\":%.4f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
             r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
             r.row_bytes, ratio, r.sequential_ms, r.pipelined_ms, r.double_buffered_ms,
+            r.prefetch_exposed_ms, ratio2,
             r.bytes_per_param,
             r.verified ? "true" : "false"));
   }
