@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <set>
@@ -17,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "kernels/reference.h"
 #include "proto/paramd.grpc.pb.h"
+#include "safetensors/convert.h"
 #include "safetensors/safetensors.h"
 #include "server/async_util.h"
 #include "server/chunks.h"
@@ -90,42 +89,22 @@ absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef&
                                                    info->num_elements, " elements, manifest says ",
                                                    def.rows, " x ", def.cols));
   }
-  const int64_t n = shard.rows() * def.cols;
-  const int elem = safetensors::DtypeSize(info->dtype);
-  std::vector<uint8_t> bytes(n * elem);
-  RETURN_IF_ERROR(file.ReadTensorBytes(*info, shard.row_begin * def.cols * elem,
-                                       absl::MakeSpan(bytes)));
   switch (info->dtype) {
     case safetensors::Dtype::kF32:
-      std::memcpy(out.data(), bytes.data(), n * 4);
-      return absl::OkStatus();
     case safetensors::Dtype::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        out[i] = ref::DecodeBf16(static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8)));
-      }
-      return absl::OkStatus();
     case safetensors::Dtype::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8));
-        const int exp = (h >> 10) & 0x1F;
-        const int mant = h & 0x3FF;
-        float v;
-        if (exp == 0) {
-          v = std::ldexp(static_cast<float>(mant), -24);
-        } else if (exp == 31) {
-          v = mant ? std::numeric_limits<float>::quiet_NaN()
-                   : std::numeric_limits<float>::infinity();
-        } else {
-          v = std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
-        }
-        out[i] = (h & 0x8000) ? -v : v;
-      }
-      return absl::OkStatus();
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(file.path(), ": tensor ", def.name, " has dtype ",
                        safetensors::DtypeName(info->dtype), "; want F32, BF16 or F16"));
   }
+  const int64_t n = shard.rows() * def.cols;
+  const int elem = safetensors::DtypeSize(info->dtype);
+  std::vector<uint8_t> bytes(n * elem);
+  RETURN_IF_ERROR(file.ReadTensorBytes(*info, shard.row_begin * def.cols * elem,
+                                       absl::MakeSpan(bytes)));
+  return safetensors::DecodeToFloat(info->dtype, bytes, out);
 }
 
 }  // namespace
