@@ -543,14 +543,6 @@ absl::Status Demo::Finish() {
     nlohmann::json per_step = nlohmann::json::array();
     for (const auto& [step, row] : steps_) {
       const StepReport& r0 = row.by_rank.begin()->second;
-      nlohmann::json scales = nlohmann::json::array();
-      for (const ScaleReport& s : r0.scales) {
-        scales.push_back({{"tensor", s.tensor},
-                          {"direction", s.direction},
-                          {"format", s.format},
-                          {"scale_inv", s.scale_inv},
-                          {"amax", s.amax}});
-      }
       per_step.push_back({{"step", step},
                           {"version", r0.version},
                           {"loss", row.loss},
@@ -563,7 +555,7 @@ absl::Status Demo::Finish() {
                           {"compute_ms", r0.compute_ms},
                           {"push_ms", r0.push_ms},
                           {"wait_ms", r0.wait_ms},
-                          {"scales", scales}});
+                          {"scales", ScalesJson(r0.scales)}});
     }
     j["per_step"] = per_step;
     std::ofstream out(absl::GetFlag(FLAGS_summary_json));

@@ -17,15 +17,19 @@ Bytes2 BytesFrom(const json& j) {
 
 }  // namespace
 
-std::string ToJsonLine(const StepReport& r) {
-  json scales = json::array();
-  for (const ScaleReport& s : r.scales) {
-    scales.push_back({{"tensor", s.tensor},
-                      {"direction", s.direction},
-                      {"format", s.format},
-                      {"scale_inv", s.scale_inv},
-                      {"amax", s.amax}});
+json ScalesJson(const std::vector<ScaleReport>& scales) {
+  json out = json::array();
+  for (const ScaleReport& s : scales) {
+    out.push_back({{"tensor", s.tensor},
+                   {"direction", s.direction},
+                   {"format", s.format},
+                   {"scale_inv", s.scale_inv},
+                   {"amax", s.amax}});
   }
+  return out;
+}
+
+std::string ToJsonLine(const StepReport& r) {
   json j = {{"type", "step"},         {"rank", r.rank},
             {"step", r.step},         {"version", r.version},
             {"loss_sum", r.loss_sum}, {"samples", r.samples},
@@ -33,7 +37,7 @@ std::string ToJsonLine(const StepReport& r) {
             {"fp32", BytesJson(r.fp32)}, {"bf16", BytesJson(r.bf16)},
             {"fetch_ms", r.fetch_ms}, {"compute_ms", r.compute_ms},
             {"push_ms", r.push_ms},   {"wait_ms", r.wait_ms},
-            {"step_ms", r.step_ms},   {"scales", scales}};
+            {"step_ms", r.step_ms},   {"scales", ScalesJson(r.scales)}};
   return j.dump();
 }
 

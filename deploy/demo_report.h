@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace paramd {
 namespace demo {
@@ -58,6 +59,10 @@ struct FinalReport {
 };
 
 using Report = std::variant<StepReport, FinalReport>;
+
+// The "scales" array of a step report:
+// [{"tensor","direction","format","scale_inv","amax"}, ...].
+nlohmann::json ScalesJson(const std::vector<ScaleReport>& scales);
 
 // One line (no trailing newline).
 std::string ToJsonLine(const StepReport& report);
