@@ -61,4 +61,10 @@ absl::Status FsyncDir(const std::string& dir) {
   return status;
 }
 
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
 }  // namespace paramd

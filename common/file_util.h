@@ -4,8 +4,8 @@
 // a failed system call, a full write(), and the fsyncs that make a
 // write-then-rename durable (fsync the file, rename, fsync the directory).
 //
-// Thread-safe (no state). Every function but ErrnoStatus blocks on the file
-// system. Errors name the path and carry strerror(errno).
+// Thread-safe (no state). Every function but ErrnoStatus and DirectoryOf
+// blocks on the file system. Errors name the path and carry strerror(errno).
 #ifndef PARAMD_COMMON_FILE_UTIL_H_
 #define PARAMD_COMMON_FILE_UTIL_H_
 
@@ -38,6 +38,10 @@ absl::Status FsyncFd(int fd, absl::string_view path);
 // fsync() of a directory, so that a rename, create or unlink inside it is
 // durable. Opens and closes `dir` (a failed close is reported).
 absl::Status FsyncDir(const std::string& dir);
+
+// The directory part of `path`: "." for a bare name, "/" for an entry of the
+// root ("a/b" -> "a", "b" -> ".", "/b" -> "/"). Pure string work.
+std::string DirectoryOf(const std::string& path);
 
 }  // namespace paramd
 

@@ -65,5 +65,13 @@ TEST(FileUtilTest, ErrorsNameThePath) {
   EXPECT_EQ(WriteAll(-1, "x", 1, file).code(), absl::StatusCode::kInternal);
 }
 
+TEST(FileUtilTest, DirectoryOf) {
+  EXPECT_EQ(DirectoryOf("a/b/c.safetensors"), "a/b");
+  EXPECT_EQ(DirectoryOf("/tmp/x"), "/tmp");
+  EXPECT_EQ(DirectoryOf("/x"), "/");
+  EXPECT_EQ(DirectoryOf("x"), ".");
+  EXPECT_EQ(DirectoryOf("a/b/"), "a/b");
+}
+
 }  // namespace
 }  // namespace paramd

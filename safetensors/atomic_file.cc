@@ -19,17 +19,6 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   return paramd::ErrnoStatus(err, what, absl::StrCat("'", path, "'"));
 }
 
-namespace {
-
-std::string DirectoryOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path) {
   std::string templ = path + ".tmp-XXXXXX";
   std::vector<char> buffer(templ.begin(), templ.end());

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "safetensors/atomic_file.h"
 #include "safetensors/json_util.h"
@@ -25,12 +26,6 @@ std::string JoinPath(absl::string_view dir, absl::string_view name) {
   if (dir.empty()) return std::string(name);
   if (absl::EndsWith(dir, "/")) return absl::StrCat(dir, name);
   return absl::StrCat(dir, "/", name);
-}
-
-std::string DirectoryOf(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 absl::Status WithContext(const absl::Status& status, absl::string_view context) {
