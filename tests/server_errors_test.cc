@@ -6,6 +6,8 @@
 // The model's tensors are published as FP32 passthrough from an FP32
 // source, so a fetch returns the masters exactly.
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -506,6 +508,49 @@ TEST(ServerDownTest, DeadDaemonIsUnavailableWithinTheDeadline) {
   // The live daemon keeps serving its pieces.
   EXPECT_TRUE(cluster.FetchFrom(0, request, absl::Seconds(5), &got).ok());
   EXPECT_GT(got.plan.pieces_size(), 0);
+}
+
+
+// ---- Loads: a bad model or recipe is refused before anything is replaced ----
+
+TEST_F(ServerErrorsTest, LoadWithMalformedRecipeIsInvalidArgumentAndChangesNothing) {
+  const Snapshot before = Snap();
+  const std::string model = cluster_->cluster().dir() + "/model.safetensors";
+  absl::StatusOr<int64_t> v = cluster_->Load(
+      model, "rule {\n  pattern: \"w\"\n  spec { rowwise { format: NOT_A_FORMAT } }\n}\n");
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
+  // The error points at the line of the bad field.
+  EXPECT_NE(v.status().message().find(":3:"), absl::string_view::npos) << v.status();
+  ExpectUnchanged(before);
+  ExpectValidStep(before);
+}
+
+TEST_F(ServerErrorsTest, LoadOfCorruptSafetensorsIsRefusedAndChangesNothing) {
+  const Snapshot before = Snap();
+  const std::string dir = cluster_->cluster().dir();
+  // An absurd header length, and a valid file cut short inside its data.
+  const std::string absurd = dir + "/absurd.safetensors";
+  {
+    std::ofstream f(absurd, std::ios::binary);
+    const uint64_t header_len = uint64_t{1} << 40;
+    f.write(reinterpret_cast<const char*>(&header_len), sizeof(header_len));
+    f << "{}";
+  }
+  const std::string truncated = dir + "/truncated.safetensors";
+  ASSERT_TRUE(WriteModel(truncated, {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 9)}}).ok());
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) - 100);
+
+  for (const std::string& path : {absurd, truncated}) {
+    absl::StatusOr<int64_t> v = cluster_->Load(path, kRecipe);
+    ASSERT_FALSE(v.ok()) << path;
+    EXPECT_TRUE(v.status().code() == absl::StatusCode::kInvalidArgument ||
+                v.status().code() == absl::StatusCode::kDataLoss)
+        << v.status();
+    EXPECT_NE(v.status().message().find(path), absl::string_view::npos) << v.status();
+    ExpectUnchanged(before);
+  }
+  ExpectValidStep(before);
 }
 
 }  // namespace
