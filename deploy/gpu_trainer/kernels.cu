@@ -33,6 +33,8 @@ __global__ void FromBf16(const __nv_bfloat16* in, float* out, int64_t n) {
   }
 }
 
+__global__ void ScaleProduct(const float* a, const float* b, float* out) { *out = *a * *b; }
+
 int Blocks(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024)); }
 
 }  // namespace
@@ -45,6 +47,11 @@ cudaError_t LaunchMseGrad(const float* y, const float* t, float* dy, float* loss
 
 cudaError_t LaunchToBf16(const float* in, void* out, int64_t n, cudaStream_t stream) {
   ToBf16<<<Blocks(n), 256, 0, stream>>>(in, static_cast<__nv_bfloat16*>(out), n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleProduct(const float* a, const float* b, float* out, cudaStream_t stream) {
+  ScaleProduct<<<1, 1, 0, stream>>>(a, b, out);
   return cudaGetLastError();
 }
 

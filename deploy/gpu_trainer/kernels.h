@@ -17,6 +17,8 @@ cudaError_t LaunchMseGrad(const float* y, const float* t, float* dy, float* loss
                           cudaStream_t stream);
 // out[i] = bf16(in[i]) (round to nearest even).
 cudaError_t LaunchToBf16(const float* in, void* out, int64_t n, cudaStream_t stream);
+// *out = *a * *b (one thread): the GEMM alpha of two per-tensor FP8 scales.
+cudaError_t LaunchScaleProduct(const float* a, const float* b, float* out, cudaStream_t stream);
 // out[i] = float(in[i]) for BF16 `in`.
 cudaError_t LaunchFromBf16(const void* in, float* out, int64_t n, cudaStream_t stream);
 
