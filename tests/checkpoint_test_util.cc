@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "deploy/process.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 
 namespace paramd {
@@ -159,6 +161,34 @@ absl::Status KillCoordinator(TestCluster& cluster) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   return absl::DeadlineExceededError("the coordinator did not die");
+}
+
+ProgramRun RunProgram(const std::vector<std::string>& argv, const std::string& scratch_dir,
+                      absl::Duration timeout) {
+  static int runs = 0;
+  const std::string log = absl::StrCat(scratch_dir, "/run", ++runs, ".out");
+  ProgramRun run;
+  demo::ChildProcesses children;
+  absl::StatusOr<int> index = children.Start({argv.at(0), argv, log, log});
+  if (!index.ok()) {
+    run.out = std::string(index.status().message());
+    return run;
+  }
+  absl::StatusOr<int> status = children.Wait(*index, timeout);
+  if (status.ok() && WIFEXITED(*status)) run.exit_code = WEXITSTATUS(*status);
+  run.out = ReadFile(log);
+  return run;
+}
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = getenv("PATH");
+  std::vector<std::string> dirs = absl::StrSplit(path != nullptr ? path : "", ':');
+  dirs.push_back("/usr/bin");
+  for (const std::string& dir : dirs) {
+    const std::string candidate = dir + "/" + name;
+    if (!dir.empty() && access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
 }
 
 }  // namespace testing

@@ -4,8 +4,8 @@
 // hybrid-paramd processes (tests/server_test_util.h's RawCluster): the
 // CheckpointCoordinator RPC, FP32 masters read back through the daemons'
 // ExportRows, a byte snapshot of a version (masters and every published
-// copy) to compare a restored cluster with, and SIGKILL of the cluster's
-// coordinator process.
+// copy) to compare a restored cluster with, SIGKILL of the cluster's
+// coordinator process, and running a program (hpctl, python3) to its end.
 //
 // Not thread-safe, except Checkpoint(), which may run on another thread
 // (it uses its own channel).
@@ -51,6 +51,19 @@ std::string CompareSnapshots(const Snapshot& want, const Snapshot& got);
 // process started with --port_file=<cluster dir>/coordinator.port) and
 // returns once it is dead (TestCluster reaps it later).
 absl::Status KillCoordinator(TestCluster& cluster);
+
+// A program run to completion (argv[0]: a path, no PATH lookup): its exit
+// code (-1 if it did not exit normally within `timeout`) and its stdout and
+// stderr interleaved. The output goes through a file in `scratch_dir`.
+struct ProgramRun {
+  int exit_code = -1;
+  std::string out;
+};
+ProgramRun RunProgram(const std::vector<std::string>& argv, const std::string& scratch_dir,
+                      absl::Duration timeout = absl::Seconds(60));
+
+// The first executable `name` on $PATH (then /usr/bin), or "".
+std::string FindOnPath(const std::string& name);
 
 }  // namespace testing
 }  // namespace paramd
