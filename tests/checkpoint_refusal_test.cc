@@ -1,0 +1,358 @@
+// What the real hybrid-paramd processes (coordinator + 2 daemons) refuse:
+//   1. a checkpoint with one flipped byte, through the binaries: `hpctl
+//      checkpoint describe --verify` and fresh processes started with
+//      --restore_from both name the damaged file (DATA_LOSS) and load
+//      nothing; --restore_version of an intact older checkpoint still works.
+//      (tests/checkpoint_restore_test covers the Load RPC on a live cluster.)
+//   2. every RPC naming a directory outside --checkpoint_dir: "../x", "/etc",
+//      "a/../../x", a symlink leading outside, NUL bytes and backslashes, on
+//      the coordinator (Checkpoint, ListCheckpoints, DescribeCheckpoint) and
+//      on a daemon (WriteShard, ExportRows from a checkpoint) —
+//      INVALID_ARGUMENT, nothing written outside; a version directory that is
+//      a symlink, a shard file that is a symlink, and a manifest (valid
+//      checksum) naming "../" files are never read through.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/store.h"
+#include "checkpoint/test_util.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "tests/checkpoint_test_util.h"
+#include "tests/server_test_util.h"
+
+namespace paramd {
+namespace testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::vector<TestTensor>& Model() {
+  static const auto* model = new std::vector<TestTensor>{
+      {"w", {300, 64}, RandomValues(300 * 64, 31)}, {"b", {50}, RandomValues(50, 32)}};
+  return *model;
+}
+
+TestClusterOptions Options(const std::string& root, const std::vector<std::string>& extra = {}) {
+  TestClusterOptions o;
+  o.daemons = 2;
+  o.expected_pushers = 1;
+  o.optimizer = "adamw";
+  o.lr = 0.01;
+  o.coordinator_flags = {"--checkpoint_dir=" + root};
+  o.coordinator_flags.insert(o.coordinator_flags.end(), extra.begin(), extra.end());
+  o.daemon_flags = {"--checkpoint_dir=" + root};
+  return o;
+}
+
+// Starts a cluster, loads Model(), steps once and checkpoints v0 and v1.
+std::unique_ptr<RawCluster> StartWithTwoCheckpoints(const std::string& root) {
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(Options(root));
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return nullptr;
+  RawCluster& cluster = **c;
+  const std::string path = cluster.cluster().dir() + "/model.safetensors";
+  EXPECT_TRUE(WriteModel(path, Model()).ok());
+  EXPECT_TRUE(cluster.Load(path, "").ok()) << cluster.cluster().Logs();
+  const std::string address = cluster.cluster().coordinator_address();
+  EXPECT_TRUE(CheckpointVia(address, 0, absl::Seconds(30)).ok());
+  std::map<std::string, std::vector<float>> g;
+  for (const TestTensor& t : Model()) g[t.name] = RandomValues(t.values.size(), 33, 0.1f);
+  EXPECT_TRUE(cluster.PushAll(0, "trainer", g).ok());
+  EXPECT_TRUE(cluster.WaitForVersion(1).ok());
+  EXPECT_TRUE(CheckpointVia(address, 1, absl::Seconds(30)).ok());
+  return *std::move(c);
+}
+
+void FlipByte(const std::string& path, std::streamoff offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte ^= 0x10;
+  f.seekp(offset);
+  f.write(&byte, 1);
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// Polls the cluster's logs for `text`.
+bool LogsContain(TestCluster& cluster, const std::string& text, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    if (absl::StrContains(cluster.Logs(), text)) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("ckpt_flip");
+  ASSERT_TRUE(dir.ok());
+  const std::string root = dir->path() + "/ckpt";
+  std::unique_ptr<RawCluster> a = StartWithTwoCheckpoints(root);
+  ASSERT_NE(a, nullptr);
+  const std::string victim = root + "/v1/shard-00001-of-00002.ckpt";
+  FlipByte(victim, static_cast<std::streamoff>(fs::file_size(victim) / 2));
+
+  // hpctl checkpoint describe --verify, against the running coordinator.
+  ProgramRun describe =
+      RunProgram({"hpctl/hpctl", "checkpoint", "describe", "--verify", "--version=1",
+                  "--address=" + a->cluster().coordinator_address(), "--timeout=20"},
+                 dir->path());
+  EXPECT_EQ(describe.exit_code, 1) << describe.out;
+  EXPECT_TRUE(absl::StrContains(describe.out, "DATA_LOSS")) << describe.out;
+  EXPECT_TRUE(absl::StrContains(describe.out, victim)) << describe.out;
+  // v0 is intact and still verifies.
+  ProgramRun intact =
+      RunProgram({"hpctl/hpctl", "checkpoint", "describe", "--verify", "--version=0",
+                  "--address=" + a->cluster().coordinator_address(), "--timeout=20"},
+                 dir->path());
+  EXPECT_EQ(intact.exit_code, 0) << intact.out;
+  a.reset();
+
+  // Fresh processes restoring the newest checkpoint (v1) refuse it.
+  {
+    absl::StatusOr<std::unique_ptr<RawCluster>> c =
+        RawCluster::Start(Options(root, {"--restore_from=" + root}));
+    ASSERT_TRUE(c.ok()) << c.status();
+    TestCluster& b = (*c)->cluster();
+    ASSERT_TRUE(LogsContain(b, "loading the startup model failed", absl::Seconds(30)))
+        << b.Logs();
+    const std::string logs = b.Logs();
+    EXPECT_TRUE(absl::StrContains(logs, "DATA_LOSS")) << logs;
+    EXPECT_TRUE(absl::StrContains(logs, victim)) << logs;
+    ASSERT_TRUE((*c)->RefreshManifest().ok());
+    EXPECT_EQ((*c)->manifest().committed_version(), -1) << "something was loaded";
+  }
+  // --restore_version=0 (intact) restores fine.
+  absl::StatusOr<std::unique_ptr<RawCluster>> c =
+      RawCluster::Start(Options(root, {"--restore_from=" + root, "--restore_version=0"}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<int64_t> restored = (*c)->WaitForVersion(0);
+  ASSERT_TRUE(restored.ok()) << restored.status() << (*c)->cluster().Logs();
+  EXPECT_EQ(*restored, 0);
+}
+
+class ConfinementTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = demo::TempDir::Create("ckpt_confine");
+    ASSERT_TRUE(dir.ok());
+    dir_ = std::make_unique<demo::TempDir>(*std::move(dir));
+    root_ = dir_->path() + "/ckpt";
+    outside_ = dir_->path() + "/outside";
+    cluster_ = StartWithTwoCheckpoints(root_);
+    ASSERT_NE(cluster_, nullptr);
+    // Outside the root: a valid copy of the checkpoints (a request that got
+    // there would find them), and links to it from inside.
+    fs::create_directories(outside_);
+    fs::copy(root_, outside_, fs::copy_options::recursive);
+    fs::create_directory_symlink(outside_, root_ + "/link");
+    fs::create_directory_symlink(outside_ + "/v1", root_ + "/v9");
+    coordinator_ = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
+        cluster_->cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
+    daemon_ = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
+        cluster_->manifest().daemons(0).address(), grpc::InsecureChannelCredentials()));
+    before_ = Tree(outside_);
+  }
+
+  // Every path below `dir` (not following links).
+  static std::set<std::string> Tree(const std::string& dir) {
+    std::set<std::string> paths;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) paths.insert(e.path().string());
+    return paths;
+  }
+
+  void ExpectNothingWrittenOutside() {
+    EXPECT_EQ(Tree(outside_), before_);
+    struct stat st;
+    EXPECT_NE(stat((dir_->path() + "/x").c_str(), &st), 0) << "created " << dir_->path() << "/x";
+  }
+
+  std::unique_ptr<demo::TempDir> dir_;
+  std::string root_, outside_;
+  std::unique_ptr<RawCluster> cluster_;
+  std::unique_ptr<checkpoint::CheckpointCoordinator::Stub> coordinator_;
+  std::unique_ptr<checkpoint::CheckpointDaemon::Stub> daemon_;
+  std::set<std::string> before_;
+};
+
+TEST_F(ConfinementTest, DirectoriesOutsideTheRootAreRefusedByEveryRpc) {
+  const std::vector<std::string> bad = {"../x",        "../outside", "/etc",  "/tmp",
+                                        "a/../../x",   "..",         "link",  "link/sub",
+                                        "a\\..\\..\\x", std::string("a\0b", 3)};
+  for (const std::string& d : bad) {
+    SCOPED_TRACE("dir '" + d + "'");
+    {
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      checkpoint::CheckpointRequest request;
+      request.set_dir(d);
+      request.set_version(-1);
+      checkpoint::CheckpointResponse response;
+      EXPECT_EQ(coordinator_->Checkpoint(&context, request, &response).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      checkpoint::ListCheckpointsRequest request;
+      request.set_dir(d);
+      checkpoint::ListCheckpointsResponse response;
+      EXPECT_EQ(coordinator_->ListCheckpoints(&context, request, &response).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(response.checkpoints_size(), 0);
+    }
+    {
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      checkpoint::DescribeCheckpointRequest request;
+      request.set_dir(d);
+      request.set_version(1);
+      request.set_verify(true);
+      checkpoint::DescribeCheckpointResponse response;
+      EXPECT_EQ(coordinator_->DescribeCheckpoint(&context, request, &response).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      // Straight to a daemon, as a rogue coordinator would.
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      checkpoint::WriteShardRequest request;
+      request.set_dir(d);
+      request.set_version(1);
+      request.set_daemon_rank(0);
+      request.set_world_size(2);
+      checkpoint::WriteShardResponse response;
+      EXPECT_EQ(daemon_->WriteShard(&context, request, &response).error_code(),
+                grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      // Version 0 is no longer in the daemon's memory: it would be read from
+      // a checkpoint in `checkpoint_dir`.
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      checkpoint::ExportRowsRequest request;
+      request.set_version(0);
+      request.set_tensor("w");
+      request.set_row_begin(cluster_->manifest().pieces(0).row_begin());
+      request.set_row_end(cluster_->manifest().pieces(0).row_end());
+      request.set_cols(64);
+      request.set_checkpoint_dir(d);
+      auto daemon = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
+          cluster_->manifest().pieces(0).daemon_address(), grpc::InsecureChannelCredentials()));
+      auto reader = daemon->ExportRows(&context, request);
+      checkpoint::ExportRowsChunk chunk;
+      int chunks = 0;
+      while (reader->Read(&chunk)) ++chunks;
+      EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+      EXPECT_EQ(chunks, 0);
+    }
+  }
+  ExpectNothingWrittenOutside();
+  // The same requests inside the root work (so the refusals above were
+  // about the names): a checkpoint into "nightly/a", listed there.
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(30));
+    checkpoint::CheckpointRequest request;
+    request.set_dir("nightly/a");
+    request.set_version(-1);
+    checkpoint::CheckpointResponse response;
+    const grpc::Status s = coordinator_->Checkpoint(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.path(), fs::canonical(root_).string() + "/nightly/a/v1");
+  }
+  EXPECT_TRUE(cluster_->WaitForVersion(1).ok()) << "the cluster still serves";
+}
+
+TEST_F(ConfinementTest, LinksAndCraftedManifestsAreNeverReadThrough) {
+  // v9 -> outside/v1 (a symlink named like a version): not listed, not
+  // described, not restored.
+  checkpoint::ListCheckpointsResponse list;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    ASSERT_TRUE(
+        coordinator_->ListCheckpoints(&context, checkpoint::ListCheckpointsRequest(), &list).ok());
+  }
+  std::vector<uint64_t> versions;
+  for (const auto& e : list.checkpoints()) versions.push_back(e.version());
+  EXPECT_EQ(versions, (std::vector<uint64_t>{0, 1}));
+  auto describe = [&](int64_t version) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    checkpoint::DescribeCheckpointRequest request;
+    request.set_version(version);
+    request.set_verify(true);
+    checkpoint::DescribeCheckpointResponse response;
+    return coordinator_->DescribeCheckpoint(&context, request, &response);
+  };
+  auto restore = [&](int64_t version) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(30));
+    rpc::LoadRequest request;
+    request.set_checkpoint_path(root_);
+    request.set_checkpoint_version(version);
+    rpc::LoadResponse response;
+    return cluster_->coordinator().Load(&context, request, &response);
+  };
+  EXPECT_EQ(describe(9).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(restore(9).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // A manifest with a valid checksum naming a file outside its directory
+  // (the outside copy would verify): DATA_LOSS, never listed.
+  const std::string v5 = root_ + "/v5";
+  fs::create_directory(v5);
+  auto store = checkpoint::CheckpointStore::Open(root_, false);
+  ASSERT_TRUE(store.ok());
+  checkpoint::Manifest crafted = store->ReadManifest(1).value();
+  crafted.set_version(5);
+  crafted.mutable_shards(1)->set_name("../../outside/v1/shard-00001-of-00002.ckpt");
+  ASSERT_TRUE(checkpoint::testing::WriteManifestUnchecked(v5 + "/MANIFEST", crafted).ok());
+  fs::copy(root_ + "/v1/shard-00000-of-00002.ckpt", v5 + "/shard-00000-of-00002.ckpt");
+  grpc::Status s = describe(5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "unexpected shard file")) << s.error_message();
+  s = restore(5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+
+  // A shard file replaced by a symlink to its identical outside copy.
+  const std::string shard = root_ + "/v1/shard-00000-of-00002.ckpt";
+  fs::remove(shard);
+  fs::create_symlink(outside_ + "/v1/shard-00000-of-00002.ckpt", shard);
+  s = describe(1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), shard)) << s.error_message();
+  s = restore(1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
+
+  // Load's checkpoint_path is an operator path (like safetensors_path):
+  // a directory without checkpoints is NOT_FOUND.
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::LoadRequest request;
+    request.set_checkpoint_path("/etc");
+    request.set_checkpoint_version(-1);
+    rpc::LoadResponse response;
+    EXPECT_EQ(cluster_->coordinator().Load(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  // Nothing changed: the cluster still serves v1, v0 still verifies.
+  EXPECT_TRUE(cluster_->WaitForVersion(1).ok());
+  EXPECT_TRUE(describe(0).ok());
+  ExpectNothingWrittenOutside();
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace paramd
