@@ -141,6 +141,20 @@ TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
   EXPECT_EQ(*restored, 0);
 }
 
+using Coordinator = checkpoint::CheckpointCoordinator::Stub;
+using Daemon = checkpoint::CheckpointDaemon::Stub;
+
+// One unary call with a deadline; the response is dropped unless wanted.
+template <class Stub, class Request, class Response>
+grpc::Status Call(Stub& stub,
+                  grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                  const Request& request, Response* response = nullptr) {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(30));
+  Response ignored;
+  return (stub.*method)(&context, request, response != nullptr ? response : &ignored);
+}
+
 class ConfinementTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -180,8 +194,8 @@ class ConfinementTest : public ::testing::Test {
   std::unique_ptr<demo::TempDir> dir_;
   std::string root_, outside_;
   std::unique_ptr<RawCluster> cluster_;
-  std::unique_ptr<checkpoint::CheckpointCoordinator::Stub> coordinator_;
-  std::unique_ptr<checkpoint::CheckpointDaemon::Stub> daemon_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<Daemon> daemon_;
   std::set<std::string> before_;
 };
 
@@ -191,86 +205,61 @@ TEST_F(ConfinementTest, DirectoriesOutsideTheRootAreRefusedByEveryRpc) {
                                         "a\\..\\..\\x", std::string("a\0b", 3)};
   for (const std::string& d : bad) {
     SCOPED_TRACE("dir '" + d + "'");
-    {
-      grpc::ClientContext context;
-      SetDeadline(context, absl::Seconds(10));
-      checkpoint::CheckpointRequest request;
-      request.set_dir(d);
-      request.set_version(-1);
-      checkpoint::CheckpointResponse response;
-      EXPECT_EQ(coordinator_->Checkpoint(&context, request, &response).error_code(),
-                grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    {
-      grpc::ClientContext context;
-      SetDeadline(context, absl::Seconds(10));
-      checkpoint::ListCheckpointsRequest request;
-      request.set_dir(d);
-      checkpoint::ListCheckpointsResponse response;
-      EXPECT_EQ(coordinator_->ListCheckpoints(&context, request, &response).error_code(),
-                grpc::StatusCode::INVALID_ARGUMENT);
-      EXPECT_EQ(response.checkpoints_size(), 0);
-    }
-    {
-      grpc::ClientContext context;
-      SetDeadline(context, absl::Seconds(10));
-      checkpoint::DescribeCheckpointRequest request;
-      request.set_dir(d);
-      request.set_version(1);
-      request.set_verify(true);
-      checkpoint::DescribeCheckpointResponse response;
-      EXPECT_EQ(coordinator_->DescribeCheckpoint(&context, request, &response).error_code(),
-                grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    {
-      // Straight to a daemon, as a rogue coordinator would.
-      grpc::ClientContext context;
-      SetDeadline(context, absl::Seconds(10));
-      checkpoint::WriteShardRequest request;
-      request.set_dir(d);
-      request.set_version(1);
-      request.set_daemon_rank(0);
-      request.set_world_size(2);
-      checkpoint::WriteShardResponse response;
-      EXPECT_EQ(daemon_->WriteShard(&context, request, &response).error_code(),
-                grpc::StatusCode::INVALID_ARGUMENT);
-    }
-    {
-      // Version 0 is no longer in the daemon's memory: it would be read from
-      // a checkpoint in `checkpoint_dir`.
-      grpc::ClientContext context;
-      SetDeadline(context, absl::Seconds(10));
-      checkpoint::ExportRowsRequest request;
-      request.set_version(0);
-      request.set_tensor("w");
-      request.set_row_begin(cluster_->manifest().pieces(0).row_begin());
-      request.set_row_end(cluster_->manifest().pieces(0).row_end());
-      request.set_cols(64);
-      request.set_checkpoint_dir(d);
-      auto daemon = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
-          cluster_->manifest().pieces(0).daemon_address(), grpc::InsecureChannelCredentials()));
-      auto reader = daemon->ExportRows(&context, request);
-      checkpoint::ExportRowsChunk chunk;
-      int chunks = 0;
-      while (reader->Read(&chunk)) ++chunks;
-      EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-      EXPECT_EQ(chunks, 0);
-    }
+    checkpoint::CheckpointRequest create;
+    create.set_dir(d);
+    create.set_version(-1);
+    EXPECT_EQ(Call(*coordinator_, &Coordinator::Checkpoint, create).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    checkpoint::ListCheckpointsRequest list;
+    list.set_dir(d);
+    checkpoint::ListCheckpointsResponse listed;
+    EXPECT_EQ(Call(*coordinator_, &Coordinator::ListCheckpoints, list, &listed).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(listed.checkpoints_size(), 0);
+    checkpoint::DescribeCheckpointRequest describe;
+    describe.set_dir(d);
+    describe.set_version(1);
+    describe.set_verify(true);
+    EXPECT_EQ(Call(*coordinator_, &Coordinator::DescribeCheckpoint, describe).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    // Straight to a daemon, as a rogue coordinator would.
+    checkpoint::WriteShardRequest write;
+    write.set_dir(d);
+    write.set_version(1);
+    write.set_daemon_rank(0);
+    write.set_world_size(2);
+    EXPECT_EQ(Call(*daemon_, &Daemon::WriteShard, write).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    // Version 0 is no longer in the daemon's memory: it would be read from
+    // a checkpoint in `checkpoint_dir`.
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    checkpoint::ExportRowsRequest request;
+    request.set_version(0);
+    request.set_tensor("w");
+    request.set_row_begin(cluster_->manifest().pieces(0).row_begin());
+    request.set_row_end(cluster_->manifest().pieces(0).row_end());
+    request.set_cols(64);
+    request.set_checkpoint_dir(d);
+    auto daemon = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
+        cluster_->manifest().pieces(0).daemon_address(), grpc::InsecureChannelCredentials()));
+    auto reader = daemon->ExportRows(&context, request);
+    checkpoint::ExportRowsChunk chunk;
+    int chunks = 0;
+    while (reader->Read(&chunk)) ++chunks;
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(chunks, 0);
   }
   ExpectNothingWrittenOutside();
-  // The same requests inside the root work (so the refusals above were
-  // about the names): a checkpoint into "nightly/a", listed there.
-  {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
-    checkpoint::CheckpointRequest request;
-    request.set_dir("nightly/a");
-    request.set_version(-1);
-    checkpoint::CheckpointResponse response;
-    const grpc::Status s = coordinator_->Checkpoint(&context, request, &response);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(response.path(), fs::canonical(root_).string() + "/nightly/a/v1");
-  }
+  // The same request inside the root works (so the refusals above were
+  // about the names): a checkpoint into "nightly/a".
+  checkpoint::CheckpointRequest create;
+  create.set_dir("nightly/a");
+  create.set_version(-1);
+  checkpoint::CheckpointResponse response;
+  const grpc::Status s = Call(*coordinator_, &Coordinator::Checkpoint, create, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(response.path(), fs::canonical(root_).string() + "/nightly/a/v1");
   EXPECT_TRUE(cluster_->WaitForVersion(1).ok()) << "the cluster still serves";
 }
 
@@ -278,35 +267,26 @@ TEST_F(ConfinementTest, LinksAndCraftedManifestsAreNeverReadThrough) {
   // v9 -> outside/v1 (a symlink named like a version): not listed, not
   // described, not restored.
   checkpoint::ListCheckpointsResponse list;
-  {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(10));
-    ASSERT_TRUE(
-        coordinator_->ListCheckpoints(&context, checkpoint::ListCheckpointsRequest(), &list).ok());
-  }
+  ASSERT_TRUE(Call(*coordinator_, &Coordinator::ListCheckpoints,
+                   checkpoint::ListCheckpointsRequest(), &list)
+                  .ok());
   std::vector<uint64_t> versions;
   for (const auto& e : list.checkpoints()) versions.push_back(e.version());
   EXPECT_EQ(versions, (std::vector<uint64_t>{0, 1}));
   auto describe = [&](int64_t version) {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(10));
     checkpoint::DescribeCheckpointRequest request;
     request.set_version(version);
     request.set_verify(true);
-    checkpoint::DescribeCheckpointResponse response;
-    return coordinator_->DescribeCheckpoint(&context, request, &response);
+    return Call(*coordinator_, &Coordinator::DescribeCheckpoint, request);
   };
-  auto restore = [&](int64_t version) {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
+  auto restore = [&](const std::string& path, int64_t version) {
     rpc::LoadRequest request;
-    request.set_checkpoint_path(root_);
+    request.set_checkpoint_path(path);
     request.set_checkpoint_version(version);
-    rpc::LoadResponse response;
-    return cluster_->coordinator().Load(&context, request, &response);
+    return Call(cluster_->coordinator(), &rpc::Coordinator::Stub::Load, request);
   };
   EXPECT_EQ(describe(9).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(restore(9).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(restore(root_, 9).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
   // A manifest with a valid checksum naming a file outside its directory
   // (the outside copy would verify): DATA_LOSS, never listed.
@@ -322,7 +302,7 @@ TEST_F(ConfinementTest, LinksAndCraftedManifestsAreNeverReadThrough) {
   grpc::Status s = describe(5);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
   EXPECT_TRUE(absl::StrContains(s.error_message(), "unexpected shard file")) << s.error_message();
-  s = restore(5);
+  s = restore(root_, 5);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
 
   // A shard file replaced by a symlink to its identical outside copy.
@@ -332,21 +312,12 @@ TEST_F(ConfinementTest, LinksAndCraftedManifestsAreNeverReadThrough) {
   s = describe(1);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
   EXPECT_TRUE(absl::StrContains(s.error_message(), shard)) << s.error_message();
-  s = restore(1);
+  s = restore(root_, 1);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
 
   // Load's checkpoint_path is an operator path (like safetensors_path):
   // a directory without checkpoints is NOT_FOUND.
-  {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(10));
-    rpc::LoadRequest request;
-    request.set_checkpoint_path("/etc");
-    request.set_checkpoint_version(-1);
-    rpc::LoadResponse response;
-    EXPECT_EQ(cluster_->coordinator().Load(&context, request, &response).error_code(),
-              grpc::StatusCode::NOT_FOUND);
-  }
+  EXPECT_EQ(restore("/etc", -1).error_code(), grpc::StatusCode::NOT_FOUND);
   // Nothing changed: the cluster still serves v1, v0 still verifies.
   EXPECT_TRUE(cluster_->WaitForVersion(1).ok());
   EXPECT_TRUE(describe(0).ok());
