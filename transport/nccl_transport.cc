@@ -658,6 +658,10 @@ class NcclTransportImpl final : public NcclTransport {
                                                  " used a reset communicator; it was dropped"));
     }
     Comm& c = *d.comm;
+    // Clear-to-send first, then the receives: posting the receives first
+    // (to save half a round trip) hung on the H200s, since completing an
+    // ncclGroupEnd on a non-blocking communicator can need the peer inside
+    // its matching operation (NCCL connects p2p channels lazily).
     const uint32_t go = kCtsGo;
     absl::Status s = sync_->Send(peer, kCtsTagBase + p.header.xfer,
                                  absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&go), 4),
