@@ -24,6 +24,7 @@
 #include "server/convert.h"
 #include "server/data_plane.h"
 #include "server/restore.h"
+#include "server/shard_backend.h"
 
 namespace paramd {
 namespace {
@@ -114,7 +115,8 @@ class FetchReactor;
 class Daemon::Impl : public rpc::Daemon::CallbackService {
  public:
   friend class Daemon;
-  explicit Impl(DaemonOptions options) : options_(std::move(options)) {}
+  Impl(DaemonOptions options, gpu_backend::DaemonBackend backend)
+      : options_(std::move(options)), backend_(backend), backend_auto_(options_.backend == "auto") {}
 
   ~Impl() override { Shutdown(); }
 
@@ -259,7 +261,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       latest = latest_;
       previous = previous_;
     }
-    return fn(*shards_, *latest, previous.get());
+    const ShardSet* host = shards_->host_state();
+    if (host == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          "checkpoints and exports are not supported by the ", shards_->name(),
+          " daemon backend (run the daemons with --backend=cpu)"));
+    }
+    return fn(*host, *latest, previous.get());
   }
 
   // ---- Used by the reactors ----
@@ -346,7 +354,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       return absl::FailedPreconditionError("the model was reloaded or published meanwhile");
     }
     for (StagedPiece& p : pieces) {
-      absl::Span<float> m = shards_->master(p.shard);
+      absl::Span<float> m = shards_->load_master(p.shard);
       const ShardDef& shard = shards_->shards()[p.shard];
       const int64_t cols = view.tensors[p.tensor].cols;
       std::copy(p.values.begin(), p.values.end(),
@@ -436,7 +444,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   // delayed-scaling update).
   void RunStep(int64_t from, bool apply_optimizer, bool update_delayed = true) {
     AllReduceMaxFn all_reduce;
-    ShardSet* shards;
+    ShardBackend* shards;
     {
       absl::MutexLock lock(&mu_);
       all_reduce = all_reduce_;
@@ -500,20 +508,41 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   // from a file, V from checkpoint V); with neither, waits for PushWeights.
   absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
                                        const LoadSource& source, int expected_pushers) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ShardSet> shards,
-                     ShardSet::Create(view->tensors, view->shards, options_.optimizer));
+    ShardBackendOptions backend_options;
+    backend_options.optimizer = options_.optimizer;
+    backend_options.step_timeout = options_.step_timeout;
     const bool restore = !source.checkpoint_path.empty();
+    absl::StatusOr<std::unique_ptr<ShardBackend>> created =
+        CreateShardBackend(backend_, view->tensors, view->shards, backend_options);
+    // --backend=auto: the gpu where it supports the model, else the cpu.
+    if (backend_auto_ && backend_ == gpu_backend::DaemonBackend::kGpu &&
+        (restore || absl::IsUnimplemented(created.status()))) {
+      Log(kTag, absl::StrCat("--backend=auto: cpu backend for this model (gpu: ",
+                             restore ? "checkpoint restore is cpu only"
+                                     : created.status().ToString(),
+                             ")"));
+      created = CreateShardBackend(gpu_backend::DaemonBackend::kCpu, view->tensors, view->shards,
+                                   backend_options);
+    }
+    RETURN_IF_ERROR(created.status());
+    std::unique_ptr<ShardBackend> shards = *std::move(created);
     const bool from_file = restore || !source.safetensors_path.empty();
     std::vector<SavedDelayedState> next_delayed;
     if (restore) {
+      if (shards->host_state() == nullptr) {
+        return absl::UnimplementedError(
+            absl::StrCat("restoring a checkpoint is not supported by the ", shards->name(),
+                         " daemon backend (run the daemons with --backend=cpu)"));
+      }
       ASSIGN_OR_RETURN(next_delayed, RestoreShardSet(source.checkpoint_path,
-                                                     source.checkpoint_version, *shards));
+                                                     source.checkpoint_version,
+                                                     *shards->host_state()));
     } else if (from_file) {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
                        safetensors::SafetensorsFile::Open(source.safetensors_path));
       for (size_t i = 0; i < shards->shards().size(); ++i) {
         const ShardDef& d = shards->shards()[i];
-        RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->master(i)));
+        RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->load_master(i)));
       }
     }
     const int64_t first_version = restore ? source.checkpoint_version : 0;
@@ -537,7 +566,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       stepping_ = true;
       stepping_from_ = first_version - 1;
     }
-    Log(kTag, absl::StrCat("rank ", view->rank, ": ", restore ? "restored" : "loaded ",
+    Log(kTag, absl::StrCat("rank ", view->rank, " (", shards_->name(), " backend): ",
+                           restore ? "restored" : "loaded ",
                            view->shards.size(), " shards of ", view->tensors.size(),
                            " tensors", restore ? absl::StrCat(" at version ", first_version) : ""));
     RunStep(first_version - 1, /*apply_optimizer=*/false, /*update_delayed=*/!restore);
@@ -545,7 +575,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (!latest_) return last_step_error_;
     // Back to the saved post-update scales (the worker is still ours: no
     // step can run in between).
-    ApplyDelayedStates(next_delayed, *shards_);
+    if (restore) ApplyDelayedStates(next_delayed, *shards_->host_state());
     return latest_->version;
   }
 
@@ -711,7 +741,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::shared_ptr<const ModelView> view_ ABSL_GUARDED_BY(mu_);
   // Written under mu_ between steps; the worker uses it without mu_ while
   // stepping_ (no push can commit then).
-  std::unique_ptr<ShardSet> shards_;
+  std::unique_ptr<ShardBackend> shards_;
+  // Which ShardBackend LoadShards creates (fixed by DaemonOptions::backend).
+  gpu_backend::DaemonBackend backend_ = gpu_backend::DaemonBackend::kCpu;
+  const bool backend_auto_ = false;  // --backend=auto: fall back to cpu per model
   int expected_pushers_ ABSL_GUARDED_BY(mu_) = 0;
   bool awaiting_weights_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::vector<bool>> rows_loaded_ ABSL_GUARDED_BY(mu_);
@@ -1010,7 +1043,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
   if (options.default_chunk_bytes < 1) {
     return absl::InvalidArgumentError("daemon: default_chunk_bytes must be >= 1");
   }
-  return std::unique_ptr<Daemon>(new Daemon(std::make_unique<Impl>(std::move(options))));
+  ASSIGN_OR_RETURN(gpu_backend::DaemonBackend backend,
+                   gpu_backend::ChooseDaemonBackend(options.backend));
+  if (backend == gpu_backend::DaemonBackend::kGpu && !GpuShardBackendLinked()) {
+    if (options.backend == "auto") {
+      backend = gpu_backend::DaemonBackend::kCpu;
+    } else {
+      return absl::FailedPreconditionError(
+          "--backend=gpu but the gpu daemon backend is not linked into this binary "
+          "(build with --config=cuda)");
+    }
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::make_unique<Impl>(std::move(options), backend)));
 }
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -3,7 +3,8 @@
 // The daemon role of `hybrid-paramd`: a gRPC server (service
 // paramd.rpc.Daemon of proto/paramd.proto) that owns the shards the
 // coordinator's plan gives it. Per shard it keeps the FP32 master, the
-// optimizer state and the FP32 gradient accumulator (server/shard_set.h);
+// optimizer state and the FP32 gradient accumulator (server/shard_backend.h:
+// on the host, server/shard_set.h, or on the GPU, server/gpu_backend/);
 // it publishes the quantized copies of the last two versions, immutable
 // once published (a fetch of version v is never torn by the step writing
 // v+1; a fetch of an older version gets NOT_FOUND).
@@ -58,6 +59,14 @@ struct DaemonOptions {
   std::string data_plane_listen;
   // A step (its all-reduce) that takes longer fails with ABORTED.
   absl::Duration step_timeout = absl::Seconds(60);
+  // Which ShardBackend holds the shards (server/shard_backend.h): "cpu",
+  // "gpu" (Create fails with FAILED_PRECONDITION unless built with
+  // --config=cuda and a GPU is usable) or "auto" (gpu when it could run,
+  // else cpu; with the gpu, a model the gpu backend refuses as
+  // UNIMPLEMENTED, e.g. rowwise_dequantized or sgd, or a checkpoint
+  // restore, loads on the cpu backend instead). Every daemon of a world
+  // must run the same backend.
+  std::string backend = "cpu";
 };
 
 // The daemon: its gRPC service and its worker. Served by ParamdServer

@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, data_plane, "host", "data plane for the daemons' amax all
 ABSL_FLAG(std::string, data_plane_listen, "",
           "daemon: data-plane listen address (host: \"\" = 127.0.0.1:0; use 0.0.0.0:0 across "
           "machines)");
+ABSL_FLAG(std::string, backend, "auto",
+          "daemon: where the shards live and step: auto (gpu when built with --config=cuda "
+          "and a GPU is usable, else cpu) | cpu | gpu (startup error without CUDA/GPU); "
+          "see docs/ARCHITECTURE.md for what the gpu backend supports");
 ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
 ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
 ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
@@ -109,6 +113,7 @@ absl::Status Run() {
   options.daemon.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.daemon.data_plane_listen = absl::GetFlag(FLAGS_data_plane_listen);
   options.daemon.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  options.daemon.backend = absl::GetFlag(FLAGS_backend);
 
   CoordinatorOptions& c = options.coordinator;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);

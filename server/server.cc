@@ -71,7 +71,8 @@ void ParamdServer::Shutdown() {
   }
   if (coordinator_) coordinator_->Shutdown();
   if (daemon_) daemon_->Shutdown();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Null when Start failed before listening (e.g. a refused --backend).
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 }  // namespace paramd

@@ -250,5 +250,31 @@ absl::StatusOr<rpc::DaemonStats> RawCluster::Stats(int rank, bool include_shards
   return response.stats();
 }
 
+std::vector<FormatCombo> FormatCombos() {
+  auto q = [](const char* f) { return absl::StrCat("{ format: ", f, " }"); };
+  auto both = [&](const char* row, const char* col, const char* extra = "") {
+    return absl::StrCat("rowwise ", q(row), " columnwise ", q(col), " ", extra);
+  };
+  return {
+      {"Fp8Current", both("FP8_CURRENT", "FP8_CURRENT")},
+      {"Fp8Delayed", both("FP8_DELAYED", "FP8_DELAYED")},
+      {"Mxfp8", both("MXFP8", "MXFP8")},
+      {"Nvfp4", both("NVFP4", "NVFP4")},
+      {"Block128", both("FP8_BLOCK_128X128", "FP8_BLOCK_128X128")},
+      {"Block1x128", both("FP8_BLOCK_1X128", "FP8_BLOCK_1X128")},
+      {"Identity", both("IDENTITY_BF16", "IDENTITY_FP32", "source_dtype: FP32")},
+      {"CurrentMxfp8", both("FP8_CURRENT", "MXFP8")},
+      {"Pow2CurrentNvfp4Fp32Src",
+       "rowwise { format: FP8_CURRENT pow2_scales: true } columnwise { format: NVFP4 } "
+       "source_dtype: FP32"},
+      {"Mxfp8FromRowwise", both("MXFP8", "FP8_CURRENT", "columnwise_source: ROWWISE_DEQUANTIZED")},
+      {"CurrentNvfp4FromRowwise",
+       both("FP8_CURRENT", "NVFP4", "columnwise_source: ROWWISE_DEQUANTIZED")},
+      {"DelayedNvfp4FromRowwise",
+       both("FP8_DELAYED", "NVFP4", "columnwise_source: ROWWISE_DEQUANTIZED")},
+      {"RowwiseOnly", absl::StrCat("rowwise ", q("NVFP4"), " columnwise_usage: false")},
+  };
+}
+
 }  // namespace testing
 }  // namespace paramd

@@ -100,6 +100,16 @@ class RawCluster {
   rpc::Manifest manifest_;
 };
 
+// A named recipe HybridSpec body ("rowwise { format: ... } ...").
+struct FormatCombo {
+  std::string name;
+  std::string spec;
+};
+// The format pairs the multi-process tests cover: every format in both
+// directions, mixed pairs, FP32 source, pow2 scales, the three
+// ROWWISE_DEQUANTIZED columnwise sources and a rowwise-only tensor.
+std::vector<FormatCombo> FormatCombos();
+
 // The whole FP32 rows [row_begin, row_end) of a [rows][cols] tensor as one
 // push message chunk.
 rpc::PushGradientsRequest GradientMessage(int64_t version, const std::string& pusher,

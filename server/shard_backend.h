@@ -1,0 +1,91 @@
+// File: server/shard_backend.h
+//
+// The seam between the daemon (server/daemon.cc) and the state it steps:
+// everything the daemon does with its shards goes through ShardBackend.
+//
+//   cpu: server/shard_set.h (FP32 masters, optimizer, reference kernels on
+//        the host). Always linked; the default.
+//   gpu: server/gpu_backend/daemon_backend.h (GpuShardStore: masters, AdamW
+//        moments and accumulators in device memory, fused step). Linked only
+//        under --config=cuda; it registers itself here at static init.
+//
+// Host-side contract shared by both: the daemon writes loaded weights into
+// load_master(i) and sums pushed gradients into gradient(i) (host FP32
+// rows); Step() consumes them and returns the published version as host
+// bytes (PublishedVersion), which the gRPC Fetch stream serves unchanged.
+//
+// Threading: as ShardSet (not thread-safe; the daemon's worker steps it and
+// the daemon serialises load_master/gradient writes with its own mutex).
+#ifndef PARAMD_SERVER_SHARD_BACKEND_H_
+#define PARAMD_SERVER_SHARD_BACKEND_H_
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "server/gpu_backend/select.h"
+#include "server/optimizer.h"
+#include "server/shard_set.h"
+
+namespace paramd {
+
+class ShardBackend {
+ public:
+  virtual ~ShardBackend() = default;
+
+  // "cpu" or "gpu".
+  virtual absl::string_view name() const = 0;
+  virtual const std::vector<TensorDef>& tensors() const = 0;
+  virtual const std::vector<ShardDef>& shards() const = 0;
+
+  // Row-major [rows][cols] FP32 host rows of shard `i` to load weights into
+  // before the first Step (masters start at zero). Writes after the first
+  // Step are not supported by the gpu backend (the daemon never does that).
+  virtual absl::Span<float> load_master(int i) = 0;
+  // Host FP32 gradient accumulator of shard `i`; the daemon adds pushes into
+  // it. A successful Step with apply_optimizer zeroes it.
+  virtual absl::Span<float> gradient(int i) = 0;
+
+  // ShardSet::Step (server/shard_set.h). Every daemon of a world must run
+  // the same backend: the all-reduce calls differ between backends.
+  virtual absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(
+      int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
+      bool update_delayed) = 0;
+
+  // The host state for checkpoint write/restore and export (checkpoint/),
+  // or null when the backend keeps its state elsewhere (gpu): callers then
+  // return UNIMPLEMENTED.
+  virtual ShardSet* host_state() = 0;
+};
+
+struct ShardBackendOptions {
+  OptimizerOptions optimizer;
+  // Bound on one step's device work (gpu).
+  absl::Duration step_timeout = absl::Seconds(60);
+};
+
+using ShardBackendFactory = std::function<absl::StatusOr<std::unique_ptr<ShardBackend>>(
+    std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
+    const ShardBackendOptions& options)>;
+
+// Called once at static init by the gpu backend's library (alwayslink).
+// Returns true (for use in a static initialiser).
+bool RegisterGpuShardBackend(ShardBackendFactory factory);
+// Whether a gpu backend is linked into this binary.
+bool GpuShardBackendLinked();
+
+// The backend `kind` over `shards` of `tensors`. FAILED_PRECONDITION for kGpu
+// in a binary built without --config=cuda; otherwise the backend's own
+// errors (INVALID_ARGUMENT for bad shards/optimizer, UNIMPLEMENTED for what
+// it does not support).
+absl::StatusOr<std::unique_ptr<ShardBackend>> CreateShardBackend(
+    gpu_backend::DaemonBackend kind, std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
+    const ShardBackendOptions& options);
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_SHARD_BACKEND_H_
