@@ -54,10 +54,13 @@ ABSL_FLAG(std::string, data_plane, "host", "data plane for the daemons' amax all
 ABSL_FLAG(std::string, data_plane_listen, "",
           "daemon: data-plane listen address (host: \"\" = 127.0.0.1:0; use 0.0.0.0:0 across "
           "machines)");
-ABSL_FLAG(std::string, backend, "auto",
-          "daemon: where the shards live and step: auto (gpu when built with --config=cuda "
-          "and a GPU is usable, else cpu) | cpu | gpu (startup error without CUDA/GPU); "
-          "see docs/ARCHITECTURE.md for what the gpu backend supports");
+// Default cpu, not auto: the gpu backend has not yet run inside the daemon on
+// a GPU and cannot checkpoint or export, so picking it silently on a GPU
+// machine would turn checkpoints off. Switch to auto once it can.
+ABSL_FLAG(std::string, backend, "cpu",
+          "daemon: where the shards live and step: cpu | gpu (startup error without "
+          "CUDA/GPU; no checkpoints yet) | auto (gpu when built with --config=cuda and a GPU "
+          "is usable, else cpu); see docs/ARCHITECTURE.md for what the gpu backend supports");
 ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
 ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
 ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
