@@ -28,6 +28,12 @@
 // The tensor descriptor is copied out of the parameter space once per tile
 // (fields held in registers), and every pass is specialised at compile time
 // on its format (one switch per tile, none per element).
+//
+// This is the v3.3 kernel (helpers in quantize_tile.cuh). The default
+// launcher sends batches of NVFP4 16x16 row + col, MXFP8 row + col and 1x128
+// row + col tensors to the v4 kernel of quantize_v4.cu instead (see
+// UseV4Pattern below); its sm_90a code is byte-identical to the build
+// measured and tested in run 6 of docs/GPU_NOTES.md.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -35,267 +41,12 @@
 #include "kernels/cuda/codecs.cuh"
 #include "kernels/cuda/optimizer_math.cuh"
 #include "kernels/cuda/quantize_launch.h"
+#include "kernels/cuda/quantize_tile.cuh"
 
 namespace paramd {
 namespace gpu {
 namespace detail {
 namespace {
-
-using namespace ::paramd::gpu::dev;  // NOLINT
-
-constexpr int kChunks = kTile / 4;  // float4 chunks per tile row
-
-struct __align__(16) TileSmem {
-  float4 tile[kTile * kChunks];  // 64 KiB, swizzled
-  uint32_t colbuf[8 * kTile];    // [row block][column]: amax bits, then multiplier bits
-  uint32_t amax2d_row[64];       // [row block][column block] of the rowwise 2D tiles
-  uint32_t amax2d_col[64];
-  uint32_t red[4];               // [0] rowwise amax, [1] columnwise amax
-};
-
-__device__ __forceinline__ int Phys(int r, int ch) { return r * kChunks + (ch ^ ((r >> 4) & 7)); }
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::); }
-
-__device__ __forceinline__ float Bf16ToFloat(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
-
-__device__ __forceinline__ float4 Bf16x4ToFloat4(uint32_t lo, uint32_t hi) {
-  return make_float4(__uint_as_float(lo << 16), __uint_as_float(lo & 0xFFFF0000u),
-                     __uint_as_float(hi << 16), __uint_as_float(hi & 0xFFFF0000u));
-}
-
-// Byte k (0..3) of q, k known at run time, without a local array.
-__device__ __forceinline__ uint32_t ByteOf(uint32_t q, int k) { return (q >> (8 * k)) & 0xFFu; }
-
-// ---------------------------------------------------------------------------
-// Stage 1: load
-// ---------------------------------------------------------------------------
-
-template <int NT>
-__device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K,
-                                                TileSmem& s, int64_t i0, int64_t j0) {
-  const float* tsrc = src + i0 * K + j0;  // tile origin
-  const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;
-  const int cols_valid = K - j0 < kTile ? static_cast<int>(K - j0) : kTile;
-  const int ch = threadIdx.x & 31;
-  const bool col_ok = 4 * ch < cols_valid;  // K % 4 == 0: a chunk is all in or all out
-#pragma unroll
-  for (int k = 0; k < kTile * kChunks / NT; ++k) {
-    const int r = (threadIdx.x >> 5) + k * (NT / 32);
-    const bool ok = col_ok && r < rows_valid;
-    CpAsync16(&s.tile[Phys(r, ch)], ok ? tsrc + int64_t{r} * K + 4 * ch : src, ok ? 16 : 0);
-  }
-  CpAsyncWaitAll();
-}
-
-template <int NT>
-__device__ __forceinline__ void LoadTileBf16Vec(const uint16_t* src, int64_t M, int64_t K,
-                                                TileSmem& s, int64_t i0, int64_t j0) {
-  constexpr int kPer = kTile * kTile / 8 / NT;  // 16-byte segments per thread
-  uint4 buf[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int seg = threadIdx.x + k * NT;
-    const int r = seg >> 4, sg = seg & 15;
-    const int64_t gi = i0 + r, gj = j0 + 8 * sg;
-    buf[k] = make_uint4(0, 0, 0, 0);
-    if (gi < M && gj < K) buf[k] = __ldg(reinterpret_cast<const uint4*>(src + gi * K + gj));
-  }
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int seg = threadIdx.x + k * NT;
-    const int r = seg >> 4, sg = seg & 15;
-    s.tile[Phys(r, 2 * sg)] = Bf16x4ToFloat4(buf[k].x, buf[k].y);
-    s.tile[Phys(r, 2 * sg + 1)] = Bf16x4ToFloat4(buf[k].z, buf[k].w);
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ void LoadTileScalar(const void* src, bool bf16, int64_t M, int64_t K,
-                                               TileSmem& s, int64_t i0, int64_t j0) {
-  float* tf = reinterpret_cast<float*>(s.tile);
-  for (int e = threadIdx.x; e < kTile * kTile; e += NT) {
-    const int r = e >> 7, c = e & 127;
-    const int64_t gi = i0 + r, gj = j0 + c;
-    float v = 0.0f;
-    if (gi < M && gj < K) {
-      v = bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(src)[gi * K + gj])
-               : static_cast<const float*>(src)[gi * K + gj];
-    }
-    tf[Phys(r, c >> 2) * 4 + (c & 3)] = v;
-  }
-}
-
-// Fused AdamW: the tile's master values are updated in registers, p/m/v are
-// written back, and the new p is what the quantizer sees.
-template <int NT>
-__device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
-                                             const AdamHyper& h, TileSmem& s, int64_t i0,
-                                             int64_t j0) {
-  if (vec) {
-    constexpr int kPer = kTile * kChunks / NT;
-    constexpr int kBatch = 2;
-#pragma unroll 1
-    for (int k0 = 0; k0 < kPer; k0 += kBatch) {
-      float4 p[kBatch], m[kBatch], v[kBatch], g[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int c = threadIdx.x + (k0 + b) * NT;
-        const int r = c >> 5, ch = c & 31;
-        const int64_t gi = i0 + r, gj = j0 + 4 * ch;
-        const int64_t off = gi * K + gj;
-        if (gi < M && gj < K) {
-          p[b] = *reinterpret_cast<const float4*>(o.param + off);
-          m[b] = *reinterpret_cast<const float4*>(o.m + off);
-          v[b] = *reinterpret_cast<const float4*>(o.v + off);
-          g[b] = __ldg(reinterpret_cast<const float4*>(o.grad + off));
-        } else {
-          p[b] = m[b] = v[b] = g[b] = make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int c = threadIdx.x + (k0 + b) * NT;
-        const int r = c >> 5, ch = c & 31;
-        const int64_t gi = i0 + r, gj = j0 + 4 * ch;
-        const int64_t off = gi * K + gj;
-        if (gi < M && gj < K) {
-          AdamWElement(p[b].x, m[b].x, v[b].x, g[b].x, h);
-          AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
-          AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
-          AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
-          *reinterpret_cast<float4*>(o.param + off) = p[b];
-          *reinterpret_cast<float4*>(o.m + off) = m[b];
-          *reinterpret_cast<float4*>(o.v + off) = v[b];
-        }
-        s.tile[Phys(r, ch)] = p[b];
-      }
-    }
-    return;
-  }
-  float* tf = reinterpret_cast<float*>(s.tile);
-  for (int e = threadIdx.x; e < kTile * kTile; e += NT) {
-    const int r = e >> 7, c = e & 127;
-    const int64_t gi = i0 + r, gj = j0 + c;
-    float p = 0.0f;
-    if (gi < M && gj < K) {
-      const int64_t off = gi * K + gj;
-      p = o.param[off];
-      float m = o.m[off], v = o.v[off];
-      AdamWElement(p, m, v, o.grad[off], h);
-      o.param[off] = p;
-      o.m[off] = m;
-      o.v[off] = v;
-    }
-    tf[Phys(r, c >> 2) * 4 + (c & 3)] = p;
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Stage 2: block amaxes
-// ---------------------------------------------------------------------------
-
-__device__ __forceinline__ void ReadRow4(const TileSmem& s, int r, int ch, bool round_bf16,
-                                         float& x0, float& x1, float& x2, float& x3) {
-  const float4 v = s.tile[Phys(r, ch)];
-  x0 = v.x, x1 = v.y, x2 = v.z, x3 = v.w;
-  if (round_bf16) {
-    RoundPairBf16(x0, x1);
-    RoundPairBf16(x2, x3);
-  }
-}
-
-__device__ __forceinline__ float Max4Abs(float x0, float x1, float x2, float x3) {
-  return fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3)));
-}
-
-// Max-updates dst with the amax of each kBm x kBk block of the tile: kBk == 1
-// gives one entry per (row block, column) at dst[rb * 128 + col]; otherwise
-// dst[rb * (128 / kBk) + cb]. dst must be zero beforehand.
-template <int NT, int kBm, int kBk>
-__device__ __forceinline__ void BlockAmaxPass(const TileSmem& s, bool round_bf16, uint32_t* dst) {
-  constexpr int kWarps = NT / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // RNE to BF16 is monotone and symmetric, so the amax of the rounded values
-  // is the rounded amax of the raw ones (NaN ignored either way): round once
-  // per block instead of once per element.
-  float acc0 = 0.f, acc1 = 0.f, acc2 = 0.f, acc3 = 0.f;
-#pragma unroll 4
-  for (int r = warp; r < kTile; r += kWarps) {
-    const float4 v = s.tile[Phys(r, lane)];
-    acc0 = AbsMax(acc0, v.x);
-    acc1 = AbsMax(acc1, v.y);
-    acc2 = AbsMax(acc2, v.z);
-    acc3 = AbsMax(acc3, v.w);
-    const int next = r + kWarps;
-    if (next >= kTile || next / kBm != r / kBm) {
-      const int rb = r / kBm;
-      if (round_bf16) {
-        RoundPairBf16(acc0, acc1);
-        RoundPairBf16(acc2, acc3);
-      }
-      if constexpr (kBk == 1) {
-        uint32_t* d = dst + rb * kTile + 4 * lane;
-        atomicMax(d + 0, __float_as_uint(acc0));
-        atomicMax(d + 1, __float_as_uint(acc1));
-        atomicMax(d + 2, __float_as_uint(acc2));
-        atomicMax(d + 3, __float_as_uint(acc3));
-      } else {
-        float m = fmaxf(fmaxf(acc0, acc1), fmaxf(acc2, acc3));
-#pragma unroll
-        for (int off = 1; off < kBk / 4; off <<= 1) {
-          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-        }
-        if ((lane & (kBk / 4 - 1)) == 0) {
-          atomicMax(dst + rb * (kTile / kBk) + (4 * lane) / kBk, __float_as_uint(m));
-        }
-      }
-      acc0 = acc1 = acc2 = acc3 = 0.f;
-    }
-  }
-}
-
-struct BlockCfg {
-  int bm = 0;  // 0: none
-  int bk = 0;
-};
-
-__device__ __forceinline__ BlockCfg RowBlockCfg(const DirDesc& d) {
-  if (d.fmt == kKMxfp8 && d.two_d) return {32, 32};
-  if (d.fmt == kKNvfp4 && d.two_d) return {16, 16};
-  if (d.fmt == kKBlock2d) return {128, 128};
-  return {};
-}
-__device__ __forceinline__ BlockCfg ColBlockCfg(const DirDesc& d) {
-  switch (d.fmt) {
-    case kKMxfp8:
-      return d.two_d ? BlockCfg{32, 32} : BlockCfg{32, 1};
-    case kKNvfp4:
-      return d.two_d ? BlockCfg{16, 16} : BlockCfg{16, 1};
-    case kKBlock1d:
-      return {128, 1};
-    case kKBlock2d:
-      return {128, 128};
-    default:
-      return {};
-  }
-}
-
-template <int NT>
-__device__ __forceinline__ void RunBlockAmax(const TileSmem& s, bool round_bf16, BlockCfg c,
-                                             uint32_t* dst) {
-  if (c.bm == 32 && c.bk == 32) BlockAmaxPass<NT, 32, 32>(s, round_bf16, dst);
-  if (c.bm == 32 && c.bk == 1) BlockAmaxPass<NT, 32, 1>(s, round_bf16, dst);
-  if (c.bm == 16 && c.bk == 16) BlockAmaxPass<NT, 16, 16>(s, round_bf16, dst);
-  if (c.bm == 16 && c.bk == 1) BlockAmaxPass<NT, 16, 1>(s, round_bf16, dst);
-  if (c.bm == 128 && c.bk == 128) BlockAmaxPass<NT, 128, 128>(s, round_bf16, dst);
-  if (c.bm == 128 && c.bk == 1) BlockAmaxPass<NT, 128, 1>(s, round_bf16, dst);
-}
 
 // ---------------------------------------------------------------------------
 // Stage 3: row-mapped pass (rowwise of every format; columnwise MXFP8 and
@@ -312,15 +63,6 @@ struct RowPassArgs {
   uint32_t* col_amax = nullptr;
   int col_bm_log2 = 0;  // row block of 16, 32 or 128 rows
 };
-
-// Four bytes (b0 lowest) at out[0..3], `n` of them valid.
-__device__ __forceinline__ void Store4Bytes(uint8_t* out, uint32_t q, int n, bool vec) {
-  if (vec && n == 4) {
-    *reinterpret_cast<uint32_t*>(out) = q;
-    return;
-  }
-  for (int k = 0; k < n; ++k) out[k] = static_cast<uint8_t>(ByteOf(q, k));
-}
 
 // kColMode: the columnwise copy of MXFP8 / identity (multipliers from colbuf,
 // no scale writes, no writeback). Addresses advance by pointer increments; the
@@ -763,25 +505,6 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
   }
 }
 
-// amax of the tile only (amax of the columnwise source, no outputs).
-template <int NT>
-__device__ __forceinline__ float TileAmax(const TileSmem& s, bool round_bf16) {
-  float m = 0.f;
-  for (int c = threadIdx.x; c < kTile * kChunks; c += NT) {
-    float x0, x1, x2, x3;
-    ReadRow4(s, c >> 5, c & 31, round_bf16, x0, x1, x2, x3);
-    m = fmaxf(m, Max4Abs(x0, x1, x2, x3));
-  }
-  return m;
-}
-
-// Warp max then one shared atomic per warp.
-__device__ __forceinline__ void BlockAmaxContribute(float v, uint32_t* slot) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
-  if ((threadIdx.x & 31) == 0) atomicMax(slot, __float_as_uint(v));
-}
-
 // ---------------------------------------------------------------------------
 // Dispatch on the formats (once per tile)
 // ---------------------------------------------------------------------------
@@ -837,10 +560,6 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
       }
       break;
   }
-}
-
-__device__ __forceinline__ bool IsTransposed(uint8_t fmt) {
-  return fmt == kKFp8Tensor || fmt == kKBlock2d || fmt == kKBlock1d || fmt == kKNvfp4;
 }
 
 // ---------------------------------------------------------------------------
@@ -1028,7 +747,30 @@ cudaError_t LaunchVariant(const QuantizeBatch& batch, bool persistent, cudaStrea
   return cudaGetLastError();
 }
 
+// The tensors the v4 kernel (quantize_v4.cu) was measured faster on
+// (docs/BENCHMARKS.md, GPU kernels): NVFP4 16x16 in both directions, MXFP8
+// 1x32 + 32x1 with one element format, FP8 1x128 in both directions; never
+// with columnwise_source = rowwise_dequantized. Both kernels are byte-exact
+// for every format, so this choice only affects speed.
+bool UseV4Pattern(const TensorDesc& t) {
+  const DirDesc& r = t.row;
+  const DirDesc& c = t.col;
+  if (t.col_from_row) return false;
+  if (r.fmt == kKNvfp4 && c.fmt == kKNvfp4) return r.two_d && c.two_d;
+  if (r.fmt == kKMxfp8 && c.fmt == kKMxfp8) return !r.two_d && !c.two_d && r.e5m2 == c.e5m2;
+  return r.fmt == kKBlock1d && c.fmt == kKBlock1d;
+}
+
+bool UseV4Kernel(const QuantizeBatch& batch) {
+  for (int i = 0; i < batch.num; ++i) {
+    if (!UseV4Pattern(batch.t[i])) return false;
+  }
+  return batch.num > 0;
+}
+
 }  // namespace
+
+cudaError_t LaunchQuantizeTilesV4(const QuantizeBatch& batch, cudaStream_t stream);
 
 cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
   if (batch.total_tiles <= 0) return cudaSuccess;
@@ -1038,6 +780,7 @@ cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStr
     case kVariantPersistent:
       return LaunchVariant<256, 3>(batch, true, stream);
     default:
+      if (UseV4Kernel(batch)) return LaunchQuantizeTilesV4(batch, stream);
       return LaunchVariant<256, 3>(batch, false, stream);
   }
 }
