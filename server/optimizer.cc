@@ -54,10 +54,12 @@ void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w
     }
     return;
   }
-  // SGD (+ momentum).
+  // SGD (+ momentum). Weight decay 0 must not touch w: 0 * Inf would turn
+  // an Inf master into NaN.
+  const bool decays = o.weight_decay != 0.0f;
   if (o.momentum == 0.0f) {
     for (size_t i = 0; i < n; ++i) {
-      const float d = g[i] + o.weight_decay * w[i];
+      const float d = decays ? g[i] + o.weight_decay * w[i] : g[i];
       w[i] -= o.lr * d;
     }
     return;
@@ -66,7 +68,7 @@ void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w
   if (state.m.size() != n) state.m.assign(n, 0.0f);
   float* buf = state.m.data();
   for (size_t i = 0; i < n; ++i) {
-    const float d = g[i] + o.weight_decay * w[i];
+    const float d = decays ? g[i] + o.weight_decay * w[i] : g[i];
     buf[i] = first ? d : o.momentum * buf[i] + d;
     w[i] -= o.lr * buf[i];
   }

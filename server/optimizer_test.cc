@@ -1,6 +1,7 @@
 #include "server/optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -48,6 +49,24 @@ TEST(OptimizerTest, AdamWFirstStepMovesByLr) {
   ASSERT_EQ(state.v.size(), 2u);
   EXPECT_FLOAT_EQ(state.m[0], (1.0f - 0.9f) * 3.0f);
   EXPECT_FLOAT_EQ(state.v[0], (1.0f - 0.999f) * 3.0f * 3.0f);
+}
+
+TEST(OptimizerTest, SgdWithoutWeightDecayKeepsInfiniteMasters) {
+  for (float momentum : {0.0f, 0.9f}) {
+    OptimizerOptions o;
+    o.kind = OptimizerKind::kSgd;
+    o.lr = 0.5f;
+    o.momentum = momentum;
+    o.weight_decay = 0.0f;
+    std::vector<float> w = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1.0f};
+    const std::vector<float> g = {1.0f, 1.0f, 1.0f};
+    OptimizerState state;
+    ApplyOptimizer(o, 1, absl::MakeSpan(w), g, state);
+    EXPECT_EQ(w[0], std::numeric_limits<float>::infinity()) << momentum;
+    EXPECT_EQ(w[1], -std::numeric_limits<float>::infinity()) << momentum;
+    EXPECT_EQ(w[2], 0.5f) << momentum;
+  }
 }
 
 TEST(OptimizerTest, ParsesAndValidates) {
