@@ -51,6 +51,7 @@ class GpuShardBackend : public ShardBackend {
   absl::Span<float> load_master(int i) override { return absl::MakeSpan(load_[i]); }
   absl::Span<float> gradient(int i) override { return absl::MakeSpan(grads_[i]); }
   ShardSet* host_state() override { return nullptr; }
+  GpuShardStore* store() { return store_.get(); }
 
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
                                                                bool apply_optimizer,
@@ -238,6 +239,11 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
                    GpuShardStore::Create(std::move(defs), store_options));
   return std::unique_ptr<ShardBackend>(new GpuShardBackend(
       std::move(tensors), std::move(shards), std::move(store), options.step_timeout));
+}
+
+GpuShardStore* DeviceStoreOf(ShardBackend* backend) {
+  auto* gpu = dynamic_cast<GpuShardBackend*>(backend);
+  return gpu == nullptr ? nullptr : gpu->store();
 }
 
 }  // namespace gpu_backend

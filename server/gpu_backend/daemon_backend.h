@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/gpu_backend/shard_store.h"
 #include "server/shard_backend.h"
 
 namespace paramd {
@@ -48,6 +49,13 @@ namespace gpu_backend {
 absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
     const ShardBackendOptions& options);
+
+// The device store behind `backend` when it is the gpu backend, else null
+// (cpu backend, null backend). Not owned: valid while `backend` lives. Used
+// by the daemon to serve fetches over NCCL straight from the published
+// device buffers (GpuShardStore::Published). Same threading rules as the
+// store: reads of a published version may run beside the next Step.
+GpuShardStore* DeviceStoreOf(ShardBackend* backend);
 
 }  // namespace gpu_backend
 }  // namespace paramd
