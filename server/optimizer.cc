@@ -33,34 +33,47 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
   return absl::OkStatus();
 }
 
+AdamWConstants FoldAdamW(const OptimizerOptions& o, int64_t step) {
+  const double lr = o.lr, beta1 = o.beta1, beta2 = o.beta2;
+  const double t = static_cast<double>(step);
+  AdamWConstants c;
+  c.decay = static_cast<float>(1.0 - lr * static_cast<double>(o.weight_decay));
+  c.beta1 = o.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
+  c.beta2 = o.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  c.eps = o.eps;
+  c.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
+  c.rsqrt_bias2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, t)));
+  return c;
+}
+
 void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w,
                     absl::Span<const float> g, OptimizerState& state) {
   const size_t n = w.size();
   if (o.kind == OptimizerKind::kAdamW) {
     if (state.m.size() != n) state.m.assign(n, 0.0f);
     if (state.v.size() != n) state.v.assign(n, 0.0f);
-    const float decay = 1.0f - o.lr * o.weight_decay;
-    const float bc1 = 1.0f - std::pow(o.beta1, static_cast<float>(step));
-    const float bc2_sqrt = std::sqrt(1.0f - std::pow(o.beta2, static_cast<float>(step)));
-    const float step_size = o.lr / bc1;
+    const AdamWConstants c = FoldAdamW(o, step);
     float* m = state.m.data();
     float* v = state.v.data();
     for (size_t i = 0; i < n; ++i) {
-      w[i] *= decay;
-      m[i] = o.beta1 * m[i] + (1.0f - o.beta1) * g[i];
-      v[i] = o.beta2 * v[i] + (1.0f - o.beta2) * g[i] * g[i];
-      const float denom = std::sqrt(v[i]) / bc2_sqrt + o.eps;
-      w[i] -= step_size * (m[i] / denom);
+      // Same operations, in the same order, as dev::AdamWElement.
+      m[i] = std::fma(c.beta1, m[i], c.one_minus_beta1 * g[i]);
+      v[i] = std::fma(c.beta2, v[i], c.one_minus_beta2 * (g[i] * g[i]));
+      const float denom = std::fma(std::sqrt(v[i]), c.rsqrt_bias2, c.eps);
+      const float update = m[i] / denom;
+      w[i] = std::fma(-c.step_size, update, w[i] * c.decay);
     }
     return;
   }
-  // SGD (+ momentum). Weight decay 0 must not touch w: 0 * Inf would turn
-  // an Inf master into NaN.
+  // SGD (+ momentum), as dev::SgdElement. Weight decay 0 must not touch w:
+  // 0 * Inf would turn an Inf master into NaN.
   const bool decays = o.weight_decay != 0.0f;
   if (o.momentum == 0.0f) {
     for (size_t i = 0; i < n; ++i) {
-      const float d = decays ? g[i] + o.weight_decay * w[i] : g[i];
-      w[i] -= o.lr * d;
+      const float d = decays ? std::fma(o.weight_decay, w[i], g[i]) : g[i];
+      w[i] = std::fma(-o.lr, d, w[i]);
     }
     return;
   }
@@ -68,9 +81,9 @@ void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w
   if (state.m.size() != n) state.m.assign(n, 0.0f);
   float* buf = state.m.data();
   for (size_t i = 0; i < n; ++i) {
-    const float d = decays ? g[i] + o.weight_decay * w[i] : g[i];
-    buf[i] = first ? d : o.momentum * buf[i] + d;
-    w[i] -= o.lr * buf[i];
+    const float d = decays ? std::fma(o.weight_decay, w[i], g[i]) : g[i];
+    buf[i] = first ? d : std::fma(o.momentum, buf[i], d);
+    w[i] = std::fma(-o.lr, buf[i], w[i]);
   }
 }
 

@@ -1,9 +1,18 @@
 // File: server/optimizer.h
 //
 // The optimizers a daemon applies to its FP32 master shards on the CPU:
-// AdamW (decoupled weight decay, bias-corrected, PyTorch's torch.optim.AdamW
-// order of operations) and SGD with momentum (torch.optim.SGD, dampening 0,
-// no Nesterov). The GPU kernels must match these element for element.
+// AdamW (decoupled weight decay, bias-corrected, torch.optim.AdamW's
+// algorithm) and SGD with momentum (torch.optim.SGD, dampening 0, no
+// Nesterov).
+//
+// One arithmetic for the host and the device: the GPU kernels
+// (kernels/cuda/optimizer_math.cuh, per-step constants folded by
+// kernels/cuda/optimizer.cc) produce exactly these bits. Per-step constants
+// are folded in float64 from the float options and rounded once to float
+// (FoldAdamW); every per-element operation is one IEEE float operation
+// (explicit fmaf where the device uses __fmaf_rn, correctly rounded sqrt and
+// division, no contraction: this file is built with -std=c++17, i.e.
+// -ffp-contract=off, and no fast math).
 //
 // Pure functions over caller-owned spans; thread-safe; no allocation.
 #ifndef PARAMD_SERVER_OPTIMIZER_H_
@@ -49,6 +58,26 @@ struct OptimizerState {
   std::vector<float> m;
   std::vector<float> v;
 };
+
+// AdamW constants of step `step` (1-based), folded in float64 from the float
+// options and rounded once to float (same formulas as the device's fold):
+//   decay = 1 - lr * weight_decay, step_size = lr / (1 - beta1^t),
+//   rsqrt_bias2 = 1 / sqrt(1 - beta2^t).
+// Per element (all float, fma = one rounding):
+//   m = fma(beta1, m, one_minus_beta1 * g)
+//   v = fma(beta2, v, one_minus_beta2 * (g * g))
+//   w = fma(-step_size, m / fma(sqrt(v), rsqrt_bias2, eps), w * decay)
+struct AdamWConstants {
+  float decay = 1.0f;
+  float beta1 = 0.9f;
+  float one_minus_beta1 = 0.1f;
+  float beta2 = 0.999f;
+  float one_minus_beta2 = 0.001f;
+  float eps = 1e-8f;
+  float step_size = 0.0f;
+  float rsqrt_bias2 = 1.0f;
+};
+AdamWConstants FoldAdamW(const OptimizerOptions& options, int64_t step);
 
 // One step on `master` with `grad` (same size). `step` is the 1-based
 // number of this optimizer step (bias correction; SGD's first momentum step

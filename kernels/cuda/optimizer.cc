@@ -17,6 +17,8 @@ namespace {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The same formulas as server/optimizer.h FoldAdamW (float options widen
+// exactly to double), so device and host AdamW produce identical bits.
 detail::AdamHyper FoldAdam(const AdamWHyper& h) {
   detail::AdamHyper a;
   const double t = static_cast<double>(h.step);

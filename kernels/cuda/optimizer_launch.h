@@ -14,12 +14,13 @@ namespace paramd {
 namespace gpu {
 namespace detail {
 
-// AdamW (decoupled weight decay, PyTorch order), folded on the host in
-// float64 and rounded once to float:
-//   p = p * decay                       decay = 1 - lr * weight_decay
-//   m = beta1 * m + (1 - beta1) * g
-//   v = beta2 * v + (1 - beta2) * g * g
-//   p = p - step_size * m / (sqrt(v) * rsqrt_bias2 + eps)
+// AdamW (decoupled weight decay), folded on the host in float64 and rounded
+// once to float (= server/optimizer.h FoldAdamW; the per-element operations
+// of optimizer_math.cuh are those of server/optimizer.cc):
+//   m = fma(beta1, m, (1 - beta1) * g)
+//   v = fma(beta2, v, (1 - beta2) * (g * g))
+//   p = fma(-step_size, m / fma(sqrt(v), rsqrt_bias2, eps), p * decay)
+//   decay = 1 - lr * weight_decay
 //   step_size = lr / (1 - beta1^t), rsqrt_bias2 = 1 / sqrt(1 - beta2^t)
 struct AdamHyper {
   float decay = 1.0f;
@@ -33,7 +34,7 @@ struct AdamHyper {
 };
 
 // SGD with momentum (PyTorch semantics):
-//   d = g + weight_decay * p
+//   d = weight_decay != 0 ? fma(weight_decay, p, g) : g
 //   buf = first_step ? d : momentum * buf + (1 - dampening) * d
 //   d = nesterov ? d + momentum * buf : buf        (momentum != 0)
 //   p = p - lr * d
