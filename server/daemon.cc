@@ -4,6 +4,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -23,6 +25,7 @@
 #include "server/chunks.h"
 #include "server/convert.h"
 #include "server/data_plane.h"
+#include "server/device_channel.h"
 #include "server/restore.h"
 #include "server/shard_backend.h"
 
@@ -111,6 +114,7 @@ absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef&
 }  // namespace
 
 class FetchReactor;
+class DeviceChannelReactor;
 
 class Daemon::Impl : public rpc::Daemon::CallbackService {
  public:
@@ -138,6 +142,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       if (join_context_ != nullptr) join_context_->TryCancel();
     }
     if (join_thread_.joinable()) join_thread_.join();
+    std::vector<uint64_t> channels;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, c] : channels_) channels.push_back(id);
+    }
+    for (uint64_t id : channels) CloseDeviceChannel(id, "daemon shutting down");
+    reaper_.Stop();
     if (data_plane_) data_plane_->Shutdown();  // unblocks a step in the all-reduce
     worker_.Stop();
     publish_waiters_.WakeAll();
@@ -161,6 +172,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                                       const rpc::FetchRequest* request) override;
   grpc::ServerReadReactor<rpc::PushWeightsRequest>* PushWeights(
       grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) override;
+  grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* OpenDeviceChannel(
+      grpc::CallbackServerContext* context,
+      const rpc::OpenDeviceChannelRequest* request) override;
+  grpc::ServerUnaryReactor* FetchDevice(grpc::CallbackServerContext* context,
+                                        const rpc::FetchDeviceRequest* request,
+                                        rpc::FetchDeviceResponse* response) override;
+  // Closes device channel `id` (no-op if already closed): its transport is
+  // shut down (a send in progress returns, the trainer's receive fails),
+  // its stream finishes with `reason`. Any thread but the channel's own
+  // worker may destroy it, so destruction happens on reaper_.
+  void CloseDeviceChannel(uint64_t id, const std::string& reason);
 
   grpc::ServerUnaryReactor* LoadShards(grpc::CallbackServerContext* context,
                                        const rpc::LoadShardsRequest* request,
@@ -451,9 +473,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       shards = shards_.get();
     }
     const absl::Time start = absl::Now();
-    absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
-        all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed)
-                   : absl::FailedPreconditionError("data plane not open");
+    absl::StatusOr<std::shared_ptr<const PublishedVersion>> result;
+    {
+      // A step rewrites the device slot of the version before `from`: no
+      // device fetch reads published buffers meanwhile (ServeDeviceFetch).
+      absl::WriterMutexLock device_lock(&device_mu_);
+      result = all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed)
+                          : absl::FailedPreconditionError("data plane not open");
+    }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     {
       absl::MutexLock lock(&mu_);
@@ -547,6 +574,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     const int64_t first_version = restore ? source.checkpoint_version : 0;
     {
+      absl::WriterMutexLock device_lock(&device_mu_);  // frees the old backend
       absl::MutexLock lock(&mu_);
       shards_ = std::move(shards);
       view_ = view;
@@ -758,6 +786,34 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   absl::Status last_step_error_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // ---- Device channels (OpenDeviceChannel / FetchDevice) ----
+  struct ChannelState {
+    uint64_t id = 0;
+    std::string trainer;  // for logs
+    std::unique_ptr<DeviceChannel> channel;
+    DeviceChannelReactor* reactor = nullptr;  // holds one reference
+    std::atomic<bool> closed{false};
+    Worker worker;  // serial: Connect, then the sends in request order. Last
+                    // member: joined before the channel is destroyed.
+  };
+  // The device send of one FetchDevice, on the channel's worker.
+  void ServeDeviceFetch(ChannelState* c, int64_t version, int64_t generation,
+                        const std::vector<DeviceFetchItem>& items, uint64_t tag,
+                        absl::Time deadline, int64_t bytes[2]);
+  // Validates a FetchDevice and, once its version is published, fills the
+  // plan and queues the send. nullopt: wait for a publish.
+  std::optional<absl::Status> StartDeviceFetch(const rpc::FetchDeviceRequest& request,
+                                               absl::Time deadline,
+                                               rpc::FetchDeviceResponse* response);
+
+  // Readers: device sends (they read published device buffers); writer: a
+  // step (it rewrites a slot) and a load (it frees the old backend). Taken
+  // before mu_.
+  absl::Mutex device_mu_;
+  uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::shared_ptr<ChannelState>> channels_ ABSL_GUARDED_BY(mu_);
+  Worker reaper_;  // destroys closed channels
 };
 
 namespace {
@@ -1033,6 +1089,309 @@ grpc::ServerReadReactor<rpc::PushWeightsRequest>* Daemon::Impl::PushWeights(
   auto* reactor = new WeightsReactor(this, context, response);
   reactor->Begin();
   return reactor;
+}
+
+// ---- Device channels: OpenDeviceChannel (a stream as long as the channel)
+// and FetchDevice (plan over gRPC, bytes over the channel's NCCL world) ----
+
+// The OpenDeviceChannel stream. References: one held by gRPC (dropped in
+// OnDone) and one by the channel (dropped when it closes); every entry point
+// that may Finish() holds one more, so an OnDone run inline never deletes
+// the reactor under its own lock.
+class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelEvent> {
+ public:
+  explicit DeviceChannelReactor(Daemon::Impl* daemon) : daemon_(daemon) {}
+
+  void Ref() { refs_.fetch_add(1); }
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  // Writes the first event (channel id and the daemon's address).
+  void Begin(uint64_t id, const rpc::DeviceChannelEvent& event) {
+    Ref();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = id;
+      if (!finished_ && !finish_pending_) {
+        event_ = event;
+        writing_ = true;
+        StartWrite(&event_);
+      }
+    }
+    Unref();
+  }
+
+  // Finishes the call (after a write in flight). Idempotent.
+  void Close(const grpc::Status& status) {
+    Ref();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!finished_ && !finish_pending_) {
+        if (writing_) {
+          finish_pending_ = true;
+          pending_status_ = status;
+        } else {
+          finished_ = true;
+          Finish(status);
+        }
+      }
+    }
+    Unref();
+  }
+
+  void OnWriteDone(bool ok) override {
+    Ref();
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id = id_;
+      writing_ = false;
+      if (finish_pending_ && !finished_) {
+        finished_ = true;
+        Finish(pending_status_);
+      }
+    }
+    if (!ok) daemon_->CloseDeviceChannel(id, "the channel's stream broke");
+    Unref();
+  }
+
+  void OnCancel() override {
+    Ref();
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id = id_;
+    }
+    daemon_->CloseDeviceChannel(id, "the trainer closed the channel or disconnected");
+    Close(grpc::Status(grpc::StatusCode::CANCELLED, "channel cancelled"));
+    Unref();
+  }
+
+  void OnDone() override { Unref(); }
+
+ private:
+  Daemon::Impl* const daemon_;
+  std::atomic<int> refs_{1};
+  std::mutex mu_;
+  uint64_t id_ = 0;
+  rpc::DeviceChannelEvent event_;
+  bool writing_ = false;
+  bool finished_ = false;
+  bool finish_pending_ = false;
+  grpc::Status pending_status_;
+};
+
+grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChannel(
+    grpc::CallbackServerContext* /*context*/, const rpc::OpenDeviceChannelRequest* request) {
+  auto* reactor = new DeviceChannelReactor(this);
+  const std::string trainer =
+      request->name().empty() ? request->trainer_address() : request->name();
+  absl::StatusOr<std::shared_ptr<ChannelState>> opened =
+      [&]() -> absl::StatusOr<std::shared_ptr<ChannelState>> {
+    if (backend_ != gpu_backend::DaemonBackend::kGpu) {
+      return absl::FailedPreconditionError(
+          "device fetch needs a daemon with --backend=gpu (this one runs the cpu backend); "
+          "fetch over the host stream (Fetch) instead");
+    }
+    if (request->trainer_address().empty()) {
+      return absl::InvalidArgumentError("OpenDeviceChannel without trainer_address");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel, ::paramd::OpenDeviceChannel());
+    auto c = std::make_shared<ChannelState>();
+    c->trainer = trainer;
+    c->channel = std::move(channel);
+    c->reactor = reactor;
+    reactor->Ref();  // the channel's reference
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) {
+      reactor->Unref();
+      return absl::UnavailableError("daemon shutting down");
+    }
+    c->id = ++next_channel_;
+    channels_[c->id] = c;
+    return c;
+  }();
+  if (!opened.ok()) {
+    reactor->Close(ToGrpcStatus(opened.status()));
+    return reactor;
+  }
+  std::shared_ptr<ChannelState> c = *std::move(opened);
+  rpc::DeviceChannelEvent event;
+  event.set_channel(c->id);
+  event.set_daemon_address(c->channel->address());
+  event.set_device(c->channel->device());
+  ChannelState* raw = c.get();
+  const std::string trainer_address = request->trainer_address();
+  c->worker.Post([this, raw, trainer_address] {
+    if (raw->closed) return;
+    absl::Status s = raw->channel->Connect(trainer_address);
+    if (!s.ok()) CloseDeviceChannel(raw->id, absl::StrCat("connect: ", s.ToString()));
+  });
+  Log(kTag, absl::StrCat("device channel ", c->id, " opened for ", trainer));
+  reactor->Begin(c->id, event);
+  return reactor;
+}
+
+void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
+  std::shared_ptr<ChannelState> c;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = channels_.find(id);
+    if (it == channels_.end()) return;
+    c = it->second;
+    channels_.erase(it);
+  }
+  c->closed = true;
+  c->channel->Shutdown();
+  Log(kTag, absl::StrCat("device channel ", id, " (", c->trainer, ") closed: ", reason));
+  c->reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 absl::StrCat("device channel closed: ", reason)));
+  c->reactor->Unref();
+  c->reactor = nullptr;
+  // The last reference may be dropped here on the channel's own worker:
+  // destroy (join) it on the reaper. After Shutdown (reaper stopped), only
+  // Shutdown itself closes channels, never on a channel's worker.
+  reaper_.Post([c] {});
+}
+
+std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDeviceRequest& request,
+                                                           absl::Time deadline,
+                                                           rpc::FetchDeviceResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("daemon shutting down");
+  auto it = channels_.find(request.channel());
+  if (it == channels_.end()) {
+    return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
+                                            " is unknown or closed; open a new one"));
+  }
+  if (request.tensors().empty()) {
+    return absl::InvalidArgumentError("FetchDevice without tensors");
+  }
+  if (request.tag() > kMaxUserTag) return absl::InvalidArgumentError("FetchDevice tag too large");
+  const int64_t version = request.version();
+  if (!latest_ || version > latest_->version) return std::nullopt;  // wait for a publish
+  int64_t resolved;
+  if (version < 0 || version == latest_->version) {
+    resolved = latest_->version;
+  } else if (previous_ && version == previous_->version) {
+    resolved = previous_->version;
+  } else {
+    return absl::NotFoundError(absl::StrCat(
+        "version ", version, " was dropped; this daemon holds versions ",
+        previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
+  }
+  if (shards_ == nullptr || shards_->name() != "gpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device fetch needs the gpu backend; this model runs on the ",
+        shards_ ? std::string(shards_->name()) : "no", " backend (fetch over the host stream)"));
+  }
+  const ModelView& view = *view_;
+  rpc::FetchPlan* plan = response->mutable_plan();
+  plan->set_version(resolved);
+  plan->set_daemon_rank(rank_);
+  std::vector<DeviceFetchItem> items;
+  int64_t bytes[2] = {0, 0};
+  for (const rpc::TensorDirections& td : request.tensors()) {
+    const int t = view.Find(td.tensor());
+    if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", td.tensor(), "\""));
+    if (td.directions().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FetchDevice of ", td.tensor(), " names no direction"));
+    }
+    const TensorDef& tensor = view.tensors[t];
+    std::vector<Direction> dirs;
+    for (int d : td.directions()) {
+      absl::StatusOr<Direction> dir = DirectionFromProto(static_cast<rpc::Direction>(d));
+      if (!dir.ok()) return dir.status();
+      if (!(*dir == Direction::kRowwise ? tensor.spec.rowwise_usage
+                                        : tensor.spec.columnwise_usage)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor ", td.tensor(), " does not publish a ", DirectionName(*dir), " copy"));
+      }
+      dirs.push_back(*dir);
+    }
+    for (size_t s = 0; s < view.shards.size(); ++s) {
+      const ShardDef& shard = view.shards[s];
+      if (shard.tensor != t) continue;
+      for (Direction dir : dirs) {
+        const QuantSpec& spec =
+            dir == Direction::kRowwise ? tensor.spec.rowwise : tensor.spec.columnwise;
+        absl::StatusOr<Layout> layout = ComputeLayout(spec, dir, shard.rows(), tensor.cols);
+        if (!layout.ok()) return layout.status();
+        items.push_back({static_cast<int>(s), dir});
+        rpc::FetchPiece* fp = plan->add_pieces();
+        fp->set_tensor(tensor.name);
+        fp->set_tensor_index(t);
+        fp->set_direction(DirectionToProto(dir));
+        fp->set_row_begin(shard.row_begin);
+        fp->set_row_end(shard.row_end);
+        fp->set_cols(tensor.cols);
+        fp->set_format(FormatToProto(spec.format));
+        *fp->mutable_layout() = LayoutToProto(*layout);
+        fp->set_data_bytes(layout->data_bytes());
+        fp->set_scale_bytes(layout->scale_bytes());
+        bytes[dir == Direction::kRowwise ? 0 : 1] += layout->data_bytes() + layout->scale_bytes();
+      }
+    }
+  }
+  ChannelState* c = it->second.get();
+  const int64_t generation = view.generation;
+  const uint64_t tag = request.tag();
+  c->worker.Post([this, c, resolved, generation, items = std::move(items), tag, deadline,
+                  b0 = bytes[0], b1 = bytes[1]] {
+    int64_t b[2] = {b0, b1};
+    ServeDeviceFetch(c, resolved, generation, items, tag, deadline, b);
+  });
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t generation,
+                                    const std::vector<DeviceFetchItem>& items, uint64_t tag,
+                                    absl::Time deadline, int64_t bytes[2]) {
+  if (c->closed) return;
+  absl::Status s;
+  {
+    absl::ReaderMutexLock device_lock(&device_mu_);
+    ShardBackend* backend = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      const bool held = view_ != nullptr && view_->generation == generation &&
+                        ((latest_ && latest_->version == version) ||
+                         (previous_ && previous_->version == version));
+      if (held) backend = shards_.get();
+    }
+    s = backend != nullptr
+            ? c->channel->Send(*backend, version, items, tag, deadline)
+            : absl::NotFoundError(absl::StrCat("version ", version,
+                                               " was dropped or reloaded before its send"));
+  }
+  if (s.ok()) {
+    bytes_served_[0].fetch_add(bytes[0]);
+    bytes_served_[1].fetch_add(bytes[1]);
+    return;
+  }
+  Log(kTag, absl::StrCat("device fetch of version ", version, " on channel ", c->id, " (",
+                         c->trainer, ") failed: ", s.ToString()));
+  CloseDeviceChannel(c->id, absl::StrCat("device fetch failed: ", s.ToString()));
+}
+
+grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext* context,
+                                                    const rpc::FetchDeviceRequest* request,
+                                                    rpc::FetchDeviceResponse* response) {
+  // The send is bounded by the call's deadline (no deadline: step_timeout).
+  absl::Time deadline = absl::Now() + options_.step_timeout;
+  const auto grpc_deadline = context->deadline();
+  if (grpc_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    deadline = absl::FromChrono(grpc_deadline);
+  }
+  return StartWaitingUnary(&publish_waiters_,
+                           [this, request, response, deadline]() -> std::optional<grpc::Status> {
+                             std::optional<absl::Status> s =
+                                 StartDeviceFetch(*request, deadline, response);
+                             if (!s.has_value()) return std::nullopt;
+                             return ToGrpcStatus(*s);
+                           });
 }
 
 // ---- Daemon ----

@@ -9,10 +9,12 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/program_name.h"
@@ -24,6 +26,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
 #include "checkpoint/service.h"
@@ -61,6 +64,11 @@ ABSL_FLAG(std::string, backend, "cpu",
           "daemon: where the shards live and step: cpu | gpu (startup error without "
           "CUDA/GPU; no checkpoints yet) | auto (gpu when built with --config=cuda and a GPU "
           "is usable, else cpu); see docs/ARCHITECTURE.md for what the gpu backend supports");
+ABSL_FLAG(int32_t, gpu, -1,
+          "daemon: the GPU of the gpu backend and its device-fetch channels: sets "
+          "CUDA_VISIBLE_DEVICES to that one device before any CUDA call (an index into an "
+          "existing CUDA_VISIBLE_DEVICES list, else the physical ordinal); -1 = leave "
+          "CUDA_VISIBLE_DEVICES alone (the daemon uses its device 0)");
 ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
 ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
 ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
@@ -271,6 +279,21 @@ int main(int argc, char** argv) {
     }
   }
   absl::ParseCommandLine(argc, argv);
+  if (const int gpu = absl::GetFlag(FLAGS_gpu); gpu >= 0) {
+    // Before any CUDA call: the gpu backend and the device channels use
+    // device 0 of what is visible.
+    std::vector<std::string> visible;
+    if (const char* env = std::getenv("CUDA_VISIBLE_DEVICES"); env != nullptr && *env != 0) {
+      visible = absl::StrSplit(env, ',');
+    }
+    if (!visible.empty() && gpu >= static_cast<int>(visible.size())) {
+      std::fprintf(stderr, "hybrid-paramd: --gpu=%d but CUDA_VISIBLE_DEVICES=%s has %zu devices\n",
+                   gpu, std::getenv("CUDA_VISIBLE_DEVICES"), visible.size());
+      return 1;
+    }
+    const std::string device = visible.empty() ? std::to_string(gpu) : visible[gpu];
+    setenv("CUDA_VISIBLE_DEVICES", device.c_str(), 1);
+  }
   const absl::Status s = paramd::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "hybrid-paramd: %s\n", s.ToString().c_str());

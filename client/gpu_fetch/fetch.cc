@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "client/gpu_fetch/fetch_plan.h"
 #include "common/gpu_status.h"
 
 namespace paramd {
@@ -10,12 +11,7 @@ namespace gpu_fetch {
 std::vector<MutableDeviceBytes> PlanPieces(absl::Span<const DeviceDirection> dst) {
   std::vector<MutableDeviceBytes> pieces;
   for (const DeviceDirection& d : dst) {
-    pieces.push_back({d.data, static_cast<size_t>(d.layout.data_bytes())});
-    if (d.layout.scale_bytes() > 0) {
-      pieces.push_back({d.scales, static_cast<size_t>(d.layout.scale_bytes())});
-    }
-    pieces.push_back({d.scale_inv, sizeof(float)});
-    pieces.push_back({d.amax, sizeof(float)});
+    AppendItemPieces(d.layout, d.data, d.scales, d.scale_inv, d.amax, &pieces);
   }
   return pieces;
 }

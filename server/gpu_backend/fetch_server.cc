@@ -1,32 +1,21 @@
 #include "server/gpu_backend/fetch_server.h"
 
 #include "absl/strings/str_cat.h"
+#include "client/gpu_fetch/fetch_plan.h"
 #include "common/status_macros.h"
 
 namespace paramd {
 namespace gpu_backend {
-namespace {
-
-absl::StatusOr<std::vector<DeviceBytes>> PiecesOf(const GpuPublishedDirection& d) {
-  std::vector<DeviceBytes> pieces;
-  pieces.push_back({d.data, static_cast<size_t>(d.layout.data_bytes())});
-  if (d.layout.scale_bytes() > 0) {
-    pieces.push_back({d.scales, static_cast<size_t>(d.layout.scale_bytes())});
-  }
-  pieces.push_back({d.scale_inv, sizeof(float)});
-  pieces.push_back({d.amax, sizeof(float)});
-  return pieces;
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<DeviceBytes>> FetchPieces(const GpuShardStore& store, int64_t version,
                                                      absl::Span<const FetchItem> items) {
   std::vector<DeviceBytes> pieces;
   for (const FetchItem& item : items) {
     ASSIGN_OR_RETURN(GpuPublishedDirection d, store.Published(version, item.shard, item.direction));
-    ASSIGN_OR_RETURN(std::vector<DeviceBytes> p, PiecesOf(d));
-    pieces.insert(pieces.end(), p.begin(), p.end());
+    gpu_fetch::AppendItemPieces(d.layout, static_cast<const void*>(d.data),
+                                static_cast<const void*>(d.scales),
+                                static_cast<const void*>(d.scale_inv),
+                                static_cast<const void*>(d.amax), &pieces);
   }
   return pieces;
 }

@@ -1,0 +1,363 @@
+#include "client/gpu_fetch/device_fetcher.h"
+
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/gpu_fetch/fetch_plan.h"
+#include "common/gpu_status.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/paramd.grpc.pb.h"
+#include "server/convert.h"
+#include "sharding/assemble.h"
+#include "transport/nccl_transport.h"
+
+namespace paramd {
+namespace gpu_fetch {
+
+// One device channel to one daemon: the OpenDeviceChannel stream (kept open
+// for the channel's life) and the 2-rank NCCL transport (this side rank 1).
+class DeviceFetcher::Channel {
+ public:
+  ~Channel() { Close(); }
+
+  void Close() {
+    if (transport != nullptr) transport->Shutdown();
+    if (context != nullptr) context->TryCancel();
+    if (reader != nullptr) reader->Finish();
+    reader.reset();
+    transport.reset();
+    context.reset();
+  }
+
+  std::shared_ptr<grpc::Channel> grpc_channel;
+  std::unique_ptr<rpc::Daemon::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> context;
+  std::unique_ptr<grpc::ClientReader<rpc::DeviceChannelEvent>> reader;
+  std::unique_ptr<Transport> transport;
+  NcclTransport* nccl = nullptr;
+  uint64_t id = 0;
+};
+
+namespace {
+
+std::string DefaultName() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, ":", getpid());
+}
+
+// One (target, piece) on one daemon.
+struct PieceJob {
+  int target = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  DeviceDirection into;  // where this piece is received
+};
+
+struct DaemonJob {
+  int rank = 0;
+  std::string address;
+  rpc::FetchDeviceRequest request;
+  std::vector<PieceJob> pieces;  // in plan order
+  absl::Status status;
+  DeviceFetcher::Channel* channel = nullptr;
+};
+
+absl::Status CheckPlan(const rpc::FetchPlan& plan, const DaemonJob& job, int64_t version) {
+  if (plan.version() != version) {
+    return absl::InternalError(absl::StrCat("daemon ", job.rank, " planned version ",
+                                            plan.version(), ", asked ", version));
+  }
+  if (plan.pieces_size() != static_cast<int>(job.pieces.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "daemon ", job.rank, " holds ", plan.pieces_size(), " pieces of the requested tensors, the ",
+        "manifest says ", job.pieces.size(), ": the shard plan changed (RefreshManifest)"));
+  }
+  for (int i = 0; i < plan.pieces_size(); ++i) {
+    const rpc::FetchPiece& p = plan.pieces(i);
+    const PieceJob& want = job.pieces[i];
+    if (p.row_begin() != want.row_begin || p.row_end() != want.row_end ||
+        p.data_bytes() != want.into.layout.data_bytes() ||
+        p.scale_bytes() != want.into.layout.scale_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "daemon ", job.rank, " plans piece ", p.tensor(), " rows [", p.row_begin(), ", ",
+          p.row_end(), ") of ", p.data_bytes(), "+", p.scale_bytes(),
+          " bytes, unlike the manifest: the shard plan changed (RefreshManifest)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DeviceFetcher::DeviceFetcher(client::Client* client, const DeviceFetcherOptions& options)
+    : client_(client), options_(options), pool_(options.device) {}
+
+absl::StatusOr<std::unique_ptr<DeviceFetcher>> DeviceFetcher::Create(
+    client::Client* client, const DeviceFetcherOptions& options) {
+  if (client == nullptr) return absl::InvalidArgumentError("DeviceFetcher without a client");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError("device fetch: no CUDA device");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device fetch: device ", options.device, " of ", count));
+  }
+  std::unique_ptr<DeviceFetcher> f(new DeviceFetcher(client, options));
+  GPU_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&f->copy_stream_, cudaStreamNonBlocking));
+  return f;
+}
+
+DeviceFetcher::~DeviceFetcher() {
+  std::lock_guard<std::mutex> lock(mu_);
+  channels_.clear();  // closes them
+  if (copy_stream_ != nullptr) {
+    cudaSetDevice(options_.device);
+    cudaStreamDestroy(copy_stream_);
+  }
+}
+
+int DeviceFetcher::open_channels() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(channels_.size());
+}
+
+void DeviceFetcher::CloseChannel(int daemon) { channels_.erase(daemon); }
+
+absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
+                                                                 const std::string& address,
+                                                                 absl::Time deadline) {
+  auto it = channels_.find(daemon);
+  if (it != channels_.end()) return it->second.get();
+  GPU_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint, OpenNcclEndpoint());
+  auto c = std::make_unique<Channel>();
+  c->grpc_channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  c->stub = rpc::Daemon::NewStub(c->grpc_channel);
+  c->context = std::make_unique<grpc::ClientContext>();  // no deadline: lives with the channel
+  rpc::OpenDeviceChannelRequest request;
+  request.set_trainer_address(endpoint->address());
+  request.set_name(options_.name.empty() ? DefaultName() : options_.name);
+  c->reader = c->stub->OpenDeviceChannel(c->context.get(), request);
+  // The first event, bounded by the deadline (the stream itself has none).
+  rpc::DeviceChannelEvent event;
+  grpc::ClientReader<rpc::DeviceChannelEvent>* reader = c->reader.get();
+  std::future<bool> first =
+      std::async(std::launch::async, [reader, &event] { return reader->Read(&event); });
+  if (first.wait_until(absl::ToChronoTime(deadline)) != std::future_status::ready) {
+    c->context->TryCancel();
+    first.wait();
+    c->reader->Finish();
+    c->reader.reset();
+    return absl::DeadlineExceededError(
+        absl::StrCat("opening a device channel to daemon ", daemon, " at ", address));
+  }
+  if (!first.get()) {
+    const grpc::Status s = c->reader->Finish();
+    c->reader.reset();
+    return FromGrpcStatus(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                "device channel stream ended")
+                                 : s,
+                          absl::StrCat("OpenDeviceChannel on daemon ", daemon, " (", address,
+                                       ")"));
+  }
+  c->id = event.channel();
+  ASSIGN_OR_RETURN(c->transport, endpoint->Connect(1, {event.daemon_address(), request.trainer_address()}));
+  c->nccl = AsNcclTransport(c->transport.get());
+  if (c->nccl == nullptr) return absl::InternalError("device channel transport is not nccl");
+  Channel* raw = c.get();
+  channels_[daemon] = std::move(c);
+  return raw;
+}
+
+absl::StatusOr<DeviceDirection> DeviceFetcher::Owned(const std::string& key,
+                                                     const Layout& layout) {
+  auto it = owned_.find(key);
+  if (it != owned_.end() && it->second.layout.data_bytes() == layout.data_bytes() &&
+      it->second.layout.scale_bytes() == layout.scale_bytes()) {
+    it->second.layout = layout;
+    return it->second;
+  }
+  ASSIGN_OR_RETURN(DeviceDirection d, pool_.Allocate(layout));
+  owned_[key] = d;  // a stale one stays in the pool until the fetcher goes
+  return d;
+}
+
+absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
+                                                       const std::vector<DeviceTarget>& targets,
+                                                       cudaStream_t stream,
+                                                       absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::lock_guard<std::mutex> lock(mu_);
+  GPU_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  if (version < 0) {
+    ASSIGN_OR_RETURN(version, client_->WaitForVersion(0, deadline - absl::Now()));
+  }
+  const client::Manifest manifest = client_->manifest();
+
+  DeviceFetchResult result;
+  result.version = version;
+  std::map<int, DaemonJob> jobs;
+  // Per target: its pieces' receive buffers (when split) for assembly.
+  std::vector<std::vector<PieceJob>> split(targets.size());
+  std::map<std::pair<std::string, Direction>, bool> seen;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const DeviceTarget& target = targets[i];
+    const client::TensorMeta* meta = manifest.Find(target.tensor);
+    if (meta == nullptr) {
+      return absl::NotFoundError(absl::StrCat("unknown tensor \"", target.tensor, "\""));
+    }
+    if (!meta->Publishes(target.direction)) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor ", target.tensor,
+                                                        " does not publish a ",
+                                                        DirectionName(target.direction), " copy"));
+    }
+    if (!seen.emplace(std::make_pair(target.tensor, target.direction), true).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target ", target.tensor, " ", DirectionName(target.direction), " given twice"));
+    }
+    const QuantSpec& spec = meta->SpecOf(target.direction);
+    ASSIGN_OR_RETURN(Layout full, ComputeLayout(spec, target.direction, meta->rows, meta->cols));
+    DeviceDirection dst = target.dst;
+    const std::string key = absl::StrCat(target.tensor, "/", DirectionName(target.direction));
+    if (dst.data == nullptr) {
+      ASSIGN_OR_RETURN(dst, Owned(key, full));
+    } else if ((full.scale_bytes() > 0 && dst.scales == nullptr) || dst.scale_inv == nullptr ||
+               dst.amax == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "caller buffers of ", key, " need data, ", full.scale_bytes() > 0 ? "scales, " : "",
+          "scale_inv and amax"));
+    }
+    dst.layout = full;
+    DeviceFetched fetched;
+    fetched.tensor = target.tensor;
+    fetched.direction = target.direction;
+    fetched.spec = spec;
+    fetched.rows = meta->rows;
+    fetched.cols = meta->cols;
+    fetched.buffers = dst;
+    fetched.pieces = static_cast<int>(meta->pieces.size());
+    result.tensors.push_back(fetched);
+    result.received[target.direction] += full.data_bytes() + full.scale_bytes();
+    for (const client::PieceLocation& p : meta->pieces) {
+      PieceJob job{static_cast<int>(i), p.row_begin, p.row_end, dst};
+      if (meta->pieces.size() > 1) {
+        ASSIGN_OR_RETURN(Layout piece, ComputeLayout(spec, target.direction,
+                                                     p.row_end - p.row_begin, meta->cols));
+        ASSIGN_OR_RETURN(job.into, Owned(absl::StrCat(key, "/", p.row_begin), piece));
+        split[i].push_back(job);
+      }
+      DaemonJob& d = jobs[p.daemon_rank];
+      d.rank = p.daemon_rank;
+      d.address = p.daemon_address.empty() && p.daemon_rank < static_cast<int>(
+                                                  manifest.daemon_addresses.size())
+                      ? manifest.daemon_addresses[p.daemon_rank]
+                      : p.daemon_address;
+      // One TensorDirections per target: the daemon plans its pieces of it
+      // in row order, as the manifest lists them.
+      if (d.request.tensors_size() == 0 ||
+          d.pieces.empty() || d.pieces.back().target != static_cast<int>(i)) {
+        rpc::TensorDirections* td = d.request.add_tensors();
+        td->set_tensor(target.tensor);
+        td->add_directions(DirectionToProto(target.direction));
+      }
+      d.pieces.push_back(job);
+    }
+  }
+  // Work the caller enqueued on `stream` may still read the destinations.
+  if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+
+  // Channels (opened on this thread: they are the fetcher's state).
+  for (auto& [rank, job] : jobs) {
+    absl::StatusOr<Channel*> c = ChannelTo(rank, job.address, deadline);
+    if (!c.ok()) return c.status();
+    job.channel = *c;
+    job.request.set_channel(job.channel->id);
+    job.request.set_version(version);
+    job.request.set_tag(next_tag_++);
+  }
+  // One plan + one receive per daemon, in parallel.
+  std::vector<std::thread> threads;
+  for (auto& [rank, job] : jobs) {
+    DaemonJob* j = &job;
+    const int device = options_.device;
+    threads.emplace_back([j, device, deadline, version] {
+      cudaSetDevice(device);
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      rpc::FetchDeviceResponse response;
+      const grpc::Status g = j->channel->stub->FetchDevice(&context, j->request, &response);
+      if (!g.ok()) {
+        j->status = FromGrpcStatus(g, absl::StrCat("FetchDevice on daemon ", j->rank));
+        return;
+      }
+      j->status = CheckPlan(response.plan(), *j, version);
+      if (!j->status.ok()) return;
+      std::vector<MutableDeviceBytes> pieces;
+      for (const PieceJob& p : j->pieces) {
+        AppendItemPieces(p.into.layout, p.into.data, p.into.scales, p.into.scale_inv, p.into.amax,
+                         &pieces);
+      }
+      j->status = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  absl::Status first_error;
+  for (auto& [rank, job] : jobs) {
+    if (job.status.ok()) continue;
+    // A failed exchange may leave a send queued on the daemon: reopen the
+    // channel (the daemon drops its end when the stream closes).
+    CloseChannel(rank);
+    if (first_error.ok()) first_error = job.status;
+  }
+  if (!first_error.ok()) return first_error;
+  result.daemons = static_cast<int>(jobs.size());
+
+  // Assembly of split tensors (FORMATS.md layouts, //sharding:assemble).
+  bool copied = false;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (split[i].empty()) continue;
+    const DeviceFetched& t = result.tensors[i];
+    const DeviceDirection& dst = t.buffers;
+    const QuantSpec& spec = t.spec;
+    if (dst.layout.scale_bytes() > 0) {
+      GPU_RETURN_IF_ERROR(cudaMemsetAsync(dst.scales, 0, dst.layout.scale_bytes(), copy_stream_));
+    }
+    for (const PieceJob& p : split[i]) {
+      ASSIGN_OR_RETURN(sharding::PiecePlacement pl,
+                       sharding::PlacePiece(spec, t.direction, t.rows, t.cols, p.row_begin,
+                                            p.row_end));
+      auto copy = [&](const sharding::Copy2D& c, const void* piece, void* full) -> absl::Status {
+        if (c.width == 0 || c.height == 0) return absl::OkStatus();
+        return GPU_STATUS(cudaMemcpy2DAsync(
+            static_cast<uint8_t*>(full) + c.full_offset, c.full_pitch,
+            static_cast<const uint8_t*>(piece) + c.piece_offset, c.piece_pitch, c.width, c.height,
+            cudaMemcpyDeviceToDevice, copy_stream_));
+      };
+      RETURN_IF_ERROR(copy(pl.data, p.into.data, dst.data));
+      if (dst.layout.scale_bytes() > 0) RETURN_IF_ERROR(copy(pl.scales, p.into.scales, dst.scales));
+    }
+    // Every piece carries the tensor's agreed scale_inv and global amax.
+    const PieceJob& first = split[i].front();
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(dst.scale_inv, first.into.scale_inv, sizeof(float),
+                                        cudaMemcpyDeviceToDevice, copy_stream_));
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(dst.amax, first.into.amax, sizeof(float),
+                                        cudaMemcpyDeviceToDevice, copy_stream_));
+    copied = true;
+  }
+  if (copied) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+  return result;
+}
+
+}  // namespace gpu_fetch
+}  // namespace paramd

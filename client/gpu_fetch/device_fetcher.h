@@ -1,0 +1,151 @@
+// File: client/gpu_fetch/device_fetcher.h
+//
+// Device fetch through hybrid-paramd daemons (DESIGN.md §4, issue 5): the
+// published directions of a version land straight in the trainer's GPU
+// memory, over NCCL, in exactly the layouts of ../shared/FORMATS.md
+// (ComputeLayout(spec, direction, M, K) of the WHOLE tensor), whatever the
+// number of daemons holding pieces of a tensor. --config=cuda only; the
+// daemons must run --backend=gpu (a cpu daemon answers FAILED_PRECONDITION:
+// use client::Client::Fetch there).
+//
+//   ASSIGN_OR_RETURN(auto client, client::Client::Connect(options));
+//   ASSIGN_OR_RETURN(auto fetcher, gpu_fetch::DeviceFetcher::Create(client.get(), {.device = 1}));
+//   ASSIGN_OR_RETURN(gpu_fetch::DeviceFetchResult r,
+//                    fetcher->Fetch(v, {{"w", Direction::kRowwise}}, stream));
+//   ... r.tensors[0].buffers.data is the rowwise copy of w on device 1 ...
+//
+// How: per daemon, one device channel (Daemon.OpenDeviceChannel: a 2-rank
+// NCCL transport world, daemon rank 0, this trainer rank 1; the NCCL unique
+// ids travel over the transport's gRPC header channel). A fetch sends one
+// Daemon.FetchDevice per daemon involved (in parallel): the daemon answers
+// with the plan (its pieces, in the order of fetch_plan.h) and sends them as
+// one NCCL group, which this side receives with one RecvDevice. A tensor in
+// one piece is received straight into the destination; the pieces of a
+// tensor split across daemons are received into scratch buffers and placed
+// with strided device copies (cudaMemcpy2DAsync) from the piece geometry of
+// //sharding:assemble (PlacePiece): rowwise pieces are row ranges,
+// transposed columnwise pieces are column blocks, scale entries go to their
+// block offsets and scale padding is zero (D8). scale_inv and amax are the
+// tensor's (every piece carries the agreed global values).
+//
+// Memory: a target with `dst.data` set receives into those caller-owned
+// device buffers (on `device`, sized from Client::LayoutOf: data_bytes,
+// scale_bytes when > 0, one float each for scale_inv and amax); otherwise
+// into buffers this fetcher owns, one set per (tensor, direction), reused
+// (overwritten) by the next fetch of that target and freed with the
+// fetcher. Scratch buffers for split tensors are owned and reused likewise.
+//
+// Streams: Fetch first waits for `stream` (host synchronisation), so work
+// the caller enqueued there that still reads the destination finishes
+// before it is overwritten; when Fetch returns the bytes are in place, and
+// work enqueued on any stream afterwards sees them.
+//
+// Errors: UNAVAILABLE (a daemon is down or its channel broke: the channel
+// is closed and reopened by the next fetch), DEADLINE_EXCEEDED (the timeout
+// passed first; never a hang), NOT_FOUND (unknown tensor, dropped version),
+// FAILED_PRECONDITION (direction not published, a cpu daemon, a manifest
+// that no longer matches the daemons: RefreshManifest), INVALID_ARGUMENT
+// (duplicate targets, buffers on no device). On error the destinations may
+// be partly written.
+//
+// Threading: thread-safe; fetches through one fetcher are serialised.
+// Destroying it closes the channels (the daemons drop their ends).
+#ifndef PARAMD_CLIENT_GPU_FETCH_DEVICE_FETCHER_H_
+#define PARAMD_CLIENT_GPU_FETCH_DEVICE_FETCHER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "client/gpu_fetch/fetch.h"
+#include "kernels/format.h"
+
+namespace paramd {
+namespace gpu_fetch {
+
+struct DeviceFetcherOptions {
+  // The trainer's CUDA device: destinations, scratch and the NCCL endpoints.
+  int device = 0;
+  // Timeout of a Fetch given none.
+  absl::Duration timeout = absl::Seconds(30);
+  // For the daemons' logs; empty: "<hostname>:<pid>".
+  std::string name;
+};
+
+// One (tensor, direction) to fetch.
+struct DeviceTarget {
+  std::string tensor;
+  Direction direction = Direction::kRowwise;
+  // Caller-owned destination (dst.data non-null; dst.layout is filled in by
+  // the fetcher), or null data for fetcher-owned buffers.
+  DeviceDirection dst;
+};
+
+struct DeviceFetched {
+  std::string tensor;
+  Direction direction = Direction::kRowwise;
+  QuantSpec spec;           // of this direction
+  int64_t rows = 0;         // M
+  int64_t cols = 0;         // K
+  DeviceDirection buffers;  // where the bytes are (caller's or owned)
+  int pieces = 0;           // shard pieces it was assembled from
+};
+
+struct DeviceFetchResult {
+  int64_t version = 0;
+  std::vector<DeviceFetched> tensors;  // one per target, in target order
+  client::DirectionBytes received;     // payload bytes (data + scales)
+  int daemons = 0;                     // daemons that sent
+};
+
+class DeviceFetcher {
+ public:
+  // `client` must outlive the fetcher (its manifest and versions are used).
+  // Opens no channel yet (the first fetch from a daemon does).
+  static absl::StatusOr<std::unique_ptr<DeviceFetcher>> Create(client::Client* client,
+                                                               const DeviceFetcherOptions& options);
+  ~DeviceFetcher();
+  DeviceFetcher(const DeviceFetcher&) = delete;
+  DeviceFetcher& operator=(const DeviceFetcher&) = delete;
+
+  // Fetches `targets` of `version` (client::Client::kLatest: the committed
+  // version) into device memory; see the file comment.
+  absl::StatusOr<DeviceFetchResult> Fetch(int64_t version,
+                                          const std::vector<DeviceTarget>& targets,
+                                          cudaStream_t stream = nullptr,
+                                          absl::Duration timeout = absl::ZeroDuration());
+
+  // Channels currently open (for tests and stats).
+  int open_channels() const;
+
+  class Channel;
+
+ private:
+  DeviceFetcher(client::Client* client, const DeviceFetcherOptions& options);
+  absl::StatusOr<Channel*> ChannelTo(int daemon, const std::string& address,
+                                     absl::Time deadline);
+  void CloseChannel(int daemon);
+  absl::StatusOr<DeviceDirection> Owned(const std::string& key, const Layout& layout);
+
+  client::Client* const client_;
+  const DeviceFetcherOptions options_;
+  mutable std::mutex mu_;  // serialises Fetch; guards everything below
+  std::map<int, std::unique_ptr<Channel>> channels_;  // by daemon rank
+  DevicePool pool_;
+  std::map<std::string, DeviceDirection> owned_;  // by key (tensor, direction, piece)
+  cudaStream_t copy_stream_ = nullptr;
+  uint64_t next_tag_ = 1;
+};
+
+}  // namespace gpu_fetch
+}  // namespace paramd
+
+#endif  // PARAMD_CLIENT_GPU_FETCH_DEVICE_FETCHER_H_

@@ -1,0 +1,84 @@
+// File: server/device_channel.h
+//
+// The daemon's side of one device channel (DESIGN.md §4, issue 5): a
+// 2-rank NCCL transport world between this daemon (rank 0) and one trainer
+// (rank 1), over which FetchDevice sends published device buffers of the
+// gpu backend straight into the trainer's GPU memory. Host-only interface:
+// the implementation (server/gpu_backend/device_channel.cc, NCCL +
+// fetch_server) registers itself when linked into hybrid-paramd under
+// --config=cuda, so the default (cpu) build carries no CUDA dependency and
+// answers FAILED_PRECONDITION.
+//
+// Threading: Connect and Send are called from one thread (the channel's
+// serial worker in server/daemon.cc); Shutdown from any thread, at any time,
+// and it unblocks a Send in progress. The destructor must not race with
+// Connect/Send.
+#ifndef PARAMD_SERVER_DEVICE_CHANNEL_H_
+#define PARAMD_SERVER_DEVICE_CHANNEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/format.h"
+#include "server/shard_backend.h"
+
+namespace paramd {
+
+// One published direction of one of the daemon's shards (index into the
+// backend's shards()).
+struct DeviceFetchItem {
+  int shard = 0;
+  Direction direction = Direction::kRowwise;
+};
+
+class DeviceChannel {
+ public:
+  virtual ~DeviceChannel() = default;
+
+  // This end's transport endpoint address (send it to the trainer).
+  virtual std::string address() const = 0;
+  // The CUDA device (ordinal in this process) the endpoint is bound to.
+  virtual int device() const = 0;
+
+  // Joins the 2-rank world {this (rank 0), trainer_address (rank 1)}.
+  // Once, before Send. Does not wait for the trainer.
+  virtual absl::Status Connect(const std::string& trainer_address) = 0;
+
+  // Sends `items` of `version` of `backend` to the trainer as one transport
+  // message with `tag` (client/gpu_fetch/fetch_plan.h gives the piece
+  // order). Blocks until the bytes have left the device buffers, the
+  // deadline passes (DEADLINE_EXCEEDED), the trainer is gone (UNAVAILABLE) or
+  // Shutdown() (CANCELLED). FAILED_PRECONDITION if `backend` is not the gpu
+  // backend; NOT_FOUND if it does not hold `version`. The caller keeps the
+  // version's buffers from being rewritten until Send returns.
+  virtual absl::Status Send(ShardBackend& backend, int64_t version,
+                            absl::Span<const DeviceFetchItem> items, uint64_t tag,
+                            absl::Time deadline) = 0;
+
+  // Leaves the world: a Send in progress returns, the trainer's receives
+  // fail with UNAVAILABLE. Idempotent, thread-safe.
+  virtual void Shutdown() = 0;
+};
+
+// Opens the daemon's endpoint of a new channel on the device of the gpu
+// backend (CUDA device 0 of this process: select the physical GPU with
+// CUDA_VISIBLE_DEVICES or hybrid-paramd --gpu).
+using DeviceChannelOpener = std::function<absl::StatusOr<std::unique_ptr<DeviceChannel>>()>;
+
+// Called once at static init by the implementation's library (alwayslink).
+// Returns true (for use in a static initialiser).
+bool RegisterDeviceChannelOpener(DeviceChannelOpener opener);
+
+// A new channel endpoint. FAILED_PRECONDITION when this binary has no
+// implementation (built without --config=cuda); the opener's status else.
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel();
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_DEVICE_CHANNEL_H_
