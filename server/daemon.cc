@@ -289,6 +289,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
           "checkpoints and exports are not supported by the ", shards_->name(),
           " daemon backend (run the daemons with --backend=cpu)"));
     }
+    // gpu backend: the published bytes of both versions on the host.
+    if (HostBytesFn bytes = shards_->host_bytes()) {
+      ASSIGN_OR_RETURN(latest, bytes(latest));
+      if (previous) {
+        absl::StatusOr<std::shared_ptr<const PublishedVersion>> p = bytes(previous);
+        previous = p.ok() ? *std::move(p) : nullptr;
+      }
+    }
     return fn(*host, *latest, previous.get());
   }
 
@@ -299,6 +307,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     std::shared_ptr<const PublishedVersion> version;  // null: wait
     std::shared_ptr<const ModelView> view;
     int rank = -1;
+    HostBytesFn host_bytes;  // non-null: `version` has no bytes yet (gpu backend)
   };
   absl::StatusOr<FetchTarget> ResolveFetch(int64_t version) {
     absl::MutexLock lock(&mu_);
@@ -307,6 +316,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (!latest_ || version > latest_->version) return t;  // wait
     t.view = view_;
     t.rank = rank_;
+    if (shards_) t.host_bytes = shards_->host_bytes();
     if (version < 0 || version == latest_->version) {
       t.version = latest_;
     } else if (previous_ && version == previous_->version) {
@@ -963,7 +973,11 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
   absl::Status BuildPlan(const Daemon::Impl::FetchTarget& target)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    version_ = target.version;
+    if (target.host_bytes) {
+      ASSIGN_OR_RETURN(version_, target.host_bytes(target.version));
+    } else {
+      version_ = target.version;
+    }
     const ModelView& view = *target.view;
     chunk_bytes_ = request_.max_chunk_bytes() > 0 ? request_.max_chunk_bytes()
                                                   : daemon_->default_chunk_bytes();

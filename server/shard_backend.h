@@ -11,8 +11,11 @@
 //
 // Host-side contract shared by both: the daemon writes loaded weights into
 // load_master(i) and sums pushed gradients into gradient(i) (host FP32
-// rows); Step() consumes them and returns the published version as host
-// bytes (PublishedVersion), which the gRPC Fetch stream serves unchanged.
+// rows); Step() consumes them and returns the published version
+// (PublishedVersion). The cpu backend's versions carry their bytes; the gpu
+// backend's carry the metadata only, and host_bytes() turns one into host
+// bytes (copied from the device on first use) for the gRPC Fetch stream and
+// checkpoint export.
 //
 // Threading: as ShardSet (not thread-safe; the daemon's worker steps it and
 // the daemon serialises load_master/gradient writes with its own mutex).
@@ -32,6 +35,13 @@
 #include "server/shard_set.h"
 
 namespace paramd {
+
+// A version returned by ShardBackend::Step -> the same version with its
+// bytes on the host (QuantizedTensor data and scales filled). NOT_FOUND once
+// the backend no longer holds the version. Thread-safe; may block on a
+// device-to-host copy.
+using HostBytesFn = std::function<absl::StatusOr<std::shared_ptr<const PublishedVersion>>(
+    const std::shared_ptr<const PublishedVersion>& version)>;
 
 class ShardBackend {
  public:
@@ -57,9 +67,16 @@ class ShardBackend {
       bool update_delayed) = 0;
 
   // The host state for checkpoint write/restore and export (checkpoint/),
-  // or null when the backend keeps its state elsewhere (gpu): callers then
-  // return UNIMPLEMENTED.
+  // or null when the backend cannot provide one: callers then return
+  // UNIMPLEMENTED. gpu: a mirror downloaded from the device on this call
+  // (call it with the worker parked, never beside Step); changes made to it
+  // (restore) are uploaded before the next Step.
   virtual ShardSet* host_state() = 0;
+
+  // Null when Step's versions already carry their bytes (cpu); else how to
+  // get them (gpu). The function stays valid after the backend is gone
+  // (it keeps what it needs alive).
+  virtual HostBytesFn host_bytes() { return nullptr; }
 };
 
 struct ShardBackendOptions {

@@ -1,20 +1,22 @@
 // GPU only (tag gpu; --config=cuda on a machine with a GPU). One real
 // hybrid-paramd daemon with --backend=gpu (GpuShardStore through the
 // daemon's ShardBackend seam) against the CPU reference, for every format
-// pair the gpu backend supports:
+// pair (both columnwise sources, and a columnwise-only copy from a
+// temporary rowwise one), with AdamW (weight decay) and with SGD + momentum:
 //   - version 0 fetched over the host Fetch stream equals
 //     ReferencePublish of the loaded weights byte for byte;
-//   - after 3 AdamW steps on pushed gradients, every fetched piece (data,
-//     scales, scale_inv, and the amax where a format carries one) equals
-//     what an identical --backend=cpu daemon publishes;
-//   - a columnwise_source: ROWWISE_DEQUANTIZED recipe is refused with
-//     UNIMPLEMENTED, and a checkpoint/export (WithStableState) likewise.
+//   - after each of 3 optimizer steps on pushed gradients, every fetched
+//     piece (data, scales, scale_inv, and the amax where a format carries
+//     one) of the new version AND of the previous one (its host copy is
+//     made on this first host request: the gpu backend publishes without a
+//     device-to-host copy) equals what an identical --backend=cpu daemon
+//     publishes.
 #include <map>
-#include <utility>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
@@ -31,33 +33,42 @@ constexpr int64_t kRows = 260;  // not a multiple of 32 or 128: partial blocks
 constexpr int64_t kCols = 200;
 constexpr int kSteps = 3;
 
-// FormatCombos() less ROWWISE_DEQUANTIZED (UNIMPLEMENTED on the gpu; its
-// own test below).
+// FormatCombos() and a columnwise-only rowwise_dequantized copy (its
+// rowwise copy is computed but not published, D16).
 std::vector<FormatCombo> GpuCombos() {
-  std::vector<FormatCombo> out;
-  for (FormatCombo& c : FormatCombos()) {
-    if (!absl::StrContains(c.spec, "ROWWISE_DEQUANTIZED")) out.push_back(std::move(c));
-  }
+  std::vector<FormatCombo> out = FormatCombos();
+  out.push_back({"ColumnwiseOnlyNvfp4FromCurrent",
+                 "rowwise { format: FP8_CURRENT } columnwise { format: NVFP4 } "
+                 "rowwise_usage: false columnwise_source: ROWWISE_DEQUANTIZED"});
   return out;
 }
 
-std::unique_ptr<RawCluster> StartOne(const std::string& backend) {
+std::unique_ptr<RawCluster> StartOne(const std::string& backend, const std::string& optimizer) {
   TestClusterOptions options;
   options.daemons = 1;
   options.expected_pushers = 1;
-  options.optimizer = "adamw";
-  options.lr = 0.01;
-  options.daemon_flags = {absl::StrCat("--backend=", backend)};
+  options.optimizer = optimizer;
+  options.lr = optimizer == "sgd" ? 0.05 : 0.01;
+  options.momentum = optimizer == "sgd" ? 0.9 : 0.0;
+  options.daemon_flags = {absl::StrCat("--backend=", backend),
+                          optimizer == "sgd" ? "--weight_decay=0.001" : "--weight_decay=0.01"};
   absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
   EXPECT_TRUE(c.ok()) << backend << ": " << c.status();
   return c.ok() ? *std::move(c) : nullptr;
 }
 
-class GpuDaemonBackendTest : public ::testing::TestWithParam<FormatCombo> {
+// Parameter: (format combo, optimizer). One gpu and one cpu daemon per
+// optimizer, shared by the suite (each Load replaces the model).
+class GpuDaemonBackendTest
+    : public ::testing::TestWithParam<std::tuple<FormatCombo, std::string>> {
  protected:
   static void SetUpTestSuite() {
-    gpu_ = StartOne("gpu").release();
-    cpu_ = StartOne("cpu").release();
+    for (const char* optimizer : {"adamw", "sgd"}) {
+      clusters_[optimizer] = {StartOne("gpu", optimizer).release(),
+                              StartOne("cpu", optimizer).release()};
+    }
+    gpu_ = clusters_["adamw"].first;
+    cpu_ = clusters_["adamw"].second;
     ASSERT_NE(gpu_, nullptr);
     ASSERT_NE(cpu_, nullptr);
     tensors_ = {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 1)},
@@ -66,20 +77,29 @@ class GpuDaemonBackendTest : public ::testing::TestWithParam<FormatCombo> {
     ASSERT_TRUE(WriteModel(model_path_, tensors_).ok());
   }
   static void TearDownTestSuite() {
-    delete gpu_;
-    delete cpu_;
+    for (auto& [name, pair] : clusters_) {
+      delete pair.first;
+      delete pair.second;
+    }
+    clusters_.clear();
     gpu_ = cpu_ = nullptr;
+  }
+  void SetUp() override {
+    gpu_ = clusters_[std::get<1>(GetParam())].first;
+    cpu_ = clusters_[std::get<1>(GetParam())].second;
   }
   void TearDown() override {
     if (HasFailure() && gpu_ != nullptr) ADD_FAILURE() << gpu_->cluster().Logs();
   }
 
+  static std::map<std::string, std::pair<RawCluster*, RawCluster*>> clusters_;
   static RawCluster* gpu_;
   static RawCluster* cpu_;
   static std::vector<TestTensor> tensors_;
   static std::string model_path_;
 };
 
+std::map<std::string, std::pair<RawCluster*, RawCluster*>> GpuDaemonBackendTest::clusters_;
 RawCluster* GpuDaemonBackendTest::gpu_ = nullptr;
 RawCluster* GpuDaemonBackendTest::cpu_ = nullptr;
 std::vector<TestTensor> GpuDaemonBackendTest::tensors_;
@@ -114,7 +134,8 @@ void ExpectSamePieces(int64_t version, RawCluster& gpu, RawCluster& cpu,
 TEST_P(GpuDaemonBackendTest, FetchedBytesEqualCpuReference) {
   ASSERT_NE(gpu_, nullptr);
   ASSERT_NE(cpu_, nullptr);
-  const std::string recipe = absl::StrCat("default_spec { ", GetParam().spec, " }");
+  const std::string recipe =
+      absl::StrCat("default_spec { ", std::get<0>(GetParam()).spec, " }");
   absl::StatusOr<int64_t> g0 = gpu_->Load(model_path_, recipe);
   ASSERT_TRUE(g0.ok()) << g0.status();
   absl::StatusOr<int64_t> c0 = cpu_->Load(model_path_, recipe);
@@ -158,23 +179,17 @@ TEST_P(GpuDaemonBackendTest, FetchedBytesEqualCpuReference) {
     absl::StatusOr<int64_t> cv = cpu_->WaitForVersion(step + 1);
     ASSERT_TRUE(cv.ok()) << cv.status();
     ExpectSamePieces(step + 1, *gpu_, *cpu_, tensors_);
+    // The previous version, first requested now on the host.
+    if (step >= 1) ExpectSamePieces(step, *gpu_, *cpu_, tensors_);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, GpuDaemonBackendTest, ::testing::ValuesIn(GpuCombos()),
-                         [](const ::testing::TestParamInfo<FormatCombo>& info) {
-                           return info.param.name;
-                         });
-
-TEST_F(GpuDaemonBackendTest, RowwiseDequantizedIsRefusedAsUnimplemented) {
-  ASSERT_NE(gpu_, nullptr);
-  absl::StatusOr<int64_t> v = gpu_->Load(
-      model_path_,
-      "default_spec { rowwise { format: MXFP8 } columnwise { format: FP8_CURRENT } "
-      "columnwise_source: ROWWISE_DEQUANTIZED }");
-  ASSERT_FALSE(v.ok());
-  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnimplemented) << v.status();
-}
+INSTANTIATE_TEST_SUITE_P(
+    Formats, GpuDaemonBackendTest,
+    ::testing::Combine(::testing::ValuesIn(GpuCombos()), ::testing::Values("adamw", "sgd")),
+    [](const ::testing::TestParamInfo<std::tuple<FormatCombo, std::string>>& info) {
+      return absl::StrCat(std::get<0>(info.param).name, "_", std::get<1>(info.param));
+    });
 
 }  // namespace
 }  // namespace testing

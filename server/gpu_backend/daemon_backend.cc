@@ -1,15 +1,19 @@
 #include "server/gpu_backend/daemon_backend.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
+#include "kernels/reference.h"
 #include "server/gpu_backend/shard_store.h"
 
 namespace paramd {
@@ -17,27 +21,109 @@ namespace gpu_backend {
 namespace {
 
 bool PerTensorFp8(Format f) { return f == Format::kFp8Current || f == Format::kFp8Delayed; }
+bool Dequantized(const HybridSpec& s) {
+  return s.columnwise_source == ColumnwiseSource::kRowwiseDequantized;
+}
+bool Uses(const HybridSpec& s, int dir) { return dir == 0 ? s.rowwise_usage : s.columnwise_usage; }
+const QuantSpec& SpecOf(const HybridSpec& s, int dir) {
+  return dir == 0 ? s.rowwise : s.columnwise;
+}
+// As server/shard_set.cc: whether a direction's global amax is reduced (and
+// so reported in TensorScalingInfo; 0 otherwise).
+bool NeedsReduce(const HybridSpec& s, int dir) {
+  const bool computed = dir == 0 ? s.rowwise_usage || (s.columnwise_usage && Dequantized(s))
+                                 : s.columnwise_usage;
+  return computed && NeedsGlobalAmax(SpecOf(s, dir).format);
+}
+bool SecondRound(const HybridSpec& s) {
+  return NeedsReduce(s, 1) && Dequantized(s) && NeedsGlobalAmax(s.rowwise.format) &&
+         s.rowwise.format != Format::kFp8Delayed;
+}
 
-absl::Status CopyToHost(void* dst, const void* src, size_t bytes) {
+absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return absl::OkStatus();
-  GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, kind));
   return absl::OkStatus();
 }
 
-absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) {
-  if (bytes == 0) return absl::OkStatus();
-  GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-  return absl::OkStatus();
-}
+// The host bytes of published versions, copied from the device on the first
+// request (ShardBackend::host_bytes). Shared by the backend and by the
+// HostBytesFn it hands out, so a fetch may finish after the backend is gone
+// (the store, and its device buffers, live as long as this).
+//
+// Threading: Get from any thread; Add/Retire from the step thread. The
+// mutex is held across a copy, so Retire (before a step rewrites the
+// version's device slot) waits for copies of that version to finish.
+class HostCopies {
+ public:
+  explicit HostCopies(std::shared_ptr<GpuShardStore> store) : store_(std::move(store)) {}
+
+  // `meta` (pieces without bytes) was just published; `device[k]` holds the
+  // device buffers of meta->pieces[k].
+  void Add(std::shared_ptr<const PublishedVersion> meta,
+           std::vector<GpuPublishedDirection> device) {
+    absl::MutexLock lock(&mu_);
+    Entry& e = entries_[meta->version];
+    e.meta = std::move(meta);
+    e.device = std::move(device);
+    e.bytes = nullptr;
+  }
+
+  // The device slot of `version` is about to be rewritten.
+  void Retire(int64_t version) {
+    absl::MutexLock lock(&mu_);
+    entries_.erase(version);
+  }
+
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Get(
+      const std::shared_ptr<const PublishedVersion>& meta) {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(meta->version);
+    if (it == entries_.end() || it->second.meta != meta) {
+      return absl::NotFoundError(absl::StrCat(
+          "version ", meta->version,
+          " is no longer held on the device (the gpu backend keeps the two latest versions)"));
+    }
+    Entry& e = it->second;
+    if (e.bytes != nullptr) return e.bytes;
+    auto copy = std::make_shared<PublishedVersion>(*e.meta);
+    ScopedDevice guard(store_->device());
+    for (size_t k = 0; k < copy->pieces.size(); ++k) {
+      PublishedPiece& p = copy->pieces[k];
+      const GpuPublishedDirection& d = e.device[k];
+      p.q.data.resize(d.layout.data_bytes());
+      RETURN_IF_ERROR(Copy(p.q.data.data(), d.data, p.q.data.size(), cudaMemcpyDeviceToHost));
+      p.q.scales.resize(d.layout.scale_bytes());
+      if (d.scales != nullptr) {
+        RETURN_IF_ERROR(
+            Copy(p.q.scales.data(), d.scales, p.q.scales.size(), cudaMemcpyDeviceToHost));
+      }
+    }
+    e.bytes = std::move(copy);
+    return e.bytes;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const PublishedVersion> meta;
+    std::vector<GpuPublishedDirection> device;
+    std::shared_ptr<const PublishedVersion> bytes;  // null until requested
+  };
+  const std::shared_ptr<GpuShardStore> store_;
+  absl::Mutex mu_;
+  std::map<int64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
 
 class GpuShardBackend : public ShardBackend {
  public:
   GpuShardBackend(std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
-                  std::unique_ptr<GpuShardStore> store, absl::Duration step_timeout)
+                  std::shared_ptr<GpuShardStore> store, const ShardBackendOptions& options)
       : tensors_(std::move(tensors)),
         shards_(std::move(shards)),
         store_(std::move(store)),
-        step_timeout_(step_timeout) {
+        copies_(std::make_shared<HostCopies>(store_)),
+        optimizer_(options.optimizer),
+        step_timeout_(options.step_timeout) {
     for (const ShardDef& d : shards_) {
       const size_t n = static_cast<size_t>(d.rows() * tensors_[d.tensor].cols);
       load_.emplace_back(n, 0.0f);
@@ -50,103 +136,247 @@ class GpuShardBackend : public ShardBackend {
   const std::vector<ShardDef>& shards() const override { return shards_; }
   absl::Span<float> load_master(int i) override { return absl::MakeSpan(load_[i]); }
   absl::Span<float> gradient(int i) override { return absl::MakeSpan(grads_[i]); }
-  ShardSet* host_state() override { return nullptr; }
   GpuShardStore* store() { return store_.get(); }
+
+  HostBytesFn host_bytes() override {
+    std::shared_ptr<HostCopies> copies = copies_;
+    return [copies](const std::shared_ptr<const PublishedVersion>& meta) {
+      return copies->Get(meta);
+    };
+  }
+
+  // A host ShardSet mirroring the device state (masters, moments, step
+  // count, delayed scaling), downloaded now. The caller may change it
+  // (restore): it is uploaded again before the next Step.
+  ShardSet* host_state() override {
+    absl::Status s = DownloadMirror();
+    if (!s.ok()) {
+      std::fprintf(stderr, "gpu backend: host state download failed: %s\n",
+                   s.ToString().c_str());
+      return nullptr;
+    }
+    mirror_dirty_ = true;
+    return mirror_.get();
+  }
 
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
                                                                bool apply_optimizer,
                                                                const AllReduceMaxFn& all_reduce,
                                                                bool update_delayed) override {
-    if (!update_delayed) {
-      return absl::UnimplementedError(
-          "the gpu daemon backend cannot republish without a delayed-scaling update "
-          "(checkpoint restore)");
-    }
     if (!broken_.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "an earlier gpu step failed (", broken_.message(),
           "); the device state is undefined: load the model again"));
     }
     RETURN_IF_ERROR(Upload(apply_optimizer));
-    const int num_tensors = static_cast<int>(tensors_.size());
-    // Bridge: per-shard device amaxes <-> the daemon's host all-reduce over
-    // the manifest-sized [tensor][direction] vector (same length on every
-    // daemon).
+    // Bridge: the packed [tensor][direction] device amaxes <-> the daemon's
+    // host all-reduce (same length on every daemon).
     DeviceAllReduce bridge = [&](float* values, size_t count,
                                  cudaStream_t stream) -> absl::Status {
-      std::vector<float> local(count);
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(local.data(), values, count * sizeof(float),
+      std::vector<float> host(count);
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), values, count * sizeof(float),
                                           cudaMemcpyDeviceToHost, stream));
       GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      std::vector<float> packed(2 * num_tensors, 0.0f);
-      for (size_t i = 0; i < count; ++i) {
-        const int t = shards_[i].tensor;
-        packed[2 * t] = std::max(packed[2 * t], local[i]);
-        packed[2 * t + 1] = std::max(packed[2 * t + 1], local[i]);
-      }
-      absl::Status s = all_reduce(absl::MakeSpan(packed));
+      absl::Status s = all_reduce(absl::MakeSpan(host));
       if (!s.ok()) return absl::AbortedError(absl::StrCat("amax all-reduce failed: ", s.message()));
-      for (size_t i = 0; i < count; ++i) {
-        const int t = shards_[i].tensor;
-        local[i] = std::max(packed[2 * t], packed[2 * t + 1]);
-      }
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(values, local.data(), count * sizeof(float),
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(values, host.data(), count * sizeof(float),
                                           cudaMemcpyHostToDevice, stream));
       GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       return absl::OkStatus();
     };
+    // The step rewrites the older of two held versions: no host copy of it
+    // may run meanwhile.
+    const std::vector<int64_t> held = store_->versions();
+    if (held.size() == 2) copies_->Retire(held[0]);
     // Not transactional: the masters may have moved and the store may still
     // hold the failed step, so every later step is refused.
-    absl::Status stepped =
-        store_->Step(new_version, apply_optimizer, bridge, absl::Now() + step_timeout_);
+    absl::Status stepped = store_->Step(new_version, apply_optimizer, bridge,
+                                        absl::Now() + step_timeout_, update_delayed);
+    if (stepped.ok()) stepped = Publish(new_version);
     if (!stepped.ok()) {
       broken_ = stepped;
       return stepped;
     }
+    // A republish without optimizer and delayed update leaves the state as is.
+    if (apply_optimizer || update_delayed) ++generation_;
     if (apply_optimizer) {
       for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
     }
-    return CopyPublished(new_version);
+    return published_;
   }
 
  private:
-  // Masters (once, after loading) and, for an optimizer step, the host
-  // accumulators (the device accumulators are zero between steps).
+  int MirrorIndex(int i) const {
+    const ShardDef& d = shards_[i];
+    return mirror_->FindShard(d.tensor, d.row_begin, d.row_end);
+  }
+  size_t Count(int i) const {
+    return static_cast<size_t>(shards_[i].rows() * tensors_[shards_[i].tensor].cols);
+  }
+  bool Sgd() const { return optimizer_.kind == OptimizerKind::kSgd; }
+
+  // Masters (once, after loading, or after the host mirror was handed out)
+  // and, for an optimizer step, the host accumulators (the device
+  // accumulators are zero between steps).
   absl::Status Upload(bool apply_optimizer) {
     GPU_RETURN_IF_ERROR(cudaSetDevice(store_->device()));
+    if (mirror_dirty_) {
+      RETURN_IF_ERROR(UploadMirror());
+      mirror_dirty_ = false;
+      masters_uploaded_ = true;
+      load_ = std::vector<std::vector<float>>(shards_.size());
+    }
     if (!masters_uploaded_) {
       for (size_t i = 0; i < shards_.size(); ++i) {
-        RETURN_IF_ERROR(CopyToDevice(store_->master(static_cast<int>(i)), load_[i].data(),
-                                     load_[i].size() * sizeof(float)));
+        RETURN_IF_ERROR(Copy(store_->master(static_cast<int>(i)), load_[i].data(),
+                             load_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
       }
       masters_uploaded_ = true;
       load_ = std::vector<std::vector<float>>(shards_.size());  // staging no longer needed
     }
     if (apply_optimizer) {
       for (size_t i = 0; i < shards_.size(); ++i) {
-        RETURN_IF_ERROR(CopyToDevice(store_->grad(static_cast<int>(i)), grads_[i].data(),
-                                     grads_[i].size() * sizeof(float)));
+        RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
+                             grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
       }
     }
     return absl::OkStatus();
   }
 
-  // The device buffers of `version` as host pieces, in the cpu backend's
-  // order (by shard, rowwise then columnwise).
-  absl::StatusOr<std::shared_ptr<const PublishedVersion>> CopyPublished(int64_t version) {
+  // Device -> mirror_ (created on first use), unless it is already current.
+  absl::Status DownloadMirror() {
+    if (mirror_ == nullptr) {
+      ASSIGN_OR_RETURN(mirror_, ShardSet::Create(tensors_, shards_, optimizer_));
+      mirror_generation_ = -1;
+    }
+    // Handed out and not uploaded yet: the mirror is the newest state.
+    if (mirror_dirty_ || mirror_generation_ == generation_) return absl::OkStatus();
+    ScopedDevice guard(store_->device());
+    const int64_t steps = store_->optimizer_steps();
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const int s = MirrorIndex(static_cast<int>(i));
+      absl::Span<float> master = mirror_->master(s);
+      if (!masters_uploaded_) {
+        std::copy(load_[i].begin(), load_[i].end(), master.begin());
+      } else {
+        RETURN_IF_ERROR(Copy(master.data(), store_->master(static_cast<int>(i)),
+                             master.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+      // As ShardSet: moments exist once a step sized them (SGD: momentum only).
+      OptimizerState state;
+      const size_t n = Count(static_cast<int>(i));
+      if (steps > 0 && store_->exp_avg(static_cast<int>(i)) != nullptr) {
+        state.m.resize(n);
+        RETURN_IF_ERROR(Copy(state.m.data(), store_->exp_avg(static_cast<int>(i)),
+                             n * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+      if (steps > 0 && store_->exp_avg_sq(static_cast<int>(i)) != nullptr) {
+        state.v.resize(n);
+        RETURN_IF_ERROR(Copy(state.v.data(), store_->exp_avg_sq(static_cast<int>(i)),
+                             n * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+      RETURN_IF_ERROR(mirror_->SetOptimizerState(s, std::move(state)));
+      const HybridSpec& spec = tensors_[shards_[i].tensor].spec;
+      for (int dir = 0; dir < 2; ++dir) {
+        float* history = store_->history(static_cast<int>(i), dir);
+        if (history == nullptr) continue;
+        DelayedScalingState delayed;
+        delayed.amax_history.resize(std::max(SpecOf(spec, dir).amax_history_len, 1));
+        RETURN_IF_ERROR(Copy(delayed.amax_history.data(), history,
+                             delayed.amax_history.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+        RETURN_IF_ERROR(Copy(&delayed.scale, store_->scale(static_cast<int>(i), dir),
+                             sizeof(float), cudaMemcpyDeviceToHost));
+        mirror_->SetDelayedState(shards_[i].tensor, static_cast<Direction>(dir),
+                                 std::move(delayed));
+      }
+    }
+    mirror_->SetOptimizerSteps(steps);
+    mirror_generation_ = generation_;
+    return absl::OkStatus();
+  }
+
+  // mirror_ -> device (after a restore wrote into it).
+  absl::Status UploadMirror() {
+    ScopedDevice guard(store_->device());
+    bool fresh_momentum = false;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const int s = MirrorIndex(static_cast<int>(i));
+      const size_t n = Count(static_cast<int>(i));
+      RETURN_IF_ERROR(Copy(store_->master(static_cast<int>(i)), mirror_->master(s).data(),
+                           n * sizeof(float), cudaMemcpyHostToDevice));
+      const OptimizerState& state = mirror_->optimizer_state(s);
+      for (int k = 0; k < 2; ++k) {
+        float* device = k == 0 ? store_->exp_avg(static_cast<int>(i))
+                               : store_->exp_avg_sq(static_cast<int>(i));
+        const std::vector<float>& host = k == 0 ? state.m : state.v;
+        if (device == nullptr) continue;
+        if (host.size() == n) {
+          RETURN_IF_ERROR(Copy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+        } else {
+          GPU_RETURN_IF_ERROR(cudaMemset(device, 0, n * sizeof(float)));
+          if (k == 0) fresh_momentum = true;
+        }
+      }
+      const HybridSpec& spec = tensors_[shards_[i].tensor].spec;
+      for (int dir = 0; dir < 2; ++dir) {
+        float* history = store_->history(static_cast<int>(i), dir);
+        if (history == nullptr) continue;
+        const DelayedScalingState& delayed =
+            mirror_->delayed_state(shards_[i].tensor, static_cast<Direction>(dir));
+        std::vector<float> h = delayed.amax_history;
+        h.resize(std::max(SpecOf(spec, dir).amax_history_len, 1), 0.0f);
+        RETURN_IF_ERROR(
+            Copy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        RETURN_IF_ERROR(Copy(store_->scale(static_cast<int>(i), dir), &delayed.scale,
+                             sizeof(float), cudaMemcpyHostToDevice));
+      }
+    }
+    store_->set_optimizer_steps(mirror_->optimizer_steps(), Sgd() && fresh_momentum);
+    mirror_generation_ = generation_;  // equal until a step moves the device on
+    return absl::OkStatus();
+  }
+
+  // The metadata of `version` (pieces with layouts and scalars, no bytes:
+  // host_bytes() copies those on demand), in the cpu backend's order (by
+  // shard, rowwise then columnwise), registered with copies_.
+  absl::Status Publish(int64_t version) {
+    ScopedDevice guard(store_->device());
+    ASSIGN_OR_RETURN(const float* device_scalars, store_->PublishedScalars(version));
+    std::vector<float> scalars(store_->published_scalars_count());
+    RETURN_IF_ERROR(Copy(scalars.data(), device_scalars, scalars.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
+    std::vector<float> amax(store_->amax_count());
+    RETURN_IF_ERROR(Copy(amax.data(), store_->amax_vector(), amax.size() * sizeof(float),
+                         cudaMemcpyDeviceToHost));
     auto published = std::make_shared<PublishedVersion>();
+    std::vector<GpuPublishedDirection> device;
     published->version = version;
     published->tensors.resize(tensors_.size());
     for (size_t i = 0; i < shards_.size(); ++i) {
       const ShardDef& d = shards_[i];
       const TensorDef& t = tensors_[d.tensor];
+      const HybridSpec& spec = t.spec;
       TensorScalingInfo& info = published->tensors[d.tensor];
       info.held = true;
       for (int dir = 0; dir < 2; ++dir) {
-        const bool used = dir == 0 ? t.spec.rowwise_usage : t.spec.columnwise_usage;
-        if (!used) continue;
-        const QuantSpec& qs = dir == 0 ? t.spec.rowwise : t.spec.columnwise;
-        const Direction direction = dir == 0 ? Direction::kRowwise : Direction::kColumnwise;
+        const QuantSpec& qs = SpecOf(spec, dir);
+        const Direction direction = static_cast<Direction>(dir);
+        // The tensor's reduced amax of this direction (slot 2t+1: the
+        // dequantized rowwise values of a rowwise_dequantized copy).
+        const float global =
+            amax[2 * d.tensor + (dir == 1 && Dequantized(spec) ? 1 : 0)];
+        const float* s = scalars.data() + (2 * i + dir) * GpuShardStore::kScalarsPerDirection;
+        float scale = 1.0f;
+        if (Uses(spec, dir) && PerTensorFp8(qs.format)) {
+          scale = s[GpuShardStore::kScalarScale];  // the exact multiplier of this cast
+        } else if (qs.format == Format::kFp8Current) {
+          scale = ref::ScalingFromAmax(qs, global).scale;
+        }
+        const float info_amax = NeedsReduce(spec, dir) ? global : 0.0f;
+        (dir == 0 ? info.rowwise_scale : info.columnwise_scale) = scale;
+        (dir == 0 ? info.rowwise_amax : info.columnwise_amax) = info_amax;
+        if (!Uses(spec, dir)) continue;
         ASSIGN_OR_RETURN(GpuPublishedDirection pub,
                          store_->Published(version, static_cast<int>(i), direction));
         PublishedPiece p;
@@ -160,43 +390,34 @@ class GpuShardBackend : public ShardBackend {
         p.q.direction = direction;
         p.q.rows = d.rows();
         p.q.cols = t.cols;
-        p.q.data.resize(pub.layout.data_bytes());
-        RETURN_IF_ERROR(CopyToHost(p.q.data.data(), pub.data, p.q.data.size()));
-        p.q.scales.resize(pub.layout.scale_bytes());
-        if (pub.scales != nullptr) {
-          RETURN_IF_ERROR(CopyToHost(p.q.scales.data(), pub.scales, p.q.scales.size()));
-        }
-        float amax = 0.0f;
-        if (pub.amax != nullptr) RETURN_IF_ERROR(CopyToHost(&amax, pub.amax, sizeof(float)));
-        if (PerTensorFp8(qs.format) && pub.scale_inv != nullptr) {
-          RETURN_IF_ERROR(CopyToHost(&p.q.scale_inv, pub.scale_inv, sizeof(float)));
-          // The store keeps the cast multiplier private; rcp(scale_inv) is
-          // what GetStats reports (may differ from the exact multiplier by
-          // one ulp).
-          p.scale = p.q.scale_inv != 0.0f ? 1.0f / p.q.scale_inv : 1.0f;
-        }
-        if (PerTensorFp8(qs.format) || NeedsGlobalAmax(qs.format)) p.q.amax = amax;
-        if (dir == 0) {
-          info.rowwise_scale = p.scale;
-          info.rowwise_amax = amax;
-        } else {
-          info.columnwise_scale = p.scale;
-          info.columnwise_amax = amax;
-        }
+        p.q.scale_inv = s[GpuShardStore::kScalarInv];
+        if (NeedsGlobalAmax(qs.format)) p.q.amax = s[GpuShardStore::kScalarAmax];
+        p.scale = scale;
         published->pieces.push_back(std::move(p));
+        device.push_back(pub);
       }
     }
-    return std::shared_ptr<const PublishedVersion>(std::move(published));
+    published_ = published;
+    copies_->Add(std::move(published), std::move(device));
+    return absl::OkStatus();
   }
 
   std::vector<TensorDef> tensors_;
   std::vector<ShardDef> shards_;
-  std::unique_ptr<GpuShardStore> store_;
+  std::shared_ptr<GpuShardStore> store_;
+  std::shared_ptr<HostCopies> copies_;
+  OptimizerOptions optimizer_;
   absl::Duration step_timeout_;
   std::vector<std::vector<float>> load_;   // host staging until the first Step
   std::vector<std::vector<float>> grads_;  // host FP32 accumulators
   bool masters_uploaded_ = false;
   absl::Status broken_;  // the first failed Step; every later Step is refused
+  std::shared_ptr<const PublishedVersion> published_;  // the last Step's
+  // Host mirror for checkpoints/export/restore (host_state()).
+  std::unique_ptr<ShardSet> mirror_;
+  bool mirror_dirty_ = false;  // handed out: upload before the next Step
+  int64_t generation_ = 0;     // successful Steps so far
+  int64_t mirror_generation_ = -1;
 };
 
 const bool kRegistered = RegisterGpuShardBackend(&CreateGpuShardBackend);
@@ -208,12 +429,9 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     const ShardBackendOptions& options) {
   (void)kRegistered;
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
-  if (options.optimizer.kind != OptimizerKind::kAdamW) {
-    return absl::UnimplementedError(
-        absl::StrCat("the gpu daemon backend runs AdamW only, not ",
-                     OptimizerName(options.optimizer.kind), " (use --backend=cpu)"));
-  }
   std::vector<GpuShardDef> defs;
+  bool second_round = false;
+  for (const TensorDef& t : tensors) second_round |= SecondRound(t.spec);
   for (const ShardDef& d : shards) {
     if (d.tensor < 0 || d.tensor >= static_cast<int>(tensors.size()) || d.row_begin < 0 ||
         d.row_end <= d.row_begin || d.row_end > tensors[d.tensor].rows) {
@@ -222,23 +440,35 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     const TensorDef& t = tensors[d.tensor];
     GpuShardDef g;
     g.name = absl::StrCat(t.name, "[", d.row_begin, ":", d.row_end, "]");
+    g.tensor = d.tensor;
     g.rows = d.rows();
     g.cols = t.cols;
     g.spec = t.spec;
     defs.push_back(std::move(g));
   }
+  const OptimizerOptions& o = options.optimizer;
   GpuStoreOptions store_options;
   store_options.device = 0;
-  store_options.adamw.lr = options.optimizer.lr;
-  store_options.adamw.beta1 = options.optimizer.beta1;
-  store_options.adamw.beta2 = options.optimizer.beta2;
-  store_options.adamw.eps = options.optimizer.eps;
-  store_options.adamw.weight_decay = options.optimizer.weight_decay;
+  store_options.num_tensors = static_cast<int>(tensors.size());
+  store_options.second_round = second_round;
+  store_options.sgd = o.kind == OptimizerKind::kSgd;
+  // Widened exactly to double: the device fold equals server FoldAdamW.
+  store_options.adamw.lr = o.lr;
+  store_options.adamw.beta1 = o.beta1;
+  store_options.adamw.beta2 = o.beta2;
+  store_options.adamw.eps = o.eps;
+  store_options.adamw.weight_decay = o.weight_decay;
+  store_options.sgd_hyper.lr = o.lr;
+  store_options.sgd_hyper.momentum = o.momentum;
+  store_options.sgd_hyper.dampening = 0.0;
+  store_options.sgd_hyper.weight_decay = o.weight_decay;
+  store_options.sgd_hyper.nesterov = false;
   store_options.push_staging_buffers = 0;  // pushes arrive on the host
   ASSIGN_OR_RETURN(std::unique_ptr<GpuShardStore> store,
                    GpuShardStore::Create(std::move(defs), store_options));
   return std::unique_ptr<ShardBackend>(new GpuShardBackend(
-      std::move(tensors), std::move(shards), std::move(store), options.step_timeout));
+      std::move(tensors), std::move(shards), std::shared_ptr<GpuShardStore>(std::move(store)),
+      options));
 }
 
 GpuShardStore* DeviceStoreOf(ShardBackend* backend) {

@@ -11,26 +11,33 @@
 //   - Pushed gradients are summed in FP32 on the host (exactly as the cpu
 //     backend sums them) and uploaded into the device accumulators at the
 //     start of an optimizer Step.
-//   - Step = GpuShardStore::Step (AdamW + partial amaxes, all-reduce MAX,
-//     scaling update, quantize both directions) with the daemon's host
-//     AllReduceMaxFn bridged in: the per-shard device amaxes are copied to
-//     the host, packed per tensor ([tensor][direction], both directions
-//     carry the tensor's source amax), all-reduced, unpacked and copied back
-//     (one stream sync inside the step).
-//   - The published device buffers of the new version are copied to the
-//     host as a PublishedVersion, so the gRPC Fetch stream (host transport)
-//     serves a gpu daemon unchanged.
+//   - Step = GpuShardStore::Step (AdamW or SGD + partial amaxes, all-reduce
+//     MAX, scaling update, quantize both directions, both columnwise
+//     sources) with the daemon's host AllReduceMaxFn bridged in: the packed
+//     [tensor][direction] device amax vector is copied to the host,
+//     all-reduced and copied back (one stream sync per all-reduce round).
+//     The optimizer arithmetic is bit-identical to the cpu backend's
+//     (server/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes.
+//   - Publish without a device-to-host copy of the data: Step returns the
+//     version's metadata (pieces with layouts, scale_inv, amax, scales; data
+//     and scales empty) after one small copy of the version's scalars;
+//     host_bytes() copies a version's buffers to the host on its first host
+//     request (gRPC Fetch, export) and shares that copy with later ones.
+//     NCCL fetches read the device buffers (DeviceStoreOf + Published).
+//     The host copy of a version is possible while the store holds it (the
+//     two latest versions); a step waits for a running copy of the version
+//     it overwrites.
+//   - host_state(): a host ShardSet mirror (masters, moments, step count,
+//     delayed scaling state) downloaded on demand for checkpoint write and
+//     export; a restore writes into it and it is uploaded before the next
+//     Step (as is any mirror handed out: one full upload after a
+//     checkpoint). Step with update_delayed=false republishes a restored
+//     version without a delayed-scaling update.
 // What it does not do (clear Status, never silent):
-//   - columnwise_source = rowwise_dequantized: UNIMPLEMENTED (GpuShardStore).
-//   - optimizer sgd: UNIMPLEMENTED (the store runs AdamW only).
-//   - checkpoint write/restore and export: host_state() is null, the daemon
-//     answers UNIMPLEMENTED; Step with update_delayed=false: UNIMPLEMENTED.
 //   - a failed step is not transactional: the device masters may have moved,
 //     so every later Step is FAILED_PRECONDITION until the model is loaded
 //     again (LoadShards creates a new backend).
 //   - mixing cpu and gpu daemons in one world (the all-reduce calls differ).
-//   - serving fetches over NCCL from the device buffers (fetch_server.h) is
-//     not wired into the daemon yet.
 #ifndef PARAMD_SERVER_GPU_BACKEND_DAEMON_BACKEND_H_
 #define PARAMD_SERVER_GPU_BACKEND_DAEMON_BACKEND_H_
 

@@ -32,17 +32,26 @@ const QuantSpec& SpecOf(const HybridSpec& spec, int dir) {
   return dir == 0 ? spec.rowwise : spec.columnwise;
 }
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
+bool Dequantized(const HybridSpec& s) {
+  return s.columnwise_source == ColumnwiseSource::kRowwiseDequantized;
+}
 
- private:
-  int previous_ = 0;
-};
+// Whether direction `dir` is quantized at all: published, or (rowwise) the
+// temporary source of a rowwise_dequantized columnwise copy (D16).
+bool Computed(const HybridSpec& s, int dir) {
+  return Uses(s, dir) || (dir == 0 && s.columnwise_usage && Dequantized(s));
+}
+
+// Same rules as server/shard_set.cc: a rowwise_dequantized columnwise copy
+// that needs a global amax takes it over the dequantized rowwise values,
+// in round 1 when the rowwise scale is local, else in round 2.
+bool ColumnwiseSourceAmaxNeeded(const HybridSpec& s) {
+  return s.columnwise_usage && Dequantized(s) && NeedsGlobalAmax(s.columnwise.format);
+}
+bool SecondRound(const HybridSpec& s) {
+  return ColumnwiseSourceAmaxNeeded(s) && NeedsGlobalAmax(s.rowwise.format) &&
+         s.rowwise.format != Format::kFp8Delayed;
+}
 
 }  // namespace
 
@@ -50,7 +59,7 @@ GpuShardStore::GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOpti
     : shards_(std::move(shards)), options_(options) {}
 
 GpuShardStore::~GpuShardStore() {
-  DeviceGuard guard(options_.device);
+  ScopedDevice guard(options_.device);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   for (TensorState& t : tensors_) {
     if (t.ready != nullptr) cudaEventDestroy(t.ready);
@@ -64,10 +73,13 @@ GpuShardStore::~GpuShardStore() {
 
 absl::StatusOr<std::unique_ptr<GpuShardStore>> GpuShardStore::Create(
     std::vector<GpuShardDef> shards, const GpuStoreOptions& options) {
-  for (const GpuShardDef& s : shards) {
-    if (s.spec.columnwise_source != ColumnwiseSource::kOriginal) {
-      return absl::UnimplementedError(absl::StrCat(
-          s.name, ": columnwise_source rowwise_dequantized is not implemented on the GPU backend"));
+  int max_tensor = -1;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const GpuShardDef& s = shards[i];
+    max_tensor = std::max(max_tensor, s.tensor >= 0 ? s.tensor : static_cast<int>(i));
+    if (options.num_tensors > 0 && s.tensor >= options.num_tensors) {
+      return absl::InvalidArgumentError(absl::StrCat(s.name, ": tensor index ", s.tensor,
+                                                     " outside num_tensors ", options.num_tensors));
     }
     for (int dir = 0; dir < 2; ++dir) {
       if (!Uses(s.spec, dir)) continue;
@@ -79,6 +91,7 @@ absl::StatusOr<std::unique_ptr<GpuShardStore>> GpuShardStore::Create(
     }
   }
   std::unique_ptr<GpuShardStore> store(new GpuShardStore(std::move(shards), options));
+  store->num_tensors_ = options.num_tensors > 0 ? options.num_tensors : max_tensor + 1;
   RETURN_IF_ERROR(store->Allocate());
   return store;
 }
@@ -93,7 +106,7 @@ absl::StatusOr<void*> GpuShardStore::Alloc(size_t bytes) {
 }
 
 absl::Status GpuShardStore::Allocate() {
-  DeviceGuard guard(options_.device);
+  ScopedDevice guard(options_.device);
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   for (cudaEvent_t& e : events_) GPU_RETURN_IF_ERROR(cudaEventCreate(&e));
   const size_t n_shards = shards_.size();
@@ -106,7 +119,11 @@ absl::Status GpuShardStore::Allocate() {
     TensorState& t = tensors_[i];
     GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t.ready, cudaEventDisableTiming));
     // Big buffers: one allocation each (cudaMalloc of > 2^31 elements is fine).
+    // SGD keeps only the momentum buffer (none without momentum).
+    const bool first_moment = !options_.sgd || options_.sgd_hyper.momentum != 0.0;
     for (float** p : {&t.master, &t.exp_avg, &t.exp_avg_sq, &t.grad}) {
+      if (p == &t.exp_avg && !first_moment) continue;
+      if (p == &t.exp_avg_sq && options_.sgd) continue;
       ASSIGN_OR_RETURN(void* mem, Alloc(count * sizeof(float)));
       *p = static_cast<float*>(mem);
     }
@@ -116,13 +133,16 @@ absl::Status GpuShardStore::Allocate() {
     staging_.push_back(mem);
   }
   // Small state: carved from one allocation.
-  size_t small_bytes = AlignUp(n_shards * sizeof(float));  // packed amax
+  size_t small_bytes = AlignUp(amax_count() * sizeof(float));  // packed amax
+  auto history_len = [](const QuantSpec& q) { return std::max(q.amax_history_len, 1); };
   for (size_t i = 0; i < n_shards; ++i) {
     for (int dir = 0; dir < 2; ++dir) {
       const QuantSpec& q = SpecOf(shards_[i].spec, dir);
-      if (!Uses(shards_[i].spec, dir)) continue;
+      if (!Computed(shards_[i].spec, dir)) continue;
       if (PerTensorFp8(q.format)) small_bytes += AlignUp(sizeof(float));
-      if (q.format == Format::kFp8Delayed) small_bytes += AlignUp(q.amax_history_len * 4);
+      if (q.format == Format::kFp8Delayed && Uses(shards_[i].spec, dir)) {
+        small_bytes += AlignUp(history_len(q) * 4);
+      }
     }
   }
   ASSIGN_OR_RETURN(void* small, Alloc(small_bytes));
@@ -132,26 +152,30 @@ absl::Status GpuShardStore::Allocate() {
     cursor += AlignUp(bytes);
     return p;
   };
-  amax_ = static_cast<float*>(carve(n_shards * sizeof(float)));
+  amax_ = static_cast<float*>(carve(amax_count() * sizeof(float)));
   const float one = 1.0f;
   for (size_t i = 0; i < n_shards; ++i) {
     for (int dir = 0; dir < 2; ++dir) {
       const QuantSpec& q = SpecOf(shards_[i].spec, dir);
-      if (!Uses(shards_[i].spec, dir)) continue;
+      if (!Computed(shards_[i].spec, dir)) continue;
       DirState& d = tensors_[i].dirs[dir];
       if (PerTensorFp8(q.format)) {
         d.scale = static_cast<float*>(carve(sizeof(float)));
         GPU_RETURN_IF_ERROR(
             cudaMemcpyAsync(d.scale, &one, sizeof(float), cudaMemcpyHostToDevice, stream_));
+        GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // `one` is on this stack
       }
-      if (q.format == Format::kFp8Delayed) {
-        d.history = static_cast<float*>(carve(q.amax_history_len * 4));
+      if (q.format == Format::kFp8Delayed && Uses(shards_[i].spec, dir)) {
+        d.history = static_cast<float*>(carve(history_len(q) * 4));
       }
     }
   }
-  // Published buffers: one allocation per slot.
+  // Published buffers: one allocation per slot, and one for its scalars.
   for (Slot& slot : slots_) {
     slot.buffers.resize(n_shards);
+    ASSIGN_OR_RETURN(void* scalars,
+                     Alloc(std::max<size_t>(n_shards, 1) * 2 * kScalarsPerDirection * 4));
+    slot.scalars = static_cast<float*>(scalars);
     size_t bytes = 0;
     for (int pass = 0; pass < 2; ++pass) {
       uint8_t* p = nullptr;
@@ -175,15 +199,15 @@ absl::Status GpuShardStore::Allocate() {
           };
           void* data = take(layout.data_bytes());
           void* scales = layout.scale_bytes() > 0 ? take(layout.scale_bytes()) : nullptr;
-          void* scale_inv = take(sizeof(float));
-          void* amax = take(sizeof(float));
+          float* scalars = slot.scalars + (2 * i + dir) * kScalarsPerDirection;
           if (pass == 1) {
             out.present = true;
             out.layout = layout;
             out.data = data;
             out.scales = scales;
-            out.scale_inv = static_cast<float*>(scale_inv);
-            out.amax = static_cast<float*>(amax);
+            out.scale_inv = scalars + kScalarInv;
+            out.amax = scalars + kScalarAmax;
+            out.scale = scalars + kScalarScale;
           }
         }
       }
@@ -198,16 +222,21 @@ absl::Status GpuShardStore::Accumulate(int shard, const void* gradient, bool bf1
   if (shard < 0 || shard >= static_cast<int>(shards_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard));
   }
-  DeviceGuard guard(options_.device);
+  ScopedDevice guard(options_.device);
   GPU_RETURN_IF_ERROR(LaunchAccumulate(tensors_[shard].grad, gradient, bf16,
                                        shards_[shard].rows * shards_[shard].cols, stream_));
   return absl::OkStatus();
 }
 
+int GpuShardStore::AmaxSlot(int i, int dir) const {
+  const int t = shards_[i].tensor >= 0 ? shards_[i].tensor : i;
+  return 2 * t + (dir == 1 && Dequantized(shards_[i].spec) ? 1 : 0);
+}
+
 absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimizer,
-                                        const DeviceAllReduce& all_reduce) {
+                                        const DeviceAllReduce& all_reduce, bool update_delayed) {
   if (writing_slot_ >= 0) return absl::FailedPreconditionError("a step is in flight");
-  DeviceGuard guard(options_.device);
+  ScopedDevice guard(options_.device);
   const int n = static_cast<int>(shards_.size());
   // Overwrite the older slot; readers of the newer one are untouched.
   const int slot = slots_[0].version <= slots_[1].version ? 0 : 1;
@@ -216,10 +245,10 @@ absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimize
   Slot& out = slots_[slot];
 
   GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
-  GPU_RETURN_IF_ERROR(cudaMemsetAsync(amax_, 0, n * sizeof(float), stream_));
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(amax_, 0, amax_count() * sizeof(float), stream_));
+  // Source amaxes (max-updated: shards of one tensor share its slot).
   if (apply_optimizer) {
-    gpu::AdamWHyper hyper = options_.adamw;
-    hyper.step = ++optimizer_steps_;
+    ++optimizer_steps_;
     std::vector<gpu::OptimizerTensor> opt(n);
     for (int i = 0; i < n; ++i) {
       TensorState& t = tensors_[i];
@@ -228,10 +257,19 @@ absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimize
       opt[i].exp_avg_sq = t.exp_avg_sq;
       opt[i].grad = t.grad;
       opt[i].count = shards_[i].rows * shards_[i].cols;
-      opt[i].amax = amax_ + i;
+      opt[i].amax = amax_ + AmaxSlot(i, 0);
       opt[i].amax_source = shards_[i].spec.source_dtype;
     }
-    RETURN_IF_ERROR(gpu::AdamWStep(opt, hyper, stream_));
+    if (options_.sgd) {
+      gpu::SgdHyper hyper = options_.sgd_hyper;
+      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
+      sgd_fresh_ = false;
+      RETURN_IF_ERROR(gpu::SgdStep(opt, hyper, stream_));
+    } else {
+      gpu::AdamWHyper hyper = options_.adamw;
+      hyper.step = optimizer_steps_;
+      RETURN_IF_ERROR(gpu::AdamWStep(opt, hyper, stream_));
+    }
     for (int i = 0; i < n; ++i) {
       GPU_RETURN_IF_ERROR(cudaMemsetAsync(tensors_[i].grad, 0, opt[i].count * 4, stream_));
     }
@@ -241,70 +279,115 @@ absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimize
       args[i].source = tensors_[i].master;
       args[i].count = shards_[i].rows * shards_[i].cols;
       args[i].source_dtype = shards_[i].spec.source_dtype;
-      args[i].amax = amax_ + i;
+      args[i].amax = amax_ + AmaxSlot(i, 0);
     }
     RETURN_IF_ERROR(gpu::ComputeAmax(args, stream_));
   }
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[1], stream_));
-  if (all_reduce) RETURN_IF_ERROR(all_reduce(amax_, n, stream_));
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[2], stream_));
-
-  std::vector<gpu::CurrentScalingArgs> current;
-  for (int i = 0; i < n; ++i) {
-    for (int dir = 0; dir < 2; ++dir) {
-      const QuantSpec& q = SpecOf(shards_[i].spec, dir);
-      if (!Uses(shards_[i].spec, dir) || q.format != Format::kFp8Current) continue;
-      gpu::CurrentScalingArgs a;
-      a.amax = amax_ + i;
-      a.scale = tensors_[i].dirs[dir].scale;
-      a.scale_inv = nullptr;  // the quantize kernel writes the published scale_inv
-      a.spec = q;
-      current.push_back(a);
-    }
-  }
-  if (!current.empty()) RETURN_IF_ERROR(gpu::CurrentScalingUpdate(current, stream_));
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[3], stream_));
-
-  std::vector<gpu::DelayedScalingArgs> delayed;
+  // The quantize arguments of every shard (buffers of `out`), also used for
+  // the columnwise-source amaxes of rowwise_dequantized copies.
+  std::vector<gpu::QuantizeTensorArgs> quant(n);
   for (int i = 0; i < n; ++i) {
     const GpuShardDef& s = shards_[i];
     TensorState& t = tensors_[i];
-    gpu::QuantizeTensorArgs q;
+    gpu::QuantizeTensorArgs& q = quant[i];
     q.source = t.master;
     q.input_type = gpu::InputType::kFp32;
     q.rows = s.rows;
     q.cols = s.cols;
     q.spec = s.spec;
     for (int dir = 0; dir < 2; ++dir) {
-      if (!Uses(s.spec, dir)) continue;
-      const QuantSpec& spec = SpecOf(s.spec, dir);
-      GpuPublishedDirection& pub = out.buffers[i][dir];
+      if (!Computed(s.spec, dir)) continue;
       gpu::DirectionScaling& scaling = dir == 0 ? q.rowwise_scaling : q.columnwise_scaling;
-      gpu::DirectionBuffers& buffers = dir == 0 ? q.rowwise : q.columnwise;
       scaling.scale = t.dirs[dir].scale;
-      scaling.global_amax = amax_ + i;
+      scaling.global_amax = amax_ + AmaxSlot(i, dir);
+      if (!Uses(s.spec, dir)) continue;
+      const GpuPublishedDirection& pub = out.buffers[i][dir];
+      gpu::DirectionBuffers& buffers = dir == 0 ? q.rowwise : q.columnwise;
       buffers.data = pub.data;
       buffers.scales = pub.scales;
-      buffers.scale_inv = PerTensorFp8(spec.format) ? pub.scale_inv : nullptr;
+      buffers.scale_inv = PerTensorFp8(SpecOf(s.spec, dir).format) ? pub.scale_inv : nullptr;
+    }
+  }
+  auto columnwise_source_amax = [&](bool second_round) -> absl::Status {
+    std::vector<gpu::QuantizeTensorArgs> args;
+    std::vector<float*> outs;
+    for (int i = 0; i < n; ++i) {
+      const HybridSpec& spec = shards_[i].spec;
+      if (!ColumnwiseSourceAmaxNeeded(spec) || SecondRound(spec) != second_round) continue;
+      args.push_back(quant[i]);
+      outs.push_back(amax_ + AmaxSlot(i, 1));
+    }
+    if (args.empty()) return absl::OkStatus();
+    return gpu::ColumnwiseSourceAmax(args, outs, stream_);
+  };
+  // Current scaling of the directions whose amax is final after `round`.
+  auto current_scaling = [&](int round) -> absl::Status {
+    std::vector<gpu::CurrentScalingArgs> current;
+    for (int i = 0; i < n; ++i) {
+      for (int dir = 0; dir < 2; ++dir) {
+        const QuantSpec& q = SpecOf(shards_[i].spec, dir);
+        if (!Computed(shards_[i].spec, dir) || q.format != Format::kFp8Current) continue;
+        const int r = dir == 1 && SecondRound(shards_[i].spec) ? 2 : 1;
+        if (r != round) continue;
+        gpu::CurrentScalingArgs a;
+        a.amax = amax_ + AmaxSlot(i, dir);
+        a.scale = tensors_[i].dirs[dir].scale;
+        a.scale_inv = nullptr;  // the quantize kernel writes the published scale_inv
+        a.spec = q;
+        current.push_back(a);
+      }
+    }
+    if (current.empty()) return absl::OkStatus();
+    return gpu::CurrentScalingUpdate(current, stream_);
+  };
+  // By manifest (options), so that every daemon makes the same all-reduce
+  // calls whatever it holds.
+  bool second_round = options_.second_round;
+  for (const GpuShardDef& s : shards_) second_round |= SecondRound(s.spec);
+
+  RETURN_IF_ERROR(columnwise_source_amax(false));
+  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[1], stream_));
+  if (all_reduce) RETURN_IF_ERROR(all_reduce(amax_, amax_count(), stream_));
+  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[2], stream_));
+  RETURN_IF_ERROR(current_scaling(1));
+  if (second_round) {
+    RETURN_IF_ERROR(columnwise_source_amax(true));
+    if (all_reduce) RETURN_IF_ERROR(all_reduce(amax_, amax_count(), stream_));
+    RETURN_IF_ERROR(current_scaling(2));
+  }
+  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[3], stream_));
+
+  std::vector<gpu::DelayedScalingArgs> delayed;
+  for (int i = 0; i < n; ++i) {
+    const GpuShardDef& s = shards_[i];
+    TensorState& t = tensors_[i];
+    for (int dir = 0; dir < 2; ++dir) {
+      if (!Uses(s.spec, dir)) continue;
+      const QuantSpec& spec = SpecOf(s.spec, dir);
+      const GpuPublishedDirection& pub = out.buffers[i][dir];
       if (!PerTensorFp8(spec.format)) {
         const float one = 1.0f;
         GPU_RETURN_IF_ERROR(
             cudaMemcpyAsync(pub.scale_inv, &one, 4, cudaMemcpyHostToDevice, stream_));
+      } else {
+        // The multiplier of this cast (delayed: before the update below).
+        GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.scale, t.dirs[dir].scale, 4,
+                                            cudaMemcpyDeviceToDevice, stream_));
       }
-      // Published amax: the tensor's global source amax (kOriginal source).
-      GPU_RETURN_IF_ERROR(
-          cudaMemcpyAsync(pub.amax, amax_ + i, 4, cudaMemcpyDeviceToDevice, stream_));
-      if (spec.format == Format::kFp8Delayed) {
+      // Published amax: the tensor's global amax of this direction's source.
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.amax, amax_ + AmaxSlot(i, dir), 4,
+                                          cudaMemcpyDeviceToDevice, stream_));
+      if (spec.format == Format::kFp8Delayed && update_delayed) {
         gpu::DelayedScalingArgs d;
         d.history = t.dirs[dir].history;
         d.scale = t.dirs[dir].scale;
         d.scale_inv = nullptr;
-        d.reduced_amax = amax_ + i;
+        d.reduced_amax = amax_ + AmaxSlot(i, dir);
         d.spec = spec;
         delayed.push_back(d);
       }
     }
-    RETURN_IF_ERROR(gpu::QuantizeHybrid({q}, stream_));
+    RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
     GPU_RETURN_IF_ERROR(cudaEventRecord(t.ready, stream_));
   }
   // Delayed scaling: this step's cast used the previous scale; now roll the
@@ -318,7 +401,7 @@ absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimize
 
 absl::Status GpuShardStore::FinishStep(absl::Time deadline) {
   if (writing_slot_ < 0) return absl::FailedPreconditionError("no step in flight");
-  DeviceGuard guard(options_.device);
+  ScopedDevice guard(options_.device);
   absl::Status s;
   for (int spin = 0;; ++spin) {
     cudaError_t q = cudaEventQuery(events_[4]);
@@ -354,11 +437,19 @@ absl::Status GpuShardStore::FinishStep(absl::Time deadline) {
 }
 
 absl::Status GpuShardStore::Step(int64_t new_version, bool apply_optimizer,
-                                 const DeviceAllReduce& all_reduce, absl::Time deadline) {
+                                 const DeviceAllReduce& all_reduce, absl::Time deadline,
+                                 bool update_delayed) {
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(EnqueueStep(new_version, apply_optimizer, all_reduce));
+  RETURN_IF_ERROR(EnqueueStep(new_version, apply_optimizer, all_reduce, update_delayed));
   step_start_ = start;
   return FinishStep(deadline);
+}
+
+absl::StatusOr<const float*> GpuShardStore::PublishedScalars(int64_t version) const {
+  for (const Slot& s : slots_) {
+    if (s.version == version && version >= 0) return s.scalars;
+  }
+  return absl::NotFoundError(absl::StrCat("version ", version, " is not published here"));
 }
 
 std::vector<int64_t> GpuShardStore::versions() const {

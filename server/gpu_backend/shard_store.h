@@ -5,12 +5,24 @@
 // (DESIGN.md §3) is a few kernel launches on the store's stream with no
 // host wait between them and one wait at the end:
 //
-//   AdamW (fused, writes each tensor's partial amax into one packed vector)
+//   AdamW or SGD (fused, max-updates each tensor's partial source amax in
+//   one packed [tensor][direction] device vector)
+//   -> columnwise-source amax of rowwise_dequantized copies whose rowwise
+//      scale is local (delayed, block formats)
 //   -> all-reduce MAX of that vector across daemons (a callback: NCCL's
-//      AllReduceMaxDevice, or nothing with one daemon)
+//      AllReduceMaxDevice, the host bridge, or nothing with one daemon)
 //   -> scaling update (current: scale from amax; delayed: after the cast)
+//   -> [rowwise_dequantized from an FP8-current/NVFP4 rowwise copy: the
+//      columnwise-source amax with the global rowwise scale, and a second
+//      all-reduce of the same vector (MAX is idempotent on the reduced
+//      slots)]
 //   -> quantize both directions into the buffers of version v+1
 //   -> one wait (with a deadline), then the version is published.
+//
+// The packed amax vector has 2 * num_tensors floats, slot 2t = tensor t's
+// source amax, slot 2t+1 = its rowwise_dequantized columnwise-source amax
+// (0 otherwise): every daemon of a world has the same length whatever it
+// holds, so the vector is all-reduced as is.
 //
 // Two published versions are kept (double buffering): readers of version v
 // are never torn by the step that writes v+1; a step writes into the slot of
@@ -18,9 +30,9 @@
 // may wait on (TensorReady), so a trainer's fetch of tensor i overlaps the
 // quantization of tensor i+1.
 //
-// Formats: every format of kernels/cuda/quantize.h with columnwise_source =
-// kOriginal; kRowwiseDequantized is UNIMPLEMENTED here (it needs a second
-// all-reduce; the CPU backend has it).
+// Formats: every format of kernels/cuda/quantize.h, both columnwise
+// sources. Optimizers: AdamW, SGD (+ momentum), bit-identical to
+// server/optimizer.cc.
 //
 // Threading: not thread-safe; the daemon's step thread owns it. Published
 // buffers of a version stay valid and unchanged until the step after next.
@@ -48,6 +60,9 @@ namespace gpu_backend {
 // One shard (a whole tensor or a row range of it) held by this daemon.
 struct GpuShardDef {
   std::string name;
+  // Manifest index of the shard's tensor (its amax slots); -1: the shard
+  // index (a store of whole, distinct tensors).
+  int tensor = -1;
   int64_t rows = 0;
   int64_t cols = 0;
   HybridSpec spec;
@@ -55,12 +70,37 @@ struct GpuShardDef {
 
 struct GpuStoreOptions {
   int device = 0;
+  // Length of the packed amax vector / 2 (the manifest's tensor count, equal
+  // on every daemon); 0: 1 + the largest GpuShardDef::tensor (or shards).
+  int num_tensors = 0;
+  // Whether any tensor of the manifest needs the second all-reduce round
+  // (rowwise_dequantized from FP8-current/NVFP4); ORed with the store's own
+  // shards. Every daemon of a world must make the same calls.
+  bool second_round = false;
+  bool sgd = false;       // SGD (sgd_hyper) instead of AdamW
   gpu::AdamWHyper adamw;  // `step` is advanced by the store
+  // `first_step` is set by the store. momentum == 0: no momentum buffer.
+  gpu::SgdHyper sgd_hyper;
   // Gradient push staging: buffers of the largest shard's size, of
   // push_staging_element_bytes per element (2: BF16 pushes, 4: FP32;
   // pushes are pipelined over them). 0 buffers = none.
   int push_staging_buffers = 2;
   int push_staging_element_bytes = 2;
+};
+
+// Makes `device` current for its lifetime (then restores the previous one).
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~ScopedDevice() { cudaSetDevice(previous_); }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int previous_ = 0;
 };
 
 // Device pointers of one published direction of one shard.
@@ -71,6 +111,7 @@ struct GpuPublishedDirection {
   void* scales = nullptr;     // null if layout.scale_bytes() == 0
   float* scale_inv = nullptr;  // per-tensor FP8 (device float)
   float* amax = nullptr;       // NVFP4 global amax / FP8 source amax (device float)
+  float* scale = nullptr;      // per-tensor FP8: the multiplier of this cast (device float)
 };
 
 // Milliseconds of each phase of the last step, from CUDA events.
@@ -103,6 +144,24 @@ class GpuShardStore {
   // Device pointers, row-major [rows][cols] FP32.
   float* master(int shard) { return tensors_[shard].master; }
   float* grad(int shard) { return tensors_[shard].grad; }
+  // Optimizer state: AdamW m / v; SGD momentum buffer in exp_avg (null
+  // without momentum; exp_avg_sq null for SGD).
+  float* exp_avg(int shard) { return tensors_[shard].exp_avg; }
+  float* exp_avg_sq(int shard) { return tensors_[shard].exp_avg_sq; }
+  // Per-tensor FP8 multiplier of direction `dir` (0 rowwise, 1 columnwise)
+  // that the next cast uses (null unless per-tensor FP8), and the delayed
+  // amax history [max(amax_history_len, 1)] (null unless FP8 delayed;
+  // history[0] newest, as DelayedScalingState::amax_history).
+  float* scale(int shard, int dir) { return tensors_[shard].dirs[dir].scale; }
+  float* history(int shard, int dir) { return tensors_[shard].dirs[dir].history; }
+  // Optimizer steps applied so far (AdamW bias correction / SGD first step);
+  // settable for a restore. `sgd_buffers_fresh`: the next SGD step starts
+  // the momentum buffers from the gradient (as a first step).
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  void set_optimizer_steps(int64_t steps, bool sgd_buffers_fresh) {
+    optimizer_steps_ = steps;
+    sgd_fresh_ = sgd_buffers_fresh;
+  }
   // Push staging buffer `i` (BF16, largest shard's size), or null.
   void* push_staging(int i) { return i < static_cast<int>(staging_.size()) ? staging_[i] : nullptr; }
 
@@ -113,14 +172,16 @@ class GpuShardStore {
   // the accumulated gradients when `apply_optimizer`, then quantization.
   // Waits once, until `deadline`. On error the version is not published
   // (the masters may have moved: the daemon reports the error and the
-  // coordinator decides).
+  // coordinator decides). `update_delayed` false leaves the delayed
+  // scaling state (history, next scale) as it is (republishing a restored
+  // version, as ShardSet::Step).
   absl::Status Step(int64_t new_version, bool apply_optimizer, const DeviceAllReduce& all_reduce,
-                    absl::Time deadline);
+                    absl::Time deadline, bool update_delayed = true);
 
   // Like Step but returns after enqueuing everything (no wait), so fetches
   // can start on TensorReady events; FinishStep waits and publishes.
   absl::Status EnqueueStep(int64_t new_version, bool apply_optimizer,
-                           const DeviceAllReduce& all_reduce);
+                           const DeviceAllReduce& all_reduce, bool update_delayed = true);
   absl::Status FinishStep(absl::Time deadline);
 
   // The published versions (at most two), newest last.
@@ -130,6 +191,21 @@ class GpuShardStore {
   // are valid once TensorReady(shard) has completed.
   absl::StatusOr<GpuPublishedDirection> Published(int64_t version, int shard,
                                                   Direction direction) const;
+  // The scalars of every published direction of `version` in one device
+  // array, [shard][direction][kScalarsPerDirection] floats at kScalarInv,
+  // kScalarAmax, kScalarScale (what Published()'s scale_inv / amax / scale
+  // point to): one copy fetches them all. NOT_FOUND as Published.
+  static constexpr int kScalarsPerDirection = 4;
+  static constexpr int kScalarInv = 0;
+  static constexpr int kScalarAmax = 1;
+  static constexpr int kScalarScale = 2;
+  absl::StatusOr<const float*> PublishedScalars(int64_t version) const;
+  size_t published_scalars_count() const { return shards_.size() * 2 * kScalarsPerDirection; }
+  // The packed [tensor][direction] amax vector of the last step (valid until
+  // the next step starts), and its length.
+  const float* amax_vector() const { return amax_; }
+  size_t amax_count() const { return 2 * static_cast<size_t>(num_tensors_ > 0 ? num_tensors_ : 1); }
+
   // Recorded when shard's quantization (of the version being stepped or the
   // latest) has been enqueued; a fetch waits on it on its own stream.
   cudaEvent_t TensorReady(int shard) const { return tensors_[shard].ready; }
@@ -160,12 +236,15 @@ class GpuShardStore {
   };
   struct Slot {
     int64_t version = -1;
+    float* scalars = nullptr;  // [shard][direction][kScalarsPerDirection]
     // [shard][direction]
     std::vector<std::array<GpuPublishedDirection, 2>> buffers;
   };
 
   GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOptions& options);
   absl::Status Allocate();
+  // Index in amax_ of shard `i`'s direction `dir` amax.
+  int AmaxSlot(int i, int dir) const;
   absl::StatusOr<void*> Alloc(size_t bytes);
 
   std::vector<GpuShardDef> shards_;
@@ -173,7 +252,8 @@ class GpuShardStore {
   cudaStream_t stream_ = nullptr;
   std::vector<TensorState> tensors_;
   std::vector<void*> staging_;
-  float* amax_ = nullptr;  // packed, one per shard
+  float* amax_ = nullptr;  // packed [tensor][direction]
+  int num_tensors_ = 0;
   Slot slots_[2];
   int writing_slot_ = -1;  // slot of the step in flight
   int64_t pending_version_ = -1;
@@ -183,6 +263,7 @@ class GpuShardStore {
   int64_t device_bytes_ = 0;
   int64_t parameters_ = 0;
   int64_t optimizer_steps_ = 0;
+  bool sgd_fresh_ = false;
   GpuStepTimings timings_;
 };
 

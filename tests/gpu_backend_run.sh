@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The gpu daemon backend's GPU tests (issue 5) in one device call.
+#
+#   Here:  bash tests/gpu_backend_run.sh bundle
+#          (bazel --config=cuda build + .gpu_bundle_backend/ with
+#          server/hybrid-paramd, the test binaries in tests/, and the
+#          non-system shared libraries they load in lib/ (libcudart in
+#          fallback/); git-ignored by /.gpu_bundle*/)
+#   There: run(command="bash tests/gpu_backend_run.sh run",
+#              carry=[".gpu_bundle_backend"], kind="nvidia-h200-x2")
+#          Each binary runs from the bundle folder (the tests start
+#          server/hybrid-paramd relative to their working directory), in
+#          parallel; logs land under $OUT. NCCL_NVLS_ENABLE=0.
+# Knobs (run): ONLY="name ..." runs only those binaries; GTEST_FILTER as usual.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+B=.gpu_bundle_backend
+TARGETS=(
+  //server:hybrid-paramd
+  //tests:gpu_daemon_backend_test
+  //tests:gpu_backend_checkpoint_test
+  //server/gpu_backend:gpu_backend_optimizer_test
+  //kernels/cuda:optimizer_test
+)
+
+if [ "${1:-}" = bundle ]; then
+  set -e
+  bazel build --config=cuda "${TARGETS[@]}"
+  rm -rf "$B"
+  mkdir -p "$B/server" "$B/tests" "$B/lib" "$B/fallback"
+  for t in "${TARGETS[@]}"; do
+    name=${t##*:}
+    pkg=${t%%:*}
+    pkg=${pkg#//}
+    if [ "$name" = hybrid-paramd ]; then dest="$B/server"; else dest="$B/tests"; fi
+    cp -L "bazel-bin/$pkg/$name" "$dest/$name"
+    ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+      base=$(basename "$lib")
+      case "$base" in
+        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+        libstdc++.so*|libgcc_s.so*|libcuda.so*|libcublas*|libnvidia*|libnccl*) ;;
+        libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
+        *) cp -Ln "$lib" "$B/lib/" ;;
+      esac
+    done
+  done
+  chmod -R u+w "$B"
+  du -sh "$B"
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/gpu_backend_out}
+mkdir -p "$OUT"
+cd "$B"
+export NCCL_NVLS_ENABLE=0 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+export LD_LIBRARY_PATH="$PWD/lib:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:$PWD/fallback"
+export TEST_TMPDIR=${TEST_TMPDIR:-/tmp/gpu_backend_tmp}
+mkdir -p "$TEST_TMPDIR"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+ldd server/hybrid-paramd | grep "not found" && echo "MISSING LIBRARIES"
+
+tests=(gpu_backend_optimizer_test optimizer_test gpu_daemon_backend_test
+       gpu_backend_checkpoint_test)
+[ -n "${ONLY:-}" ] && tests=(${ONLY})
+pids=()
+for t in "${tests[@]}"; do
+  [ -x "tests/$t" ] || continue
+  [ "$t" = gpu_backend_step_bench ] && continue
+  mkdir -p "$TEST_TMPDIR/$t"
+  TEST_TMPDIR="$TEST_TMPDIR/$t" timeout 240 "tests/$t" > "$OUT/$t.log" 2>&1 &
+  pids+=("$t:$!")
+done
+summary=()
+for tp in "${pids[@]}"; do
+  t=${tp%%:*}
+  wait "${tp##*:}"
+  rc=$?
+  summary+=("$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$t.log" | tr '\n' ' ')")
+done
+echo "---- failures ----"
+grep -hE "^\[  FAILED  \]|Failure|error:|Expected|Which is|actual" "$OUT"/*.log | head -60
+if [ "${BENCH:-1}" = 1 ] && [ -x tests/gpu_backend_step_bench ]; then
+  timeout 120 tests/gpu_backend_step_bench ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
+  summary+=("gpu_backend_step_bench rc=$?")
+  tail -n 12 "$OUT/step_bench.log"
+fi
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"
