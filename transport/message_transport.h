@@ -76,6 +76,10 @@ class MessageTransport : public Transport {
   // Marks the transport shut down and closes its mailbox.
   void Shutdown() override;
 
+  // The mailbox Recv takes from, for another channel that delivers into it
+  // (transport/socket_channel.h).
+  std::shared_ptr<Mailbox> shared_mailbox() const { return mailbox_; }
+
  protected:
   // Delivers to `peer`'s mailbox as coming from rank(). Arguments are
   // checked; `tag` may be a reserved collective tag.

@@ -20,10 +20,15 @@
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
+#include "transport/message_transport.h"
 #include "transport/nccl_amax_keys.h"
+#include "transport/socket_channel.h"
 
 namespace paramd {
 namespace {
+
+using transport_internal::MessageTransport;
+using transport_internal::SocketChannel;
 
 constexpr uint32_t kMagic = 0x4C43434E;  // "NCCL"
 enum Kind : uint32_t { kInline = 1, kNcclPayload = 2 };
@@ -34,6 +39,9 @@ constexpr uint64_t kCtsTagBase = uint64_t{1} << 60;
 constexpr uint64_t kGroupTagBase = uint64_t{2} << 60;
 // Host Recv accepts device-sent messages of up to this many pieces.
 constexpr size_t kHostRecvMaxPieces = 16;
+// The control channel's mailboxes: the header channel's and the sync
+// channel's (frames land where a gRPC message of that channel would).
+enum ControlBox : uint32_t { kHeaderBox = 0, kSyncBox = 1 };
 
 // Followed by uint64 sizes[npieces], then (kInline) the payload.
 struct Header {
@@ -49,15 +57,17 @@ struct Header {
 struct PeerInfo {
   std::string header_address;
   std::string sync_address;
-  std::string gpu;  // hostname|pci bus id
+  std::string gpu;              // hostname|pci bus id
+  std::string control_address;  // "" = none (gRPC control only)
 };
 
 absl::StatusOr<PeerInfo> ParseAddress(const std::string& address) {
   std::vector<std::string> parts = absl::StrSplit(address, '|');
-  if (parts.size() != 5 || parts[0] != "nccl") {
+  if ((parts.size() != 5 && parts.size() != 6) || parts[0] != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("not an nccl address: '", address, "'"));
   }
-  return PeerInfo{parts[1], parts[2], absl::StrCat(parts[3], "|", parts[4])};
+  return PeerInfo{parts[1], parts[2], absl::StrCat(parts[3], "|", parts[4]),
+                  parts.size() == 6 ? parts[5] : ""};
 }
 
 // Makes `device` current for the scope, restores the previous one after.
@@ -168,12 +178,14 @@ uint64_t GroupTag(absl::Span<const int> group) {
 class NcclTransportImpl final : public NcclTransport {
  public:
   NcclTransportImpl(int rank, int device, std::vector<PeerInfo> peers,
-                    std::unique_ptr<Transport> header, std::unique_ptr<Transport> sync)
+                    std::unique_ptr<Transport> header, std::unique_ptr<Transport> sync,
+                    std::unique_ptr<SocketChannel> control)
       : rank_(rank),
         device_(device),
         peers_(std::move(peers)),
         header_(std::move(header)),
-        sync_(std::move(sync)) {
+        sync_(std::move(sync)),
+        control_(std::move(control)) {
     for (size_t i = 0; i < peers_.size(); ++i) {
       send_.push_back(std::make_unique<Direction>());
       recv_.push_back(std::make_unique<Direction>());
@@ -395,6 +407,7 @@ class NcclTransportImpl final : public NcclTransport {
     if (shut_down_.exchange(true)) return;
     header_->Shutdown();
     sync_->Shutdown();
+    if (control_ != nullptr) control_->Close();
     DeviceGuard guard(device_);
     for (auto* directions : {&send_, &recv_}) {
       for (auto& d : *directions) {
@@ -539,9 +552,23 @@ class NcclTransportImpl final : public NcclTransport {
   void ReplyCts(int peer, uint64_t xfer, Cts reply, absl::Time deadline) {
     const uint32_t word = reply;
     // Best effort: if it is lost the sender meets its deadline.
-    (void)sync_->Send(peer, kCtsTagBase + xfer,
+    (void)SendControl(kSyncBox, peer, kCtsTagBase + xfer,
                       absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&word), 4),
                       std::max(deadline, absl::Now() + absl::Seconds(1)));
+  }
+
+  // A header or clear-to-send of an NCCL transfer: over the socket control
+  // channel when both ends have one (one write, ~20 us to the peer's
+  // mailbox), else, or if that fails, over the gRPC channel of `box`
+  // (a Deliver call, a few hundred us). Ordering: a transfer's header is
+  // consumed before its SendNccl returns, so per-tag FIFO holds across the
+  // two channels.
+  absl::Status SendControl(ControlBox box, int peer, uint64_t tag,
+                           absl::Span<const uint8_t> bytes, absl::Time deadline) {
+    if (control_ != nullptr && !peers_[peer].control_address.empty()) {
+      if (control_->Send(peer, box, tag, bytes, deadline).ok()) return absl::OkStatus();
+    }
+    return (box == kHeaderBox ? header_ : sync_)->Send(peer, tag, bytes, deadline);
   }
 
   // Aborts a failed communicator on another thread, so that the failing call
@@ -579,8 +606,8 @@ class NcclTransportImpl final : public NcclTransport {
     std::string message(sizeof(Header) + 8 * sizes.size(), '\0');
     std::memcpy(&message[0], &h, sizeof(h));
     if (!sizes.empty()) std::memcpy(&message[sizeof(h)], sizes.data(), 8 * sizes.size());
-    RETURN_IF_ERROR(header_->Send(
-        peer, tag,
+    RETURN_IF_ERROR(SendControl(
+        kHeaderBox, peer, tag,
         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(message.data()), message.size()),
         deadline));
     uint32_t cts = 0;
@@ -663,7 +690,7 @@ class NcclTransportImpl final : public NcclTransport {
     // ncclGroupEnd on a non-blocking communicator can need the peer inside
     // its matching operation (NCCL connects p2p channels lazily).
     const uint32_t go = kCtsGo;
-    absl::Status s = sync_->Send(peer, kCtsTagBase + p.header.xfer,
+    absl::Status s = SendControl(kSyncBox, peer, kCtsTagBase + p.header.xfer,
                                  absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&go), 4),
                                  deadline);
     if (s.ok()) {
@@ -803,6 +830,8 @@ class NcclTransportImpl final : public NcclTransport {
   const std::vector<PeerInfo> peers_;
   const std::unique_ptr<Transport> header_;
   const std::unique_ptr<Transport> sync_;
+  // Null when this rank has no socket control channel.
+  const std::unique_ptr<SocketChannel> control_;
   std::atomic<bool> shut_down_{false};
   std::atomic<uint64_t> next_xfer_{0};
   absl::Mutex reap_mu_;
@@ -817,12 +846,17 @@ class NcclTransportImpl final : public NcclTransport {
 class NcclEndpoint final : public TransportEndpoint {
  public:
   NcclEndpoint(int device, std::string gpu, std::unique_ptr<TransportEndpoint> header,
-               std::unique_ptr<TransportEndpoint> sync)
-      : device_(device), gpu_(std::move(gpu)), header_(std::move(header)), sync_(std::move(sync)) {}
+               std::unique_ptr<TransportEndpoint> sync, std::unique_ptr<SocketChannel> control)
+      : device_(device),
+        gpu_(std::move(gpu)),
+        header_(std::move(header)),
+        sync_(std::move(sync)),
+        control_(std::move(control)),
+        address_(absl::StrCat("nccl|", header_->address(), "|", sync_->address(), "|", gpu_,
+                              control_ != nullptr ? absl::StrCat("|", control_->address())
+                                                  : std::string())) {}
 
-  std::string address() const override {
-    return absl::StrCat("nccl|", header_->address(), "|", sync_->address(), "|", gpu_);
-  }
+  std::string address() const override { return address_; }
 
   absl::StatusOr<std::unique_ptr<Transport>> Connect(
       int rank, const std::vector<std::string>& addresses) override {
@@ -833,19 +867,28 @@ class NcclEndpoint final : public TransportEndpoint {
           absl::StrCat("rank ", rank, " does not name this endpoint (", address(), ")"));
     }
     std::vector<PeerInfo> peers;
-    std::vector<std::string> header_addresses, sync_addresses;
+    std::vector<std::string> header_addresses, sync_addresses, control_addresses;
     for (const std::string& a : addresses) {
       ASSIGN_OR_RETURN(PeerInfo info, ParseAddress(a));
       header_addresses.push_back(info.header_address);
       sync_addresses.push_back(info.sync_address);
+      control_addresses.push_back(info.control_address);
       peers.push_back(std::move(info));
     }
     std::unique_ptr<TransportEndpoint> header = std::move(header_);
     std::unique_ptr<TransportEndpoint> sync = std::move(sync_);
     ASSIGN_OR_RETURN(std::unique_ptr<Transport> h, header->Connect(rank, header_addresses));
     ASSIGN_OR_RETURN(std::unique_ptr<Transport> s, sync->Connect(rank, sync_addresses));
-    auto transport = std::make_unique<NcclTransportImpl>(rank, device_, std::move(peers),
-                                                         std::move(h), std::move(s));
+    std::unique_ptr<SocketChannel> control = std::move(control_);
+    auto* hm = dynamic_cast<MessageTransport*>(h.get());
+    auto* sm = dynamic_cast<MessageTransport*>(s.get());
+    if (control != nullptr && hm != nullptr && sm != nullptr) {
+      control->Start(rank, control_addresses, {hm->shared_mailbox(), sm->shared_mailbox()});
+    } else {
+      control.reset();
+    }
+    auto transport = std::make_unique<NcclTransportImpl>(
+        rank, device_, std::move(peers), std::move(h), std::move(s), std::move(control));
     RETURN_IF_ERROR(transport->Init());
     return std::unique_ptr<Transport>(std::move(transport));
   }
@@ -855,6 +898,8 @@ class NcclEndpoint final : public TransportEndpoint {
   const std::string gpu_;
   std::unique_ptr<TransportEndpoint> header_;
   std::unique_ptr<TransportEndpoint> sync_;
+  std::unique_ptr<SocketChannel> control_;  // null: none
+  const std::string address_;
 };
 
 absl::Status ProbeNccl() {
@@ -893,8 +938,19 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
                    OpenTransportEndpoint("host", options));
   ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> sync,
                    OpenTransportEndpoint("host", sync_options));
-  return std::unique_ptr<TransportEndpoint>(std::make_unique<NcclEndpoint>(
-      device, absl::StrCat(host, "|", bus), std::move(header), std::move(sync)));
+  // The socket control channel, on the header channel's host. Without it
+  // (PARAMD_NCCL_CONTROL=grpc, or it cannot listen) control goes over gRPC.
+  std::unique_ptr<SocketChannel> control;
+  const char* mode = std::getenv("PARAMD_NCCL_CONTROL");
+  if (mode == nullptr || std::string(mode) != "grpc") {
+    const std::string& listen = options.listen_address;
+    absl::StatusOr<std::unique_ptr<SocketChannel>> c =
+        SocketChannel::Listen(listen.empty() ? "" : listen.substr(0, listen.rfind(':')));
+    if (c.ok()) control = *std::move(c);
+  }
+  return std::unique_ptr<TransportEndpoint>(
+      std::make_unique<NcclEndpoint>(device, absl::StrCat(host, "|", bus), std::move(header),
+                                     std::move(sync), std::move(control)));
 }
 
 NcclTransport* AsNcclTransport(Transport* transport) {

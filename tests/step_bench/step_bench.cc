@@ -12,7 +12,10 @@
 // wait), then the fetch of every published direction. Also timed: the fetch
 // of the rowwise direction alone through the transport, and raw
 // ncclSend/ncclRecv of exactly the same pieces on a plain communicator in
-// the same run (the ratio target is >= 0.90); a pipelined step where the
+// the same run (the ratio target is >= 0.90), and the same rowwise fetch
+// through a second world whose control messages (header, clear-to-send) go
+// over gRPC instead of the socket control channel (PARAMD_NCCL_CONTROL=grpc;
+// the A/B of that channel); a pipelined step where the
 // fetch of tensor i waits only for tensor i's quantization; and a
 // double-buffered one where the fetch of version v runs during the step
 // that produces v+1.
@@ -121,15 +124,18 @@ struct Result {
   std::string config;
   double push_ms = 0, optimizer_ms = 0, all_reduce_ms = 0, scaling_ms = 0, quantize_ms = 0;
   double step_ms = 0, fetch_all_ms = 0, fetch_all_bytes = 0;
-  double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0;
+  double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0, fetch_row_grpc_ms = 0;
   double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0, prefetch_exposed_ms = 0;
   double bytes_per_param = 0;
   bool verified = false;
 };
 
-std::vector<std::unique_ptr<Transport>> MakeWorld() {
+// `grpc_control`: the world's control messages go over gRPC (the socket
+// control channel off), for the A/B.
+std::vector<std::unique_ptr<Transport>> MakeWorld(bool grpc_control) {
   std::vector<std::unique_ptr<TransportEndpoint>> endpoints;
   std::vector<std::string> addresses;
+  if (grpc_control) setenv("PARAMD_NCCL_CONTROL", "grpc", 1);
   for (int r = 0; r < 2; ++r) {
     cudaSetDevice(r);
     absl::StatusOr<std::unique_ptr<TransportEndpoint>> e = OpenNcclEndpoint();
@@ -137,6 +143,7 @@ std::vector<std::unique_ptr<Transport>> MakeWorld() {
     addresses.push_back((*e)->address());
     endpoints.push_back(*std::move(e));
   }
+  if (grpc_control) unsetenv("PARAMD_NCCL_CONTROL");
   std::vector<std::unique_ptr<Transport>> world(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -151,7 +158,7 @@ std::vector<std::unique_ptr<Transport>> MakeWorld() {
 }
 
 Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& trainer_t,
-                 ncclComm_t raw[2]) {
+                 NcclTransport& daemon_g, NcclTransport& trainer_g, ncclComm_t raw[2]) {
   const int n = absl::GetFlag(FLAGS_tensors);
   const int64_t rows = absl::GetFlag(FLAGS_rows), cols = absl::GetFlag(FLAGS_cols);
   const int64_t count = rows * cols;
@@ -160,7 +167,14 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   // ---- daemon state on GPU 0 ----
   std::vector<gpu_backend::GpuShardDef> shards;
-  for (int i = 0; i < n; ++i) shards.push_back({absl::StrCat("w", i), rows, cols, config.spec});
+  for (int i = 0; i < n; ++i) {
+    gpu_backend::GpuShardDef def;
+    def.name = absl::StrCat("w", i);
+    def.rows = rows;
+    def.cols = cols;
+    def.spec = config.spec;
+    shards.push_back(def);
+  }
   gpu_backend::GpuStoreOptions options;
   options.device = 0;
   options.adamw.lr = 1e-3;
@@ -223,7 +237,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
-      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms;
+      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms, row_grpc_ms;
   const int total_steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   const absl::Duration kDeadline = absl::Seconds(60);
   int64_t version = 0;
@@ -299,6 +313,19 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 60, store, version, row_items, false,
                                      In(kDeadline)));
     row_fetcher.join();
+    // The same through the world with gRPC control messages.
+    double fetch_row_grpc = 0;
+    std::thread grpc_fetcher([&] {
+      cudaSetDevice(1);
+      meet.Meet();
+      const absl::Time f0 = absl::Now();
+      CHECK_OK(gpu_fetch::FetchDirections(trainer_g, 0, base + 65, row_dst, In(kDeadline)));
+      fetch_row_grpc = absl::ToDoubleMilliseconds(absl::Now() - f0);
+    });
+    meet.Meet();
+    CHECK_OK(gpu_backend::ServeFetch(daemon_g, 1, base + 65, store, version, row_items, false,
+                                     In(kDeadline)));
+    grpc_fetcher.join();
     absl::StatusOr<std::vector<DeviceBytes>> send_pieces =
         gpu_backend::FetchPieces(store, version, row_items);
     CHECK_OK(send_pieces.status());
@@ -395,16 +422,19 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     }
     const gpu_backend::GpuStepTimings& t = store.last_timings();
     std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
-                "fetch-all %.2f  row %.2f raw %.2f prefetch-exposed %.2f  seq %.2f pipe %.2f dbuf %.2f ms\n",
+                "fetch-all %.2f  row %.2f (grpc control %.2f) raw %.2f prefetch-exposed %.2f  "
+                "seq %.2f pipe %.2f dbuf %.2f ms\n",
                 config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
                 t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
-                fetch_row, raw_row, prefetch_exposed, sequential, pipelined, double_buffered);
+                fetch_row, fetch_row_grpc, raw_row, prefetch_exposed, sequential, pipelined,
+                double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
     push_ms.push_back(push);
     step_ms.push_back(stepped);
     fetch_all_ms.push_back(fetch_all);
     fetch_row_ms.push_back(fetch_row);
+    row_grpc_ms.push_back(fetch_row_grpc);
     raw_ms.push_back(raw_row);
     seq_ms.push_back(sequential);
     pipe_ms.push_back(pipelined);
@@ -425,6 +455,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   result.step_ms = Median(step_ms);
   result.fetch_all_ms = Median(fetch_all_ms);
   result.fetch_row_ms = Median(fetch_row_ms);
+  result.fetch_row_grpc_ms = Median(row_grpc_ms);
   result.raw_row_ms = Median(raw_ms);
   result.sequential_ms = Median(seq_ms);
   result.pipelined_ms = Median(pipe_ms);
@@ -449,16 +480,20 @@ int Main() {
     std::fprintf(stderr, "needs 2 GPUs, found %d\n", gpus);
     return 1;
   }
-  std::vector<std::unique_ptr<Transport>> world = MakeWorld();
+  std::vector<std::unique_ptr<Transport>> world = MakeWorld(false);
+  std::vector<std::unique_ptr<Transport>> world_grpc = MakeWorld(true);
   NcclTransport* daemon_t = AsNcclTransport(world[0].get());
   NcclTransport* trainer_t = AsNcclTransport(world[1].get());
+  NcclTransport* daemon_g = AsNcclTransport(world_grpc[0].get());
+  NcclTransport* trainer_g = AsNcclTransport(world_grpc[1].get());
   ncclComm_t raw[2];
   int devs[2] = {0, 1};
   CHECK_OK(GPU_STATUS(ncclCommInitAll(raw, 2, devs)));
 
   std::vector<Result> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
-    results.push_back(RunConfig(MakeConfig(std::string(name)), *daemon_t, *trainer_t, raw));
+    results.push_back(RunConfig(MakeConfig(std::string(name)), *daemon_t, *trainer_t, *daemon_g,
+                                *trainer_g, raw));
   }
   const double params = static_cast<double>(absl::GetFlag(FLAGS_tensors)) *
                         absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_cols);
@@ -468,6 +503,8 @@ int Main() {
               "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall",
               "GB/s", "row", "raw", "ratio", "rowGB/s", "pre-exp", "ratio2", "seq", "pipe", "dbuf", "B/par",
               "ok");
+  std::printf("(row = the socket control channel; the same fetch with gRPC control follows "
+              "each row as 'grpc-control row, ratio')\n");
   std::string json = "[";
   for (const Result& r : results) {
     const double ratio = r.fetch_row_ms > 0 ? r.raw_row_ms / r.fetch_row_ms : 0;
@@ -480,18 +517,23 @@ int Main() {
         r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6,
         r.prefetch_exposed_ms, ratio2, r.sequential_ms,
         r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
+    std::printf("%-5s grpc-control row %.2f ms, ratio %.3f\n", r.config.c_str(),
+                r.fetch_row_grpc_ms,
+                r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0);
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
         absl::StrFormat(
             "{\"config\":\"%s\",\"push_ms\":%.3f,\"optimizer_ms\":%.3f,\"all_reduce_ms\":%.4f,"
             "\"scaling_ms\":%.4f,\"quantize_ms\":%.3f,\"step_ms\":%.3f,\"fetch_all_ms\":%.3f,"
             "\"fetch_all_bytes\":%.0f,\"fetch_row_ms\":%.3f,\"raw_row_ms\":%.3f,"
-            "\"row_bytes\":%.0f,\"ratio\":%.4f,\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,"
+            "\"row_bytes\":%.0f,\"ratio\":%.4f,\"fetch_row_grpc_ms\":%.3f,"
+            "\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,"
             "\"double_buffered_ms\":%.3f,\"prefetch_exposed_ms\":%.3f,\"prefetch_ratio\":%.4f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
             r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
-            r.row_bytes, ratio, r.sequential_ms, r.pipelined_ms, r.double_buffered_ms,
+            r.row_bytes, ratio, r.fetch_row_grpc_ms, r.sequential_ms, r.pipelined_ms,
+            r.double_buffered_ms,
             r.prefetch_exposed_ms, ratio2,
             r.bytes_per_param,
             r.verified ? "true" : "false"));
@@ -502,6 +544,7 @@ int Main() {
   }
   for (int r = 0; r < 2; ++r) ncclCommDestroy(raw[r]);
   world.clear();
+  world_grpc.clear();
   return 0;
 }
 

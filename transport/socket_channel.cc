@@ -1,0 +1,344 @@
+#include "transport/socket_channel.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace paramd {
+namespace transport_internal {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x4F4C4548;  // "HELO"
+constexpr uint32_t kFrameMagic = 0x4D415246;  // "FRAM"
+constexpr absl::Duration kConnectTimeout = absl::Seconds(2);
+
+struct Hello {
+  uint32_t magic = kHelloMagic;
+  int32_t rank = -1;
+};
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint32_t mailbox = 0;
+  uint64_t tag = 0;
+  uint64_t size = 0;
+};
+
+// Milliseconds until `deadline` for poll(), at least 0, at most `cap`.
+int PollTimeoutMs(absl::Time deadline, absl::Duration cap = absl::InfiniteDuration()) {
+  const absl::Duration left = std::min(deadline - absl::Now(), cap);
+  if (left <= absl::ZeroDuration()) return 0;
+  if (left >= absl::Hours(1)) return 3600 * 1000;
+  return static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+}
+
+bool ReadFull(int fd, void* data, size_t size) {
+  uint8_t* p = static_cast<uint8_t*>(data);
+  while (size > 0) {
+    const ssize_t n = read(fd, p, size);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return false;  // EOF or error
+    }
+  }
+  return true;
+}
+
+// Writes all of `bytes` to the non-blocking `fd`, waiting for room until
+// the deadline.
+absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadline) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd pf = {fd, POLLOUT, 0};
+      const int timeout = PollTimeoutMs(deadline);
+      if (timeout == 0 || poll(&pf, 1, timeout) == 0) {
+        return absl::DeadlineExceededError("control channel: write did not finish in time");
+      }
+      continue;
+    }
+    return absl::UnavailableError(
+        absl::StrCat("control channel: write failed: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+// "host:port" or "[v6]:port" -> (host, port).
+bool SplitAddress(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= address.size()) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return true;
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(const std::string& host_in) {
+  const std::string host = host_in.empty() ? "127.0.0.1" : host_in;
+  const bool wildcard = host == "0.0.0.0" || host == "::" || host == "[::]";
+  std::string bind_host = host;
+  if (bind_host.size() >= 2 && bind_host.front() == '[') {
+    bind_host = bind_host.substr(1, bind_host.size() - 2);
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(bind_host.c_str(), "0", &hints, &found) != 0 || found == nullptr) {
+    return absl::UnavailableError(absl::StrCat("control channel: cannot resolve '", host, "'"));
+  }
+  int fd = -1;
+  int port = 0;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound = {};
+    socklen_t len = sizeof(bound);
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
+      close(fd);
+      fd = -1;
+      continue;
+    }
+    port = bound.ss_family == AF_INET6
+               ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("control channel: cannot listen on ", host));
+  int wake[2];
+  if (pipe2(wake, O_CLOEXEC) != 0) {
+    close(fd);
+    return absl::UnavailableError("control channel: pipe2 failed");
+  }
+  std::string advertised = host;
+  if (wildcard) {
+    char name[256] = {};
+    advertised = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+  } else if (advertised.find(':') != std::string::npos && advertised.front() != '[') {
+    advertised = absl::StrCat("[", advertised, "]");
+  }
+  return std::unique_ptr<SocketChannel>(
+      new SocketChannel(fd, wake, absl::StrCat(advertised, ":", port)));
+}
+
+SocketChannel::SocketChannel(int listen_fd, int wake_fd[2], std::string address)
+    : listen_fd_(listen_fd), wake_fd_{wake_fd[0], wake_fd[1]}, address_(std::move(address)) {}
+
+SocketChannel::~SocketChannel() {
+  Close();
+  close(wake_fd_[0]);
+  close(wake_fd_[1]);
+}
+
+void SocketChannel::Start(int rank, std::vector<std::string> addresses,
+                          std::vector<std::shared_ptr<Mailbox>> mailboxes) {
+  rank_ = rank;
+  addresses_ = std::move(addresses);
+  mailboxes_ = std::move(mailboxes);
+  for (size_t i = 0; i < addresses_.size(); ++i) peers_.push_back(std::make_unique<Peer>());
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+void SocketChannel::AcceptLoop() {
+  while (!closed_.load()) {
+    pollfd pf[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
+    if (poll(pf, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (pf[1].revents != 0 || closed_.load()) return;
+    if ((pf[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    SetNoDelay(fd);
+    absl::MutexLock lock(&readers_mu_);
+    if (closed_.load()) {
+      close(fd);
+      return;
+    }
+    reader_fds_.push_back(fd);
+    readers_.emplace_back([this, fd] { ReadLoop(fd); });
+  }
+}
+
+void SocketChannel::ReadLoop(int fd) {
+  Hello hello;
+  if (!ReadFull(fd, &hello, sizeof(hello)) || hello.magic != kHelloMagic || hello.rank < 0 ||
+      hello.rank >= static_cast<int>(addresses_.size())) {
+    return;
+  }
+  for (;;) {
+    FrameHeader h;
+    if (!ReadFull(fd, &h, sizeof(h)) || h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes ||
+        h.mailbox >= mailboxes_.size()) {
+      return;
+    }
+    std::string bytes(h.size, '\0');
+    if (h.size > 0 && !ReadFull(fd, &bytes[0], h.size)) return;
+    // A closed mailbox (its transport shut down) refuses: nothing to do.
+    (void)mailboxes_[h.mailbox]->Deliver(hello.rank, h.tag, std::move(bytes));
+  }
+}
+
+absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline) {
+  if (p.failed) return absl::UnavailableError("control channel: peer refused before");
+  std::string host, port;
+  if (!SplitAddress(addresses_[peer], &host, &port)) {
+    p.failed = true;
+    return absl::UnavailableError(
+        absl::StrCat("control channel: no address for rank ", peer));
+  }
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0 || found == nullptr) {
+    p.failed = true;
+    return absl::UnavailableError(absl::StrCat("control channel: cannot resolve ", host));
+  }
+  absl::Status status = absl::UnavailableError(
+      absl::StrCat("control channel: cannot connect to ", addresses_[peer]));
+  for (addrinfo* a = found; a != nullptr && p.fd < 0; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                          a->ai_protocol);
+    if (fd < 0) continue;
+    int r = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      pollfd pf = {fd, POLLOUT, 0};
+      if (poll(&pf, 1, PollTimeoutMs(deadline, kConnectTimeout)) == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        r = err == 0 ? 0 : -1;
+        if (err == ECONNREFUSED) p.failed = true;
+      } else {
+        status = absl::DeadlineExceededError(
+            absl::StrCat("control channel: connecting to ", addresses_[peer], " timed out"));
+      }
+    } else if (r != 0 && errno == ECONNREFUSED) {
+      p.failed = true;
+    }
+    if (r != 0) {
+      close(fd);
+      continue;
+    }
+    SetNoDelay(fd);
+    Hello hello;
+    hello.rank = rank_;
+    status = WriteFull(fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello),
+                                               sizeof(hello)),
+                       deadline);
+    if (!status.ok()) {
+      close(fd);
+      continue;
+    }
+    p.fd = fd;
+    p.failed = false;
+  }
+  freeaddrinfo(found);
+  return p.fd >= 0 ? absl::OkStatus() : status;
+}
+
+absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
+                                 absl::Span<const uint8_t> bytes, absl::Time deadline) {
+  if (closed_.load()) return absl::FailedPreconditionError("control channel closed");
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("control channel: no rank ", peer));
+  }
+  if (bytes.size() > kSocketMaxFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("control channel: frame of ", bytes.size(), " bytes"));
+  }
+  Peer& p = *peers_[peer];
+  absl::MutexLock lock(&p.mu);
+  if (p.fd < 0) RETURN_IF_ERROR(ConnectLocked(peer, p, deadline));
+  auto drop = [&p](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+    shutdown(p.fd, SHUT_RDWR);
+    close(p.fd);
+    p.fd = -1;
+    return s;
+  };
+  // The peer writes nothing on this connection: readable means it closed.
+  pollfd pf = {p.fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&pf, 1, 0) == 1 && pf.revents != 0) {
+    return drop(absl::UnavailableError(
+        absl::StrCat("control channel: rank ", peer, " closed the connection")));
+  }
+  FrameHeader h;
+  h.mailbox = mailbox;
+  h.tag = tag;
+  h.size = bytes.size();
+  std::string frame(sizeof(h) + bytes.size(), '\0');
+  std::memcpy(&frame[0], &h, sizeof(h));
+  if (!bytes.empty()) std::memcpy(&frame[sizeof(h)], bytes.data(), bytes.size());
+  absl::Status s = WriteFull(
+      p.fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(frame.data()), frame.size()),
+      deadline);
+  if (!s.ok()) return drop(s);
+  return absl::OkStatus();
+}
+
+void SocketChannel::Close() {
+  if (closed_.exchange(true)) return;
+  const char byte = 1;
+  (void)!write(wake_fd_[1], &byte, 1);
+  if (acceptor_.joinable()) acceptor_.join();
+  // New connections are refused from here on.
+  close(listen_fd_);
+  for (auto& p : peers_) {
+    absl::MutexLock lock(&p->mu);
+    if (p->fd >= 0) {
+      shutdown(p->fd, SHUT_RDWR);
+      close(p->fd);
+      p->fd = -1;
+    }
+  }
+  std::vector<int> fds;
+  std::vector<std::thread> readers;
+  {
+    absl::MutexLock lock(&readers_mu_);
+    fds.swap(reader_fds_);
+    readers.swap(readers_);
+  }
+  for (int fd : fds) shutdown(fd, SHUT_RDWR);
+  for (std::thread& t : readers) t.join();
+  for (int fd : fds) close(fd);
+}
+
+}  // namespace transport_internal
+}  // namespace paramd
