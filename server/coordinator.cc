@@ -750,9 +750,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
   if (options.expected_pushers < 0) {
     return absl::InvalidArgumentError("coordinator: expected_pushers must be >= 0");
   }
-  if (options.data_plane != "host" && options.data_plane != "local") {
+  // "nccl": the daemons' device all-reduce (they must be built with
+  // --config=cuda; the coordinator only relays addresses).
+  if (options.data_plane != "host" && options.data_plane != "local" &&
+      options.data_plane != "nccl") {
     return absl::InvalidArgumentError(absl::StrCat("coordinator: unknown data plane \"",
-                                                   options.data_plane, "\" (host or local)"));
+                                                   options.data_plane, "\" (host, local or nccl)"));
   }
   if (options.data_plane == "local" && options.expected_daemons != 1) {
     return absl::InvalidArgumentError(

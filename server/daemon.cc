@@ -481,6 +481,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       absl::MutexLock lock(&mu_);
       all_reduce = all_reduce_;
       shards = shards_.get();
+      shards->set_data_plane(data_plane_transport_, options_.step_timeout);
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> result;
@@ -692,6 +693,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         member_id_ = response.member_id();
         if (all_reduce.ok()) {
           all_reduce_ = *std::move(all_reduce);
+          data_plane_transport_ = data_plane_->transport();
         } else {
           join_error_ = all_reduce.status().ToString();
         }
@@ -775,6 +777,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::string join_error_ ABSL_GUARDED_BY(mu_);
   bool join_done_ ABSL_GUARDED_BY(mu_) = false;  // the join thread has finished
   AllReduceMaxFn all_reduce_ ABSL_GUARDED_BY(mu_);
+  // data_plane_->transport() once joined (null: one daemon); for the
+  // backend's device all-reduce (ShardBackend::set_data_plane).
+  Transport* data_plane_transport_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const ModelView> view_ ABSL_GUARDED_BY(mu_);
   // Written under mu_ between steps; the worker uses it without mu_ while

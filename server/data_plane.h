@@ -2,7 +2,10 @@
 //
 // The daemons' side of the data plane: the packed amax all-reduce (MAX)
 // every step needs, over a Transport of //transport ("host" between
-// processes, "local" inside one). A daemon opens its endpoint before it
+// processes, "local" inside one, "nccl" between GPU daemons: linked only
+// under --config=cuda; the gpu backend then all-reduces its device amax
+// vector on the transport() with no host round trip, see
+// ShardBackend::set_data_plane). A daemon opens its endpoint before it
 // joins (the endpoint's address goes into the Join request), then connects
 // once the coordinator's rendezvous gives it its rank and the address book.
 // The daemons form the world 0..num_daemons-1; with one daemon the
@@ -47,6 +50,10 @@ class DaemonDataPlane {
 
   // Leaves the world (peers blocked in an all-reduce with us fail).
   void Shutdown();
+
+  // The connected transport (owned; valid while this object lives), or null
+  // before Connect and with a single daemon (nothing to reduce).
+  Transport* transport() const { return transport_.get(); }
 
  private:
   DaemonDataPlane() = default;

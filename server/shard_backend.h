@@ -36,6 +36,8 @@
 
 namespace paramd {
 
+class Transport;  // transport/transport.h
+
 // A version returned by ShardBackend::Step -> the same version with its
 // bytes on the host (QuantizedTensor data and scales filled). NOT_FOUND once
 // the backend no longer holds the version. Thread-safe; may block on a
@@ -77,6 +79,17 @@ class ShardBackend {
   // get them (gpu). The function stays valid after the backend is gone
   // (it keeps what it needs alive).
   virtual HostBytesFn host_bytes() { return nullptr; }
+
+  // The daemons' data-plane transport (null: a single daemon) and the bound
+  // on one collective, set by the daemon before each Step. The gpu backend
+  // all-reduces its device amax vector on an NCCL transport directly (no
+  // host copy, one wait at the end of the step) and skips the all-reduce
+  // for a single daemon; other transports, and a backend never told, use
+  // Step's AllReduceMaxFn. `transport` outlives the backend's steps.
+  virtual void set_data_plane(Transport* transport, absl::Duration timeout) {
+    (void)transport;
+    (void)timeout;
+  }
 };
 
 struct ShardBackendOptions {

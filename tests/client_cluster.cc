@@ -44,6 +44,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
                                      absl::StrFormat("--lr=%.9g", options.lr),
                                      absl::StrFormat("--momentum=%.9g", options.momentum)};
     argv.insert(argv.end(), options.daemon_flags.begin(), options.daemon_flags.end());
+    if (i < static_cast<int>(options.per_daemon_flags.size())) {
+      argv.insert(argv.end(), options.per_daemon_flags[i].begin(),
+                  options.per_daemon_flags[i].end());
+    }
     ASSIGN_OR_RETURN(const int index,
                      c->children_.Start({name, std::move(argv), log(name), log(name)}));
     c->daemons_.push_back(index);

@@ -31,6 +31,8 @@ struct TestClusterOptions {
   // --model, --data_plane).
   std::vector<std::string> coordinator_flags;
   std::vector<std::string> daemon_flags;
+  // Further flags of daemon process i only (e.g. --gpu=i); may be shorter.
+  std::vector<std::vector<std::string>> per_daemon_flags;
 };
 
 class TestCluster {

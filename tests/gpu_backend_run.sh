@@ -20,6 +20,7 @@ TARGETS=(
   //tests:gpu_daemon_backend_test
   //tests:gpu_backend_checkpoint_test
   //server/gpu_backend:gpu_backend_optimizer_test
+  //server/gpu_backend:gpu_backend_step_bench
   //kernels/cuda:optimizer_test
 )
 

@@ -1,4 +1,5 @@
-// GPU only (tag gpu; --config=cuda on a machine with a GPU). One real
+// GPU only (tag gpu; --config=cuda on a machine with a GPU; the NCCL test
+// at the end needs 2 GPUs and skips otherwise). One real
 // hybrid-paramd daemon with --backend=gpu (GpuShardStore through the
 // daemon's ShardBackend seam) against the CPU reference, for every format
 // pair (both columnwise sources, and a columnwise-only copy from a
@@ -17,6 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
@@ -190,6 +194,86 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<std::tuple<FormatCombo, std::string>>& info) {
       return absl::StrCat(std::get<0>(info.param).name, "_", std::get<1>(info.param));
     });
+
+// Two gpu daemons, one per GPU (--gpu=0/1), all-reducing their packed
+// device amax vectors over the "nccl" data plane (no host round trip)
+// against two cpu daemons on the host data plane: tensors split across the
+// daemons in formats that need the global amax (FP8 current, NVFP4, FP8
+// delayed, and a rowwise_dequantized copy needing the second round), every
+// piece fetched over the host Fetch stream equal after 3 AdamW steps.
+TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, found " << devices;
+  }
+  auto options = [](const std::string& backend) {
+    TestClusterOptions o;
+    o.daemons = 2;
+    o.expected_pushers = 1;
+    o.optimizer = "adamw";
+    o.lr = 0.01;
+    o.daemon_flags = {"--backend=" + backend, "--weight_decay=0.01"};
+    if (backend == "gpu") {
+      o.coordinator_flags = {"--data_plane=nccl"};
+      o.daemon_flags.push_back("--data_plane=nccl");
+      o.per_daemon_flags = {{"--gpu=0"}, {"--gpu=1"}};
+    }
+    return o;
+  };
+  absl::StatusOr<std::unique_ptr<RawCluster>> g = RawCluster::Start(options("gpu"));
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options("cpu"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& gpu = **g;
+  RawCluster& cpu = **c;
+  const std::vector<TestTensor> tensors = {{"w1", {1280, 512}, RandomValues(1280 * 512, 7)},
+                                           {"w2", {1152, 256}, RandomValues(1152 * 256, 8)},
+                                           {"b", {77}, RandomValues(77, 9, 0.1f)}};
+  const std::string model = gpu.cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, tensors).ok());
+  const std::string recipe = R"pb(
+    rule {
+      pattern: "w1"
+      spec {
+        rowwise { format: FP8_CURRENT }
+        columnwise { format: NVFP4 }
+        columnwise_source: ROWWISE_DEQUANTIZED
+      }
+    }
+    rule {
+      pattern: "w2"
+      spec {
+        rowwise { format: NVFP4 }
+        columnwise { format: FP8_DELAYED amax_history_len: 4 }
+      }
+    }
+    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: MXFP8 } })pb";
+  for (RawCluster* r : {&gpu, &cpu}) {
+    absl::StatusOr<int64_t> v = r->Load(model, recipe);
+    ASSERT_TRUE(v.ok()) << v.status() << r->cluster().Logs();
+  }
+  EXPECT_TRUE(absl::StrContains(gpu.cluster().Logs(), "amax all-reduce on the device over NCCL"))
+      << gpu.cluster().Logs();
+  for (const char* name : {"w1", "w2"}) {
+    absl::StatusOr<std::vector<QuantizedTensor>> pieces =
+        gpu.FetchPieces(0, name, Direction::kRowwise);
+    ASSERT_TRUE(pieces.ok()) << pieces.status();
+    EXPECT_GE(pieces->size(), 2u) << name << " is not split across the daemons";
+  }
+  ExpectSamePieces(0, gpu, cpu, tensors);
+  for (int step = 0; step < kSteps; ++step) {
+    std::map<std::string, std::vector<float>> grads;
+    for (const TestTensor& t : tensors) {
+      grads[t.name] = RandomValues(t.values.size(), 200 + step, 0.3f);
+    }
+    ASSERT_TRUE(gpu.PushAll(step, "trainer", grads).ok());
+    ASSERT_TRUE(cpu.PushAll(step, "trainer", grads).ok());
+    absl::StatusOr<int64_t> gv = gpu.WaitForVersion(step + 1);
+    ASSERT_TRUE(gv.ok()) << gv.status() << gpu.cluster().Logs();
+    ASSERT_TRUE(cpu.WaitForVersion(step + 1).ok());
+    ExpectSamePieces(step + 1, gpu, cpu, tensors);
+  }
+}
 
 }  // namespace
 }  // namespace testing

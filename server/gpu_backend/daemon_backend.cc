@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <utility>
 
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include "common/status_macros.h"
 #include "kernels/reference.h"
 #include "server/gpu_backend/shard_store.h"
+#include "transport/nccl_transport.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -138,6 +140,12 @@ class GpuShardBackend : public ShardBackend {
   absl::Span<float> gradient(int i) override { return absl::MakeSpan(grads_[i]); }
   GpuShardStore* store() { return store_.get(); }
 
+  void set_data_plane(Transport* transport, absl::Duration timeout) override {
+    data_plane_known_ = true;
+    transport_ = transport;
+    collective_timeout_ = timeout;
+  }
+
   HostBytesFn host_bytes() override {
     std::shared_ptr<HostCopies> copies = copies_;
     return [copies](const std::shared_ptr<const PublishedVersion>& meta) {
@@ -190,8 +198,36 @@ class GpuShardBackend : public ShardBackend {
     if (held.size() == 2) copies_->Retire(held[0]);
     // Not transactional: the masters may have moved and the store may still
     // hold the failed step, so every later step is refused.
-    absl::Status stepped = store_->Step(new_version, apply_optimizer, bridge,
-                                        absl::Now() + step_timeout_, update_delayed);
+    const absl::Time deadline = absl::Now() + step_timeout_;
+    absl::Status stepped;
+    if (NcclTransport* nccl = DeviceAllReduceTransport()) {
+      if (!logged_device_all_reduce_) {
+        logged_device_all_reduce_ = true;
+        std::fprintf(stderr, "gpu backend: amax all-reduce on the device over NCCL (%d daemons)\n",
+                     nccl->world_size());
+      }
+      // The packed device vector all-reduced in place on the store's stream;
+      // one wait at the end that watches the NCCL communicators (a dead
+      // peer aborts them: an error, never a hang).
+      std::vector<int> group(nccl->world_size());
+      std::iota(group.begin(), group.end(), 0);
+      const absl::Time collective_deadline = absl::Now() + collective_timeout_;
+      DeviceAllReduce device = [&](float* values, size_t count,
+                                   cudaStream_t stream) -> absl::Status {
+        return nccl->AllReduceMaxDevice(group, values, count, stream, collective_deadline);
+      };
+      stepped = store_->EnqueueStep(new_version, apply_optimizer, device, update_delayed);
+      if (stepped.ok()) {
+        stepped = nccl->WaitStream(store_->stream(), std::min(deadline, collective_deadline));
+        absl::Status finished = store_->FinishStep(deadline);
+        if (stepped.ok()) stepped = finished;
+      }
+    } else {
+      // A single daemon reduces nothing; otherwise the host bridge.
+      const bool single = data_plane_known_ && transport_ == nullptr;
+      stepped = store_->Step(new_version, apply_optimizer, single ? DeviceAllReduce() : bridge,
+                             deadline, update_delayed);
+    }
     if (stepped.ok()) stepped = Publish(new_version);
     if (!stepped.ok()) {
       broken_ = stepped;
@@ -206,6 +242,18 @@ class GpuShardBackend : public ShardBackend {
   }
 
  private:
+  // The NCCL transport of a world of daemons on distinct GPUs, or null (host
+  // bridge or single daemon).
+  NcclTransport* DeviceAllReduceTransport() const {
+    if (transport_ == nullptr) return nullptr;
+    NcclTransport* nccl = AsNcclTransport(transport_);
+    if (nccl == nullptr || nccl->device() != store_->device()) return nullptr;
+    for (int peer = 0; peer < nccl->world_size(); ++peer) {
+      if (peer != nccl->rank() && !nccl->UsesNccl(peer)) return nullptr;
+    }
+    return nccl;
+  }
+
   int MirrorIndex(int i) const {
     const ShardDef& d = shards_[i];
     return mirror_->FindShard(d.tensor, d.row_begin, d.row_end);
@@ -417,6 +465,11 @@ class GpuShardBackend : public ShardBackend {
   std::unique_ptr<ShardSet> mirror_;
   bool mirror_dirty_ = false;  // handed out: upload before the next Step
   int64_t generation_ = 0;     // successful Steps so far
+  // ShardBackend::set_data_plane.
+  bool data_plane_known_ = false;
+  Transport* transport_ = nullptr;
+  absl::Duration collective_timeout_ = absl::Seconds(60);
+  bool logged_device_all_reduce_ = false;
   int64_t mirror_generation_ = -1;
 };
 

@@ -60,12 +60,12 @@ namespace gpu_backend {
 // One shard (a whole tensor or a row range of it) held by this daemon.
 struct GpuShardDef {
   std::string name;
-  // Manifest index of the shard's tensor (its amax slots); -1: the shard
-  // index (a store of whole, distinct tensors).
-  int tensor = -1;
   int64_t rows = 0;
   int64_t cols = 0;
   HybridSpec spec;
+  // Manifest index of the shard's tensor (its amax slots); -1: the shard
+  // index (a store of whole, distinct tensors).
+  int tensor = -1;
 };
 
 struct GpuStoreOptions {

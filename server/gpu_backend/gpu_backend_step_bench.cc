@@ -1,0 +1,135 @@
+// GPU only. What a gpu daemon's Step costs on a large model now that
+// publishing copies nothing to the host, and what the (lazy) host copy of a
+// version costs when a host Fetch asks for it — the copy every Step used to
+// make. One daemon (no all-reduce), the gpu ShardBackend driven directly:
+//
+//   gpu_backend_step_bench [--tensors=16] [--rows=8192] [--cols=8192]
+//                          [--format=MXFP8] [--steps=5]
+//
+// Prints one line per measurement and a JSON line at the end.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/gpu_backend/daemon_backend.h"
+
+ABSL_FLAG(int, tensors, 16, "number of tensors");
+ABSL_FLAG(int64_t, rows, 8192, "rows per tensor");
+ABSL_FLAG(int64_t, cols, 8192, "cols per tensor");
+ABSL_FLAG(std::string, format, "MXFP8", "rowwise and columnwise format");
+ABSL_FLAG(int, steps, 5, "measured steps of each kind");
+
+namespace paramd {
+namespace {
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+int Run() {
+  absl::StatusOr<Format> format = ParseFormatName(absl::GetFlag(FLAGS_format));
+  if (!format.ok()) {
+    std::fprintf(stderr, "%s\n", format.status().ToString().c_str());
+    return 2;
+  }
+  const int n = absl::GetFlag(FLAGS_tensors);
+  const int64_t rows = absl::GetFlag(FLAGS_rows), cols = absl::GetFlag(FLAGS_cols);
+  std::vector<TensorDef> tensors;
+  std::vector<ShardDef> shards;
+  for (int i = 0; i < n; ++i) {
+    TensorDef t;
+    t.name = absl::StrCat("w", i);
+    t.rows = rows;
+    t.cols = cols;
+    t.spec.rowwise = DefaultQuantSpec(*format);
+    t.spec.columnwise = DefaultQuantSpec(*format);
+    tensors.push_back(t);
+    shards.push_back({i, 0, rows});
+  }
+  ShardBackendOptions options;
+  options.optimizer.lr = 1e-3f;
+  options.optimizer.weight_decay = 0.01f;
+  absl::StatusOr<std::unique_ptr<ShardBackend>> created =
+      gpu_backend::CreateGpuShardBackend(tensors, shards, options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return 1;
+  }
+  ShardBackend& backend = **created;
+  backend.set_data_plane(nullptr, absl::Seconds(60));  // one daemon
+  for (int i = 0; i < n; ++i) {
+    absl::Span<float> m = backend.load_master(i);
+    for (size_t k = 0; k < m.size(); ++k) m[k] = static_cast<float>((k * 2654435761u) % 2001) * 1e-3f - 1.0f;
+  }
+  const AllReduceMaxFn identity = [](absl::Span<float>) { return absl::OkStatus(); };
+  int64_t version = 0;
+  auto step = [&](bool optimizer) -> double {
+    if (optimizer) {
+      for (int i = 0; i < n; ++i) {
+        absl::Span<float> g = backend.gradient(i);
+        std::fill(g.begin(), g.end(), 1e-3f);
+      }
+    }
+    const absl::Time t0 = absl::Now();
+    absl::StatusOr<std::shared_ptr<const PublishedVersion>> v =
+        backend.Step(version, optimizer, identity, true);
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    if (!v.ok()) {
+      std::fprintf(stderr, "step %lld: %s\n", static_cast<long long>(version),
+                   v.status().ToString().c_str());
+      std::exit(1);
+    }
+    ++version;
+    return ms;
+  };
+  const double load_ms = step(false);  // uploads the masters
+  std::vector<double> republish, optimizer;
+  for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) republish.push_back(step(false));
+  for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) optimizer.push_back(step(true));
+  // The lazy host copy of the latest version (what every Step used to do).
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> meta =
+      backend.Step(version, false, identity, true);
+  if (!meta.ok()) return 1;
+  HostBytesFn bytes = backend.host_bytes();
+  absl::Time t0 = absl::Now();
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> host = bytes(*meta);
+  const double copy_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  t0 = absl::Now();
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> again = bytes(*meta);
+  const double again_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  if (!host.ok() || !again.ok()) return 1;
+  int64_t published = 0;
+  for (const PublishedPiece& p : (*host)->pieces) published += p.q.data.size() + p.q.scales.size();
+  const double params = static_cast<double>(n) * rows * cols;
+  std::printf("model: %d x [%lld, %lld] = %.3g parameters, %s both directions\n", n,
+              static_cast<long long>(rows), static_cast<long long>(cols), params,
+              FormatName(*format).data());
+  std::printf("first step (uploads masters): %.1f ms\n", load_ms);
+  std::printf("republish step (amax + quantize, no host copy): median %.1f ms\n",
+              Median(republish));
+  std::printf("optimizer step (gradient upload + AdamW + quantize): median %.1f ms\n",
+              Median(optimizer));
+  std::printf("host copy of one version on first host fetch: %.1f ms for %.3f GB (%.1f GB/s); "
+              "again (cached): %.3f ms\n",
+              copy_ms, published / 1e9, published / 1e6 / copy_ms, again_ms);
+  std::printf("{\"parameters\": %.0f, \"format\": \"%s\", \"republish_ms\": %.2f, "
+              "\"optimizer_step_ms\": %.2f, \"host_copy_ms\": %.2f, \"published_bytes\": %lld}\n",
+              params, FormatName(*format).data(), Median(republish), Median(optimizer), copy_ms,
+              static_cast<long long>(published));
+  return 0;
+}
+
+}  // namespace
+}  // namespace paramd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return paramd::Run();
+}
