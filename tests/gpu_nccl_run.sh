@@ -11,7 +11,8 @@
 #          Logs and step_bench.json land under $OUT. NVLink multicast stays
 #          off (NCCL_NVLS_ENABLE=0).
 # Knobs (run): TESTS=0 / BENCH=0 / TRAINER=0 skip a part; BENCH_ARGS extra
-# flags; TEST_TIMEOUT / BENCH_TIMEOUT (s) bound each test binary / the bench.
+# flags; TEST_TIMEOUT / BENCH_TIMEOUT (s) bound each test binary / the bench;
+# BENCH_NAME names the bench's log and json under $OUT (default step_bench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=.gpu_bundle_nccl
@@ -108,9 +109,10 @@ if [ "${TESTS:-1}" = 1 ]; then
   grep -hE "Failure|FAILED|error:|WARN|Expected|Which is|actual|code [0-9]+ after" "$OUT"/*_test.log | head -60
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  timeout ${BENCH_TIMEOUT:-240} $B/bin/step_bench --json="$OUT/step_bench.json" ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
-  summary+=("step_bench rc=$?")
-  tail -n 8 "$OUT/step_bench.log"
+  n=${BENCH_NAME:-step_bench}
+  timeout ${BENCH_TIMEOUT:-240} $B/bin/step_bench --json="$OUT/$n.json" ${BENCH_ARGS:-} > "$OUT/$n.log" 2>&1
+  summary+=("$n rc=$?")
+  tail -n 8 "$OUT/$n.log"
 fi
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"

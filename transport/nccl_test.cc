@@ -194,6 +194,76 @@ TEST_F(NcclTwoGpuTest, DeviceMessagesInPieces) {
   EXPECT_TRUE(host == Pattern(4096, 2));
 }
 
+TEST_F(NcclTwoGpuTest, PipelinedSendInPartsBehindEvents) {
+  // Pieces 0-1 behind e0, 2-3 behind e1, 4 behind nothing; e1 is recorded
+  // after its pieces' upload on a side stream, so the bytes exist only then.
+  const std::vector<size_t> sizes = {(size_t{1} << 20) + 5, 77, size_t{3} << 20, 0, 4096};
+  std::vector<std::unique_ptr<DeviceBuffer>> src, dst;
+  std::vector<DeviceBytes> send;
+  std::vector<MutableDeviceBytes> recv;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    src.push_back(std::make_unique<DeviceBuffer>(0, sizes[i]));
+    dst.push_back(std::make_unique<DeviceBuffer>(1, sizes[i]));
+    send.push_back({src.back()->data, sizes[i]});
+    recv.push_back({dst.back()->data, sizes[i]});
+  }
+  cudaSetDevice(0);
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreateWithFlags(&e0, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<uint8_t>> host;
+    for (size_t i = 0; i < sizes.size(); ++i) host.push_back(Pattern(sizes[i], 100 * round + i));
+    src[0]->Upload(host[0]);
+    src[1]->Upload(host[1]);
+    src[4]->Upload(host[4]);
+    cudaSetDevice(0);
+    ASSERT_EQ(cudaEventRecord(e0, side), cudaSuccess);
+    // Pinned, so the copy really is asynchronous behind the event.
+    void* pinned = nullptr;
+    ASSERT_EQ(cudaHostAlloc(&pinned, sizes[2], cudaHostAllocDefault), cudaSuccess);
+    std::memcpy(pinned, host[2].data(), sizes[2]);
+    ASSERT_EQ(cudaMemcpyAsync(src[2]->data, pinned, sizes[2], cudaMemcpyHostToDevice, side),
+              cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(e1, side), cudaSuccess);
+    const std::vector<cudaEvent_t> ready = {e0, e0, e1, e1, nullptr};
+    absl::Status sent;
+    std::thread sender([&] {
+      sent = nccl_[0]->SendDevicePipelined(1, 50 + round, send, ready, In(absl::Seconds(30)));
+    });
+    absl::Status got = nccl_[1]->RecvDevice(0, 50 + round, recv, In(absl::Seconds(30)));
+    sender.join();
+    cudaSetDevice(0);
+    cudaStreamSynchronize(side);
+    cudaFreeHost(pinned);
+    ASSERT_TRUE(sent.ok()) << sent;
+    ASSERT_TRUE(got.ok()) << got;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(dst[i]->Download() == host[i]) << "round " << round << " piece " << i;
+    }
+  }
+  // One event per piece is required.
+  EXPECT_EQ(nccl_[0]->SendDevicePipelined(1, 60, send, {e0}, In(absl::Seconds(30))).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A pipelined message to a host Recv: one piece, one part.
+  std::vector<uint8_t> buffer(4096);
+  absl::Status sent;
+  std::thread sender([&] {
+    sent = nccl_[0]->SendDevicePipelined(1, 61, {send[4]}, {e1}, In(absl::Seconds(30)));
+  });
+  absl::StatusOr<size_t> n = world_[1]->Recv(0, 61, absl::MakeSpan(buffer), In(absl::Seconds(30)));
+  sender.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_TRUE(buffer == Pattern(4096, 104));
+  cudaSetDevice(0);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(side);
+}
+
 TEST_F(NcclTwoGpuTest, AllReduceMaxOverNccl) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -30,7 +31,7 @@ namespace {
 using transport_internal::MessageTransport;
 using transport_internal::SocketChannel;
 
-constexpr uint32_t kMagic = 0x4C43434E;  // "NCCL"
+constexpr uint32_t kMagic = 0x324C4343;  // "CCL2" (headers with part ends)
 enum Kind : uint32_t { kInline = 1, kNcclPayload = 2 };
 enum Cts : uint32_t { kCtsGo = 1, kCtsRejectSize = 2, kCtsStale = 3 };
 
@@ -43,7 +44,10 @@ constexpr size_t kHostRecvMaxPieces = 16;
 // channel's (frames land where a gRPC message of that channel would).
 enum ControlBox : uint32_t { kHeaderBox = 0, kSyncBox = 1 };
 
-// Followed by uint64 sizes[npieces], then (kInline) the payload.
+// Followed by uint64 sizes[npieces], then uint64 part_ends[nparts], then
+// (kInline) the payload. A kNcclPayload message with nparts > 1 moves as
+// nparts consecutive NCCL groups on both sides (part k = pieces
+// [part_ends[k-1], part_ends[k])); else as one group.
 struct Header {
   uint32_t magic = kMagic;
   uint32_t kind = kInline;
@@ -52,7 +56,56 @@ struct Header {
   uint64_t npieces = 0;
   uint64_t total = 0;
   ncclUniqueId id;  // the communicator of generation `gen`
+  uint64_t nparts = 0;
 };
+
+// PARAMD_NCCL_TRACE=1: one stderr line per NCCL transfer and side with the
+// times (us from the call) of its phases, for finding where a transfer's
+// fixed cost goes. Printed after the transfer, so it costs little.
+bool TraceEnabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("PARAMD_NCCL_TRACE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+// Phase times of one transfer; t[0] is the call.
+struct Trace {
+  absl::Time t[5];
+  int n = 0;
+  void Mark() {
+    if (TraceEnabled() && n < 5) t[n++] = absl::Now();
+  }
+  void Print(const char* side, uint64_t xfer, uint64_t total, int parts) const {
+    if (!TraceEnabled() || n < 5) return;
+    auto us = [&](int i) { return absl::ToDoubleMicroseconds(t[i] - t[0]); };
+    std::fprintf(stderr,
+                 "nccl-trace %s xfer %llu bytes %llu parts %d start %lld: %s %.1f  %s %.1f  "
+                 "enqueued %.1f  done %.1f us\n",
+                 side, static_cast<unsigned long long>(xfer),
+                 static_cast<unsigned long long>(total), parts,
+                 static_cast<long long>(absl::ToUnixMicros(t[0])),
+                 side[0] == 's' ? "header-sent" : "header-in", us(1),
+                 side[0] == 's' ? "cts-in" : "cts-sent", us(2), us(3), us(4));
+  }
+};
+
+// When the current thread entered Recv/RecvDevice (for the trace).
+thread_local absl::Time recv_entered;
+
+// [begin, end) piece ranges of the parts: one part when `ends` is empty.
+std::vector<std::pair<size_t, size_t>> PartRanges(size_t npieces,
+                                                  const std::vector<uint64_t>& ends) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  size_t begin = 0;
+  for (uint64_t end : ends) {
+    ranges.emplace_back(begin, end);
+    begin = end;
+  }
+  if (ends.empty()) ranges.emplace_back(0, npieces);
+  return ranges;
+}
 
 struct PeerInfo {
   std::string header_address;
@@ -226,14 +279,15 @@ class NcclTransportImpl final : public NcclTransport {
     if (!UsesNccl(peer) || bytes.size() <= kNcclInlineMaxBytes) {
       return SendInline(peer, tag, {size}, bytes, deadline);
     }
-    return SendNccl(peer, tag, {size}, bytes.data(), {}, nullptr, deadline);
+    return SendNccl(peer, tag, {size}, bytes.data(), {}, nullptr, {}, deadline);
   }
 
   absl::StatusOr<size_t> Recv(int peer, uint64_t tag, absl::Span<uint8_t> buffer,
                               absl::Time deadline) override {
+    if (TraceEnabled()) recv_entered = absl::Now();
     RETURN_IF_ERROR(CheckPeerAndTag(peer, tag));
     DeviceGuard guard(device_);
-    const size_t capacity = sizeof(Header) + 8 * kHostRecvMaxPieces + buffer.size();
+    const size_t capacity = sizeof(Header) + 16 * kHostRecvMaxPieces + buffer.size();
     std::unique_ptr<uint8_t[]> message(new uint8_t[capacity]);
     ASSIGN_OR_RETURN(size_t got, header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity),
                                                 deadline));
@@ -260,9 +314,35 @@ class NcclTransportImpl final : public NcclTransport {
     DeviceGuard guard(device_);
     std::vector<uint64_t> sizes;
     for (const DeviceBytes& p : pieces) sizes.push_back(p.size);
-    if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, ready, deadline);
+    if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, ready, {}, deadline);
     // Same GPU or self: through the host.
     if (ready != nullptr) GPU_RETURN_IF_ERROR(cudaEventSynchronize(ready));
+    return SendDeviceInline(peer, tag, pieces, sizes, deadline);
+  }
+
+  absl::Status SendDevicePipelined(int peer, uint64_t tag, absl::Span<const DeviceBytes> pieces,
+                                   absl::Span<const cudaEvent_t> ready,
+                                   absl::Time deadline) override {
+    RETURN_IF_ERROR(CheckCall(peer, tag, deadline));
+    if (pieces.size() > kNcclMaxPieces || ready.size() != pieces.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces, ", ready.size(),
+                                                     " ready events"));
+    }
+    DeviceGuard guard(device_);
+    std::vector<uint64_t> sizes;
+    for (const DeviceBytes& p : pieces) sizes.push_back(p.size);
+    if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, nullptr, ready, deadline);
+    for (size_t i = 0; i < ready.size(); ++i) {
+      if (ready[i] != nullptr && (i == 0 || ready[i] != ready[i - 1])) {
+        GPU_RETURN_IF_ERROR(cudaEventSynchronize(ready[i]));
+      }
+    }
+    return SendDeviceInline(peer, tag, pieces, sizes, deadline);
+  }
+
+  // Device pieces to a peer on the same GPU (or self), through the host.
+  absl::Status SendDeviceInline(int peer, uint64_t tag, absl::Span<const DeviceBytes> pieces,
+                                const std::vector<uint64_t>& sizes, absl::Time deadline) {
     size_t total = 0;
     for (uint64_t s : sizes) total += s;
     std::unique_ptr<uint8_t[]> host(new uint8_t[total > 0 ? total : 1]);
@@ -279,6 +359,7 @@ class NcclTransportImpl final : public NcclTransport {
 
   absl::Status RecvDevice(int peer, uint64_t tag, absl::Span<const MutableDeviceBytes> pieces,
                           absl::Time deadline) override {
+    if (TraceEnabled()) recv_entered = absl::Now();
     RETURN_IF_ERROR(CheckPeerAndTag(peer, tag));
     if (pieces.size() > kNcclMaxPieces) {
       return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces"));
@@ -287,7 +368,7 @@ class NcclTransportImpl final : public NcclTransport {
     size_t total = 0;
     for (const MutableDeviceBytes& p : pieces) total += p.size;
     const size_t capacity =
-        sizeof(Header) + 8 * pieces.size() + (UsesNccl(peer) ? kNcclInlineMaxBytes : total);
+        sizeof(Header) + 16 * pieces.size() + (UsesNccl(peer) ? kNcclInlineMaxBytes : total);
     std::unique_ptr<uint8_t[]> message(new uint8_t[capacity]);
     ASSIGN_OR_RETURN(size_t got, header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity),
                                                 deadline));
@@ -422,6 +503,7 @@ class NcclTransportImpl final : public NcclTransport {
   struct Parsed {
     Header header;
     std::vector<uint64_t> sizes;
+    std::vector<uint64_t> part_ends;  // empty: one part
     const uint8_t* payload = nullptr;
   };
 
@@ -431,15 +513,28 @@ class NcclTransportImpl final : public NcclTransport {
     std::memcpy(&p.header, message, sizeof(Header));
     const Header& h = p.header;
     if (h.magic != kMagic || (h.kind != kInline && h.kind != kNcclPayload) ||
-        h.npieces > kNcclMaxPieces || size < sizeof(Header) + 8 * h.npieces) {
+        h.npieces > kNcclMaxPieces || h.nparts > h.npieces ||
+        (h.kind == kInline && h.nparts != 0) ||
+        size < sizeof(Header) + 8 * (h.npieces + h.nparts)) {
       return absl::InternalError("malformed nccl header");
     }
     p.sizes.resize(h.npieces);
     if (h.npieces > 0) std::memcpy(p.sizes.data(), message + sizeof(Header), 8 * h.npieces);
+    p.part_ends.resize(h.nparts);
+    if (h.nparts > 0) {
+      std::memcpy(p.part_ends.data(), message + sizeof(Header) + 8 * h.npieces, 8 * h.nparts);
+      for (size_t k = 0; k < h.nparts; ++k) {
+        if (p.part_ends[k] <= (k == 0 ? 0 : p.part_ends[k - 1]) || p.part_ends[k] > h.npieces) {
+          return absl::InternalError("malformed nccl part ends");
+        }
+      }
+      if (p.part_ends.back() != h.npieces) return absl::InternalError("malformed nccl part ends");
+    }
     uint64_t total = 0;
     for (uint64_t s : p.sizes) total += s;
-    p.payload = message + sizeof(Header) + 8 * h.npieces;
-    const size_t payload = size - sizeof(Header) - 8 * h.npieces;
+    const size_t head = sizeof(Header) + 8 * (h.npieces + h.nparts);
+    p.payload = message + head;
+    const size_t payload = size - head;
     if (total != h.total || (h.kind == kInline && payload != total)) {
       return absl::InternalError("nccl header sizes disagree");
     }
@@ -584,15 +679,34 @@ class NcclTransportImpl final : public NcclTransport {
     d.renew = true;
   }
 
+  // `piece_ready` (empty, or one event per piece): piece i leaves after
+  // piece_ready[i]; the message moves as one NCCL group per run of pieces
+  // with the same event. Else all pieces after `ready`, in one group.
   absl::Status SendNccl(int peer, uint64_t tag, const std::vector<uint64_t>& sizes,
                         const uint8_t* host, absl::Span<const DeviceBytes> pieces,
-                        cudaEvent_t ready, absl::Time deadline) {
+                        cudaEvent_t ready, absl::Span<const cudaEvent_t> piece_ready,
+                        absl::Time deadline) {
+    Trace trace;
+    trace.Mark();
     Direction& d = *send_[peer];
     Header h;
     h.kind = kNcclPayload;
     h.xfer = next_xfer_.fetch_add(1);
     h.npieces = sizes.size();
     for (uint64_t s : sizes) h.total += s;
+    std::vector<uint64_t> part_ends;
+    std::vector<cudaEvent_t> part_ready;
+    for (size_t i = 0; i < piece_ready.size(); ++i) {
+      if (i > 0 && piece_ready[i] != piece_ready[i - 1]) part_ends.push_back(i);
+      if (i == 0 || piece_ready[i] != piece_ready[i - 1]) part_ready.push_back(piece_ready[i]);
+    }
+    if (part_ends.empty()) {
+      if (!piece_ready.empty()) ready = piece_ready[0];
+      part_ready = {ready};
+    } else {
+      part_ends.push_back(sizes.size());
+    }
+    h.nparts = part_ends.size();
     {
       absl::MutexLock lock(&d.setup_mu);
       if (d.renew) {
@@ -603,13 +717,17 @@ class NcclTransportImpl final : public NcclTransport {
       h.gen = d.announced_gen;
       h.id = d.announced_id;
     }
-    std::string message(sizeof(Header) + 8 * sizes.size(), '\0');
+    std::string message(sizeof(Header) + 8 * (sizes.size() + part_ends.size()), '\0');
     std::memcpy(&message[0], &h, sizeof(h));
     if (!sizes.empty()) std::memcpy(&message[sizeof(h)], sizes.data(), 8 * sizes.size());
+    if (!part_ends.empty()) {
+      std::memcpy(&message[sizeof(h) + 8 * sizes.size()], part_ends.data(), 8 * part_ends.size());
+    }
     RETURN_IF_ERROR(SendControl(
         kHeaderBox, peer, tag,
         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(message.data()), message.size()),
         deadline));
+    trace.Mark();
     uint32_t cts = 0;
     absl::StatusOr<size_t> got = sync_->Recv(
         peer, kCtsTagBase + h.xfer, absl::MakeSpan(reinterpret_cast<uint8_t*>(&cts), 4), deadline);
@@ -620,6 +738,7 @@ class NcclTransportImpl final : public NcclTransport {
       return got.status();
     }
     if (*got != 4) return absl::InternalError("bad clear-to-send");
+    trace.Mark();
     if (cts == kCtsRejectSize) return absl::OkStatus();  // consumed by the receiver
     absl::MutexLock lock(&d.mu);
     if (cts != kCtsGo || h.gen < d.gen) {
@@ -644,19 +763,28 @@ class NcclTransportImpl final : public NcclTransport {
             cudaMemcpyAsync(c.dev, c.pinned, h.total, cudaMemcpyHostToDevice, c.stream));
         src.push_back(c.dev);
       } else {
-        if (ready != nullptr) GPU_RETURN_IF_ERROR(cudaStreamWaitEvent(c.stream, ready, 0));
         for (const DeviceBytes& p : pieces) src.push_back(p.data);
       }
-      ncclGroupStart();
-      ncclResult_t r = ncclSuccess;
-      for (size_t i = 0; i < sizes.size() && r == ncclSuccess; ++i) {
-        if (sizes[i] > 0) r = ncclSend(src[i], sizes[i], ncclUint8, 1, c.comm, c.stream);
+      const std::vector<std::pair<size_t, size_t>> parts = PartRanges(sizes.size(), part_ends);
+      for (size_t k = 0; k < parts.size(); ++k) {
+        if (host == nullptr && part_ready[k] != nullptr) {
+          GPU_RETURN_IF_ERROR(cudaStreamWaitEvent(c.stream, part_ready[k], 0));
+        }
+        ncclGroupStart();
+        ncclResult_t r = ncclSuccess;
+        for (size_t i = parts[k].first; i < parts[k].second && r == ncclSuccess; ++i) {
+          if (sizes[i] > 0) r = ncclSend(src[i], sizes[i], ncclUint8, 1, c.comm, c.stream);
+        }
+        ncclResult_t end = ncclGroupEnd();
+        if (r != ncclSuccess && r != ncclInProgress) end = r;
+        RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclSend"));
       }
-      ncclResult_t end = ncclGroupEnd();
-      if (r != ncclSuccess && r != ncclInProgress) end = r;
-      RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclSend"));
+      trace.Mark();
       GPU_RETURN_IF_ERROR(cudaEventRecord(c.done, c.stream));
-      return Poll(c, c.done, deadline, "ncclSend");
+      RETURN_IF_ERROR(Poll(c, c.done, deadline, "ncclSend"));
+      trace.Mark();
+      trace.Print("send", h.xfer, h.total, static_cast<int>(part_ready.size()));
+      return absl::OkStatus();
     }();
     if (!s.ok()) {
       Retire(std::move(d.comm));
@@ -668,6 +796,12 @@ class NcclTransportImpl final : public NcclTransport {
   // `host` (capacity already checked) or `pieces` (sizes already checked).
   absl::Status RecvNccl(int peer, const Parsed& p, uint8_t* host,
                         absl::Span<const MutableDeviceBytes> pieces, absl::Time deadline) {
+    Trace trace;
+    if (TraceEnabled()) {
+      trace.t[0] = recv_entered;
+      trace.t[1] = absl::Now();
+      trace.n = 2;
+    }
     Direction& d = *recv_[peer];
     absl::MutexLock lock(&d.mu);
     if (p.header.gen > d.gen) {
@@ -693,6 +827,7 @@ class NcclTransportImpl final : public NcclTransport {
     absl::Status s = SendControl(kSyncBox, peer, kCtsTagBase + p.header.xfer,
                                  absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&go), 4),
                                  deadline);
+    trace.Mark();
     if (s.ok()) {
       s = [&]() -> absl::Status {
         RETURN_IF_ERROR(Poll(c, nullptr, deadline, "communicator init"));
@@ -707,14 +842,18 @@ class NcclTransportImpl final : public NcclTransport {
         } else {
           for (const MutableDeviceBytes& piece : pieces) dst.push_back(piece.data);
         }
-        ncclGroupStart();
-        ncclResult_t r = ncclSuccess;
-        for (size_t i = 0; i < p.sizes.size() && r == ncclSuccess; ++i) {
-          if (p.sizes[i] > 0) r = ncclRecv(dst[i], p.sizes[i], ncclUint8, 0, c.comm, c.stream);
+        // The sender's group structure, part by part.
+        for (const auto& [begin, end_piece] : PartRanges(p.sizes.size(), p.part_ends)) {
+          ncclGroupStart();
+          ncclResult_t r = ncclSuccess;
+          for (size_t i = begin; i < end_piece && r == ncclSuccess; ++i) {
+            if (p.sizes[i] > 0) r = ncclRecv(dst[i], p.sizes[i], ncclUint8, 0, c.comm, c.stream);
+          }
+          ncclResult_t end = ncclGroupEnd();
+          if (r != ncclSuccess && r != ncclInProgress) end = r;
+          RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclRecv"));
         }
-        ncclResult_t end = ncclGroupEnd();
-        if (r != ncclSuccess && r != ncclInProgress) end = r;
-        RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclRecv"));
+        trace.Mark();
         if (host != nullptr && p.header.total > 0) {
           GPU_RETURN_IF_ERROR(cudaMemcpyAsync(c.pinned, c.dev, p.header.total,
                                               cudaMemcpyDeviceToHost, c.stream));
@@ -722,6 +861,9 @@ class NcclTransportImpl final : public NcclTransport {
         GPU_RETURN_IF_ERROR(cudaEventRecord(c.done, c.stream));
         RETURN_IF_ERROR(Poll(c, c.done, deadline, "ncclRecv"));
         if (host != nullptr && p.header.total > 0) std::memcpy(host, c.pinned, p.header.total);
+        trace.Mark();
+        trace.Print("recv", p.header.xfer, p.header.total,
+                    std::max<int>(1, static_cast<int>(p.part_ends.size())));
         return absl::OkStatus();
       }();
     }

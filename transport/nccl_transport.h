@@ -92,6 +92,20 @@ class NcclTransport : public Transport {
   virtual absl::Status SendDevice(int peer, uint64_t tag, absl::Span<const DeviceBytes> pieces,
                                   cudaEvent_t ready, absl::Time deadline) = 0;
 
+  // Like SendDevice, but piece i may leave as soon as `ready[i]` (one event
+  // per piece; null: no wait) has completed, without waiting for the
+  // others: after one header / clear-to-send exchange the message is
+  // enqueued as consecutive NCCL groups, one per run of pieces with the same
+  // event, each behind its event on the transport's stream (the receiver
+  // posts the same groups; RecvDevice and Recv receive it like any message).
+  // For sending tensors while later ones are still being produced (a step's
+  // per-tensor quantization) at the control cost of one message.
+  // INVALID_ARGUMENT if ready.size() != pieces.size().
+  virtual absl::Status SendDevicePipelined(int peer, uint64_t tag,
+                                           absl::Span<const DeviceBytes> pieces,
+                                           absl::Span<const cudaEvent_t> ready,
+                                           absl::Time deadline) = 0;
+
   // Receives one message from `peer` into `pieces`, whose sizes must equal
   // the sender's pieces one for one (else INVALID_ARGUMENT; the message is
   // consumed and the sender's call succeeds). Returns once the bytes are in

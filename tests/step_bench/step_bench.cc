@@ -16,7 +16,8 @@
 // through a second world whose control messages (header, clear-to-send) go
 // over gRPC instead of the socket control channel (PARAMD_NCCL_CONTROL=grpc;
 // the A/B of that channel); a pipelined step where the
-// fetch of tensor i waits only for tensor i's quantization; and a
+// fetch of tensor i waits only for tensor i's quantization (one message per
+// tensor, and as one SendDevicePipelined message); and a
 // double-buffered one where the fetch of version v runs during the step
 // that produces v+1.
 //
@@ -126,6 +127,8 @@ struct Result {
   double step_ms = 0, fetch_all_ms = 0, fetch_all_bytes = 0;
   double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0, fetch_row_grpc_ms = 0;
   double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0, prefetch_exposed_ms = 0;
+  double pipelined_one_ms = 0;
+  bool pipelined_one_verified = false;
   double bytes_per_param = 0;
   bool verified = false;
 };
@@ -237,7 +240,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
-      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms, row_grpc_ms;
+      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms, row_grpc_ms, pipe1_ms;
   const int total_steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   const absl::Duration kDeadline = absl::Seconds(60);
   int64_t version = 0;
@@ -367,6 +370,47 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     pipe_fetcher.join();
     const double pipelined = absl::ToDoubleMilliseconds(absl::Now() - p0);
 
+    // ---- pipelined as ONE message: SendDevicePipelined, each tensor's
+    // pieces behind its TensorReady event, one control exchange ----
+    std::thread pipe1_fetcher([&] {
+      cudaSetDevice(1);
+      meet.Meet();
+      CHECK_OK(gpu_fetch::FetchDirections(trainer_t, 0, base + 68, all_dst, In(kDeadline)));
+    });
+    meet.Meet();
+    const absl::Time q0 = absl::Now();
+    CHECK_OK(store.EnqueueStep(++version, true, nullptr));
+    {
+      std::vector<DeviceBytes> pieces;
+      std::vector<cudaEvent_t> ready;
+      for (const FetchItem& item : all_items) {
+        absl::StatusOr<std::vector<DeviceBytes>> p =
+            gpu_backend::FetchPieces(store, version, {item});
+        CHECK_OK(p.status());
+        pieces.insert(pieces.end(), p->begin(), p->end());
+        ready.insert(ready.end(), p->size(), store.TensorReady(item.shard));
+      }
+      CHECK_OK(daemon_t.SendDevicePipelined(1, base + 68, pieces, ready, In(kDeadline)));
+    }
+    CHECK_OK(store.FinishStep(In(kDeadline)));
+    pipe1_fetcher.join();
+    const double pipelined_one = absl::ToDoubleMilliseconds(absl::Now() - q0);
+    if (step == total_steps - 1) {
+      // The last tensor's last direction (the last part) equals the daemon's.
+      const FetchItem& last = all_items.back();
+      absl::StatusOr<gpu_backend::GpuPublishedDirection> pub =
+          store.Published(version, last.shard, last.direction);
+      CHECK_OK(pub.status());
+      const size_t bytes = pub->layout.data_bytes();
+      std::vector<uint8_t> a(bytes), b(bytes);
+      cudaSetDevice(0);
+      cudaMemcpy(a.data(), pub->data, bytes, cudaMemcpyDeviceToHost);
+      cudaSetDevice(1);
+      cudaMemcpy(b.data(), all_dst.back().data, bytes, cudaMemcpyDeviceToHost);
+      result.pipelined_one_verified = a == b;
+      cudaSetDevice(0);
+    }
+
     // ---- prefetch: the trainer's request for v+1 (and so the control
     // round trip) happens while the step runs; the rowwise bytes leave as
     // soon as the step's last kernel is done. Exposed fetch time = wall -
@@ -423,11 +467,11 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     const gpu_backend::GpuStepTimings& t = store.last_timings();
     std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
                 "fetch-all %.2f  row %.2f (grpc control %.2f) raw %.2f prefetch-exposed %.2f  "
-                "seq %.2f pipe %.2f dbuf %.2f ms\n",
+                "seq %.2f pipe %.2f pipe1 %.2f dbuf %.2f ms\n",
                 config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
                 t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
                 fetch_row, fetch_row_grpc, raw_row, prefetch_exposed, sequential, pipelined,
-                double_buffered);
+                pipelined_one, double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
     push_ms.push_back(push);
@@ -438,6 +482,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     raw_ms.push_back(raw_row);
     seq_ms.push_back(sequential);
     pipe_ms.push_back(pipelined);
+    pipe1_ms.push_back(pipelined_one);
     dbuf_ms.push_back(double_buffered);
     pre_ms.push_back(prefetch_exposed);
     // Phase timings of the (non-pipelined) step are overwritten by the
@@ -459,6 +504,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   result.raw_row_ms = Median(raw_ms);
   result.sequential_ms = Median(seq_ms);
   result.pipelined_ms = Median(pipe_ms);
+  result.pipelined_one_ms = Median(pipe1_ms);
   result.double_buffered_ms = Median(dbuf_ms);
   result.prefetch_exposed_ms = Median(pre_ms);
   cudaSetDevice(1);
@@ -517,9 +563,10 @@ int Main() {
         r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6,
         r.prefetch_exposed_ms, ratio2, r.sequential_ms,
         r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
-    std::printf("%-5s grpc-control row %.2f ms, ratio %.3f\n", r.config.c_str(),
-                r.fetch_row_grpc_ms,
-                r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0);
+    std::printf("%-5s grpc-control row %.2f ms, ratio %.3f; pipelined as one message %.2f ms (%s)\n",
+                r.config.c_str(), r.fetch_row_grpc_ms,
+                r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0,
+                r.pipelined_one_ms, r.pipelined_one_verified ? "verified" : "NOT VERIFIED");
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
         absl::StrFormat(
@@ -527,13 +574,13 @@ int Main() {
             "\"scaling_ms\":%.4f,\"quantize_ms\":%.3f,\"step_ms\":%.3f,\"fetch_all_ms\":%.3f,"
             "\"fetch_all_bytes\":%.0f,\"fetch_row_ms\":%.3f,\"raw_row_ms\":%.3f,"
             "\"row_bytes\":%.0f,\"ratio\":%.4f,\"fetch_row_grpc_ms\":%.3f,"
-            "\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,"
+            "\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,\"pipelined_one_ms\":%.3f,"
             "\"double_buffered_ms\":%.3f,\"prefetch_exposed_ms\":%.3f,\"prefetch_ratio\":%.4f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
             r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
             r.row_bytes, ratio, r.fetch_row_grpc_ms, r.sequential_ms, r.pipelined_ms,
-            r.double_buffered_ms,
+            r.pipelined_one_ms, r.double_buffered_ms,
             r.prefetch_exposed_ms, ratio2,
             r.bytes_per_param,
             r.verified ? "true" : "false"));
