@@ -76,8 +76,9 @@ absl::Status CheckPlan(const rpc::FetchPlan& plan, const DaemonJob& job, int64_t
   }
   if (plan.pieces_size() != static_cast<int>(job.pieces.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "daemon ", job.rank, " holds ", plan.pieces_size(), " pieces of the requested tensors, the ",
-        "manifest says ", job.pieces.size(), ": the shard plan changed (RefreshManifest)"));
+        "daemon ", job.rank, " holds ", plan.pieces_size(),
+        " pieces of the requested tensors, the manifest says ", job.pieces.size(),
+        ": the shard plan changed (RefreshManifest)"));
   }
   for (int i = 0; i < plan.pieces_size(); ++i) {
     const rpc::FetchPiece& p = plan.pieces(i);
@@ -171,7 +172,8 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
                                        ")"));
   }
   c->id = event.channel();
-  ASSIGN_OR_RETURN(c->transport, endpoint->Connect(1, {event.daemon_address(), request.trainer_address()}));
+  ASSIGN_OR_RETURN(c->transport,
+                   endpoint->Connect(1, {event.daemon_address(), request.trainer_address()}));
   c->nccl = AsNcclTransport(c->transport.get());
   if (c->nccl == nullptr) return absl::InternalError("device channel transport is not nccl");
   Channel* raw = c.get();
@@ -291,7 +293,7 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   for (auto& [rank, job] : jobs) {
     DaemonJob* j = &job;
     const int device = options_.device;
-    threads.emplace_back([j, device, deadline, version] {
+    auto exchange = [j, device, deadline, version] {
       cudaSetDevice(device);
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
@@ -309,7 +311,12 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
                          &pieces);
       }
       j->status = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
-    });
+    };
+    if (options_.parallel && jobs.size() > 1) {
+      threads.emplace_back(exchange);
+    } else {
+      exchange();
+    }
   }
   for (std::thread& t : threads) t.join();
   absl::Status first_error;

@@ -78,6 +78,9 @@ struct DeviceFetcherOptions {
   absl::Duration timeout = absl::Seconds(30);
   // For the daemons' logs; empty: "<hostname>:<pid>".
   std::string name;
+  // Receive from the daemons of one fetch concurrently (one thread each);
+  // false: one daemon after the other.
+  bool parallel = true;
 };
 
 // One (tensor, direction) to fetch.
@@ -125,6 +128,8 @@ class DeviceFetcher {
 
   // Channels currently open (for tests and stats).
   int open_channels() const;
+  // The CUDA device the fetcher receives on.
+  int device() const { return options_.device; }
 
   class Channel;
 

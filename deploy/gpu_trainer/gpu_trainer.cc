@@ -13,11 +13,21 @@
 // daemon as FP32 over NCCL. The task: regress a random teacher network; the
 // MSE loss falls (--check: exit 1 unless final < initial / 20 and, for
 // --format=fp8, the FP8 GEMMs ran).
+//
+// With --coordinator=HOST:PORT the daemon is a real `hybrid-paramd
+// --backend=gpu` process instead (start it with --expected_pushers=1 and
+// the same --lr): the trainer (GPU --device) writes the initial weights to
+// a safetensors file and Loads them, then every step device-fetches the
+// directions it uses through the client library (gpu_fetch::DeviceFetcher:
+// the fetch of version v+1 waits on the daemon for the step) and pushes its
+// FP32 gradients with Client::PushGradients.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <functional>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include <cublasLt.h>
@@ -28,6 +38,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/gpu_fetch/device_fetcher.h"
 #include "client/gpu_fetch/fetch.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
@@ -37,6 +49,7 @@
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
+#include "safetensors/safetensors.h"
 #include "server/gpu_backend/fetch_server.h"
 #include "server/gpu_backend/shard_store.h"
 #include "transport/nccl_transport.h"
@@ -49,6 +62,10 @@ ABSL_FLAG(int, hidden, 512, "hidden width (multiple of 16)");
 ABSL_FLAG(int, out, 256, "output width (multiple of 16)");
 ABSL_FLAG(double, lr, 3e-3, "AdamW learning rate");
 ABSL_FLAG(bool, check, false, "exit 1 unless the loss fell 20x");
+ABSL_FLAG(std::string, coordinator, "",
+          "train against real hybrid-paramd daemons at this coordinator (empty: an in-process "
+          "daemon on GPU 0)");
+ABSL_FLAG(int, device, 1, "with --coordinator: the trainer's GPU");
 
 namespace paramd {
 namespace {
@@ -287,13 +304,265 @@ HybridSpec WeightSpec(const std::string& name) {
   return spec;
 }
 
+// How the trainer gets its weights and gives its gradients: `fetch` fills
+// `dst` with {w1 rowwise, w2 rowwise, w2 columnwise} of version `step`;
+// `push` sends the FP32 gradients of step `step` (device pointers; the
+// trainer's stream is synchronised).
+struct TrainerIo {
+  int device = 1;
+  std::function<absl::Status(int step, std::vector<DeviceDirection>* dst)> fetch;
+  std::function<absl::Status(int step, const float* g1, const float* g2)> push;
+};
+
+absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B, int I, int H,
+                   int O, int steps, std::vector<float>& losses, bool& fp8_gemms_used) {
+  cudaSetDevice(io.device);
+  cudaStream_t stream;
+  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Gemm gemm;
+  RETURN_IF_ERROR(gemm.Init());
+  std::vector<DeviceDirection> dst;  // filled by io.fetch
+  // Teacher weights and the dequantized BF16 copies (non-FP8 formats).
+  ASSIGN_OR_RETURN(float* t1, Upload(Random(size_t{H} * I, 11, 1.0f / std::sqrt(I))));
+  ASSIGN_OR_RETURN(float* t2, Upload(Random(size_t{O} * H, 12, 1.0f / std::sqrt(H))));
+  ASSIGN_OR_RETURN(void* w_bf16_0, DeviceAlloc(size_t{H} * I * 2));
+  ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(size_t{O} * H * 2));
+  ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(size_t{O} * H * 2));
+  ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(size_t{B} * std::max({I, H, O}) * 2));
+  ASSIGN_OR_RETURN(void* mem, DeviceAlloc(size_t{B} * (I + 3 * H + 4 * O) * 4 +
+                                          (size_t{H} * I + size_t{O} * H) * 4 + 256));
+  float* x = static_cast<float*>(mem);
+  float* h = x + size_t{B} * I;
+  float* dh = h + size_t{B} * H;
+  float* th = dh + size_t{B} * H;
+  float* y = th + size_t{B} * H;
+  float* t = y + size_t{B} * O;
+  float* dy = t + size_t{B} * O;
+  float* g1 = dy + size_t{B} * O;
+  float* g2 = g1 + size_t{H} * I;
+  float* loss = g2 + size_t{O} * H;
+  Fp8Activation x8, h8, dy8;
+  RETURN_IF_ERROR(x8.Init(B, I));
+  RETURN_IF_ERROR(h8.Init(B, H));
+  RETURN_IF_ERROR(dy8.Init(B, O));
+  const cudaDataType_t kE4M3 = CUDA_R_8F_E4M3, kBf16 = CUDA_R_16BF, kF32 = CUDA_R_32F;
+
+  auto dequant = [&](const DeviceDirection& d, const QuantSpec& q, Direction dir, int64_t rows,
+                     int64_t cols, void* out) -> absl::Status {
+    gpu::DequantizeArgs a;
+    a.spec = q;
+    a.direction = dir;
+    a.rows = rows;
+    a.cols = cols;
+    a.data = d.data;
+    a.scales = d.scales;
+    a.scale_inv = d.scale_inv;
+    a.global_amax = d.amax;
+    a.out = out;
+    a.output_type = gpu::OutputType::kBf16;
+    return gpu::Dequantize({a}, stream);
+  };
+  // Y[b][m] = X[b][k] W[m][k]^T: column-major D (m x b) = op(A) (m x k) * X_cm (k x b).
+  auto forward = [&](int w, const float* in, int k, int m, Fp8Activation& q, float* out,
+                     bool use_fp8) -> absl::Status {
+    if (use_fp8) {
+      RETURN_IF_ERROR(q.Quantize(in, stream));
+      return gemm.Run(true, false, m, B, k, kE4M3, dst[w].data, k, dst[w].scale_inv, q.data, k,
+                      q.scale_inv, out, m, stream);
+    }
+    void* wb = w == 0 ? w_bf16_0 : w_bf16_1;
+    GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(in, act_bf16, int64_t{B} * k, stream));
+    return gemm.Run(true, false, m, B, k, kBf16, wb, k, nullptr, act_bf16, k, nullptr, out, m,
+                    stream);
+  };
+
+  bool fp8_gemm = fp8;
+  for (int step = 0; step < steps; ++step) {
+    RETURN_IF_ERROR(io.fetch(step, &dst));
+    if (!fp8_gemm) {
+      RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
+      RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
+      RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
+    }
+    // A fresh batch and its teacher targets (FP32 GEMMs).
+    std::vector<float> xb = Random(size_t{B} * I, 1000 + step, 1.0f);
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice,
+                                        stream));
+    RETURN_IF_ERROR(gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H,
+                             stream));
+    RETURN_IF_ERROR(gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O,
+                             stream));
+    // Forward from the fetched rowwise copies.
+    absl::Status fwd = forward(0, x, I, H, x8, h, fp8_gemm);
+    if (!fwd.ok() && fp8_gemm && fwd.code() == absl::StatusCode::kUnimplemented) {
+      std::printf("FP8 GEMM refused by cuBLASLt (%s): falling back to dequantized BF16 GEMMs\n",
+                  fwd.ToString().c_str());
+      fp8_gemm = false;
+      RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
+      RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
+      RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
+      fwd = forward(0, x, I, H, x8, h, fp8_gemm);
+    }
+    RETURN_IF_ERROR(fwd);
+    RETURN_IF_ERROR(forward(1, h, H, O, h8, y, fp8_gemm));
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(loss, 0, 4, stream));
+    GPU_RETURN_IF_ERROR(
+        gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
+    // dgrad dh[b][H] = dy[b][O] W2[O][H]: D (H x b) = op(A) (H x O) * dy_cm (O x b).
+    if (fp8_gemm) {
+      // Columnwise FP8 is W2^T stored [H][O] = column-major O x H: op T.
+      RETURN_IF_ERROR(dy8.Quantize(dy, stream));
+      RETURN_IF_ERROR(gemm.Run(true, false, H, B, O, kE4M3, dst[2].data, O, dst[2].scale_inv,
+                               dy8.data, O, dy8.scale_inv, dh, H, stream));
+    } else {
+      // Dequantized columnwise copy in logical [O][H] = column-major H x O: op N.
+      GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(dy, act_bf16, int64_t{B} * O, stream));
+      RETURN_IF_ERROR(gemm.Run(false, false, H, B, O, kBf16, w_bf16_1c, H, nullptr, act_bf16, O,
+                               nullptr, dh, H, stream));
+    }
+    // wgrad (FP32): dW2[O][H] = dy^T h: column-major D (H x O) = h_cm (H x b) * dy_cm^T.
+    RETURN_IF_ERROR(gemm.Run(false, true, H, O, B, kF32, h, H, nullptr, dy, O, nullptr, g2, H,
+                             stream));
+    RETURN_IF_ERROR(gemm.Run(false, true, I, H, B, kF32, x, I, nullptr, dh, H, nullptr, g1, I,
+                             stream));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    float l = 0;
+    GPU_RETURN_IF_ERROR(cudaMemcpy(&l, loss, 4, cudaMemcpyDeviceToHost));
+    losses.push_back(l);
+    if (step % 20 == 0 || step == steps - 1) std::printf("step %4d  loss %.6f\n", step, l);
+    fp8_gemms_used = fp8_gemm;
+    RETURN_IF_ERROR(io.push(step, g1, g2));
+  }
+  return absl::OkStatus();
+}
+
+// The network and run of the flags.
+struct Shape {
+  int B, I, H, O, steps;
+  HybridSpec spec;
+  bool fp8;
+};
+Shape ShapeFromFlags() {
+  Shape s{absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_in),
+          absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_out),
+          absl::GetFlag(FLAGS_steps),  WeightSpec(absl::GetFlag(FLAGS_format)),
+          false};
+  s.fp8 = s.spec.rowwise.format == Format::kFp8Current;
+  return s;
+}
+
+std::string RecipeFormat(Format f) {
+  switch (f) {
+    case Format::kMxfp8: return "MXFP8";
+    case Format::kNvfp4: return "NVFP4";
+    case Format::kFp8Block128x128: return "FP8_BLOCK_128X128";
+    default: return "FP8_CURRENT";
+  }
+}
+
+int Report(const std::vector<float>& losses, bool fp8, bool fp8_gemms_used, int steps,
+           const char* where) {
+  const float first = losses.front(), last = losses.back();
+  std::printf("format %s (%s GEMMs, %s): loss %.6f -> %.6f (%.1fx lower) in %d steps\n",
+              absl::GetFlag(FLAGS_format).c_str(), fp8_gemms_used ? "FP8" : "BF16", where, first,
+              last, first / last, steps);
+  if (absl::GetFlag(FLAGS_check) && !(last < first / 20)) {
+    std::printf("CHECK FAILED: loss did not fall 20x\n");
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_check) && fp8 && !fp8_gemms_used) {
+    std::printf("CHECK FAILED: FP8 weights were not consumed by FP8 GEMMs\n");
+    return 1;
+  }
+  return 0;
+}
+
+// Against real daemons (--coordinator): Load, then device fetch + push.
+int RunWithDaemons() {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const Shape sh = ShapeFromFlags();
+  const int B = sh.B, I = sh.I, H = sh.H, O = sh.O, steps = sh.steps;
+  const HybridSpec spec = sh.spec;
+  const bool fp8 = sh.fp8;
+  auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 1;
+  };
+  client::ClientOptions options;
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.pusher = true;
+  options.name = "gpu_trainer";
+  absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);
+  if (!c.ok()) return fail(c.status());
+  client::Client& cl = **c;
+  // The initial weights, as the in-process run draws them.
+  const std::string path = absl::StrCat("/tmp/gpu_trainer_", getpid(), ".safetensors");
+  {
+    const std::vector<float> w1 = Random(size_t{H} * I, 1, 1.0f / std::sqrt(I));
+    const std::vector<float> w2 = Random(size_t{O} * H, 2, 1.0f / std::sqrt(H));
+    absl::StatusOr<std::unique_ptr<safetensors::SafetensorsWriter>> w =
+        safetensors::SafetensorsWriter::Create(
+            path, {{"w1", safetensors::Dtype::kF32, {H, I}},
+                   {"w2", safetensors::Dtype::kF32, {O, H}}});
+    if (!w.ok()) return fail(w.status());
+    for (const auto& [name, v] : {std::make_pair("w1", &w1), std::make_pair("w2", &w2)}) {
+      absl::Status s = (*w)->WriteTensor(
+          name, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v->data()), v->size() * 4));
+      if (!s.ok()) return fail(s);
+    }
+    absl::Status s = (*w)->Finish();
+    if (!s.ok()) return fail(s);
+  }
+  const std::string f = RecipeFormat(spec.rowwise.format);
+  absl::StatusOr<int64_t> v0 = cl.Load(
+      path, absl::StrCat("default_spec { rowwise { format: ", f, " } columnwise { format: ", f,
+                         " } }"),
+      absl::Seconds(60));
+  unlink(path.c_str());
+  if (!v0.ok()) return fail(v0.status());
+  gpu_fetch::DeviceFetcherOptions fo;
+  fo.device = absl::GetFlag(FLAGS_device);
+  fo.name = "gpu_trainer";
+  absl::StatusOr<std::unique_ptr<gpu_fetch::DeviceFetcher>> fetcher =
+      gpu_fetch::DeviceFetcher::Create(&cl, fo);
+  if (!fetcher.ok()) return fail(fetcher.status());
+  TrainerIo io;
+  io.device = fo.device;
+  double fetch_ms = 0;
+  io.fetch = [&](int step, std::vector<DeviceDirection>* dst) -> absl::Status {
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(gpu_fetch::DeviceFetchResult r,
+                     (*fetcher)->Fetch(*v0 + step, {{"w1", Direction::kRowwise, {}},
+                                                    {"w2", Direction::kRowwise, {}},
+                                                    {"w2", Direction::kColumnwise, {}}}));
+    fetch_ms += absl::ToDoubleMilliseconds(absl::Now() - start);
+    dst->clear();
+    for (const gpu_fetch::DeviceFetched& t : r.tensors) dst->push_back(t.buffers);
+    return absl::OkStatus();
+  };
+  std::vector<float> g1h(size_t{H} * I), g2h(size_t{O} * H);
+  io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
+    GPU_RETURN_IF_ERROR(cudaMemcpy(g1h.data(), g1, g1h.size() * 4, cudaMemcpyDeviceToHost));
+    GPU_RETURN_IF_ERROR(cudaMemcpy(g2h.data(), g2, g2h.size() * 4, cudaMemcpyDeviceToHost));
+    return cl.PushGradients(*v0 + step, {client::Gradient::Fp32("w1", g1h),
+                                         client::Gradient::Fp32("w2", g2h)})
+        .status();
+  };
+  std::vector<float> losses;
+  bool fp8_gemms_used = false;
+  absl::Status s = Train(io, spec, fp8, B, I, H, O, steps, losses, fp8_gemms_used);
+  if (!s.ok()) return fail(s);
+  std::printf("device fetch through the daemon: %.3f ms per step (incl. waiting for the step)\n",
+              fetch_ms / steps);
+  return Report(losses, fp8, fp8_gemms_used, steps, "real daemons");
+}
+
 int Run() {
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  const int B = absl::GetFlag(FLAGS_batch), I = absl::GetFlag(FLAGS_in),
-            H = absl::GetFlag(FLAGS_hidden), O = absl::GetFlag(FLAGS_out);
-  const int steps = absl::GetFlag(FLAGS_steps);
-  const HybridSpec spec = WeightSpec(absl::GetFlag(FLAGS_format));
-  const bool fp8 = spec.rowwise.format == Format::kFp8Current;
+  const Shape sh = ShapeFromFlags();
+  const int B = sh.B, I = sh.I, H = sh.H, O = sh.O, steps = sh.steps;
+  const HybridSpec spec = sh.spec;
+  const bool fp8 = sh.fp8;
   int gpus = 0;
   cudaGetDeviceCount(&gpus);
   if (gpus < 2) {
@@ -386,140 +655,32 @@ int Run() {
   });
 
   // ---- trainer ----
-  trainer_status = [&]() -> absl::Status {
-    cudaSetDevice(1);
-    cudaStream_t stream;
-    GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    Gemm gemm;
-    RETURN_IF_ERROR(gemm.Init());
-    gpu_fetch::DevicePool pool(1);
-    std::vector<DeviceDirection> dst;
-    for (const FetchItem& item : items) {
-      const auto& s = store.shards()[item.shard];
-      ASSIGN_OR_RETURN(Layout layout,
-                       ComputeLayout(item.direction == Direction::kRowwise ? spec.rowwise
-                                                                           : spec.columnwise,
-                                     item.direction, s.rows, s.cols));
-      ASSIGN_OR_RETURN(DeviceDirection d, pool.Allocate(layout));
-      dst.push_back(d);
+  gpu_fetch::DevicePool pool(1);
+  TrainerIo io;
+  io.device = 1;
+  io.fetch = [&](int step, std::vector<DeviceDirection>* dst) -> absl::Status {
+    if (dst->empty()) {
+      for (const FetchItem& item : items) {
+        const auto& s = store.shards()[item.shard];
+        ASSIGN_OR_RETURN(Layout layout,
+                         ComputeLayout(item.direction == Direction::kRowwise ? spec.rowwise
+                                                                             : spec.columnwise,
+                                       item.direction, s.rows, s.cols));
+        ASSIGN_OR_RETURN(DeviceDirection d, pool.Allocate(layout));
+        dst->push_back(d);
+      }
     }
-    // Teacher weights and the dequantized BF16 copies (non-FP8 formats).
-    ASSIGN_OR_RETURN(float* t1, Upload(Random(size_t{H} * I, 11, 1.0f / std::sqrt(I))));
-    ASSIGN_OR_RETURN(float* t2, Upload(Random(size_t{O} * H, 12, 1.0f / std::sqrt(H))));
-    ASSIGN_OR_RETURN(void* w_bf16_0, DeviceAlloc(size_t{H} * I * 2));
-    ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(size_t{O} * H * 2));
-    ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(size_t{O} * H * 2));
-    ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(size_t{B} * std::max({I, H, O}) * 2));
-    ASSIGN_OR_RETURN(void* mem, DeviceAlloc(size_t{B} * (I + 3 * H + 4 * O) * 4 +
-                                            (size_t{H} * I + size_t{O} * H) * 4 + 256));
-    float* x = static_cast<float*>(mem);
-    float* h = x + size_t{B} * I;
-    float* dh = h + size_t{B} * H;
-    float* th = dh + size_t{B} * H;
-    float* y = th + size_t{B} * H;
-    float* t = y + size_t{B} * O;
-    float* dy = t + size_t{B} * O;
-    float* g1 = dy + size_t{B} * O;
-    float* g2 = g1 + size_t{H} * I;
-    float* loss = g2 + size_t{O} * H;
-    Fp8Activation x8, h8, dy8;
-    RETURN_IF_ERROR(x8.Init(B, I));
-    RETURN_IF_ERROR(h8.Init(B, H));
-    RETURN_IF_ERROR(dy8.Init(B, O));
-    const cudaDataType_t kE4M3 = CUDA_R_8F_E4M3, kBf16 = CUDA_R_16BF, kF32 = CUDA_R_32F;
-
-    auto dequant = [&](const DeviceDirection& d, const QuantSpec& q, Direction dir, int64_t rows,
-                       int64_t cols, void* out) -> absl::Status {
-      gpu::DequantizeArgs a;
-      a.spec = q;
-      a.direction = dir;
-      a.rows = rows;
-      a.cols = cols;
-      a.data = d.data;
-      a.scales = d.scales;
-      a.scale_inv = d.scale_inv;
-      a.global_amax = d.amax;
-      a.out = out;
-      a.output_type = gpu::OutputType::kBf16;
-      return gpu::Dequantize({a}, stream);
-    };
-    // Y[b][m] = X[b][k] W[m][k]^T: column-major D (m x b) = op(A) (m x k) * X_cm (k x b).
-    auto forward = [&](int w, const float* in, int k, int m, Fp8Activation& q, float* out,
-                       bool use_fp8) -> absl::Status {
-      if (use_fp8) {
-        RETURN_IF_ERROR(q.Quantize(in, stream));
-        return gemm.Run(true, false, m, B, k, kE4M3, dst[w].data, k, dst[w].scale_inv, q.data, k,
-                        q.scale_inv, out, m, stream);
-      }
-      void* wb = w == 0 ? w_bf16_0 : w_bf16_1;
-      GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(in, act_bf16, int64_t{B} * k, stream));
-      return gemm.Run(true, false, m, B, k, kBf16, wb, k, nullptr, act_bf16, k, nullptr, out, m,
-                      stream);
-    };
-
-    bool fp8_gemm = fp8;
-    for (int step = 0; step < steps; ++step) {
-      const uint64_t tag = 1000 + 10 * step;
-      RETURN_IF_ERROR(gpu_fetch::FetchDirections(trainer_t, 0, tag, dst, In(absl::Seconds(30))));
-      if (!fp8_gemm) {
-        RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
-        RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
-        RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
-      }
-      // A fresh batch and its teacher targets (FP32 GEMMs).
-      std::vector<float> xb = Random(size_t{B} * I, 1000 + step, 1.0f);
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice,
-                                          stream));
-      RETURN_IF_ERROR(gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H,
-                               stream));
-      RETURN_IF_ERROR(gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O,
-                               stream));
-      // Forward from the fetched rowwise copies.
-      absl::Status fwd = forward(0, x, I, H, x8, h, fp8_gemm);
-      if (!fwd.ok() && fp8_gemm && fwd.code() == absl::StatusCode::kUnimplemented) {
-        std::printf("FP8 GEMM refused by cuBLASLt (%s): falling back to dequantized BF16 GEMMs\n",
-                    fwd.ToString().c_str());
-        fp8_gemm = false;
-        RETURN_IF_ERROR(dequant(dst[0], spec.rowwise, Direction::kRowwise, H, I, w_bf16_0));
-        RETURN_IF_ERROR(dequant(dst[1], spec.rowwise, Direction::kRowwise, O, H, w_bf16_1));
-        RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
-        fwd = forward(0, x, I, H, x8, h, fp8_gemm);
-      }
-      RETURN_IF_ERROR(fwd);
-      RETURN_IF_ERROR(forward(1, h, H, O, h8, y, fp8_gemm));
-      GPU_RETURN_IF_ERROR(cudaMemsetAsync(loss, 0, 4, stream));
-      GPU_RETURN_IF_ERROR(
-          gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
-      // dgrad dh[b][H] = dy[b][O] W2[O][H]: D (H x b) = op(A) (H x O) * dy_cm (O x b).
-      if (fp8_gemm) {
-        // Columnwise FP8 is W2^T stored [H][O] = column-major O x H: op T.
-        RETURN_IF_ERROR(dy8.Quantize(dy, stream));
-        RETURN_IF_ERROR(gemm.Run(true, false, H, B, O, kE4M3, dst[2].data, O, dst[2].scale_inv,
-                                 dy8.data, O, dy8.scale_inv, dh, H, stream));
-      } else {
-        // Dequantized columnwise copy in logical [O][H] = column-major H x O: op N.
-        GPU_RETURN_IF_ERROR(gpu_trainer::LaunchToBf16(dy, act_bf16, int64_t{B} * O, stream));
-        RETURN_IF_ERROR(gemm.Run(false, false, H, B, O, kBf16, w_bf16_1c, H, nullptr, act_bf16, O,
-                                 nullptr, dh, H, stream));
-      }
-      // wgrad (FP32): dW2[O][H] = dy^T h: column-major D (H x O) = h_cm (H x b) * dy_cm^T.
-      RETURN_IF_ERROR(gemm.Run(false, true, H, O, B, kF32, h, H, nullptr, dy, O, nullptr, g2, H,
-                               stream));
-      RETURN_IF_ERROR(gemm.Run(false, true, I, H, B, kF32, x, I, nullptr, dh, H, nullptr, g1, I,
-                               stream));
-      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      float l = 0;
-      GPU_RETURN_IF_ERROR(cudaMemcpy(&l, loss, 4, cudaMemcpyDeviceToHost));
-      losses.push_back(l);
-      if (step % 20 == 0 || step == steps - 1) std::printf("step %4d  loss %.6f\n", step, l);
-      fp8_gemms_used = fp8_gemm;
-      RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, size_t{H} * I * 4}}, nullptr,
-                                           In(absl::Seconds(30))));
-      RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 2, {{g2, size_t{O} * H * 4}}, nullptr,
-                                           In(absl::Seconds(30))));
-    }
-    return absl::OkStatus();
-  }();
+    return gpu_fetch::FetchDirections(trainer_t, 0, 1000 + 10 * step, *dst,
+                                      In(absl::Seconds(30)));
+  };
+  io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
+    const uint64_t tag = 1000 + 10 * step;
+    RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, size_t{H} * I * 4}}, nullptr,
+                                         In(absl::Seconds(30))));
+    return trainer_t.SendDevice(0, tag + 2, {{g2, size_t{O} * H * 4}}, nullptr,
+                                In(absl::Seconds(30)));
+  };
+  trainer_status = Train(io, spec, fp8, B, I, H, O, steps, losses, fp8_gemms_used);
   if (!trainer_status.ok()) world[1]->Shutdown();  // unblocks the daemon
   daemon_thread.join();
   if (!trainer_status.ok() || !daemon_status.ok()) {
@@ -527,19 +688,7 @@ int Run() {
                  daemon_status.ToString().c_str());
     return 1;
   }
-  const float first = losses.front(), last = losses.back();
-  std::printf("format %s (%s GEMMs): loss %.6f -> %.6f (%.1fx lower) in %d steps\n",
-              absl::GetFlag(FLAGS_format).c_str(), fp8_gemms_used ? "FP8" : "BF16", first, last,
-              first / last, steps);
-  if (absl::GetFlag(FLAGS_check) && !(last < first / 20)) {
-    std::printf("CHECK FAILED: loss did not fall 20x\n");
-    return 1;
-  }
-  if (absl::GetFlag(FLAGS_check) && fp8 && !fp8_gemms_used) {
-    std::printf("CHECK FAILED: FP8 weights were not consumed by FP8 GEMMs\n");
-    return 1;
-  }
-  return 0;
+  return Report(losses, fp8, fp8_gemms_used, steps, "in-process daemon");
 }
 
 }  // namespace
@@ -547,5 +696,6 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_coordinator).empty()) return paramd::RunWithDaemons();
   return paramd::Run();
 }

@@ -26,6 +26,16 @@
 namespace paramd {
 namespace {
 
+// A shard by field name (GpuShardDef gains fields over time).
+gpu_backend::GpuShardDef Def(std::string name, int64_t rows, int64_t cols, const HybridSpec& spec) {
+  gpu_backend::GpuShardDef d;
+  d.name = std::move(name);
+  d.rows = rows;
+  d.cols = cols;
+  d.spec = spec;
+  return d;
+}
+
 using gpu_backend::FetchItem;
 using gpu_backend::GpuShardStore;
 
@@ -192,7 +202,7 @@ TEST_F(GpuFetchTest, EveryFormatAndDirectionEqualsTheCpuReference) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 384}, {130, 200}};
   for (const Case& c : Cases()) {
     for (auto [rows, cols] : shapes) {
-      shards.push_back({absl::StrCat(c.name, "_", rows, "x", cols), rows, cols, c.spec});
+      shards.push_back(Def(absl::StrCat(c.name, "_", rows, "x", cols), rows, cols, c.spec));
       masters.push_back(Random(rows * cols, static_cast<uint32_t>(shards.size())));
     }
   }
@@ -215,7 +225,8 @@ TEST_F(GpuFetchTest, StepsWithPushedGradientsPublishNewVersions) {
   HybridSpec spec;
   spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
   spec.columnwise = DefaultQuantSpec(Format::kFp8Current);
-  std::vector<gpu_backend::GpuShardDef> shards = {{"a", 256, 512, spec}, {"b", 384, 128, spec}};
+  std::vector<gpu_backend::GpuShardDef> shards = {Def("a", 256, 512, spec),
+                                                   Def("b", 384, 128, spec)};
   gpu_backend::GpuStoreOptions options;
   options.device = 0;
   absl::StatusOr<std::unique_ptr<GpuShardStore>> store_or = GpuShardStore::Create(shards, options);

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Device fetch through hybrid-paramd (issue 5) in one device call: the
+# multi-process daemon_fetch_test (coordinator + gpu daemons on GPU 0,
+# trainer on GPU 1) and the in-process fetch_test.
+#
+#   Here:  bash tests/gpu_fetch_run.sh bundle
+#          (bazel --config=cuda build; .gpu_bundle_fetch/ holds the binaries
+#          at their workspace paths, so tests find server/hybrid-paramd and
+#          tests/gpu_integration/device_fetch_loop from the bundle's root,
+#          plus the non-system shared libraries; git-ignored)
+#   There: run(command="bash tests/gpu_fetch_run.sh run",
+#              carry=[".gpu_bundle_fetch"], kind="nvidia-h200-x2")
+#          Logs land under $OUT. NVLink multicast stays off.
+# Knobs (run): FILTER=<gtest filter> for daemon_fetch_test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+B=.gpu_bundle_fetch
+TARGETS=(
+  //server:hybrid-paramd
+  //tests/gpu_integration:daemon_fetch_test
+  //tests/gpu_integration:device_fetch_loop
+  //tests/gpu_integration:fetch_test
+  //deploy/gpu_trainer:gpu_trainer
+)
+
+if [ "${1:-}" = bundle ]; then
+  set -e
+  bazel build --config=cuda "${TARGETS[@]}"
+  rm -rf "$B"
+  mkdir -p "$B/lib" "$B/fallback"
+  for t in "${TARGETS[@]}"; do
+    name=${t##*:}
+    pkg=${t%%:*}
+    pkg=${pkg#//}
+    mkdir -p "$B/$pkg"
+    cp -L "bazel-bin/$pkg/$name" "$B/$pkg/$name"
+    ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+      base=$(basename "$lib")
+      case "$base" in
+        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+        libstdc++.so*|libgcc_s.so*|libcuda.so*|libcublas*|libnvidia*) ;;
+        libnccl*) ;;
+        libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
+        *) cp -Ln "$lib" "$B/lib/" ;;
+      esac
+    done
+  done
+  chmod -R u+w "$B"
+  # Debug sections only (the tree plus the bundle must stay under 64 MiB).
+  find "$B" -type f \( -name '*.so*' -o -perm -u+x \) -exec strip --strip-debug {} + 2>/dev/null || true
+  # Compressed: the tree plus the carried bundle must stay under 64 MiB.
+  tar -C "$B" -cJf /tmp/gpu_bundle_fetch.tar.xz .
+  rm -rf "$B"
+  mkdir -p "$B"
+  mv /tmp/gpu_bundle_fetch.tar.xz "$B/bundle.tar.xz"
+  du -sh "$B"
+  exit 0
+fi
+
+OUT=${OUT:-/tmp/gpu_fetch_out}
+mkdir -p "$OUT"
+# Unpack the bundle outside the tree (it travels compressed).
+mkdir -p /tmp/gpu_bundle_fetch && tar -C /tmp/gpu_bundle_fetch -xJf "$B/bundle.tar.xz" || exit 1
+B=/tmp/gpu_bundle_fetch
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! ldconfig -p 2>/dev/null | grep -q libcudart.so.13 && ! ls /usr/local/cuda/lib64/libcudart.so.13* >/dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$B/fallback"
+fi
+if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && ! ls /usr/local/cuda/lib*/libnccl.so.2 >/dev/null 2>&1; then
+  d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ or nvidia.nccl.__path__[0]))' 2>/dev/null)
+  [ -z "$d" ] && d=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d/lib:$d"
+  echo "(libnccl from $d)"
+fi
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; } > "$OUT/gpu.txt" 2>&1
+head -4 "$OUT/gpu.txt"
+cd "$B"
+ldd server/hybrid-paramd | grep "not found" && echo "MISSING LIBRARIES"
+export TEST_TMPDIR=/tmp/paramd_fetch_tmp
+mkdir -p "$TEST_TMPDIR"
+timeout 100 tests/gpu_integration/fetch_test > "$OUT/fetch_test.log" 2>&1
+r1=$?
+timeout 400 tests/gpu_integration/daemon_fetch_test ${FILTER:+--gtest_filter=$FILTER} \
+  > "$OUT/daemon_fetch_test.log" 2>&1
+r2=$?
+if [ "${VARIANTS:-0}" = 1 ]; then
+  # Two daemons on GPU 0: two NCCL channels into the trainer at once.
+  PARAMD_SPLIT_SAME_GPU=1 timeout 90 tests/gpu_integration/daemon_fetch_test \
+    --gtest_filter='*Split*' > "$OUT/split_same_gpu.log" 2>&1
+  echo "split, both daemons on GPU 0, parallel: rc=$?"
+  PARAMD_SPLIT_SAME_GPU=1 PARAMD_FETCH_SERIAL=1 timeout 90 tests/gpu_integration/daemon_fetch_test \
+    --gtest_filter='*Split*' > "$OUT/split_same_gpu_serial.log" 2>&1
+  echo "split, both daemons on GPU 0, serial: rc=$?"
+  PARAMD_SPLIT_SAME_GPU=1 NCCL_P2P_DISABLE=1 timeout 90 tests/gpu_integration/daemon_fetch_test \
+    --gtest_filter='*Split*' > "$OUT/split_same_gpu_nop2p.log" 2>&1
+  echo "split, both daemons on GPU 0, NCCL_P2P_DISABLE=1: rc=$?"
+  cs=$(ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$cs" ]; then
+    PARAMD_SPLIT_SAME_GPU=1 timeout 150 "$cs" --print-limit 20 tests/gpu_integration/daemon_fetch_test \
+      --gtest_filter='*Split*Fp8Current' > "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer: rc=$?"
+  else
+    echo "no compute-sanitizer"
+  fi
+  grep -hE "^\[  (PASSED|FAILED)  \]" "$OUT"/split_*.log
+fi
+if [ "${TRAINER:-1}" = 1 ]; then
+  # The trainer example against a real gpu daemon (GPU 0), trainer on GPU 1.
+  {
+    rm -f /tmp/paramd_trainer.port
+    server/hybrid-paramd --backend=gpu --gpu=0 --listen=127.0.0.1:0 \
+      --port_file=/tmp/paramd_trainer.port --expected_pushers=1 --lr=3e-3 \
+      > /tmp/paramd_trainer_daemon.log 2>&1 &
+    dpid=$!
+    for i in $(seq 100); do [ -s /tmp/paramd_trainer.port ] && break; sleep 0.1; done
+    timeout 120 deploy/gpu_trainer/gpu_trainer --coordinator=127.0.0.1:$(cat /tmp/paramd_trainer.port) \
+      --device=1 --check --steps=200 --format=fp8
+    echo "gpu_trainer against hybrid-paramd rc=$?"
+    kill $dpid; wait $dpid
+    echo "---- daemon log ----"; tail -20 /tmp/paramd_trainer_daemon.log
+    timeout 60 deploy/gpu_trainer/gpu_trainer --check --steps=200 --format=fp8
+    echo "gpu_trainer in-process rc=$?"
+  } > "$OUT/gpu_trainer.log" 2>&1
+  grep -E "^format|rc=|CHECK|per step" "$OUT/gpu_trainer.log"
+fi
+echo "---- failures ----"
+grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT"/*_test.log | head -60
+echo "---- figures ----"
+grep -h "DEVICE_FETCH_BENCH\|daemon killed after\|closed: " "$OUT/daemon_fetch_test.log" | head -20
+echo "==== summary ===="
+for t in fetch_test:$r1 daemon_fetch_test:$r2; do
+  n=${t%%:*}
+  echo "$n rc=${t##*:}: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$n.log" | tr '\n' ' ')"
+done
