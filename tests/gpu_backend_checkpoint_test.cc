@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "deploy/process.h"
@@ -48,7 +49,7 @@ constexpr char kRecipe[] = R"pb(
       columnwise { format: MXFP8 }
     }
   }
-  default_spec { rowwise { format: IDENTITY_FP32 } columnwise_usage: false })pb";
+  default_spec { rowwise { format: IDENTITY_BF16 } columnwise { format: IDENTITY_FP32 } })pb";
 
 const std::vector<TestTensor>& Model() {
   static const auto* model = new std::vector<TestTensor>{{"a", {200, 160}, RandomValues(32000, 4)},
@@ -86,7 +87,7 @@ std::map<std::string, std::string> ShardFiles(const std::string& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     const std::string rel = std::filesystem::relative(e.path(), dir).string();
-    if (absl::StrContains(rel, "manifest")) continue;
+    if (absl::StrContains(absl::AsciiStrToLower(rel), "manifest")) continue;
     std::ifstream in(e.path(), std::ios::binary);
     std::stringstream bytes;
     bytes << in.rdbuf();

@@ -61,28 +61,36 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader > "$OUT/g
 cat "$OUT/gpu.txt"
 ldd server/hybrid-paramd | grep "not found" && echo "MISSING LIBRARIES"
 
-tests=(gpu_backend_optimizer_test optimizer_test gpu_daemon_backend_test
+# name[:shards] (gtest sharding: the shards run in parallel).
+tests=(gpu_backend_optimizer_test optimizer_test gpu_daemon_backend_test:3
        gpu_backend_checkpoint_test)
 [ -n "${ONLY:-}" ] && tests=(${ONLY})
 pids=()
-for t in "${tests[@]}"; do
+for entry in "${tests[@]}"; do
+  t=${entry%%:*}
+  shards=1
+  [ "$entry" != "$t" ] && shards=${entry##*:}
   [ -x "tests/$t" ] || continue
-  [ "$t" = gpu_backend_step_bench ] && continue
-  mkdir -p "$TEST_TMPDIR/$t"
-  TEST_TMPDIR="$TEST_TMPDIR/$t" timeout 240 "tests/$t" > "$OUT/$t.log" 2>&1 &
-  pids+=("$t:$!")
+  for ((i = 0; i < shards; ++i)); do
+    log="$OUT/$t.log"
+    [ "$shards" -gt 1 ] && log="$OUT/$t.$i.log"
+    mkdir -p "$TEST_TMPDIR/$t.$i"
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i TEST_TMPDIR="$TEST_TMPDIR/$t.$i" \
+      timeout 200 "tests/$t" > "$log" 2>&1 &
+    pids+=("$(basename "$log" .log):$!")
+  done
 done
 summary=()
 for tp in "${pids[@]}"; do
   t=${tp%%:*}
   wait "${tp##*:}"
   rc=$?
-  summary+=("$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$t.log" | tr '\n' ' ')")
+  summary+=("$t rc=$rc: $(grep -E '^\[  (PASSED|FAILED)  \]|^\[  SKIPPED \]|tests? ran' "$OUT/$t.log" | tr '\n' ' ')")
 done
 echo "---- failures ----"
 grep -hE "^\[  FAILED  \]|Failure|error:|Expected|Which is|actual" "$OUT"/*.log | head -60
 if [ "${BENCH:-1}" = 1 ] && [ -x tests/gpu_backend_step_bench ]; then
-  timeout 120 tests/gpu_backend_step_bench ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
+  timeout 90 tests/gpu_backend_step_bench ${BENCH_ARGS:-} > "$OUT/step_bench.log" 2>&1
   summary+=("gpu_backend_step_bench rc=$?")
   tail -n 12 "$OUT/step_bench.log"
 fi

@@ -4,7 +4,7 @@
 // make. One daemon (no all-reduce), the gpu ShardBackend driven directly:
 //
 //   gpu_backend_step_bench [--tensors=16] [--rows=8192] [--cols=8192]
-//                          [--format=MXFP8] [--steps=5]
+//                          [--format=mxfp8] [--steps=5]
 //
 // Prints one line per measurement and a JSON line at the end.
 #include <algorithm>
@@ -22,7 +22,7 @@
 ABSL_FLAG(int, tensors, 16, "number of tensors");
 ABSL_FLAG(int64_t, rows, 8192, "rows per tensor");
 ABSL_FLAG(int64_t, cols, 8192, "cols per tensor");
-ABSL_FLAG(std::string, format, "MXFP8", "rowwise and columnwise format");
+ABSL_FLAG(std::string, format, "mxfp8", "rowwise and columnwise format (kernels/format.h names)");
 ABSL_FLAG(int, steps, 5, "measured steps of each kind");
 
 namespace paramd {
