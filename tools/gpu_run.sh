@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
-# Runs ON THE GPU MACHINE (from the repo root, with .gpu_bundle carried; see
+# Runs ON THE GPU MACHINE (from the repo root, with the bundle carried; see
 # tools/gpu_bundle.sh): the gpu-tagged tests and the kernel benchmark, with
 # every log under $OUT. Prints a short summary last.
 #
 # Environment knobs:
+#   BUNDLE=.gpu_bundle_x        the carried bundle folder (default .gpu_bundle)
 #   RUN_TESTS=0 / RUN_BENCH=0   skip a part
 #   GTEST_FILTER=...            passed to the tests
 #   SHARDS=8                    quantize_test runs as N parallel gtest shards
 #   BENCH_ARGS="--reps=30"      extra benchmark flags
-#   SASS=1                      dump the sm_90a SASS of the quantize kernels (cuobjdump)
+#   SASS=1                      dump the sm_90a SASS of the quantize kernels (cuobjdump),
+#                               and each pattern instantiation alone (sass_patternN.txt)
 #   NCU=1                       also profile the named kernels with ncu
-#                               (--clock-control none), NCU_ONLY=<bench --only>
+#                               (--clock-control none), NCU_ONLY=<bench --only>,
+#                               NCU_BENCH_ARGS="--tensors=1" (smaller problem)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-B=.gpu_bundle
+B=${BUNDLE:-.gpu_bundle}
 OUT=${OUT:-/tmp/gpu_run_out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -37,6 +40,10 @@ summary=()
 if [ "${SASS:-0}" = 1 ] && command -v cuobjdump >/dev/null; then
   cuobjdump -sass -arch sm_90a $B/lib/libkernels_Scuda_Slibquantize_Uimpl.so > "$OUT/quantize_sm90a.sass" 2>&1
   summary+=("sass rc=$? $(wc -l < "$OUT/quantize_sm90a.sass") lines")
+  # One file per kernel instantiation (QuantizeTilesKernel<256, 3, pattern>).
+  awk -v out="$OUT" '/Function : /{f=""; if (match($0, /QuantizeTilesKernelILi256ELi3ELi[0-9]/)) \
+      f=out "/sass_pattern" substr($0, RSTART + RLENGTH - 1, 1) ".txt"} f != "" {print > f}' \
+      "$OUT/quantize_sm90a.sass"
 fi
 if [ "${RUN_TESTS:-1}" = 1 ]; then
   shards=${SHARDS:-8}
@@ -49,6 +56,10 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   done
   timeout 200 $B/bin/optimizer_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/optimizer_test.log" 2>&1
   summary+=("optimizer_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/optimizer_test.log" | tr '\n' ' ')")
+  if [ -x $B/bin/amax_test ]; then
+    timeout 100 $B/bin/amax_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/amax_test.log" 2>&1
+    summary+=("amax_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/amax_test.log" | tr '\n' ' ')")
+  fi
   rc_all=0
   for p in "${pids[@]}"; do wait "$p" || rc_all=1; done
   cat "$OUT"/quantize_test.shard*.log > "$OUT/quantize_test.log"
@@ -57,7 +68,8 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$OUT/quantize_test.log")
   summary+=("quantize_test rc=$rc_all: $passed tests OK, $failed failed lines")
   echo "---- failures (first 40 lines) ----"
-  grep -E "Failure|failures; first|FAILED|MISSING|error" "$OUT/quantize_test.log" "$OUT/optimizer_test.log" | head -40
+  grep -E "Failure|failures; first|FAILED|MISSING|error" "$OUT/quantize_test.log" "$OUT/optimizer_test.log" \
+    "$OUT"/amax_test.log 2>/dev/null | head -40
 fi
 
 if [ "${RUN_BENCH:-1}" = 1 ]; then
@@ -73,7 +85,7 @@ if [ "${RUN_BENCH:-1}" = 1 ]; then
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
         --section InstructionStats \
-        $B/bin/bench --reps=1 --warmup=1 --only="$f" > "$OUT/ncu$n.log" 2>&1
+        $B/bin/bench --reps=1 --warmup=1 ${NCU_BENCH_ARGS:-} --only="$f" > "$OUT/ncu$n.log" 2>&1
       summary+=("ncu[$f] rc=$?")
       n=$((n + 1))
     done
@@ -83,7 +95,7 @@ if [ "${RUN_BENCH:-1}" = 1 ]; then
     timeout 150 ncu --clock-control none --kernel-name regex:QuantizeTiles --launch-skip 1 \
       --launch-count 1 --section SourceCounters --section WarpStateStats --page source \
       --print-source sass --csv \
-      $B/bin/bench --reps=1 --warmup=1 --only="${NCU_SRC_ONLY:-mxfp8 row+col}" \
+      $B/bin/bench --reps=1 --warmup=1 ${NCU_BENCH_ARGS:-} --only="${NCU_SRC_ONLY:-mxfp8 row+col}" \
       > "$OUT/ncu_source.csv" 2> "$OUT/ncu_source.err"
     summary+=("ncu source rc=$? $(wc -c < "$OUT/ncu_source.csv") bytes")
   fi

@@ -82,7 +82,177 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
   }
 }
 
+// ---- Per-block amax (ComputeBlockAmax) ----
+//
+// One CTA of 256 threads per 128x128 tile of one tensor. Warp w reads rows
+// 16w .. 16w+15 of the tile, lane l columns 4l .. 4l+3 (a warp reads 512
+// contiguous bytes of FP32 per row). 1 x bk blocks are reduced per row by
+// shuffles over bk/4 lanes; taller blocks from each thread's 4 column maxima
+// over its 16 rows: shuffles across the block's columns, then (32 and 128
+// rows, per tensor) shared memory across the warps. Every block size divides
+// 128, so every block lies in one tile and is written by exactly one thread;
+// per-tensor slots are max-updated by one atomic per tile. The max is taken
+// over the raw values and rounded to BF16 once per block (RNE is monotone and
+// symmetric: round(max |x|) = max |round(x)|; NaN is ignored either way).
+constexpr int kBlockAmaxThreads = 256;
+
+__device__ __forceinline__ float RoundedMax(float m, bool round_bf16) {
+  if (round_bf16) {
+    float unused = 0.0f;
+    RoundPairBf16(m, unused);
+  }
+  return m;
+}
+
+// max(0, |a|, |b|, |c|, |d|) ignoring NaN: 0 when all four are NaN.
+__device__ __forceinline__ float Max4(float a, float b, float c, float d) {
+  return fmaxf(fmaxf(AbsMax(0.0f, a), fabsf(b)), fmaxf(fabsf(c), fabsf(d)));
+}
+
+// Row r (global) of the tile, columns j .. j+3 (global), 0 outside [M, K].
+__device__ __forceinline__ float4 LoadQuad(const BlockAmaxItem& t, int64_t r, int64_t j, bool row_ok) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (!row_ok || j >= t.cols) return v;
+  const int64_t off = r * t.cols + j;
+  if (t.src_bf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(t.src) + off;
+    if (t.vec) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+      return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u),
+                         __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xFFFF0000u));
+    }
+    const int n = t.cols - j < 4 ? static_cast<int>(t.cols - j) : 4;
+    v.x = __uint_as_float(static_cast<uint32_t>(__ldg(p)) << 16);
+    if (n > 1) v.y = __uint_as_float(static_cast<uint32_t>(__ldg(p + 1)) << 16);
+    if (n > 2) v.z = __uint_as_float(static_cast<uint32_t>(__ldg(p + 2)) << 16);
+    if (n > 3) v.w = __uint_as_float(static_cast<uint32_t>(__ldg(p + 3)) << 16);
+    return v;
+  }
+  const float* p = static_cast<const float*>(t.src) + off;
+  if (t.vec) return __ldg(reinterpret_cast<const float4*>(p));
+  const int n = t.cols - j < 4 ? static_cast<int>(t.cols - j) : 4;
+  v.x = __ldg(p);
+  if (n > 1) v.y = __ldg(p + 1);
+  if (n > 2) v.z = __ldg(p + 2);
+  if (n > 3) v.w = __ldg(p + 3);
+  return v;
+}
+
+__global__ void __launch_bounds__(kBlockAmaxThreads)
+    BlockAmaxKernel(const __grid_constant__ BlockAmaxBatch batch) {
+  __shared__ float part[8][128];  // [16-row group][column]: partial block maxima
+  const int64_t tile = blockIdx.x;
+  int lo = 0, hi = batch.num - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (batch.t[mid].tile_begin <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const BlockAmaxItem& t = batch.t[lo];
+  const int64_t M = t.rows, K = t.cols;
+  const int64_t local = tile - t.tile_begin;
+  const int64_t tm = local / t.tiles_k, tk = local - tm * t.tiles_k;
+  const int64_t i0 = tm * 128, j0 = tk * 128;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = j0 + 4 * lane;
+  const int bm_log2 = t.bm_log2, bk_log2 = t.bk_log2;
+  const bool rb = t.round_bf16;
+  const int64_t gc = t.grid_cols;
+  float* const out = t.out;
+  // Lanes per block along a row (1 for column blocks, up to 32).
+  const int bk_lanes = bk_log2 >= 2 ? 1 << (bk_log2 - 2) : 1;
+
+  float4 v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int64_t r = i0 + 16 * warp + k;
+    v[k] = LoadQuad(t, r, j, r < M);
+  }
+  float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;  // column maxima over the 16 rows
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    c0 = AbsMax(c0, v[k].x), c1 = AbsMax(c1, v[k].y), c2 = AbsMax(c2, v[k].z), c3 = AbsMax(c3, v[k].w);
+  }
+  if (bm_log2 == 0) {  // 1 x bk blocks: one row each
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      float m = Max4(v[k].x, v[k].y, v[k].z, v[k].w);
+      for (int off = 1; off < bk_lanes; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+      const int64_t r = i0 + 16 * warp + k;
+      if ((lane & (bk_lanes - 1)) == 0 && r < M && j < K) out[r * gc + (j >> bk_log2)] = RoundedMax(m, rb);
+    }
+    return;
+  }
+  // Blocks of 16, 32 or 128 rows (or the tensor): reduce along the row first.
+  float m = Max4(c0, c1, c2, c3);
+  for (int off = 1; off < bk_lanes; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  const bool leader = (lane & (bk_lanes - 1)) == 0;  // holds its block's value (bk >= 4)
+  if (bm_log2 == 4) {  // 16 rows: this warp's rows are the whole block
+    const int64_t bi = (i0 >> 4) + warp;
+    if (i0 + 16 * warp >= M) return;
+    if (bk_log2 == 0) {
+      const float cs[4] = {c0, c1, c2, c3};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (j + e < K) out[bi * gc + j + e] = RoundedMax(cs[e], rb);
+      }
+    } else if (leader && j < K) {
+      out[bi * gc + (j >> bk_log2)] = RoundedMax(m, rb);
+    }
+    return;
+  }
+  // 32 or 128 rows: combine 2 or 8 warps' partials through shared memory.
+  if (bk_log2 == 0) {
+    part[warp][4 * lane + 0] = c0;
+    part[warp][4 * lane + 1] = c1;
+    part[warp][4 * lane + 2] = c2;
+    part[warp][4 * lane + 3] = c3;
+  } else if (leader) {
+    part[warp][4 * lane] = m;  // column of the block's first element
+  }
+  __syncthreads();
+  const int g = 1 << (bm_log2 - 4);  // warps per block
+  const int bk = 1 << bk_log2;
+  const int outputs = (8 / g) * 128;  // (row block, column) slots; columns that start a block are used
+  for (int o = threadIdx.x; o < outputs; o += kBlockAmaxThreads) {
+    const int rbl = o >> 7, c = o & 127;
+    if ((c & (bk - 1)) != 0) continue;
+    const int64_t row0 = i0 + int64_t{rbl} * (int64_t{1} << bm_log2);
+    if (row0 >= M || j0 + c >= K) continue;
+    float x = 0.f;
+    for (int w = rbl * g; w < rbl * g + g; ++w) x = fmaxf(x, part[w][c]);
+    x = RoundedMax(x, rb);
+    if (t.per_tensor) {
+      AtomicMaxNonNeg(out, x);
+    } else {
+      out[((i0 >> bm_log2) + rbl) * gc + ((j0 + c) >> bk_log2)] = x;
+    }
+  }
+}
+
+__global__ void ZeroPerTensorSlots(const __grid_constant__ BlockAmaxBatch batch) {
+  for (int i = threadIdx.x; i < batch.num; i += blockDim.x) {
+    if (batch.t[i].per_tensor) *batch.t[i].out = 0.0f;
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchBlockAmax(const BlockAmaxBatch& batch, cudaStream_t stream) {
+  if (batch.total_tiles <= 0) return cudaSuccess;
+  bool any_per_tensor = false;
+  for (int i = 0; i < batch.num; ++i) any_per_tensor |= batch.t[i].per_tensor != 0;
+  if (any_per_tensor) {
+    ZeroPerTensorSlots<<<1, 256, 0, stream>>>(batch);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  BlockAmaxKernel<<<static_cast<unsigned>(batch.total_tiles), kBlockAmaxThreads, 0, stream>>>(batch);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchAmax(const AmaxBatch& batch, cudaStream_t stream) {
   if (batch.total_chunks <= 0) return cudaSuccess;

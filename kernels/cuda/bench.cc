@@ -197,22 +197,14 @@ int Run() {
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
       {"fp8 per-tensor row+col^T (src fp32)", Format::kFp8Current, Format::kFp8Current, true, true,
        SourceDtype::kFp32, ColumnwiseSource::kOriginal, 0, 0.90},
-      {"fp8 per-tensor row+col^T [512 thr]", Format::kFp8Current, Format::kFp8Current, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 1, 0.90},
-      {"fp8 per-tensor row+col^T [persistent]", Format::kFp8Current, Format::kFp8Current, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 2, 0.90},
       {"fp8 per-tensor row only", Format::kFp8Current, Format::kFp8Current, true, false,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0},
       {"fp8 per-tensor col^T only", Format::kFp8Current, Format::kFp8Current, false, true,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0},
       {"mxfp8 row+col", Format::kMxfp8, Format::kMxfp8, true, true, SourceDtype::kBf16,
        ColumnwiseSource::kOriginal, 0, 0.85},
-      {"mxfp8 row+col [512 thr]", Format::kMxfp8, Format::kMxfp8, true, true, SourceDtype::kBf16,
-       ColumnwiseSource::kOriginal, 1, 0.85},
       {"nvfp4 16x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
        ColumnwiseSource::kOriginal, 0, 0.80},
-      {"nvfp4 16x16 row+col^T [512 thr]", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
-       ColumnwiseSource::kOriginal, 1, 0.80},
       {"fp8 block 128x128 row+col^T", Format::kFp8Block128x128, Format::kFp8Block128x128, true, true,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.80},
       {"fp8 block 1x128 row+col^T", Format::kFp8Block1x128, Format::kFp8Block1x128, true, true,
@@ -278,6 +270,24 @@ int Run() {
     }
     const double ms = TimeMs([&] { BENCH_CHECK(ComputeAmax(args, nullptr)); });
     report("amax (multi-tensor, src bf16)", 4.0, ms, 0);
+  }
+  // Per-block partial amaxes (ComputeBlockAmax) of the 8 tensors in one call.
+  for (const AmaxBlockShape b : {AmaxBlockShape{16, 16}, AmaxBlockShape{1, 32}, AmaxBlockShape{128, 128}}) {
+    const std::string name = absl::StrCat("block amax ", b.block_rows, "x", b.block_cols, " (src bf16)");
+    if (!want(name)) continue;
+    std::vector<BlockAmaxArgs> args;
+    for (int t = 0; t < T; ++t) {
+      BlockAmaxArgs a;
+      a.source = master + t * per;
+      a.rows = M;
+      a.cols = K;
+      a.blocks = b;
+      args.push_back(a);
+    }
+    const int64_t n = PackBlockAmaxOffsets(absl::MakeSpan(args));
+    float* out = reinterpret_cast<float*>(out_row);
+    const double ms = TimeMs([&] { BENCH_CHECK(ComputeBlockAmax(args, out, n, nullptr)); });
+    report(name, 4.0 + 4.0 * n / total, ms, 0);
   }
 
   // Optimizers: read p, m, v, g; write p, m, v = 28 bytes (SGD: 20).

@@ -1,8 +1,9 @@
 // Exhaustive device self-check of the element codecs the kernels use, over
 // all 2^32 float bit patterns: the hardware FP8 / BF16 conversions against a
 // device port of the CPU reference's integer algorithm (kernels/codecs.cc
-// EncodeMinifloat, EncodeBf16), and the FMA-pipe E2M1 encoder against the
-// compare-based one. Used by quantize_test; not on any hot path.
+// EncodeMinifloat, EncodeBf16), and both fast E2M1 encoders (the FMA-pipe
+// EncodeE2M1x2 and the branch-free EncodeE2M1x2Fast of the v4 kernel) against
+// the compare-based one. Used by quantize_test; not on any hot path.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -59,7 +60,8 @@ __device__ uint32_t RefE8M0(float v) {
 // counts[k]: mismatches of check k; first[k]: the smallest failing input.
 // 0: E4M3 cvt, 1: E5M2 cvt, 2: BF16 cvt vs bit formula, 3: E2M1 fast vs
 // compare-based (both nibbles), 4: E2M1 compare-based vs the reference rule,
-// 5: branch-free E8M0 vs the reference rule.
+// 5: branch-free E8M0 vs the reference rule, 6: EncodeE2M1x2Fast (the v4
+// kernel's E2M1 encoder) vs compare-based (both nibbles).
 __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32);
@@ -74,6 +76,7 @@ __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
     bad[3] = EncodeE2M1x2(x, y) != (EncodeE2M1(x) | (EncodeE2M1(y) << 4));
     bad[4] = EncodeE2M1(x) != RefMinifloat(x, 2, 1, 1, 0x7, 0x7);
     bad[5] = E8M0FromScaledAmax(x) != RefE8M0(x);
+    bad[6] = EncodeE2M1x2Fast(x, y) != (EncodeE2M1(x) | (EncodeE2M1(y) << 4));
 #pragma unroll
     for (int k = 0; k < kCodecChecks; ++k) {  // one atomic per warp (the loop is warp-uniform)
       const unsigned mask = __ballot_sync(0xFFFFFFFFu, bad[k]);

@@ -119,7 +119,7 @@ __device__ __forceinline__ uint32_t EncodeE2M1x2(float y0, float y1) {
   const uint32_t c1 = E2M1MagnitudeNoNaN(fabsf(y1)) | ((__float_as_uint(y1) >> 28) & 0x8u);
   return c0 | (c1 << 4);
 }
-// The same codes without compares or branches (v4 kernel, quantize_v4.cu).
+// The same codes without compares or branches (the quantize kernel, quantize.cu).
 // s = clamp(y, -6, 6) (fminf/fmaxf return the non-NaN operand, so NaN -> +6
 // and +-Inf -> +-6). With a = |s| and 2^E = the power of two of max(a, 1)
 // (E = 0, 1, 2), the grid spacing around a is q = 2^(E-1), and
@@ -127,8 +127,8 @@ __device__ __forceinline__ uint32_t EncodeE2M1x2(float y0, float y1) {
 // mantissa field is k = RNE(a / q) (ties to even k, and k's parity is the
 // code's), and the code is k + 2E; the exponent field of t is E + 149, so
 // 2E = (bits(t) >> 22) - 298. Checked against the compare encoder over all
-// 2^32 inputs on the device (run 7 of docs/GPU_NOTES.md, codec_check check 3
-// then pointed at this body) and with the same float operations on the CPU.
+// 2^32 inputs on the device (codec_check check 6, run on every quantize_test)
+// and with the same float operations on the CPU.
 // Sign kept for -0 (D7).
 __device__ __forceinline__ uint32_t EncodeE2M1Fast(float y) {
   const float s = fmaxf(fminf(y, 6.0f), -6.0f);

@@ -35,6 +35,35 @@ struct AmaxBatch {
 static_assert(sizeof(AmaxBatch) <= 32000, "kernel parameter limit");
 cudaError_t LaunchAmax(const AmaxBatch& batch, cudaStream_t stream);
 
+// Per-block amax (amax.cu, BlockAmaxKernel): one CTA per 128x128 tile of
+// one tensor. Blocks are block_rows x block_cols with both in {1, 16, 32,
+// 128} (not both 1), or the whole tensor (per_tensor). `out` points at the
+// tensor's first block amax; block (bi, bj) is out[bi * grid_cols + bj].
+struct BlockAmaxItem {
+  const void* src = nullptr;  // [rows][cols]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float* out = nullptr;
+  int64_t grid_cols = 0;  // ceil(cols / block_cols)
+  int64_t tiles_k = 0;    // ceil(cols / 128)
+  int64_t tile_begin = 0;
+  uint8_t src_bf16 = 0;
+  uint8_t round_bf16 = 0;
+  uint8_t vec = 0;        // 16-byte (fp32) / 8-byte (bf16) aligned rows of 4 elements
+  uint8_t per_tensor = 0; // out[0] max-updated (zeroed by LaunchBlockAmax first)
+  uint8_t bm_log2 = 0;    // block_rows = 1 << bm_log2 (0, 4, 5, 7)
+  uint8_t bk_log2 = 0;    // block_cols = 1 << bk_log2
+};
+constexpr int kMaxBlockAmaxItems = 256;
+struct BlockAmaxBatch {
+  int num = 0;
+  int64_t total_tiles = 0;
+  BlockAmaxItem t[kMaxBlockAmaxItems];
+};
+static_assert(sizeof(BlockAmaxBatch) <= 32000, "kernel parameter limit");
+// Zeroes the per-tensor slots, then one launch over all tiles.
+cudaError_t LaunchBlockAmax(const BlockAmaxBatch& batch, cudaStream_t stream);
+
 // ---- scaling.cu ----
 // §2 current scaling: scale = compute_scale(*amax, fp8_max, pow2, eps, FLT_MAX),
 // scale_inv = rcp(scale).
@@ -90,9 +119,9 @@ struct DequantItem {
 cudaError_t LaunchDequantize(const DequantItem& item, cudaStream_t stream);
 
 // ---- codec_check.cu ----
-// Exhaustive self-check of the device codecs (see codec_check.cu); counts[6]
-// and first[6] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
-constexpr int kCodecChecks = 6;
+// Exhaustive self-check of the device codecs (see codec_check.cu); counts[7]
+// and first[7] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
+constexpr int kCodecChecks = 7;
 cudaError_t LaunchCodecCheck(unsigned long long* counts, unsigned* first, cudaStream_t stream);
 
 }  // namespace detail

@@ -1,12 +1,9 @@
 // File: kernels/cuda/quantize_tile.cuh
 //
-// INTERNAL: the tile layout and the stage helpers shared by the two quantize
-// tile kernels (quantize.cu: v3.3, quantize_v4.cu: v4; docs/GPU_NOTES.md run
-// 7): shared-memory tile, loads, block-amax pre-passes, byte stores, amax
-// reductions. Device code only; included by those two .cu files, whose
-// kernels are byte-identical in SASS to the builds measured and tested with
-// this code inline in each file. Everything is in an anonymous namespace
-// (one copy per translation unit).
+// INTERNAL: the tile layout and the stage helpers of the quantize tile kernel
+// (quantize.cu): shared-memory tile, loads, block-amax pre-passes, byte
+// stores, amax reductions. Device code only. Everything is in an anonymous
+// namespace (one copy per translation unit).
 #ifndef PARAMD_KERNELS_CUDA_QUANTIZE_TILE_CUH_
 #define PARAMD_KERNELS_CUDA_QUANTIZE_TILE_CUH_
 
@@ -33,7 +30,6 @@ struct __align__(16) TileSmem {
   uint32_t amax2d_row[64];       // [row block][column block] of the rowwise 2D tiles
   uint32_t amax2d_col[64];
   uint32_t red[4];               // [0] rowwise amax, [1] columnwise amax
-  uint32_t wmax[16];             // per-warp |x| max of the load (v4 kernel, 128x128 only)
 };
 
 __device__ __forceinline__ int Phys(int r, int ch) { return r * kChunks + (ch ^ ((r >> 4) & 7)); }

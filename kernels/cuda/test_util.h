@@ -95,7 +95,7 @@ inline float FromBits(uint32_t b) {
 enum class Dist {
   kNormal,   // N(0,1) times one per-tensor scale in [1e-2, 1e2]
   kWide,     // per-tensor scale in {1e-30 ... 1e30}, elements spread over 2^+-8
-  kSpecial,  // normal with all-zero 32x32 regions, NaN (any sign/payload), +-Inf
+  kSpecial,  // normal with all-zero regions, a NaN-only region, NaN (any sign/payload), +-Inf
              // (some tensors), -0, subnormals, values near FLT_MAX
 };
 constexpr Dist kAllDists[] = {Dist::kNormal, Dist::kWide, Dist::kSpecial};
@@ -126,6 +126,18 @@ inline std::vector<float> RandomMatrix(int64_t rows, int64_t cols, Dist dist, st
     const int64_t h = 1 + rng() % 48, w = 1 + rng() % 160;
     for (int64_t r = r0; r < std::min(rows, r0 + h); ++r) {
       for (int64_t c = c0; c < std::min(cols, c0 + w); ++c) v[r * cols + c] = 0.0f;
+    }
+  }
+  // A NaN-only region 128..160 columns wide from a multiple of 128: whole
+  // 1x16, 1x32 and 1x128 blocks (and, with enough rows, 16x16 / 32x1 ones)
+  // of NaN only, whose amax is 0 (§0).
+  {
+    const int64_t r0 = rng() % rows, c0 = static_cast<int64_t>(rng() % ((cols + 127) / 128)) * 128;
+    const int64_t h = 1 + rng() % 40, w = 128 + rng() % 33;
+    for (int64_t r = r0; r < std::min(rows, r0 + h); ++r) {
+      for (int64_t c = c0; c < std::min(cols, c0 + w); ++c) {
+        v[r * cols + c] = FromBits(0x7FC00000u | static_cast<uint32_t>(rng() % 0x3FFFFF) | (rng() % 2 ? 0x80000000u : 0u));
+      }
     }
   }
   const bool with_inf = rng() % 2 == 0;
