@@ -354,11 +354,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       return absl::FailedPreconditionError("the model was reloaded during the push");
     }
     for (StagedPiece& p : pieces) {
-      absl::Span<float> g = shards_->gradient(p.shard);
+      // gpu backend: summed on the device (ShardBackend::AccumulateGradient).
       const ShardDef& shard = shards_->shards()[p.shard];
       const int64_t cols = view.tensors[p.tensor].cols;
-      float* dst = g.data() + (p.row_begin - shard.row_begin) * cols;
-      for (size_t i = 0; i < p.values.size(); ++i) dst[i] += p.values[i];
+      RETURN_IF_ERROR(shards_->AccumulateGradient(p.shard, (p.row_begin - shard.row_begin) * cols,
+                                                  p.values));
     }
     pushers_.insert(pusher);
     bytes_pushed_.fetch_add(bytes);
@@ -1135,14 +1135,17 @@ class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelE
       if (!finished_ && !finish_pending_) {
         event_ = event;
         writing_ = true;
+        started_ = true;
         StartWrite(&event_);
       }
     }
     Unref();
   }
 
-  // Finishes the call (after a write in flight). Idempotent.
-  void Close(const grpc::Status& status) {
+  // Finishes the call (after a write in flight). Idempotent. With a
+  // non-empty `reason` (the trainer is still there) a last event names it,
+  // so the trainer's receive in progress fails at once.
+  void Close(const grpc::Status& status, const std::string& reason = "") {
     Ref();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -1150,6 +1153,14 @@ class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelE
         if (writing_) {
           finish_pending_ = true;
           pending_status_ = status;
+        } else if (!reason.empty() && started_ && !cancelled_) {
+          event_.Clear();
+          event_.set_channel(id_);
+          event_.set_closed(reason);
+          finish_pending_ = true;
+          pending_status_ = status;
+          writing_ = true;
+          StartWrite(&event_);
         } else {
           finished_ = true;
           Finish(status);
@@ -1181,6 +1192,7 @@ class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelE
     {
       std::lock_guard<std::mutex> lock(mu_);
       id = id_;
+      cancelled_ = true;
     }
     daemon_->CloseDeviceChannel(id, "the trainer closed the channel or disconnected");
     Close(grpc::Status(grpc::StatusCode::CANCELLED, "channel cancelled"));
@@ -1196,6 +1208,8 @@ class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelE
   uint64_t id_ = 0;
   rpc::DeviceChannelEvent event_;
   bool writing_ = false;
+  bool started_ = false;  // the first event was written
+  bool cancelled_ = false;
   bool finished_ = false;
   bool finish_pending_ = false;
   grpc::Status pending_status_;
@@ -1265,7 +1279,8 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   c->channel->Shutdown();
   Log(kTag, absl::StrCat("device channel ", id, " (", c->trainer, ") closed: ", reason));
   c->reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 absl::StrCat("device channel closed: ", reason)));
+                                 absl::StrCat("device channel closed: ", reason)),
+                    reason);
   c->reactor->Unref();
   c->reactor = nullptr;
   // The last reference may be dropped here on the channel's own worker:

@@ -26,9 +26,34 @@ class DeviceFetcher::Channel {
  public:
   ~Channel() { Close(); }
 
+  // Watches the stream after the first event: when it ends (the daemon
+  // closed the channel or died), shuts the transport down so that a
+  // receive in progress returns at once instead of at its deadline.
+  void StartWatch() {
+    watcher = std::thread([this] {
+      rpc::DeviceChannelEvent event;
+      while (reader->Read(&event)) {
+        if (!event.closed().empty()) SetClosed(event.closed());
+      }
+      SetClosed("the daemon ended the device channel (daemon gone or it closed the channel)");
+      transport->Shutdown();
+    });
+  }
+
+  void SetClosed(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed.empty()) closed = why;
+  }
+  // Non-empty once the daemon's side is gone.
+  std::string Closed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return closed;
+  }
+
   void Close() {
     if (transport != nullptr) transport->Shutdown();
     if (context != nullptr) context->TryCancel();
+    if (watcher.joinable()) watcher.join();
     if (reader != nullptr) reader->Finish();
     reader.reset();
     transport.reset();
@@ -42,6 +67,9 @@ class DeviceFetcher::Channel {
   std::unique_ptr<Transport> transport;
   NcclTransport* nccl = nullptr;
   uint64_t id = 0;
+  std::thread watcher;
+  std::mutex mu;
+  std::string closed;
 };
 
 namespace {
@@ -176,6 +204,7 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
                    endpoint->Connect(1, {event.daemon_address(), request.trainer_address()}));
   c->nccl = AsNcclTransport(c->transport.get());
   if (c->nccl == nullptr) return absl::InternalError("device channel transport is not nccl");
+  c->StartWatch();
   Channel* raw = c.get();
   channels_[daemon] = std::move(c);
   return raw;
@@ -311,6 +340,14 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
                          &pieces);
       }
       j->status = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
+      if (!j->status.ok()) {
+        const std::string closed = j->channel->Closed();
+        if (!closed.empty()) {
+          j->status = absl::UnavailableError(absl::StrCat("device fetch from daemon ", j->rank,
+                                                          ": ", closed, " (", j->status.message(),
+                                                          ")"));
+        }
+      }
     };
     if (options_.parallel && jobs.size() > 1) {
       threads.emplace_back(exchange);
