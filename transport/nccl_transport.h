@@ -39,6 +39,9 @@
 // +0/-0 and Inf follow FORMATS.md's amax rule exactly (ncclMax on floats
 // does not define them).
 //
+// PARAMD_NCCL_TRACE=1 prints one stderr line per NCCL transfer and side
+// with the times of its phases (header, clear-to-send, enqueued, done).
+//
 // Addresses look like "nccl|<header addr>|<sync addr>|<hostname>|<pci bus
 // id>|<control addr>" (the last field absent without a control channel).
 #ifndef PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
