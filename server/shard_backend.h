@@ -62,6 +62,22 @@ class ShardBackend {
   // it. A successful Step with apply_optimizer zeroes it.
   virtual absl::Span<float> gradient(int i) = 0;
 
+  // Adds `values` (FP32, one push's rows) to shard `i`'s accumulator from
+  // element `offset` on; what the daemon calls for every pushed piece. The
+  // result is that of adding into gradient(i) in call order (the cpu
+  // backend does exactly that); the gpu backend adds on the device (upload
+  // + FP32 add, bit-identical), so a step uploads no host accumulator.
+  // Same threading as gradient(): never beside Step.
+  virtual absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values) {
+    absl::Span<float> g = gradient(i);
+    if (offset < 0 || offset + values.size() > g.size()) {
+      return absl::InvalidArgumentError("gradient piece outside its shard");
+    }
+    float* dst = g.data() + offset;
+    for (size_t k = 0; k < values.size(); ++k) dst[k] += values[k];
+    return absl::OkStatus();
+  }
+
   // ShardSet::Step (server/shard_set.h). Every daemon of a world must run
   // the same backend: the all-reduce calls differ between backends.
   virtual absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(

@@ -153,7 +153,15 @@ class GpuShardBackend : public ShardBackend {
   const std::vector<TensorDef>& tensors() const override { return tensors_; }
   const std::vector<ShardDef>& shards() const override { return shards_; }
   absl::Span<float> load_master(int i) override { return absl::MakeSpan(load_[i]); }
-  absl::Span<float> gradient(int i) override { return absl::MakeSpan(grads_[i]); }
+  absl::Span<float> gradient(int i) override {
+    host_grads_used_ = true;
+    return absl::MakeSpan(grads_[i]);
+  }
+  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values) override {
+    if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
+    device_grads_used_ = true;
+    return store_->AccumulateHost(i, offset, values.data(), static_cast<int64_t>(values.size()));
+  }
   GpuShardStore* store() { return store_.get(); }
 
   void set_data_plane(Transport* transport, absl::Duration timeout) override {
@@ -252,7 +260,10 @@ class GpuShardBackend : public ShardBackend {
     // A republish without optimizer and delayed update leaves the state as is.
     if (apply_optimizer || update_delayed) ++generation_;
     if (apply_optimizer) {
-      for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+      if (host_grads_used_) {
+        for (std::vector<float>& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+      }
+      host_grads_used_ = device_grads_used_ = false;
     }
     return published_;
   }
@@ -298,10 +309,17 @@ class GpuShardBackend : public ShardBackend {
       masters_uploaded_ = true;
       load_ = std::vector<std::vector<float>>(shards_.size());  // staging no longer needed
     }
-    if (apply_optimizer) {
+    // Host accumulators (written through gradient()): copied over the zero
+    // device ones, or added after device pushes (AccumulateGradient).
+    if (apply_optimizer && host_grads_used_) {
       for (size_t i = 0; i < shards_.size(); ++i) {
-        RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
-                             grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
+        if (device_grads_used_) {
+          RETURN_IF_ERROR(store_->AccumulateHost(static_cast<int>(i), 0, grads_[i].data(),
+                                                 static_cast<int64_t>(grads_[i].size())));
+        } else {
+          RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
+                               grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
+        }
       }
     }
     return absl::OkStatus();
@@ -475,6 +493,10 @@ class GpuShardBackend : public ShardBackend {
   std::vector<std::vector<float>> load_;   // host staging until the first Step
   std::vector<std::vector<float>> grads_;  // host FP32 accumulators
   std::vector<void*> registered_;          // grads_ buffers page-locked for CUDA
+  // Since the last optimizer step: gradient() was handed out (grads_ may
+  // hold pushes) / AccumulateGradient added pushes on the device.
+  bool host_grads_used_ = false;
+  bool device_grads_used_ = false;
   bool masters_uploaded_ = false;
   absl::Status broken_;  // the first failed Step; every later Step is refused
   std::shared_ptr<const PublishedVersion> published_;  // the last Step's

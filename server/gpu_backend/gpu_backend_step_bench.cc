@@ -70,8 +70,10 @@ int Run() {
   }
   const AllReduceMaxFn identity = [](absl::Span<float>) { return absl::OkStatus(); };
   int64_t version = 0;
-  auto step = [&](bool optimizer) -> double {
-    if (optimizer) {
+  // host_grads: the pushes were summed into gradient() (uploaded by the
+  // step); else they went through AccumulateGradient (device sum).
+  auto step = [&](bool optimizer, bool host_grads = true) -> double {
+    if (optimizer && host_grads) {
       for (int i = 0; i < n; ++i) {
         absl::Span<float> g = backend.gradient(i);
         std::fill(g.begin(), g.end(), 1e-3f);
@@ -93,6 +95,23 @@ int Run() {
   std::vector<double> republish, optimizer;
   for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) republish.push_back(step(false));
   for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) optimizer.push_back(step(true));
+  // One FP32 push of every shard, summed on the device, then the step.
+  std::vector<double> push_ms, device_optimizer;
+  {
+    const std::vector<float> push(static_cast<size_t>(rows * cols), 1e-3f);
+    for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) {
+      const absl::Time t0 = absl::Now();
+      for (int i = 0; i < n; ++i) {
+        absl::Status a = backend.AccumulateGradient(i, 0, push);
+        if (!a.ok()) {
+          std::fprintf(stderr, "%s\n", a.ToString().c_str());
+          return 1;
+        }
+      }
+      push_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      device_optimizer.push_back(step(true, false));
+    }
+  }
   // The lazy host copy of the latest version (what every Step used to do).
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> meta =
       backend.Step(version, false, identity, true);
@@ -116,13 +135,18 @@ int Run() {
               Median(republish));
   std::printf("optimizer step (gradient upload + AdamW + quantize): median %.1f ms\n",
               Median(optimizer));
+  std::printf("one FP32 push of every shard summed on the device: median %.1f ms; then the "
+              "optimizer step (no accumulator upload): median %.1f ms\n",
+              Median(push_ms), Median(device_optimizer));
   std::printf("host copy of one version on first host fetch: %.1f ms for %.3f GB (%.1f GB/s); "
               "again (cached): %.3f ms\n",
               copy_ms, published / 1e9, published / 1e6 / copy_ms, again_ms);
   std::printf("{\"parameters\": %.0f, \"format\": \"%s\", \"republish_ms\": %.2f, "
-              "\"optimizer_step_ms\": %.2f, \"host_copy_ms\": %.2f, \"published_bytes\": %lld}\n",
-              params, FormatName(*format).data(), Median(republish), Median(optimizer), copy_ms,
-              static_cast<long long>(published));
+              "\"optimizer_step_ms\": %.2f, \"device_push_ms\": %.2f, "
+              "\"optimizer_step_after_device_push_ms\": %.2f, \"host_copy_ms\": %.2f, "
+              "\"published_bytes\": %lld}\n",
+              params, FormatName(*format).data(), Median(republish), Median(optimizer),
+              Median(push_ms), Median(device_optimizer), copy_ms, static_cast<long long>(published));
   return 0;
 }
 

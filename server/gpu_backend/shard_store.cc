@@ -68,6 +68,7 @@ GpuShardStore::~GpuShardStore() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   for (void* p : allocations_) cudaFree(p);
+  if (host_staging_ != nullptr) cudaFree(host_staging_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -231,6 +232,36 @@ absl::Status GpuShardStore::Accumulate(int shard, const void* gradient, bool bf1
 int GpuShardStore::AmaxSlot(int i, int dir) const {
   const int t = shards_[i].tensor >= 0 ? shards_[i].tensor : i;
   return 2 * t + (dir == 1 && Dequantized(shards_[i].spec) ? 1 : 0);
+}
+
+absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const float* host_values,
+                                           int64_t count) {
+  if (shard < 0 || shard >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
+      offset + count > shards_[shard].rows * shards_[shard].cols) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
+                                                   ") outside shard ", shard));
+  }
+  if (count == 0) return absl::OkStatus();
+  ScopedDevice guard(options_.device);
+  if (count > host_staging_count_) {
+    if (host_staging_ != nullptr) {
+      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      GPU_RETURN_IF_ERROR(cudaFree(host_staging_));
+      device_bytes_ -= host_staging_count_ * 4;
+      host_staging_ = nullptr;
+      host_staging_count_ = 0;
+    }
+    void* p = nullptr;
+    GPU_RETURN_IF_ERROR(cudaMalloc(&p, count * sizeof(float)));
+    host_staging_ = static_cast<float*>(p);
+    host_staging_count_ = count;
+    device_bytes_ += count * 4;
+  }
+  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host_staging_, host_values, count * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream_));
+  GPU_RETURN_IF_ERROR(
+      LaunchAccumulate(tensors_[shard].grad + offset, host_staging_, false, count, stream_));
+  return absl::OkStatus();
 }
 
 absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimizer,

@@ -167,6 +167,11 @@ class GpuShardStore {
 
   // grad(shard) += gradient (device, BF16 or FP32), enqueued on stream().
   absl::Status Accumulate(int shard, const void* gradient, bool bf16);
+  // grad(shard)[offset, offset + count) += host_values (host FP32): copied
+  // to a device staging buffer (grown as needed) and added, both on
+  // stream() (the host buffer may be reused on return; the step that
+  // follows on stream() sees the sum). Bit-identical to a host FP32 add.
+  absl::Status AccumulateHost(int shard, int64_t offset, const float* host_values, int64_t count);
 
   // Runs one step producing `new_version` (see the file comment): AdamW on
   // the accumulated gradients when `apply_optimizer`, then quantization.
@@ -252,6 +257,8 @@ class GpuShardStore {
   cudaStream_t stream_ = nullptr;
   std::vector<TensorState> tensors_;
   std::vector<void*> staging_;
+  float* host_staging_ = nullptr;  // AccumulateHost's device buffer
+  int64_t host_staging_count_ = 0;
   float* amax_ = nullptr;  // packed [tensor][direction]
   int num_tensors_ = 0;
   Slot slots_[2];
