@@ -36,6 +36,7 @@
 // contains only them. Descriptor fields are copied into registers once per
 // pass, and every pass is specialised at compile time on its format.
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -113,7 +114,7 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   const int nvalid_col = gj >= K ? 0 : (K - gj >= 4 ? 4 : static_cast<int>(K - gj));
   const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;
   const bool write = d.write;
-  const bool vec = d.vec;
+  const bool vec_d = d.vec;
   const int64_t scale_rows = d.scale_rows, scale_cols = d.scale_cols;
   const bool round_bf16 = a.round_bf16, writeback = a.writeback, deq_wb = a.deq_writeback;
   const bool src_bf16 = a.source_bf16;
@@ -251,12 +252,12 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
     }
   }
   uint8_t* cout = nullptr;  // fused MXFP8 columnwise data, same [M][K] addressing as `out`
-  bool cwrite = false, cvec = false;
+  bool cwrite = false, cvec_d = false;
   if constexpr (F == kKMxfp8 && !kColMode) {
     if (a.mx_col != nullptr) {
       cout = static_cast<uint8_t*>(a.mx_col->data) + (i0 + warp) * pitch + col_off;
       cwrite = a.mx_col->write;
-      cvec = a.mx_col->vec;
+      cvec_d = a.mx_col->vec;
     }
   }
   float b1_m = 1.0f, b1_q = 1.0f;
@@ -287,151 +288,168 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
     }
   }
 
-#pragma unroll 2
-  for (int r = warp; r < kTile; r += kWarps, out += out_step, srow += srow_step) {
-    const bool row_ok = r < rows_valid;
-    const int n = row_ok ? nvalid_col : 0;
-    float x0, x1, x2, x3;
-    ReadRow4(s, r, lane, round_bf16, x0, x1, x2, x3);
-    const float lmax = Max4Abs(x0, x1, x2, x3);
-    if constexpr (!(F == kKMxfp8 && !kColMode)) {
-      amax_acc = fmaxf(amax_acc, lmax);
-    }
-    if (col_amax != nullptr) {
-      ca0 = AbsMax(ca0, x0), ca1 = AbsMax(ca1, x1), ca2 = AbsMax(ca2, x2), ca3 = AbsMax(ca3, x3);
-      const int next = r + kWarps;
-      if (next >= kTile || (next >> col_sh) != (r >> col_sh)) {
-        uint32_t* dst = col_amax + (r >> col_sh) * kTile + 4 * lane;
-        atomicMax(dst + 0, __float_as_uint(ca0));
-        atomicMax(dst + 1, __float_as_uint(ca1));
-        atomicMax(dst + 2, __float_as_uint(ca2));
-        atomicMax(dst + 3, __float_as_uint(ca3));
-        ca0 = ca1 = ca2 = ca3 = 0.f;
+  // The row loop, once for full tiles (every row and column inside [M, K],
+  // aligned vector stores: no bounds in the loop) and once for the rest. Run
+  // 8's SASS of the general loop recomputed the 64-bit row / column bounds in
+  // every row (rematerialised at the 80-register cap).
+  const bool full_tile = rows_valid == kTile && K - j0 >= kTile && (!write || vec_d) &&
+                         (!cwrite || cvec_d);
+  auto row_loop = [&](auto full_tag) {
+    constexpr bool kFull = decltype(full_tag)::value;
+    const bool vec = kFull || vec_d;
+    [[maybe_unused]] const bool cvec = kFull || cvec_d;
+  #pragma unroll 2
+    for (int r = warp; r < kTile; r += kWarps, out += out_step, srow += srow_step) {
+      const bool row_ok = kFull || r < rows_valid;
+      const int n = kFull ? 4 : (row_ok ? nvalid_col : 0);
+      float x0, x1, x2, x3;
+      ReadRow4(s, r, lane, round_bf16, x0, x1, x2, x3);
+      const float lmax = Max4Abs(x0, x1, x2, x3);
+      if constexpr (!(F == kKMxfp8 && !kColMode)) {
+        amax_acc = fmaxf(amax_acc, lmax);
       }
-    }
-    float d0 = x0, d1 = x1, d2 = x2, d3 = x3;  // dequantized values
-    if constexpr (F == kKBf16) {
-      const uint32_t b01 = Bf16x2Bits(x0, x1), b23 = Bf16x2Bits(x2, x3);
-      if (write && n > 0) {
-        uint16_t* o = reinterpret_cast<uint16_t*>(out);
-        if (vec && n == 4) {
-          *reinterpret_cast<uint2*>(o) = make_uint2(b01, b23);
-        } else {
-          o[0] = static_cast<uint16_t>(b01);
-          if (n > 1) o[1] = static_cast<uint16_t>(b01 >> 16);
-          if (n > 2) o[2] = static_cast<uint16_t>(b23);
-          if (n > 3) o[3] = static_cast<uint16_t>(b23 >> 16);
+      if (col_amax != nullptr) {
+        ca0 = AbsMax(ca0, x0), ca1 = AbsMax(ca1, x1), ca2 = AbsMax(ca2, x2), ca3 = AbsMax(ca3, x3);
+        const int next = r + kWarps;
+        if (next >= kTile || (next >> col_sh) != (r >> col_sh)) {
+          uint32_t* dst = col_amax + (r >> col_sh) * kTile + 4 * lane;
+          atomicMax(dst + 0, __float_as_uint(ca0));
+          atomicMax(dst + 1, __float_as_uint(ca1));
+          atomicMax(dst + 2, __float_as_uint(ca2));
+          atomicMax(dst + 3, __float_as_uint(ca3));
+          ca0 = ca1 = ca2 = ca3 = 0.f;
         }
       }
-      d0 = __uint_as_float(b01 << 16), d1 = __uint_as_float(b01 & 0xFFFF0000u);
-      d2 = __uint_as_float(b23 << 16), d3 = __uint_as_float(b23 & 0xFFFF0000u);
-    } else if constexpr (F == kKFp32) {
-      if (write && n > 0) {
-        float* o = reinterpret_cast<float*>(out);
-        if (vec && n == 4) {
-          *reinterpret_cast<float4*>(o) = make_float4(x0, x1, x2, x3);
-        } else {
-          o[0] = x0;
-          if (n > 1) o[1] = x1;
-          if (n > 2) o[2] = x2;
-          if (n > 3) o[3] = x3;
-        }
-      }
-    } else if constexpr (F == kKNvfp4) {
-      float bam;
-      if (two_d) {
-        bam = Fbits(s.amax2d_row[(r >> 4) * 8 + (lane >> 2)]);
-      } else {
-        bam = lmax;
-        bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
-        bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
-        bam = fmaxf(bam, 0.0f);  // a block of NaNs only has amax 0 (§0)
-      }
-      const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
-      const float sdv = DecodeFp8(sd, false);
-      const float enc = fminf(__frcp_rn(__fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
-      const uint32_t byte0 = EncodeE2M1x2Fast(__fmul_rn(x0, enc), __fmul_rn(x1, enc));
-      const uint32_t byte1 = EncodeE2M1x2Fast(__fmul_rn(x2, enc), __fmul_rn(x3, enc));
-      if (write) {
-        if (n > 0) {
+      [[maybe_unused]] float d0 = x0, d1 = x1, d2 = x2, d3 = x3;  // dequantized values
+      if constexpr (F == kKBf16) {
+        const uint32_t b01 = Bf16x2Bits(x0, x1), b23 = Bf16x2Bits(x2, x3);
+        if (write && n > 0) {
+          uint16_t* o = reinterpret_cast<uint16_t*>(out);
           if (vec && n == 4) {
-            *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(byte0 | (byte1 << 8));
+            *reinterpret_cast<uint2*>(o) = make_uint2(b01, b23);
           } else {
-            out[0] = static_cast<uint8_t>(byte0);
-            if (gj / 2 + 1 < pitch) out[1] = static_cast<uint8_t>(byte1);
+            o[0] = static_cast<uint16_t>(b01);
+            if (n > 1) o[1] = static_cast<uint16_t>(b01 >> 16);
+            if (n > 2) o[2] = static_cast<uint16_t>(b23);
+            if (n > 3) o[3] = static_cast<uint16_t>(b23 >> 16);
           }
         }
-        if ((lane & 3) == 0 && r < scale_rows_valid && sblock_in) {
-          const bool valid = row_ok && sblock_ok;
-          *srow = static_cast<uint8_t>(valid ? sd : 0u);
-        }
-      }
-      if (deq_wb) {
-        const float f = __fmul_rn(__fmul_rn(sdv, nv_a), Fbits(kRcp2688Bits));
-        d0 = __fmul_rn(DecodeE2M1(byte0 & 0xFu), f);
-        d1 = __fmul_rn(DecodeE2M1(byte0 >> 4), f);
-        d2 = __fmul_rn(DecodeE2M1(byte1 & 0xFu), f);
-        d3 = __fmul_rn(DecodeE2M1(byte1 >> 4), f);
-      }
-    } else {  // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
-      float m0, m1, m2, m3;  // multipliers
-      float q = 1.0f;        // dequantization factor (one per lane here)
-      if constexpr (F == kKMxfp8 && kColMode) {
-        const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
-        m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
-      } else if constexpr (F == kKMxfp8) {
-        const int i = r / kWarps;  // this row's slot (see above)
-        const int src = (lane & ~7) | (i & 7);
-        m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, i < 8 ? mx_m0 : mx_m1, src);
-        // 2^(e-127) = rcp(2^(127-e)) exactly for every e (NaN for e = 255 either way).
-        if (deq_wb) q = __frcp_rn(m0);
-        if (cout != nullptr) {  // the columnwise copy from the same registers
-          const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
-          const uint32_t qc = CvtFp8x4(__fmul_rn(x0, mm.x), __fmul_rn(x1, mm.y), __fmul_rn(x2, mm.z),
-                                       __fmul_rn(x3, mm.w), kE5M2);
-          if (cwrite && n > 0) Store4Bytes(cout, qc, n, cvec);
-          cout += out_step;
-        }
-      } else if constexpr (F == kKBlock1d) {
-        const int i = r / kWarps;  // this row's slot (see above)
-        m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, b1_m, i);
-        if (deq_wb) q = __shfl_sync(0xFFFFFFFFu, b1_q, i);
-      } else {  // per-tensor or 128x128 block
-        m0 = m1 = m2 = m3 = scale;
-        q = scale_inv;
-      }
-      const uint32_t qb = CvtFp8x4(__fmul_rn(x0, m0), __fmul_rn(x1, m1), __fmul_rn(x2, m2),
-                                   __fmul_rn(x3, m3), kE5M2);
-      if (write && n > 0) Store4Bytes(out, qb, n, vec);
-      if constexpr (!kColMode) {
-        if (deq_wb) {
-          d0 = __fmul_rn(DecodeFp8(qb, kE5M2), q);
-          d1 = __fmul_rn(DecodeFp8(qb >> 8, kE5M2), q);
-          d2 = __fmul_rn(DecodeFp8(qb >> 16, kE5M2), q);
-          d3 = __fmul_rn(DecodeFp8(qb >> 24, kE5M2), q);
-        }
-      }
-    }
-    if constexpr (!kColMode) {
-      if (writeback) {
-        // Elements outside [M, K] stay 0 (they must not reach an amax).
-        float4 w;
-        if (deq_wb) {
-          // D2: the dequantized rowwise values rounded to the source dtype.
-          if (src_bf16) {
-            RoundPairBf16(d0, d1);
-            RoundPairBf16(d2, d3);
+        d0 = __uint_as_float(b01 << 16), d1 = __uint_as_float(b01 & 0xFFFF0000u);
+        d2 = __uint_as_float(b23 << 16), d3 = __uint_as_float(b23 & 0xFFFF0000u);
+      } else if constexpr (F == kKFp32) {
+        if (write && n > 0) {
+          float* o = reinterpret_cast<float*>(out);
+          if (vec && n == 4) {
+            *reinterpret_cast<float4*>(o) = make_float4(x0, x1, x2, x3);
+          } else {
+            o[0] = x0;
+            if (n > 1) o[1] = x1;
+            if (n > 2) o[2] = x2;
+            if (n > 3) o[3] = x3;
           }
-          w.x = n > 0 ? d0 : 0.f;
-          w.y = n > 1 ? d1 : 0.f;
-          w.z = n > 2 ? d2 : 0.f;
-          w.w = n > 3 ? d3 : 0.f;
+        }
+      } else if constexpr (F == kKNvfp4) {
+        float bam;
+        if (two_d) {
+          bam = Fbits(s.amax2d_row[(r >> 4) * 8 + (lane >> 2)]);
         } else {
-          w = make_float4(x0, x1, x2, x3);
+          bam = lmax;
+          bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
+          bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
+          bam = fmaxf(bam, 0.0f);  // a block of NaNs only has amax 0 (§0)
         }
-        s.tile[Phys(r, lane)] = w;
+        const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
+        const float sdv = DecodeFp8(sd, false);
+        const float enc = fminf(__frcp_rn(__fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
+        const uint32_t byte0 = EncodeE2M1x2Fast(__fmul_rn(x0, enc), __fmul_rn(x1, enc));
+        const uint32_t byte1 = EncodeE2M1x2Fast(__fmul_rn(x2, enc), __fmul_rn(x3, enc));
+        if (write) {
+          if (n > 0) {
+            if (vec && n == 4) {
+              *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(byte0 | (byte1 << 8));
+            } else {
+              out[0] = static_cast<uint8_t>(byte0);
+              if (gj / 2 + 1 < pitch) out[1] = static_cast<uint8_t>(byte1);
+            }
+          }
+          if ((lane & 3) == 0 && r < scale_rows_valid && sblock_in) {
+            const bool valid = row_ok && sblock_ok;
+            *srow = static_cast<uint8_t>(valid ? sd : 0u);
+          }
+        }
+        if (deq_wb) {
+          const float f = __fmul_rn(__fmul_rn(sdv, nv_a), Fbits(kRcp2688Bits));
+          d0 = __fmul_rn(DecodeE2M1(byte0 & 0xFu), f);
+          d1 = __fmul_rn(DecodeE2M1(byte0 >> 4), f);
+          d2 = __fmul_rn(DecodeE2M1(byte1 & 0xFu), f);
+          d3 = __fmul_rn(DecodeE2M1(byte1 >> 4), f);
+        }
+      } else {  // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
+        float m0, m1, m2, m3;  // multipliers
+        [[maybe_unused]] float q = 1.0f;        // dequantization factor (one per lane here)
+        if constexpr (F == kKMxfp8 && kColMode) {
+          const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
+          m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
+        } else if constexpr (F == kKMxfp8) {
+          const int i = r / kWarps;  // this row's slot (see above)
+          const int src = (lane & ~7) | (i & 7);
+          m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, i < 8 ? mx_m0 : mx_m1, src);
+          // 2^(e-127) = rcp(2^(127-e)) exactly for every e (NaN for e = 255 either way).
+          if (deq_wb) q = __frcp_rn(m0);
+          if (cout != nullptr) {  // the columnwise copy from the same registers
+            const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
+            const uint32_t qc = CvtFp8x4(__fmul_rn(x0, mm.x), __fmul_rn(x1, mm.y), __fmul_rn(x2, mm.z),
+                                         __fmul_rn(x3, mm.w), kE5M2);
+            if (cwrite && n > 0) Store4Bytes(cout, qc, n, cvec);
+            cout += out_step;
+          }
+        } else if constexpr (F == kKBlock1d) {
+          const int i = r / kWarps;  // this row's slot (see above)
+          m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, b1_m, i);
+          if (deq_wb) q = __shfl_sync(0xFFFFFFFFu, b1_q, i);
+        } else {  // per-tensor or 128x128 block
+          m0 = m1 = m2 = m3 = scale;
+          q = scale_inv;
+        }
+        const uint32_t qb = CvtFp8x4(__fmul_rn(x0, m0), __fmul_rn(x1, m1), __fmul_rn(x2, m2),
+                                     __fmul_rn(x3, m3), kE5M2);
+        if (write && n > 0) Store4Bytes(out, qb, n, vec);
+        if constexpr (!kColMode) {
+          if (deq_wb) {
+            d0 = __fmul_rn(DecodeFp8(qb, kE5M2), q);
+            d1 = __fmul_rn(DecodeFp8(qb >> 8, kE5M2), q);
+            d2 = __fmul_rn(DecodeFp8(qb >> 16, kE5M2), q);
+            d3 = __fmul_rn(DecodeFp8(qb >> 24, kE5M2), q);
+          }
+        }
+      }
+      if constexpr (!kColMode) {
+        if (writeback) {
+          // Elements outside [M, K] stay 0 (they must not reach an amax).
+          float4 w;
+          if (deq_wb) {
+            // D2: the dequantized rowwise values rounded to the source dtype.
+            if (src_bf16) {
+              RoundPairBf16(d0, d1);
+              RoundPairBf16(d2, d3);
+            }
+            w.x = n > 0 ? d0 : 0.f;
+            w.y = n > 1 ? d1 : 0.f;
+            w.z = n > 2 ? d2 : 0.f;
+            w.w = n > 3 ? d3 : 0.f;
+          } else {
+            w = make_float4(x0, x1, x2, x3);
+          }
+          s.tile[Phys(r, lane)] = w;
+        }
       }
     }
+  };
+  // (NVFP4 1x16 keeps one loop: the copy cost its kernel a spill.)
+  if (F != kKNvfp4 && full_tile) {
+    if constexpr (F != kKNvfp4) row_loop(std::true_type{});
+  } else {
+    row_loop(std::false_type{});
   }
 }
 
