@@ -23,6 +23,11 @@
 // wire: fetching only rowwise moves only rowwise bytes (FetchStats counts
 // them per direction).
 //
+// Device memory (--config=cuda): gpu_fetch::DeviceFetcher
+// (client/gpu_fetch/device_fetcher.h) fetches over NCCL from --backend=gpu
+// daemons straight into the trainer's GPU buffers, in the same layouts, on
+// top of a Client.
+//
 // Errors (absl::Status codes, chosen by what a retry should do; see the
 // table in proto/paramd.proto):
 //   UNAVAILABLE        the coordinator or a daemon is down or unreachable
