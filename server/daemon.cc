@@ -1230,7 +1230,8 @@ grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChann
     if (request->trainer_address().empty()) {
       return absl::InvalidArgumentError("OpenDeviceChannel without trainer_address");
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel, ::paramd::OpenDeviceChannel());
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
+                     ::paramd::OpenDeviceChannel(options_.device_channel_listen));
     auto c = std::make_shared<ChannelState>();
     c->trainer = trainer;
     c->channel = std::move(channel);

@@ -67,6 +67,10 @@ struct DaemonOptions {
   // restore, loads on the cpu backend instead). Every daemon of a world
   // must run the same backend.
   std::string backend = "cpu";
+  // Where the NCCL endpoints of device-fetch channels (OpenDeviceChannel)
+  // listen for their control messages: "" = 127.0.0.1:0 (trainers on this
+  // machine); "0.0.0.0:0" for trainers on other machines.
+  std::string device_channel_listen;
 };
 
 // The daemon: its gRPC service and its worker. Served by ParamdServer

@@ -17,12 +17,13 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener) {
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel() {
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
+    const std::string& listen_address) {
   if (!Opener()) {
     return absl::FailedPreconditionError(
         "device fetch needs hybrid-paramd built with --config=cuda and --backend=gpu");
   }
-  return Opener()();
+  return Opener()(listen_address);
 }
 
 }  // namespace paramd

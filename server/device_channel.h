@@ -68,8 +68,11 @@ class DeviceChannel {
 
 // Opens the daemon's endpoint of a new channel on the device of the gpu
 // backend (CUDA device 0 of this process: select the physical GPU with
-// CUDA_VISIBLE_DEVICES or hybrid-paramd --gpu).
-using DeviceChannelOpener = std::function<absl::StatusOr<std::unique_ptr<DeviceChannel>>()>;
+// CUDA_VISIBLE_DEVICES or hybrid-paramd --gpu), its control channels
+// listening on `listen_address` ("ip:port"; "" = 127.0.0.1:0, one machine;
+// "0.0.0.0:0" across machines).
+using DeviceChannelOpener = std::function<absl::StatusOr<std::unique_ptr<DeviceChannel>>(
+    const std::string& listen_address)>;
 
 // Called once at static init by the implementation's library (alwayslink).
 // Returns true (for use in a static initialiser).
@@ -77,7 +80,8 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener);
 
 // A new channel endpoint. FAILED_PRECONDITION when this binary has no
 // implementation (built without --config=cuda); the opener's status else.
-absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel();
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
+    const std::string& listen_address = "");
 
 }  // namespace paramd
 

@@ -69,6 +69,9 @@ ABSL_FLAG(int32_t, gpu, -1,
           "CUDA_VISIBLE_DEVICES to that one device before any CUDA call (an index into an "
           "existing CUDA_VISIBLE_DEVICES list, else the physical ordinal); -1 = leave "
           "CUDA_VISIBLE_DEVICES alone (the daemon uses its device 0)");
+ABSL_FLAG(std::string, device_channel_listen, "",
+          "daemon (--backend=gpu): listen address of device-fetch channel endpoints (\"\" = "
+          "127.0.0.1:0, trainers on this machine; 0.0.0.0:0 across machines)");
 ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
 ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
 ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
@@ -125,6 +128,7 @@ absl::Status Run() {
   options.daemon.data_plane_listen = absl::GetFlag(FLAGS_data_plane_listen);
   options.daemon.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   options.daemon.backend = absl::GetFlag(FLAGS_backend);
+  options.daemon.device_channel_listen = absl::GetFlag(FLAGS_device_channel_listen);
 
   CoordinatorOptions& c = options.coordinator;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);

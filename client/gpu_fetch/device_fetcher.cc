@@ -168,7 +168,10 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
   auto it = channels_.find(daemon);
   if (it != channels_.end()) return it->second.get();
   GPU_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint, OpenNcclEndpoint());
+  TransportOptions endpoint_options;
+  endpoint_options.listen_address = options_.listen_address;
+  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint,
+                   OpenNcclEndpoint(endpoint_options));
   auto c = std::make_unique<Channel>();
   c->grpc_channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   c->stub = rpc::Daemon::NewStub(c->grpc_channel);

@@ -78,6 +78,9 @@ struct DeviceFetcherOptions {
   absl::Duration timeout = absl::Seconds(30);
   // For the daemons' logs; empty: "<hostname>:<pid>".
   std::string name;
+  // Where this side's NCCL endpoints listen for control messages ("" =
+  // 127.0.0.1:0: daemons on this machine; "0.0.0.0:0" across machines).
+  std::string listen_address;
   // Receive from the daemons of one fetch concurrently (one thread each);
   // false: one daemon after the other.
   bool parallel = true;

@@ -92,14 +92,17 @@ class NcclDeviceChannel : public DeviceChannel {
   NcclTransport* nccl_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel() {
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
+    const std::string& listen_address) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
     return absl::FailedPreconditionError("device fetch: no CUDA device visible to this daemon");
   }
   GPU_RETURN_IF_ERROR(cudaSetDevice(kDevice));
-  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint, OpenNcclEndpoint());
+  TransportOptions options;
+  options.listen_address = listen_address;
+  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint, OpenNcclEndpoint(options));
   return std::unique_ptr<DeviceChannel>(new NcclDeviceChannel(std::move(endpoint)));
 }
 
