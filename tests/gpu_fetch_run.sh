@@ -4,17 +4,21 @@
 # trainer on GPU 1) and the in-process fetch_test.
 #
 #   Here:  bash tests/gpu_fetch_run.sh bundle
-#          (bazel --config=cuda build; .gpu_bundle_fetch/ holds the binaries
-#          at their workspace paths, so tests find server/hybrid-paramd and
-#          tests/gpu_integration/device_fetch_loop from the bundle's root,
-#          plus the non-system shared libraries; git-ignored)
+#          (bazel --config=cuda build; .gpu_bundle_fetch/bundle.tar.xz holds
+#          the binaries at their workspace paths, so that the tests find
+#          server/hybrid-paramd and tests/gpu_integration/device_fetch_loop
+#          from the unpacked root, plus the non-system shared libraries;
+#          compressed to stay under the 64 MiB a device call carries;
+#          git-ignored)
 #   There: run(command="bash tests/gpu_fetch_run.sh run",
 #              carry=[".gpu_bundle_fetch"], kind="nvidia-h200-x2")
 #          Logs land under $OUT. NVLink multicast stays off.
-# Knobs (run): FILTER=<gtest filter> for daemon_fetch_test.
+#          Also runs deploy/gpu_trainer against a real gpu daemon.
+# Knobs (run): FILTER=<gtest filter> for daemon_fetch_test; VARIANTS=1 adds
+# the two-daemons-on-one-GPU runs (docs/ARCHITECTURE.md, known limit);
+# TRAINER=0 skips the trainer example.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
 B=.gpu_bundle_fetch
 TARGETS=(
   //server:hybrid-paramd
