@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/batch_search.cuh"
 #include "kernels/cuda/codecs.cuh"
 #include "kernels/cuda/misc_launch.h"
 
@@ -24,16 +25,7 @@ __device__ __forceinline__ float Load(const AmaxItem& t, int64_t i) {
 __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ AmaxBatch batch) {
   __shared__ float warp_max[kThreads / 32];
   const int64_t chunk = blockIdx.x;
-  int lo = 0, hi = batch.num - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (batch.t[mid].chunk_begin <= chunk) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const AmaxItem& t = batch.t[lo];
+  const AmaxItem& t = batch.t[FindBatchItem(batch.t, batch.num, chunk, &AmaxItem::chunk_begin)];
   const int64_t begin = (chunk - t.chunk_begin) * kAmaxChunk;
   const int64_t end = begin + kAmaxChunk < t.count ? begin + kAmaxChunk : t.count;
   const bool rb = t.round_bf16;
@@ -142,16 +134,8 @@ __global__ void __launch_bounds__(kBlockAmaxThreads)
     BlockAmaxKernel(const __grid_constant__ BlockAmaxBatch batch) {
   __shared__ float part[8][128];  // [16-row group][column]: partial block maxima
   const int64_t tile = blockIdx.x;
-  int lo = 0, hi = batch.num - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (batch.t[mid].tile_begin <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  const BlockAmaxItem& t = batch.t[lo];
+  const BlockAmaxItem& t =
+      batch.t[FindBatchItem(batch.t, batch.num, tile, &BlockAmaxItem::tile_begin)];
   const int64_t M = t.rows, K = t.cols;
   const int64_t local = tile - t.tile_begin;
   const int64_t tm = local / t.tiles_k, tk = local - tm * t.tiles_k;

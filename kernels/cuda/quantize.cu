@@ -40,6 +40,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/batch_search.cuh"
 #include "kernels/cuda/codecs.cuh"
 #include "kernels/cuda/optimizer_math.cuh"
 #include "kernels/cuda/quantize_launch.h"
@@ -904,19 +905,10 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
 template <int NT, int kPat>
 __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile,
                                             TileSmem& s) {
-  int lo = 0, hi = batch.num - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (batch.t[mid].tile_begin <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
   // Each pass copies the descriptor fields it needs into registers before
   // its loops (a read through this reference could alias the global stores
   // and would be repeated after each of them).
-  const TensorDesc& t = batch.t[lo];
+  const TensorDesc& t = batch.t[FindBatchItem(batch.t, batch.num, tile, &TensorDesc::tile_begin)];
   const int64_t M = t.rows, K = t.cols;
   const int64_t local = tile - t.tile_begin;
   const int tm = static_cast<int>(local / t.tiles_k);
