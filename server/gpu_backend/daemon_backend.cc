@@ -71,10 +71,17 @@ class HostCopies {
     e.bytes = nullptr;
   }
 
-  // The device slot of `version` is about to be rewritten.
+  // The device slot of `version` is about to be rewritten. Its host copy,
+  // when nobody holds it any more, keeps its (already faulted-in) memory for
+  // the next version's copy.
   void Retire(int64_t version) {
     absl::MutexLock lock(&mu_);
-    entries_.erase(version);
+    auto it = entries_.find(version);
+    if (it == entries_.end()) return;
+    if (it->second.bytes != nullptr && it->second.bytes.use_count() == 1) {
+      spare_ = std::move(it->second.bytes);
+    }
+    entries_.erase(it);
   }
 
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Get(
@@ -88,7 +95,23 @@ class HostCopies {
     }
     Entry& e = it->second;
     if (e.bytes != nullptr) return e.bytes;
-    auto copy = std::make_shared<PublishedVersion>(*e.meta);
+    std::shared_ptr<PublishedVersion> copy;
+    if (spare_ != nullptr && spare_->pieces.size() == e.meta->pieces.size()) {
+      // Same shards, same layouts: reuse the buffers (resize keeps them).
+      copy = std::move(spare_);
+      for (size_t k = 0; k < copy->pieces.size(); ++k) {
+        std::vector<uint8_t> data = std::move(copy->pieces[k].q.data);
+        std::vector<uint8_t> scales = std::move(copy->pieces[k].q.scales);
+        copy->pieces[k] = e.meta->pieces[k];
+        copy->pieces[k].q.data = std::move(data);
+        copy->pieces[k].q.scales = std::move(scales);
+      }
+      copy->version = e.meta->version;
+      copy->tensors = e.meta->tensors;
+    } else {
+      copy = std::make_shared<PublishedVersion>(*e.meta);
+    }
+    spare_ = nullptr;
     ScopedDevice guard(store_->device());
     for (size_t k = 0; k < copy->pieces.size(); ++k) {
       PublishedPiece& p = copy->pieces[k];
@@ -109,11 +132,12 @@ class HostCopies {
   struct Entry {
     std::shared_ptr<const PublishedVersion> meta;
     std::vector<GpuPublishedDirection> device;
-    std::shared_ptr<const PublishedVersion> bytes;  // null until requested
+    std::shared_ptr<PublishedVersion> bytes;  // null until requested
   };
   const std::shared_ptr<GpuShardStore> store_;
   absl::Mutex mu_;
   std::map<int64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<PublishedVersion> spare_ ABSL_GUARDED_BY(mu_);  // a retired host copy
 };
 
 class GpuShardBackend : public ShardBackend {
