@@ -34,11 +34,6 @@ struct __align__(16) TileSmem {
 
 __device__ __forceinline__ int Phys(int r, int ch) { return r * kChunks + (ch ^ ((r >> 4) & 7)); }
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes));
-}
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::); }
 
 __device__ __forceinline__ float Bf16ToFloat(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
@@ -55,19 +50,38 @@ __device__ __forceinline__ uint32_t ByteOf(uint32_t q, int k) { return (q >> (8 
 // Stage 1: load
 // ---------------------------------------------------------------------------
 
+// cp.async of 16 bytes to a shared-memory address (32-bit, from
+// __cvta_generic_to_shared); src_bytes < 16 zero-fills the rest.
+__device__ __forceinline__ void CpAsync16Shared(unsigned saddr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem),
+               "r"(src_bytes));
+}
+
+// Thread (w, ch) copies the 16 bytes of chunk ch of rows w + 8k, k = 0..15.
+// One global pointer advanced by 8 rows and compile-time shared offsets: for
+// these rows (r >> 4) & 7 = (k >> 1) & 7, so the swizzle is ch ^ (k >> 1)
+// (run 8e: the per-copy 64-bit address and swizzle arithmetic was 14 % of
+// the MXFP8 kernel's instructions).
 template <int NT>
 __device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K,
                                                 TileSmem& s, int64_t i0, int64_t j0) {
-  const float* tsrc = src + i0 * K + j0;  // tile origin
+  static_assert(NT == 256, "the row mapping below assumes 8 warps");
+  constexpr int kStep = NT / 32;
   const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;
   const int cols_valid = K - j0 < kTile ? static_cast<int>(K - j0) : kTile;
-  const int ch = threadIdx.x & 31;
-  const bool col_ok = 4 * ch < cols_valid;  // K % 4 == 0: a chunk is all in or all out
-#pragma unroll
-  for (int k = 0; k < kTile * kChunks / NT; ++k) {
-    const int r = (threadIdx.x >> 5) + k * (NT / 32);
-    const bool ok = col_ok && r < rows_valid;
-    CpAsync16(&s.tile[Phys(r, ch)], ok ? tsrc + int64_t{r} * K + 4 * ch : src, ok ? 16 : 0);
+  const int ch = threadIdx.x & 31, r0 = threadIdx.x >> 5;
+  // Copies k < kvalid are inside [M, K] (K % 4 == 0: a chunk is all in or all out).
+  const int kvalid = 4 * ch < cols_valid ? (rows_valid - r0 + kStep - 1) / kStep : 0;
+  const float* g = src + (i0 + r0) * K + j0 + 4 * ch;
+  const int64_t gstep = int64_t{kStep} * K;
+  const unsigned sbase = static_cast<unsigned>(__cvta_generic_to_shared(&s.tile[r0 * kChunks]));
+#pragma unroll 8  // (fully unrolled, the NVFP4 instantiation spilled)
+  for (int k = 0; k < kTile * kChunks / NT; ++k, g += gstep) {
+    const bool ok = k < kvalid;
+    const unsigned dst = sbase + 16u * (k * kStep * kChunks + (ch ^ ((k >> 1) & 7)));
+    // Outside [M, K]: 0 source bytes (zero fill, nothing read; the CUTLASS
+    // zfill idiom), so g may point past the tensor there.
+    CpAsync16Shared(dst, g, ok ? 16 : 0);
   }
   CpAsyncWaitAll();
 }
