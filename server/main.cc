@@ -53,7 +53,10 @@ ABSL_FLAG(std::string, recipe, "",
 ABSL_FLAG(std::string, model, "",
           "coordinator: safetensors file to load once every daemon has joined (readable by "
           "every daemon)");
-ABSL_FLAG(std::string, data_plane, "host", "data plane for the daemons' amax all-reduce: host | local");
+ABSL_FLAG(std::string, data_plane, "host",
+          "data plane for the daemons' amax all-reduce: host | local | nccl (gpu daemons on "
+          "distinct GPUs, built with --config=cuda: the device amax vector is reduced on the "
+          "GPUs; set it on the coordinator and every daemon)");
 ABSL_FLAG(std::string, data_plane_listen, "",
           "daemon: data-plane listen address (host: \"\" = 127.0.0.1:0; use 0.0.0.0:0 across "
           "machines)");
