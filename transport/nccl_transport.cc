@@ -22,6 +22,7 @@
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
 #include "transport/message_transport.h"
+#include "transport/nccl_address.h"
 #include "transport/nccl_amax_keys.h"
 #include "transport/socket_channel.h"
 
@@ -107,21 +108,7 @@ std::vector<std::pair<size_t, size_t>> PartRanges(size_t npieces,
   return ranges;
 }
 
-struct PeerInfo {
-  std::string header_address;
-  std::string sync_address;
-  std::string gpu;              // hostname|pci bus id
-  std::string control_address;  // "" = none (gRPC control only)
-};
-
-absl::StatusOr<PeerInfo> ParseAddress(const std::string& address) {
-  std::vector<std::string> parts = absl::StrSplit(address, '|');
-  if ((parts.size() != 5 && parts.size() != 6) || parts[0] != "nccl") {
-    return absl::InvalidArgumentError(absl::StrCat("not an nccl address: '", address, "'"));
-  }
-  return PeerInfo{parts[1], parts[2], absl::StrCat(parts[3], "|", parts[4]),
-                  parts.size() == 6 ? parts[5] : ""};
-}
+using PeerInfo = NcclAddress;
 
 // Makes `device` current for the scope, restores the previous one after.
 class DeviceGuard {
@@ -136,11 +123,36 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// The creation of a blocking pair communicator on a helper thread
+// (StartPairComm): init, then one warm-up transfer that connects the pair's
+// p2p channels, so that later ncclGroupEnd calls only enqueue. Shared by
+// the helper and the Comm; whoever sees the other gone cleans up: a
+// creation the Comm abandoned (deadline, shutdown) is aborted by the helper
+// once NCCL returns (a helper whose peer never joins stays blocked in
+// ncclCommInitRankConfig until the process ends: a leaked thread, never a
+// hang of the caller).
+struct Creation {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  bool abandoned ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;  // set when done and ok
+};
+
 // One communicator with its stream, events and staging buffers. Destroying
 // it aborts the communicator (safe with operations in flight).
 struct Comm {
   explicit Comm(int device) : device(device) {}
   ~Comm() {
+    if (creation != nullptr) {
+      absl::MutexLock lock(&creation->mu);
+      if (creation->done) {
+        comm = creation->comm;  // not taken yet: aborted below
+        creation->comm = nullptr;
+      } else {
+        creation->abandoned = true;
+      }
+    }
     DeviceGuard guard(device);
     if (comm != nullptr) ncclCommAbort(comm);
     if (stream != nullptr) cudaStreamDestroy(stream);
@@ -169,6 +181,9 @@ struct Comm {
 
   const int device;
   ncclComm_t comm = nullptr;
+  // A blocking pair communicator still being created (comm null until
+  // Ready takes it); null otherwise.
+  std::shared_ptr<Creation> creation;
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
   cudaEvent_t ready = nullptr;
@@ -193,6 +208,99 @@ absl::StatusOr<std::unique_ptr<Comm>> StartComm(int device, int nranks, int rank
     return absl::UnavailableError(
         absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
+  return c;
+}
+
+// PARAMD_NCCL_BLOCKING (read at endpoint open): "0" keeps the direction
+// communicators non-blocking (the protocol before the blocking ones).
+bool BlockingPairsFromEnv() {
+  const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
+  return v == nullptr || std::string(v) != "0";
+}
+
+// The helper thread of a blocking pair communicator: init (blocking), one
+// warm-up transfer (rank 0 sends 16 bytes to rank 1: connects every p2p
+// channel NCCL uses for the pair), its completion polled against
+// `deadline`. On failure the helper aborts what it made.
+void CreatePair(std::shared_ptr<Creation> creation, int device, int rank, ncclUniqueId id,
+                absl::Time deadline) {
+  cudaSetDevice(device);
+  ncclComm_t comm = nullptr;
+  absl::Status s = [&]() -> absl::Status {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
+    if (r != ncclSuccess) {
+      return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+    }
+    cudaStream_t stream = nullptr;
+    GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    void* buf = nullptr;
+    // Stream-ordered: no device-wide synchronisation (cudaFree would wait
+    // for every stream, transfers in flight included).
+    absl::Status w = GPU_STATUS(cudaMallocAsync(&buf, 16, stream));
+    if (w.ok()) {
+      ncclGroupStart();
+      r = rank == 0 ? ncclSend(buf, 16, ncclUint8, 1, comm, stream)
+                    : ncclRecv(buf, 16, ncclUint8, 0, comm, stream);
+      ncclResult_t end = ncclGroupEnd();
+      if (r == ncclSuccess) r = end;
+      if (r != ncclSuccess) {
+        w = absl::UnavailableError(absl::StrCat("warm-up transfer: ", ncclGetErrorString(r)));
+      }
+      for (int spin = 0; w.ok(); ++spin) {
+        cudaError_t q = cudaStreamQuery(stream);
+        if (q == cudaSuccess) break;
+        if (q != cudaErrorNotReady) w = GPU_STATUS(q);
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        if (w.ok() && async != ncclSuccess) {
+          w = absl::UnavailableError(
+              absl::StrCat("warm-up transfer: ", ncclGetErrorString(async)));
+        }
+        if (w.ok() && absl::Now() >= deadline) {
+          w = absl::DeadlineExceededError("warm-up transfer: deadline exceeded");
+        }
+        {
+          absl::MutexLock lock(&creation->mu);
+          if (w.ok() && creation->abandoned) w = absl::CancelledError("warm-up abandoned");
+        }
+        if (spin > 1000) absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+    if (!w.ok()) {
+      ncclCommAbort(comm);  // a hung warm-up kernel quits
+      comm = nullptr;
+    }
+    if (buf != nullptr) cudaFreeAsync(buf, stream);
+    cudaStreamDestroy(stream);
+    return w;
+  }();
+  if (!s.ok() && comm != nullptr) {
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
+  bool abandoned = false;
+  {
+    absl::MutexLock lock(&creation->mu);
+    creation->done = true;
+    creation->status = s;
+    abandoned = creation->abandoned;
+    if (!abandoned) creation->comm = comm;
+  }
+  if (abandoned && comm != nullptr) ncclCommAbort(comm);
+}
+
+// Starts the creation of a blocking 2-rank communicator on a detached
+// helper thread; Comm::creation tracks it (Ready waits for it).
+absl::StatusOr<std::unique_ptr<Comm>> StartPairComm(int device, int rank, const ncclUniqueId& id,
+                                                    absl::Time deadline) {
+  auto c = std::make_unique<Comm>(device);
+  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
+  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
+  c->creation = std::make_shared<Creation>();
+  std::thread(CreatePair, c->creation, device, rank, id, deadline).detach();
   return c;
 }
 
@@ -230,11 +338,12 @@ uint64_t GroupTag(absl::Span<const int> group) {
 
 class NcclTransportImpl final : public NcclTransport {
  public:
-  NcclTransportImpl(int rank, int device, std::vector<PeerInfo> peers,
+  NcclTransportImpl(int rank, int device, bool blocking_pairs, std::vector<PeerInfo> peers,
                     std::unique_ptr<Transport> header, std::unique_ptr<Transport> sync,
                     std::unique_ptr<SocketChannel> control)
       : rank_(rank),
         device_(device),
+        blocking_pairs_(blocking_pairs),
         peers_(std::move(peers)),
         header_(std::move(header)),
         sync_(std::move(sync)),
@@ -616,6 +725,49 @@ class NcclTransportImpl final : public NcclTransport {
     }
   }
 
+  // A direction's communicator (rank 0 sends, rank 1 receives): blocking
+  // with a warm-up at creation (StartPairComm), or non-blocking.
+  absl::StatusOr<std::unique_ptr<Comm>> StartDirectionComm(int rank, const ncclUniqueId& id,
+                                                          absl::Time deadline) {
+    if (blocking_pairs_) return StartPairComm(device_, rank, id, deadline);
+    return StartComm(device_, 2, rank, id);
+  }
+
+  // Waits until `c` can take operations: its blocking creation (init and
+  // warm-up on the helper thread) has finished, or its non-blocking init.
+  // On the deadline or a shutdown the creation is abandoned (the helper
+  // aborts it) and the caller gets the error, never a hang.
+  absl::Status Ready(Comm& c, absl::Time deadline) {
+    if (c.creation == nullptr) return Poll(c, nullptr, deadline, "communicator init");
+    const std::shared_ptr<Creation> creation = c.creation;  // outlives the lock below
+    for (int spin = 0;; ++spin) {
+      absl::Status s;
+      {
+        absl::MutexLock lock(&creation->mu);
+        if (creation->done) {
+          s = creation->status;
+          c.comm = creation->comm;
+          creation->comm = nullptr;
+        } else if (shut_down_.load()) {
+          s = absl::CancelledError("communicator init: shut down");
+        } else if (absl::Now() >= deadline) {
+          s = absl::DeadlineExceededError("communicator init: deadline exceeded");
+        } else {
+          s = absl::UnknownError("pending");
+        }
+        if (!creation->done && s.code() != absl::StatusCode::kUnknown) creation->abandoned = true;
+        if (creation->done || s.code() != absl::StatusCode::kUnknown) {
+          c.creation.reset();
+          if (creation->done && !s.ok()) {
+            return absl::UnavailableError(absl::StrCat("communicator init: ", s.message()));
+          }
+          return s;
+        }
+      }
+      Backoff(spin);
+    }
+  }
+
   // ncclGroupEnd / a collective may return ncclInProgress on a non-blocking
   // communicator: the operation is enqueued once the async error is success.
   absl::Status Enqueued(Comm& c, ncclResult_t r, absl::Time deadline, absl::string_view what) {
@@ -750,11 +902,11 @@ class NcclTransportImpl final : public NcclTransport {
     absl::Status s = [&]() -> absl::Status {
       if (d.comm == nullptr || d.gen != h.gen) {
         d.comm.reset();
-        ASSIGN_OR_RETURN(d.comm, StartComm(device_, 2, 0, h.id));
+        ASSIGN_OR_RETURN(d.comm, StartDirectionComm(0, h.id, deadline));
         d.gen = h.gen;
       }
       Comm& c = *d.comm;
-      RETURN_IF_ERROR(Poll(c, nullptr, deadline, "communicator init"));
+      RETURN_IF_ERROR(Ready(c, deadline));
       std::vector<const void*> src;
       if (host != nullptr) {
         RETURN_IF_ERROR(c.EnsureStaging(h.total, /*host=*/true));
@@ -806,7 +958,7 @@ class NcclTransportImpl final : public NcclTransport {
     absl::MutexLock lock(&d.mu);
     if (p.header.gen > d.gen) {
       d.comm.reset();
-      absl::StatusOr<std::unique_ptr<Comm>> c = StartComm(device_, 2, 1, p.header.id);
+      absl::StatusOr<std::unique_ptr<Comm>> c = StartDirectionComm(1, p.header.id, deadline);
       if (!c.ok()) {
         ReplyCts(peer, p.header.xfer, kCtsStale, deadline);
         return c.status();
@@ -830,7 +982,7 @@ class NcclTransportImpl final : public NcclTransport {
     trace.Mark();
     if (s.ok()) {
       s = [&]() -> absl::Status {
-        RETURN_IF_ERROR(Poll(c, nullptr, deadline, "communicator init"));
+        RETURN_IF_ERROR(Ready(c, deadline));
         std::vector<void*> dst;
         if (host != nullptr) {
           RETURN_IF_ERROR(c.EnsureStaging(p.header.total, /*host=*/true));
@@ -969,6 +1121,8 @@ class NcclTransportImpl final : public NcclTransport {
 
   const int rank_;
   const int device_;
+  // Direction communicators blocking (StartPairComm) or not (StartComm).
+  const bool blocking_pairs_;
   const std::vector<PeerInfo> peers_;
   const std::unique_ptr<Transport> header_;
   const std::unique_ptr<Transport> sync_;
@@ -987,9 +1141,11 @@ class NcclTransportImpl final : public NcclTransport {
 
 class NcclEndpoint final : public TransportEndpoint {
  public:
-  NcclEndpoint(int device, std::string gpu, std::unique_ptr<TransportEndpoint> header,
-               std::unique_ptr<TransportEndpoint> sync, std::unique_ptr<SocketChannel> control)
+  NcclEndpoint(int device, bool blocking_pairs, std::string gpu,
+               std::unique_ptr<TransportEndpoint> header, std::unique_ptr<TransportEndpoint> sync,
+               std::unique_ptr<SocketChannel> control)
       : device_(device),
+        blocking_pairs_(blocking_pairs),
         gpu_(std::move(gpu)),
         header_(std::move(header)),
         sync_(std::move(sync)),
@@ -1011,7 +1167,7 @@ class NcclEndpoint final : public TransportEndpoint {
     std::vector<PeerInfo> peers;
     std::vector<std::string> header_addresses, sync_addresses, control_addresses;
     for (const std::string& a : addresses) {
-      ASSIGN_OR_RETURN(PeerInfo info, ParseAddress(a));
+      ASSIGN_OR_RETURN(PeerInfo info, ParseNcclAddress(a));
       header_addresses.push_back(info.header_address);
       sync_addresses.push_back(info.sync_address);
       control_addresses.push_back(info.control_address);
@@ -1029,14 +1185,16 @@ class NcclEndpoint final : public TransportEndpoint {
     } else {
       control.reset();
     }
-    auto transport = std::make_unique<NcclTransportImpl>(
-        rank, device_, std::move(peers), std::move(h), std::move(s), std::move(control));
+    auto transport = std::make_unique<NcclTransportImpl>(rank, device_, blocking_pairs_,
+                                                         std::move(peers), std::move(h),
+                                                         std::move(s), std::move(control));
     RETURN_IF_ERROR(transport->Init());
     return std::unique_ptr<Transport>(std::move(transport));
   }
 
  private:
   const int device_;
+  const bool blocking_pairs_;
   const std::string gpu_;
   std::unique_ptr<TransportEndpoint> header_;
   std::unique_ptr<TransportEndpoint> sync_;
@@ -1091,8 +1249,8 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
     if (c.ok()) control = *std::move(c);
   }
   return std::unique_ptr<TransportEndpoint>(
-      std::make_unique<NcclEndpoint>(device, absl::StrCat(host, "|", bus), std::move(header),
-                                     std::move(sync), std::move(control)));
+      std::make_unique<NcclEndpoint>(device, BlockingPairsFromEnv(), absl::StrCat(host, "|", bus),
+                                     std::move(header), std::move(sync), std::move(control)));
 }
 
 NcclTransport* AsNcclTransport(Transport* transport) {

@@ -24,11 +24,23 @@
 // on a 2-rank communicator dedicated to that (sender -> receiver) direction,
 // so the order of NCCL operations on it is the receiver's order and the two
 // directions of a pair never wait on each other. Communicators are created
-// lazily, non-blocking (ncclConfig_t::blocking = 0): the unique id travels in
-// the first header, every NCCL wait polls ncclCommGetAsyncError against the
+// lazily (the unique id travels in the first header). A direction's
+// communicator is BLOCKING (ncclConfig_t::blocking = 1; a non-blocking one
+// ends every group on a new NCCL thread, ~250 us per side): a detached
+// helper thread runs its init and one 16-byte warm-up transfer that
+// connects the pair's p2p channels, so that a transfer's ncclGroupEnd only
+// enqueues and never waits for the peer; the caller waits for the helper
+// against its deadline (on the deadline or a shutdown it gives up and the
+// helper aborts the communicator when NCCL returns; a helper whose peer
+// never joins stays blocked in the init, a leaked thread, never a caller's
+// hang). PARAMD_NCCL_BLOCKING=0 at endpoint open keeps them non-blocking
+// (init and enqueue polled with ncclCommGetAsyncError). Either way every
+// wait for the GPU polls ncclCommGetAsyncError and a CUDA event against the
 // caller's deadline, and a deadline, shutdown or NCCL error aborts the
-// communicator (ncclCommAbort). The next message on that direction starts a
-// new generation with a fresh id, so a pair recovers after a failed transfer.
+// communicator (ncclCommAbort, on a reaper thread: the watchdog that frees
+// a kernel stuck on a dead peer). The next message on that direction
+// starts a new generation with a fresh id, so a pair recovers after a
+// failed transfer.
 //
 // Ranks on the SAME GPU (and messages to self) cannot share an NCCL
 // communicator (NCCL refuses duplicate GPUs): their bytes go inline over the
@@ -42,8 +54,15 @@
 // PARAMD_NCCL_TRACE=1 prints one stderr line per NCCL transfer and side
 // with the times of its phases (header, clear-to-send, enqueued, done).
 //
+// Two daemon PROCESSES on one GPU fetched from over NCCL P2P by one
+// trainer gave wrong bytes in daemon_fetch_test; the same shape with raw
+// NCCL or this transport alone was clean (transport/nccl_shared_gpu_repro.cc,
+// docs/ARCHITECTURE.md, device fetch). The device fetcher refuses that case
+// (transport/nccl_address.h) unless NCCL_P2P_DISABLE=1.
+//
 // Addresses look like "nccl|<header addr>|<sync addr>|<hostname>|<pci bus
-// id>|<control addr>" (the last field absent without a control channel).
+// id>|<control addr>" (the last field absent without a control channel;
+// transport/nccl_address.h parses them).
 #ifndef PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
 #define PARAMD_TRANSPORT_NCCL_TRANSPORT_H_
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <future>
 #include <thread>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "proto/paramd.grpc.pb.h"
 #include "server/convert.h"
 #include "sharding/assemble.h"
+#include "transport/nccl_address.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
@@ -67,6 +69,9 @@ class DeviceFetcher::Channel {
   std::unique_ptr<Transport> transport;
   NcclTransport* nccl = nullptr;
   uint64_t id = 0;
+  // The nccl addresses of the two ends (for the shared-GPU guard).
+  std::string daemon_address;
+  std::string trainer_address;
   std::thread watcher;
   std::mutex mu;
   std::string closed;
@@ -162,6 +167,18 @@ int DeviceFetcher::open_channels() const {
 
 void DeviceFetcher::CloseChannel(int daemon) { channels_.erase(daemon); }
 
+absl::Status DeviceFetcher::CheckSharedGpu(int daemon, const std::string& address,
+                                           const Channel& channel) const {
+  // Diagnostics only (to reproduce the corruption): skips the guard.
+  const char* allow = std::getenv("PARAMD_ALLOW_SHARED_GPU_NCCL");
+  if (allow != nullptr && std::string(allow) == "1") return absl::OkStatus();
+  std::vector<std::string> open;
+  for (const auto& [rank, c] : channels_) open.push_back(c->daemon_address);
+  return CheckNcclPeerGpuUnshared(channel.trainer_address, open, channel.daemon_address,
+                                  absl::StrCat("daemon ", daemon, " at ", address),
+                                  NcclP2pDisabledInEnv());
+}
+
 absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
                                                                  const std::string& address,
                                                                  absl::Time deadline) {
@@ -203,6 +220,11 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
                                        ")"));
   }
   c->id = event.channel();
+  c->daemon_address = event.daemon_address();
+  c->trainer_address = request.trainer_address();
+  // Two daemons on one GPU reached over NCCL: refused (nccl_address.h).
+  // Closing `c` closes the daemon's end.
+  RETURN_IF_ERROR(CheckSharedGpu(daemon, address, *c));
   ASSIGN_OR_RETURN(c->transport,
                    endpoint->Connect(1, {event.daemon_address(), request.trainer_address()}));
   c->nccl = AsNcclTransport(c->transport.get());

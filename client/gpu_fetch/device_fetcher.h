@@ -44,7 +44,10 @@
 // is closed and reopened by the next fetch), DEADLINE_EXCEEDED (the timeout
 // passed first; never a hang), NOT_FOUND (unknown tensor, dropped version),
 // FAILED_PRECONDITION (direction not published, a cpu daemon, a manifest
-// that no longer matches the daemons: RefreshManifest), INVALID_ARGUMENT
+// that no longer matches the daemons: RefreshManifest, two daemons on ONE
+// GPU other than the trainer's without NCCL_P2P_DISABLE=1 in the trainer's
+// environment: that case delivered wrong bytes, docs/ARCHITECTURE.md),
+// INVALID_ARGUMENT
 // (duplicate targets, buffers on no device). On error the destinations may
 // be partly written.
 //
@@ -141,6 +144,12 @@ class DeviceFetcher {
   absl::StatusOr<Channel*> ChannelTo(int daemon, const std::string& address,
                                      absl::Time deadline);
   void CloseChannel(int daemon);
+  // FAILED_PRECONDITION when `channel`'s daemon is on the same GPU as the
+  // daemon of another open channel, both reached over NCCL, unless
+  // NCCL_P2P_DISABLE=1 (transport/nccl_address.h) or, for diagnostics
+  // only, PARAMD_ALLOW_SHARED_GPU_NCCL=1.
+  absl::Status CheckSharedGpu(int daemon, const std::string& address,
+                              const Channel& channel) const;
   absl::StatusOr<DeviceDirection> Owned(const std::string& key, const Layout& layout);
 
   client::Client* const client_;

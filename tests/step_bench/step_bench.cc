@@ -15,7 +15,9 @@
 // the same run (the ratio target is >= 0.90), and the same rowwise fetch
 // through a second world whose control messages (header, clear-to-send) go
 // over gRPC instead of the socket control channel (PARAMD_NCCL_CONTROL=grpc;
-// the A/B of that channel); a pipelined step where the
+// the A/B of that channel), and through a third world whose direction
+// communicators are of the other kind (PARAMD_NCCL_BLOCKING flipped: the
+// A/B of blocking vs non-blocking communicators); a pipelined step where the
 // fetch of tensor i waits only for tensor i's quantization (one message per
 // tensor, and as one SendDevicePipelined message); and a
 // double-buffered one where the fetch of version v runs during the step
@@ -26,6 +28,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -126,6 +129,7 @@ struct Result {
   double push_ms = 0, optimizer_ms = 0, all_reduce_ms = 0, scaling_ms = 0, quantize_ms = 0;
   double step_ms = 0, fetch_all_ms = 0, fetch_all_bytes = 0;
   double fetch_row_ms = 0, raw_row_ms = 0, row_bytes = 0, fetch_row_grpc_ms = 0;
+  double fetch_row_alt_ms = 0;  // the world with the other communicator kind
   double pipelined_ms = 0, sequential_ms = 0, double_buffered_ms = 0, prefetch_exposed_ms = 0;
   double pipelined_one_ms = 0;
   bool pipelined_one_verified = false;
@@ -133,12 +137,22 @@ struct Result {
   bool verified = false;
 };
 
+// Whether this process's worlds use blocking direction communicators
+// (PARAMD_NCCL_BLOCKING, default on; transport/nccl_transport.h).
+bool DefaultBlocking() {
+  const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
+  return v == nullptr || std::string(v) != "0";
+}
+
 // `grpc_control`: the world's control messages go over gRPC (the socket
-// control channel off), for the A/B.
-std::vector<std::unique_ptr<Transport>> MakeWorld(bool grpc_control) {
+// control channel off), for the A/B. `flip_blocking`: its direction
+// communicators are of the other kind than DefaultBlocking().
+std::vector<std::unique_ptr<Transport>> MakeWorld(bool grpc_control, bool flip_blocking = false) {
   std::vector<std::unique_ptr<TransportEndpoint>> endpoints;
   std::vector<std::string> addresses;
+  const bool blocking = DefaultBlocking();
   if (grpc_control) setenv("PARAMD_NCCL_CONTROL", "grpc", 1);
+  if (flip_blocking) setenv("PARAMD_NCCL_BLOCKING", blocking ? "0" : "1", 1);
   for (int r = 0; r < 2; ++r) {
     cudaSetDevice(r);
     absl::StatusOr<std::unique_ptr<TransportEndpoint>> e = OpenNcclEndpoint();
@@ -147,6 +161,7 @@ std::vector<std::unique_ptr<Transport>> MakeWorld(bool grpc_control) {
     endpoints.push_back(*std::move(e));
   }
   if (grpc_control) unsetenv("PARAMD_NCCL_CONTROL");
+  if (flip_blocking) setenv("PARAMD_NCCL_BLOCKING", blocking ? "1" : "0", 1);
   std::vector<std::unique_ptr<Transport>> world(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -161,7 +176,8 @@ std::vector<std::unique_ptr<Transport>> MakeWorld(bool grpc_control) {
 }
 
 Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& trainer_t,
-                 NcclTransport& daemon_g, NcclTransport& trainer_g, ncclComm_t raw[2]) {
+                 NcclTransport& daemon_g, NcclTransport& trainer_g, NcclTransport& daemon_a,
+                 NcclTransport& trainer_a, ncclComm_t raw[2]) {
   const int n = absl::GetFlag(FLAGS_tensors);
   const int64_t rows = absl::GetFlag(FLAGS_rows), cols = absl::GetFlag(FLAGS_cols);
   const int64_t count = rows * cols;
@@ -240,7 +256,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
-      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms, row_grpc_ms, pipe1_ms;
+      raw_ms, seq_ms, pipe_ms, dbuf_ms, pre_ms, row_grpc_ms, pipe1_ms, row_alt_ms;
   const int total_steps = absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps);
   const absl::Duration kDeadline = absl::Seconds(60);
   int64_t version = 0;
@@ -304,31 +320,27 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     const double sequential = absl::ToDoubleMilliseconds(absl::Now() - s0);
 
     // ---- rowwise only: transport vs raw NCCL, same pieces ----
-    double fetch_row = 0;
-    std::thread row_fetcher([&] {
-      cudaSetDevice(1);
+    // One cold rowwise fetch through a world (ms from the trainer's call).
+    auto row_fetch = [&](NcclTransport& daemon, NcclTransport& trainer, uint64_t t) {
+      double ms = 0;
+      std::thread fetch([&] {
+        cudaSetDevice(1);
+        meet.Meet();
+        const absl::Time f0 = absl::Now();
+        CHECK_OK(gpu_fetch::FetchDirections(trainer, 0, t, row_dst, In(kDeadline)));
+        ms = absl::ToDoubleMilliseconds(absl::Now() - f0);
+      });
       meet.Meet();
-      const absl::Time f0 = absl::Now();
-      CHECK_OK(gpu_fetch::FetchDirections(trainer_t, 0, base + 60, row_dst, In(kDeadline)));
-      fetch_row = absl::ToDoubleMilliseconds(absl::Now() - f0);
-    });
-    meet.Meet();
-    CHECK_OK(gpu_backend::ServeFetch(daemon_t, 1, base + 60, store, version, row_items, false,
-                                     In(kDeadline)));
-    row_fetcher.join();
-    // The same through the world with gRPC control messages.
-    double fetch_row_grpc = 0;
-    std::thread grpc_fetcher([&] {
-      cudaSetDevice(1);
-      meet.Meet();
-      const absl::Time f0 = absl::Now();
-      CHECK_OK(gpu_fetch::FetchDirections(trainer_g, 0, base + 65, row_dst, In(kDeadline)));
-      fetch_row_grpc = absl::ToDoubleMilliseconds(absl::Now() - f0);
-    });
-    meet.Meet();
-    CHECK_OK(gpu_backend::ServeFetch(daemon_g, 1, base + 65, store, version, row_items, false,
-                                     In(kDeadline)));
-    grpc_fetcher.join();
+      CHECK_OK(gpu_backend::ServeFetch(daemon, 1, t, store, version, row_items, false,
+                                       In(kDeadline)));
+      fetch.join();
+      return ms;
+    };
+    const double fetch_row = row_fetch(daemon_t, trainer_t, base + 60);
+    // The same through the world with gRPC control messages, and through
+    // the world with the other communicator kind.
+    const double fetch_row_grpc = row_fetch(daemon_g, trainer_g, base + 65);
+    const double fetch_row_alt = row_fetch(daemon_a, trainer_a, base + 67);
     absl::StatusOr<std::vector<DeviceBytes>> send_pieces =
         gpu_backend::FetchPieces(store, version, row_items);
     CHECK_OK(send_pieces.status());
@@ -466,11 +478,11 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     }
     const gpu_backend::GpuStepTimings& t = store.last_timings();
     std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
-                "fetch-all %.2f  row %.2f (grpc control %.2f) raw %.2f prefetch-exposed %.2f  "
-                "seq %.2f pipe %.2f pipe1 %.2f dbuf %.2f ms\n",
+                "fetch-all %.2f  row %.2f (grpc control %.2f, other comm kind %.2f) raw %.2f "
+                "prefetch-exposed %.2f  seq %.2f pipe %.2f pipe1 %.2f dbuf %.2f ms\n",
                 config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
                 t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
-                fetch_row, fetch_row_grpc, raw_row, prefetch_exposed, sequential, pipelined,
+                fetch_row, fetch_row_grpc, fetch_row_alt, raw_row, prefetch_exposed, sequential, pipelined,
                 pipelined_one, double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
@@ -479,6 +491,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     fetch_all_ms.push_back(fetch_all);
     fetch_row_ms.push_back(fetch_row);
     row_grpc_ms.push_back(fetch_row_grpc);
+    row_alt_ms.push_back(fetch_row_alt);
     raw_ms.push_back(raw_row);
     seq_ms.push_back(sequential);
     pipe_ms.push_back(pipelined);
@@ -501,6 +514,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   result.fetch_all_ms = Median(fetch_all_ms);
   result.fetch_row_ms = Median(fetch_row_ms);
   result.fetch_row_grpc_ms = Median(row_grpc_ms);
+  result.fetch_row_alt_ms = Median(row_alt_ms);
   result.raw_row_ms = Median(raw_ms);
   result.sequential_ms = Median(seq_ms);
   result.pipelined_ms = Median(pipe_ms);
@@ -528,6 +542,9 @@ int Main() {
   }
   std::vector<std::unique_ptr<Transport>> world = MakeWorld(false);
   std::vector<std::unique_ptr<Transport>> world_grpc = MakeWorld(true);
+  std::vector<std::unique_ptr<Transport>> world_alt = MakeWorld(false, /*flip_blocking=*/true);
+  NcclTransport* daemon_a = AsNcclTransport(world_alt[0].get());
+  NcclTransport* trainer_a = AsNcclTransport(world_alt[1].get());
   NcclTransport* daemon_t = AsNcclTransport(world[0].get());
   NcclTransport* trainer_t = AsNcclTransport(world[1].get());
   NcclTransport* daemon_g = AsNcclTransport(world_grpc[0].get());
@@ -539,12 +556,15 @@ int Main() {
   std::vector<Result> results;
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
     results.push_back(RunConfig(MakeConfig(std::string(name)), *daemon_t, *trainer_t, *daemon_g,
-                                *trainer_g, raw));
+                                *trainer_g, *daemon_a, *trainer_a, raw));
   }
   const double params = static_cast<double>(absl::GetFlag(FLAGS_tensors)) *
                         absl::GetFlag(FLAGS_rows) * absl::GetFlag(FLAGS_cols);
   std::printf("\n%.3f B parameters, 1 daemon (GPU 0) + 1 trainer (GPU 1); medians of %d steps\n",
               params / 1e9, absl::GetFlag(FLAGS_steps));
+  std::printf("direction communicators: %s (PARAMD_NCCL_BLOCKING); 'other kind' = %s\n",
+              DefaultBlocking() ? "blocking" : "non-blocking",
+              DefaultBlocking() ? "non-blocking" : "blocking");
   std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %6s | %8s %8s %8s | %5s %s\n",
               "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall",
               "GB/s", "row", "raw", "ratio", "rowGB/s", "pre-exp", "ratio2", "seq", "pipe", "dbuf", "B/par",
@@ -567,6 +587,11 @@ int Main() {
                 r.config.c_str(), r.fetch_row_grpc_ms,
                 r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0,
                 r.pipelined_one_ms, r.pipelined_one_verified ? "verified" : "NOT VERIFIED");
+    std::printf("%-5s RATIO %s %.3f (row %.2f ms) | %s %.3f (row %.2f ms) | raw %.2f ms\n",
+                r.config.c_str(), DefaultBlocking() ? "blocking" : "non-blocking", ratio,
+                r.fetch_row_ms, DefaultBlocking() ? "non-blocking" : "blocking",
+                r.fetch_row_alt_ms > 0 ? r.raw_row_ms / r.fetch_row_alt_ms : 0,
+                r.fetch_row_alt_ms, r.raw_row_ms);
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
         absl::StrFormat(
@@ -574,12 +599,14 @@ int Main() {
             "\"scaling_ms\":%.4f,\"quantize_ms\":%.3f,\"step_ms\":%.3f,\"fetch_all_ms\":%.3f,"
             "\"fetch_all_bytes\":%.0f,\"fetch_row_ms\":%.3f,\"raw_row_ms\":%.3f,"
             "\"row_bytes\":%.0f,\"ratio\":%.4f,\"fetch_row_grpc_ms\":%.3f,"
+            "\"blocking\":%s,\"fetch_row_other_kind_ms\":%.3f,"
             "\"sequential_ms\":%.3f,\"pipelined_ms\":%.3f,\"pipelined_one_ms\":%.3f,"
             "\"double_buffered_ms\":%.3f,\"prefetch_exposed_ms\":%.3f,\"prefetch_ratio\":%.4f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
             r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
-            r.row_bytes, ratio, r.fetch_row_grpc_ms, r.sequential_ms, r.pipelined_ms,
+            r.row_bytes, ratio, r.fetch_row_grpc_ms, DefaultBlocking() ? "true" : "false",
+            r.fetch_row_alt_ms, r.sequential_ms, r.pipelined_ms,
             r.pipelined_one_ms, r.double_buffered_ms,
             r.prefetch_exposed_ms, ratio2,
             r.bytes_per_param,
@@ -592,6 +619,7 @@ int Main() {
   for (int r = 0; r < 2; ++r) ncclCommDestroy(raw[r]);
   world.clear();
   world_grpc.clear();
+  world_alt.clear();
   return 0;
 }
 
