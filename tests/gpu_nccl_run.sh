@@ -18,7 +18,8 @@
 #          stays off (NCCL_NVLS_ENABLE=0).
 # Knobs (run): REPRO=0 / TESTS=0 / BENCH=0 / EXTRA=0 skip a part; REPRO=visible
 # runs the reproducer with senders that see one GPU (like hybrid-paramd
-# --gpu=0) instead; TESTS=daemon runs only daemon_fetch_test and its
+# --gpu=0), also with a receiver that holds a context on the senders' GPU,
+# instead; TESTS=daemon runs only daemon_fetch_test and its
 # two-daemons-on-one-GPU variants (guard, guard bypassed, NCCL_P2P_DISABLE=1);
 # BENCH_RUNS (2);
 # BENCH_ARGS extra step_bench flags; REPRO_ITERS (150); EXTRA_UNTIL (110: the
@@ -127,6 +128,12 @@ elif [ "${REPRO:-1}" = visible ]; then
   repro raw_visible NCCL_DEBUG=WARN -- --mode=raw --senders_see_one_gpu --iters=$I
   repro transport_visible NCCL_DEBUG=WARN -- --mode=transport --senders_see_one_gpu --iters=$I
   repro raw_nonblocking_visible NCCL_DEBUG=WARN -- --mode=raw --nonblocking --senders_see_one_gpu --iters=$I
+  # ...and a receiver that also holds a context on the senders' GPU, like
+  # daemon_fetch_test's process.
+  repro transport_visible_both NCCL_DEBUG=WARN -- --mode=transport --senders_see_one_gpu \
+    --receiver_uses_sender_gpu --iters=$I
+  repro raw_nonblocking_visible_both NCCL_DEBUG=WARN -- --mode=raw --nonblocking \
+    --senders_see_one_gpu --receiver_uses_sender_gpu --iters=$I
   save
 fi
 if [ "${TESTS:-1}" = daemon ]; then

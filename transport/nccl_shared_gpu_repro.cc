@@ -29,6 +29,8 @@
 // A, to test the identical-address hypothesis). --senders_see_one_gpu runs
 // the senders with CUDA_VISIBLE_DEVICES set to one GPU, as hybrid-paramd
 // --gpu=N does (the receiver's GPU is then invisible to them).
+// --receiver_uses_sender_gpu gives the receiver a context and an allocation
+// on the senders' GPU too, as daemon_fetch_test's process has.
 //
 // The orchestrating parent never touches CUDA (it forks); children talk
 // over pipes. Run with NCCL_NVLS_ENABLE=0.
@@ -63,6 +65,9 @@ ABSL_FLAG(int, timeout_s, 90, "kill everything after this long");
 ABSL_FLAG(bool, senders_see_one_gpu, false,
           "senders run with CUDA_VISIBLE_DEVICES=<first visible GPU> (like hybrid-paramd "
           "--gpu=0): the receiver's GPU is invisible to them");
+ABSL_FLAG(bool, receiver_uses_sender_gpu, false,
+          "the receiver also makes a context and 64 MiB on the senders' GPU first (like "
+          "daemon_fetch_test's process, which also fetches on GPU 0)");
 
 namespace paramd {
 namespace {
@@ -390,6 +395,13 @@ int Sender(int s, Link link, bool transport) {
 // Receiver on GPU 1.
 int Receiver(Link links[kSenders], bool transport) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);
+  if (absl::GetFlag(FLAGS_receiver_uses_sender_gpu)) {
+    void* p = nullptr;
+    cudaSetDevice(0);
+    cudaMalloc(&p, size_t{64} << 20);
+    cudaMemset(p, 0, size_t{64} << 20);
+    cudaDeviceSynchronize();
+  }
   cudaSetDevice(1);
   const bool nonblocking = absl::GetFlag(FLAGS_nonblocking);
   Buffers b[kSenders] = {Allocate(), Allocate()};
@@ -579,10 +591,11 @@ int Main() {
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  std::printf("REPRO %s%s%s%s: %s\n", mode.c_str(),
+  std::printf("REPRO %s%s%s%s%s: %s\n", mode.c_str(),
               absl::GetFlag(FLAGS_nonblocking) ? " nonblocking" : "",
               absl::GetFlag(FLAGS_skew) ? " skew" : "",
               absl::GetFlag(FLAGS_senders_see_one_gpu) ? " senders-see-one-gpu" : "",
+              absl::GetFlag(FLAGS_receiver_uses_sender_gpu) ? " receiver-uses-sender-gpu" : "",
               rc == 0 ? "CLEAN" : "FAILED");
   return rc;
 }
