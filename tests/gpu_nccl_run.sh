@@ -61,6 +61,13 @@ if [ "${1:-}" = bundle ]; then
     done
   done
   chmod -R u+w "$B"
+  # bazel-bin is shared: a CPU build by someone else between the build above
+  # and the copy leaves a hybrid-paramd without the nccl backend (its
+  # daemons then exit at start). Refuse such a bundle.
+  if ! nm -C "$B/server/hybrid-paramd" | grep -q OpenNcclEndpoint; then
+    echo "bundle: server/hybrid-paramd is not a --config=cuda build (bazel-bin was rebuilt); run bundle again" >&2
+    exit 1
+  fi
   find "$B" -type f \( -name '*.so*' -o -perm -u+x \) -exec strip --strip-debug {} + 2>/dev/null || true
   tar -C "$B" -cJf /tmp/gpu_bundle_nccl_run.tar.xz .
   rm -rf "$B"
