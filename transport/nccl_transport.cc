@@ -211,11 +211,13 @@ absl::StatusOr<std::unique_ptr<Comm>> StartComm(int device, int nranks, int rank
   return c;
 }
 
-// PARAMD_NCCL_BLOCKING (read at endpoint open): "0" keeps the direction
-// communicators non-blocking (the protocol before the blocking ones).
+// PARAMD_NCCL_BLOCKING (read at endpoint open): "1" makes the direction
+// communicators blocking (faster cold fetches, see nccl_transport.h); the
+// default stays non-blocking until the daemon device-fetch test has run
+// with blocking ones (nccl_test, fetch_test and kill_test have).
 bool BlockingPairsFromEnv() {
   const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
-  return v == nullptr || std::string(v) != "0";
+  return v != nullptr && std::string(v) == "1";
 }
 
 // The helper thread of a blocking pair communicator: init (blocking), one

@@ -138,10 +138,10 @@ struct Result {
 };
 
 // Whether this process's worlds use blocking direction communicators
-// (PARAMD_NCCL_BLOCKING, default on; transport/nccl_transport.h).
+// (PARAMD_NCCL_BLOCKING=1; default off; transport/nccl_transport.h).
 bool DefaultBlocking() {
   const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
-  return v == nullptr || std::string(v) != "0";
+  return v != nullptr && std::string(v) == "1";
 }
 
 // `grpc_control`: the world's control messages go over gRPC (the socket
