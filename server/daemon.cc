@@ -552,13 +552,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     const bool restore = !source.checkpoint_path.empty();
     absl::StatusOr<std::unique_ptr<ShardBackend>> created =
         CreateShardBackend(backend_, view->tensors, view->shards, backend_options);
-    // --backend=auto: the gpu where it supports the model, else the cpu.
+    // --backend=auto: the gpu where it supports the model, else the cpu
+    // (logged: the operator sees why). A model that does not fit the GPU is
+    // an error, not a silent move to the host.
     if (backend_auto_ && backend_ == gpu_backend::DaemonBackend::kGpu &&
-        (restore || absl::IsUnimplemented(created.status()))) {
+        absl::IsUnimplemented(created.status())) {
       Log(kTag, absl::StrCat("--backend=auto: cpu backend for this model (gpu: ",
-                             restore ? "checkpoint restore is cpu only"
-                                     : created.status().ToString(),
-                             ")"));
+                             created.status().ToString(), ")"));
       created = CreateShardBackend(gpu_backend::DaemonBackend::kCpu, view->tensors, view->shards,
                                    backend_options);
     }
@@ -698,7 +698,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
           join_error_ = all_reduce.status().ToString();
         }
         Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
-                               response.data_plane().num_daemons(),
+                               response.data_plane().num_daemons(), "; backend ",
+                               backend_ == gpu_backend::DaemonBackend::kGpu ? "gpu" : "cpu",
+                               backend_auto_ ? " (--backend=auto)" : "",
                                all_reduce.ok() ? "" : absl::StrCat("; data plane: ", join_error_)));
         return;
       }

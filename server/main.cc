@@ -60,13 +60,14 @@ ABSL_FLAG(std::string, data_plane, "host",
 ABSL_FLAG(std::string, data_plane_listen, "",
           "daemon: data-plane listen address (host: \"\" = 127.0.0.1:0; use 0.0.0.0:0 across "
           "machines)");
-// Default cpu, not auto: the gpu backend has not yet run inside the daemon on
-// a GPU and cannot checkpoint or export, so picking it silently on a GPU
-// machine would turn checkpoints off. Switch to auto once it can.
-ABSL_FLAG(std::string, backend, "cpu",
-          "daemon: where the shards live and step: cpu | gpu (startup error without "
-          "CUDA/GPU; no checkpoints yet) | auto (gpu when built with --config=cuda and a GPU "
-          "is usable, else cpu); see docs/ARCHITECTURE.md for what the gpu backend supports");
+// Default auto: the gpu backend is byte-identical to the cpu one (steps,
+// checkpoints, export, restore; tests/gpu_daemon_backend_test,
+// tests/gpu_backend_checkpoint_test on H200s), so a GPU, when there is one,
+// is used. Binaries built without --config=cuda always run the cpu backend.
+ABSL_FLAG(std::string, backend, "auto",
+          "daemon: where the shards live and step: auto (gpu when built with --config=cuda "
+          "and a GPU is usable, else cpu) | "
+          "cpu | gpu (startup error without CUDA/GPU); see docs/ARCHITECTURE.md");
 ABSL_FLAG(int32_t, gpu, -1,
           "daemon: the GPU of the gpu backend and its device-fetch channels: sets "
           "CUDA_VISIBLE_DEVICES to that one device before any CUDA call (an index into an "
