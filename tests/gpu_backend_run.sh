@@ -28,24 +28,13 @@ if [ "${1:-}" = bundle ]; then
   set -e
   bazel build --config=cuda "${TARGETS[@]}"
   rm -rf "$B"
-  mkdir -p "$B/server" "$B/tests" "$B/lib" "$B/fallback"
+  source tools/gpu_bundle_lib.sh
   for t in "${TARGETS[@]}"; do
     name=${t##*:}
     pkg=${t%%:*}
-    pkg=${pkg#//}
     if [ "$name" = hybrid-paramd ]; then dest="$B/server"; else dest="$B/tests"; fi
-    cp -L "bazel-bin/$pkg/$name" "$dest/$name"
-    ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
-      base=$(basename "$lib")
-      case "$base" in
-        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
-        libstdc++.so*|libgcc_s.so*|libcuda.so*|libcublas*|libnvidia*|libnccl*) ;;
-        libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
-        *) cp -Ln "$lib" "$B/lib/" ;;
-      esac
-    done
+    bundle_binary "bazel-bin/${pkg#//}/$name" "$dest/$name" "$B" || exit 1
   done
-  chmod -R u+w "$B"
   du -sh "$B"
   exit 0
 fi

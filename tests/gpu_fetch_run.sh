@@ -32,32 +32,9 @@ if [ "${1:-}" = bundle ]; then
   set -e
   bazel build --config=cuda "${TARGETS[@]}"
   rm -rf "$B"
-  mkdir -p "$B/lib" "$B/fallback"
-  for t in "${TARGETS[@]}"; do
-    name=${t##*:}
-    pkg=${t%%:*}
-    pkg=${pkg#//}
-    mkdir -p "$B/$pkg"
-    cp -L "bazel-bin/$pkg/$name" "$B/$pkg/$name"
-    ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
-      base=$(basename "$lib")
-      case "$base" in
-        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
-        libstdc++.so*|libgcc_s.so*|libcuda.so*|libcublas*|libnvidia*) ;;
-        libnccl*) ;;
-        libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
-        *) cp -Ln "$lib" "$B/lib/" ;;
-      esac
-    done
-  done
-  chmod -R u+w "$B"
-  # Debug sections only (the tree plus the bundle must stay under 64 MiB).
-  find "$B" -type f \( -name '*.so*' -o -perm -u+x \) -exec strip --strip-debug {} + 2>/dev/null || true
-  # Compressed: the tree plus the carried bundle must stay under 64 MiB.
-  tar -C "$B" -cJf /tmp/gpu_bundle_fetch.tar.xz .
-  rm -rf "$B"
-  mkdir -p "$B"
-  mv /tmp/gpu_bundle_fetch.tar.xz "$B/bundle.tar.xz"
+  source tools/gpu_bundle_lib.sh
+  bundle_targets "$B" pkg "${TARGETS[@]}"
+  bundle_pack "$B"
   du -sh "$B"
   exit 0
 fi
@@ -65,7 +42,8 @@ fi
 OUT=${OUT:-/tmp/gpu_fetch_out}
 mkdir -p "$OUT"
 # Unpack the bundle outside the tree (it travels compressed).
-mkdir -p /tmp/gpu_bundle_fetch && tar -C /tmp/gpu_bundle_fetch -xJf "$B/bundle.tar.xz" || exit 1
+source tools/gpu_bundle_lib.sh
+bundle_unpack "$B" /tmp/gpu_bundle_fetch || exit 1
 B=/tmp/gpu_bundle_fetch
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}

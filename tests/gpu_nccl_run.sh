@@ -42,37 +42,9 @@ if [ "${1:-}" = bundle ]; then
   set -e
   bazel build --config=cuda "${TARGETS[@]}"
   rm -rf "$B"
-  mkdir -p "$B/lib" "$B/fallback"
-  for t in "${TARGETS[@]}"; do
-    name=${t##*:}
-    pkg=${t%%:*}
-    pkg=${pkg#//}
-    mkdir -p "$B/$pkg"
-    cp -L "bazel-bin/$pkg/$name" "$B/$pkg/$name"
-    ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
-      base=$(basename "$lib")
-      case "$base" in
-        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
-        libstdc++.so*|libgcc_s.so*|libcuda.so*|libcublas*|libnvidia*) ;;
-        libnccl*) ;;
-        libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
-        *) cp -Ln "$lib" "$B/lib/" ;;
-      esac
-    done
-  done
-  chmod -R u+w "$B"
-  # bazel-bin is shared: a CPU build by someone else between the build above
-  # and the copy leaves a hybrid-paramd without the nccl backend (its
-  # daemons then exit at start). Refuse such a bundle.
-  if ! nm -C "$B/server/hybrid-paramd" | grep -q OpenNcclEndpoint; then
-    echo "bundle: server/hybrid-paramd is not a --config=cuda build (bazel-bin was rebuilt); run bundle again" >&2
-    exit 1
-  fi
-  find "$B" -type f \( -name '*.so*' -o -perm -u+x \) -exec strip --strip-debug {} + 2>/dev/null || true
-  tar -C "$B" -cJf /tmp/gpu_bundle_nccl_run.tar.xz .
-  rm -rf "$B"
-  mkdir -p "$B"
-  mv /tmp/gpu_bundle_nccl_run.tar.xz "$B/bundle.tar.xz"
+  source tools/gpu_bundle_lib.sh
+  bundle_targets "$B" pkg "${TARGETS[@]}"
+  bundle_pack "$B"
   du -sh "$B"
   exit 0
 fi
@@ -81,7 +53,8 @@ OUT=${OUT:-/tmp/gpu_nccl_out}
 L=/tmp/gpu_nccl_logs
 mkdir -p "$OUT" "$L"
 U=/tmp/gpu_nccl_bundle
-mkdir -p "$U" && tar -C "$U" -xJf "$B/bundle.tar.xz" || exit 1
+source tools/gpu_bundle_lib.sh
+bundle_unpack "$B" "$U" || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export LD_LIBRARY_PATH="$U/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -28,25 +28,8 @@ bazel build --config=cuda "${TARGETS[@]}"
 B=${1:-.gpu_bundle}
 case "$B" in .gpu_bundle*) ;; *) echo "bundle folder must be .gpu_bundle* (git-ignored): $B" >&2; exit 1 ;; esac
 rm -rf "$B"
-mkdir -p "$B/bin" "$B/lib" "$B/fallback"
-for t in "${TARGETS[@]}"; do
-  name=${t##*:}
-  pkg=${t%%:*}
-  pkg=${pkg#//}
-  cp -L "bazel-bin/$pkg/$name" "$B/bin/$name"
-  chmod u+w "$B/bin/$name"
-  ldd "bazel-bin/$pkg/$name" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
-    base=$(basename "$lib")
-    case "$base" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
-      libstdc++.so*|libgcc_s.so*) ;;
-      libcuda.so*|libcublas*|libnccl*|libnvidia*) ;;
-      libcudart.so*) cp -Ln "$lib" "$B/fallback/" ;;
-      *) cp -Ln "$lib" "$B/lib/" ;;
-    esac
-  done
-done
-chmod -R u+w "$B"
+source tools/gpu_bundle_lib.sh
+bundle_targets "$B" bin "${TARGETS[@]}"
 du -sh "$B"
 ls "$B/bin"
 echo "$(ls "$B/lib" | wc -l) libraries in $B/lib"

@@ -1,0 +1,71 @@
+# Sourced (not run) by the scripts that carry GPU binaries to the GPU
+# machine, which has no Bazel (DESIGN.md §7): tools/gpu_bundle.sh,
+# tests/gpu_nccl_run.sh, tests/gpu_backend_run.sh, tests/gpu_fetch_run.sh.
+#
+# A bundle folder holds the binaries and the shared libraries they load that
+# the GPU machine may lack: everything `ldd` resolves except glibc,
+# libstdc++/libgcc, the CUDA driver, cuBLAS and NCCL (the machine has those;
+# KINDS.md). libcudart goes to fallback/, put on LD_LIBRARY_PATH only where
+# the machine has no CUDA 13 runtime.
+
+# bundle_binary SRC DEST BUNDLE
+#   Copies the built binary SRC (e.g. bazel-bin/server/hybrid-paramd) to DEST
+#   and the libraries it loads into BUNDLE/lib (BUNDLE/fallback for
+#   libcudart). DEST's folder is created.
+bundle_binary() {
+  local src=$1 dest=$2 bundle=$3 lib base
+  # bazel-bin is shared by every build in this tree: a CPU build between the
+  # --config=cuda build and this copy leaves a hybrid-paramd without the GPU
+  # backend and the nccl transport (its daemons would exit at start there).
+  if [ "$(basename "$src")" = hybrid-paramd ] && ! ldd "$src" | grep -q libnccl; then
+    echo "bundle: $src is not a --config=cuda build (bazel-bin was rebuilt); bundle again" >&2
+    return 1
+  fi
+  mkdir -p "$(dirname "$dest")" "$bundle/lib" "$bundle/fallback"
+  cp -L "$src" "$dest"
+  chmod u+w "$dest"
+  ldd "$src" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
+    base=$(basename "$lib")
+    case "$base" in
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+      libstdc++.so*|libgcc_s.so*) ;;
+      libcuda.so*|libcublas*|libnccl*|libnvidia*) ;;
+      libcudart.so*) cp -Ln "$lib" "$bundle/fallback/" ;;
+      *) cp -Ln "$lib" "$bundle/lib/" ;;
+    esac
+  done
+  chmod -R u+w "$bundle"
+}
+
+# bundle_targets BUNDLE LAYOUT TARGET...
+#   bundle_binary for each Bazel target from bazel-bin (built before with
+#   --config=cuda). LAYOUT "pkg": BUNDLE/<package>/<name> (binaries that
+#   find each other by workspace-relative paths); "bin": BUNDLE/bin/<name>.
+bundle_targets() {
+  local bundle=$1 layout=$2 t name pkg dest
+  shift 2
+  for t in "$@"; do
+    name=${t##*:}
+    pkg=${t%%:*}
+    pkg=${pkg#//}
+    if [ "$layout" = bin ]; then dest="$bundle/bin/$name"; else dest="$bundle/$pkg/$name"; fi
+    bundle_binary "bazel-bin/$pkg/$name" "$dest" "$bundle" || return 1
+  done
+}
+
+# bundle_pack BUNDLE
+#   Strips debug sections and replaces BUNDLE's contents by one
+#   BUNDLE/bundle.tar.xz: the working tree plus what a call carries must stay
+#   under 64 MiB. bundle_unpack BUNDLE DIR reverses it on the GPU machine.
+bundle_pack() {
+  local bundle=$1 tmp
+  tmp=$(mktemp /tmp/gpu_bundle.XXXXXX.tar.xz)
+  find "$bundle" -type f \( -name '*.so*' -o -perm -u+x \) -exec strip --strip-debug {} + 2>/dev/null || true
+  tar -C "$bundle" -cJf "$tmp" .
+  rm -rf "$bundle"
+  mkdir -p "$bundle"
+  mv "$tmp" "$bundle/bundle.tar.xz"
+}
+bundle_unpack() {
+  mkdir -p "$2" && tar -C "$2" -xJf "$1/bundle.tar.xz"
+}
