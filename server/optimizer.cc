@@ -34,18 +34,7 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
 }
 
 AdamWConstants FoldAdamW(const OptimizerOptions& o, int64_t step) {
-  const double lr = o.lr, beta1 = o.beta1, beta2 = o.beta2;
-  const double t = static_cast<double>(step);
-  AdamWConstants c;
-  c.decay = static_cast<float>(1.0 - lr * static_cast<double>(o.weight_decay));
-  c.beta1 = o.beta1;
-  c.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  c.beta2 = o.beta2;
-  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  c.eps = o.eps;
-  c.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, t)));
-  c.rsqrt_bias2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(beta2, t)));
-  return c;
+  return FoldAdamWConstants(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step);
 }
 
 void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w,

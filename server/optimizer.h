@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kernels/adamw_fold.h"
 
 namespace paramd {
 
@@ -59,24 +60,8 @@ struct OptimizerState {
   std::vector<float> v;
 };
 
-// AdamW constants of step `step` (1-based), folded in float64 from the float
-// options and rounded once to float (same formulas as the device's fold):
-//   decay = 1 - lr * weight_decay, step_size = lr / (1 - beta1^t),
-//   rsqrt_bias2 = 1 / sqrt(1 - beta2^t).
-// Per element (all float, fma = one rounding):
-//   m = fma(beta1, m, one_minus_beta1 * g)
-//   v = fma(beta2, v, one_minus_beta2 * (g * g))
-//   w = fma(-step_size, m / fma(sqrt(v), rsqrt_bias2, eps), w * decay)
-struct AdamWConstants {
-  float decay = 1.0f;
-  float beta1 = 0.9f;
-  float one_minus_beta1 = 0.1f;
-  float beta2 = 0.999f;
-  float one_minus_beta2 = 0.001f;
-  float eps = 1e-8f;
-  float step_size = 0.0f;
-  float rsqrt_bias2 = 1.0f;
-};
+// AdamW constants of step `step` (1-based): kernels/adamw_fold.h's fold
+// (the one the device optimizer uses too) of the float options.
 AdamWConstants FoldAdamW(const OptimizerOptions& options, int64_t step);
 
 // One step on `master` with `grad` (same size). `step` is the 1-based

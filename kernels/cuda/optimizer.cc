@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
+#include "kernels/adamw_fold.h"
 #include "kernels/cuda/optimizer_launch.h"
 #include "kernels/cuda/quantize_internal.h"
 
@@ -17,19 +18,21 @@ namespace {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The same formulas as server/optimizer.h FoldAdamW (float options widen
-// exactly to double), so device and host AdamW produce identical bits.
+// kernels/adamw_fold.h's fold, the one server/optimizer.cc uses (the daemon's
+// float options widen exactly to double), so device and host AdamW produce
+// identical bits; copied into the kernels' own parameter struct.
 detail::AdamHyper FoldAdam(const AdamWHyper& h) {
+  const AdamWConstants c =
+      FoldAdamWConstants(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.step);
   detail::AdamHyper a;
-  const double t = static_cast<double>(h.step);
-  a.decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  a.beta1 = static_cast<float>(h.beta1);
-  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-  a.beta2 = static_cast<float>(h.beta2);
-  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  a.eps = static_cast<float>(h.eps);
-  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, t)));
-  a.rsqrt_bias2 = static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, t)));
+  a.decay = c.decay;
+  a.beta1 = c.beta1;
+  a.one_minus_beta1 = c.one_minus_beta1;
+  a.beta2 = c.beta2;
+  a.one_minus_beta2 = c.one_minus_beta2;
+  a.eps = c.eps;
+  a.step_size = c.step_size;
+  a.rsqrt_bias2 = c.rsqrt_bias2;
   return a;
 }
 
