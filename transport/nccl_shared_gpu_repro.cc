@@ -55,6 +55,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/line_pipe.h"
 #include "transport/nccl_transport.h"
 
 ABSL_FLAG(std::string, mode, "raw", "raw (plain NCCL) or transport (NcclTransport)");
@@ -74,32 +75,6 @@ namespace {
 
 constexpr int kSenders = 2;
 constexpr uint8_t kPoison = 0xEE;
-
-// ---- pipes ----
-
-void WriteLine(int fd, const std::string& line) {
-  std::string s = line + "\n";
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = write(fd, s.data() + off, s.size() - off);
-    if (n <= 0) return;
-    off += n;
-  }
-}
-
-std::string ReadLine(int fd, absl::Duration timeout) {
-  std::string line;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    pollfd p{fd, POLLIN, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (ms <= 0 || poll(&p, 1, ms) <= 0) return "";
-    char c;
-    if (read(fd, &c, 1) != 1) return "";
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-}
 
 std::string Hex(const void* p, size_t n) {
   std::string s;

@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/line_pipe.h"
 #include "gtest/gtest.h"
 #include "transport/nccl_transport.h"
 
@@ -36,30 +37,7 @@ namespace {
 constexpr size_t kWarm = size_t{64} << 20;
 constexpr size_t kBig = size_t{8} << 30;
 
-void WriteLine(int fd, const std::string& line) {
-  std::string s = line + "\n";
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = write(fd, s.data() + off, s.size() - off);
-    if (n <= 0) return;
-    off += n;
-  }
-}
 
-// Reads one line; "" on EOF or after `timeout`.
-std::string ReadLine(int fd, absl::Duration timeout) {
-  std::string line;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    pollfd p{fd, POLLIN, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (ms <= 0 || poll(&p, 1, ms) <= 0) return "";
-    char c;
-    if (read(fd, &c, 1) != 1) return "";
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-}
 
 // A child process running `role(in_fd, out_fd)`.
 struct Child {
