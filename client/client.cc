@@ -183,6 +183,48 @@ std::vector<FetchTarget> AllTargets(const Manifest& manifest,
   return targets;
 }
 
+absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients) {
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const Gradient& g = gradients[i];
+    const TensorMeta* meta = manifest.Find(g.tensor);
+    if (meta == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of unknown tensor '", g.tensor, "'"));
+    }
+    const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;
+    if (static_cast<int64_t>(g.bytes.size()) != meta->rows * meta->cols * element) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", g.tensor, " has ", g.bytes.size(), " bytes; expected ",
+                       meta->rows * meta->cols * element));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (gradients[j].tensor == g.tensor) {
+        return absl::InvalidArgumentError(absl::StrCat("two gradients of ", g.tensor));
+      }
+    }
+  }
+  if (manifest.num_daemons == 0) {
+    return absl::FailedPreconditionError("no model loaded (the manifest has no daemons)");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
+                                    absl::Span<const Gradient> gradients) {
+  std::vector<PushRoute> routes;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const Gradient& g = gradients[i];
+    const TensorMeta* meta = manifest.Find(g.tensor);
+    if (meta == nullptr) continue;  // refused by CheckPushGradients
+    const int64_t row_bytes = meta->cols * (g.dtype == Gradient::DType::kFp32 ? 4 : 2);
+    for (const PieceLocation& p : meta->pieces) {
+      if (p.daemon_rank != rank) continue;
+      routes.push_back({static_cast<int>(i), p.row_begin, p.row_end, p.row_begin * row_bytes,
+                        (p.row_end - p.row_begin) * row_bytes});
+    }
+  }
+  return routes;
+}
+
 Gradient Gradient::Fp32(std::string tensor, absl::Span<const float> values) {
   return {std::move(tensor), DType::kFp32,
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(values.data()),
@@ -604,27 +646,7 @@ absl::StatusOr<PushResult> Client::Impl::PushGradients(int64_t version,
                                                        absl::Span<const Gradient> gradients,
                                                        absl::Time deadline) {
   const Manifest manifest = this->manifest();
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    const Gradient& g = gradients[i];
-    const TensorMeta* meta = manifest.Find(g.tensor);
-    if (meta == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient of unknown tensor '", g.tensor, "'"));
-    }
-    const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;
-    if (static_cast<int64_t>(g.bytes.size()) != meta->rows * meta->cols * element) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of ", g.tensor, " has ", g.bytes.size(), " bytes; expected ",
-                       meta->rows * meta->cols * element));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (gradients[j].tensor == g.tensor) {
-        return absl::InvalidArgumentError(absl::StrCat("two gradients of ", g.tensor));
-      }
-    }
-  }
-  if (manifest.num_daemons == 0) {
-    return absl::FailedPreconditionError("no model loaded (the manifest has no daemons)");
-  }
+  RETURN_IF_ERROR(CheckPushGradients(manifest, gradients));
   PushResult result;
   result.version = version;
   result.pushers_received = -1;
@@ -658,28 +680,23 @@ absl::Status Client::Impl::PushToDaemon(int64_t version, const Manifest& manifes
   bool first = true;
   int64_t sent = 0;
   bool stream_ok = true;
-  for (const Gradient& g : gradients) {
-    const TensorMeta* meta = manifest.Find(g.tensor);
-    const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;
-    const int64_t row_bytes = meta->cols * element;
-    for (const PieceLocation& p : meta->pieces) {
-      if (p.daemon_rank != rank || !stream_ok) continue;
-      const int64_t piece_bytes = (p.row_end - p.row_begin) * row_bytes;
-      const uint8_t* base = g.bytes.data() + p.row_begin * row_bytes;
-      for (int64_t offset = 0; offset < piece_bytes && stream_ok; offset += kPushChunkBytes) {
-        const int64_t n = std::min(kPushChunkBytes, piece_bytes - offset);
-        if (!first) message.Clear();
-        first = false;
-        rpc::GradientChunk* chunk = message.mutable_chunk();
-        chunk->set_tensor(g.tensor);
-        chunk->set_row_begin(p.row_begin);
-        chunk->set_row_end(p.row_end);
-        chunk->set_dtype(g.dtype == Gradient::DType::kFp32 ? rpc::DTYPE_FP32 : rpc::DTYPE_BF16);
-        chunk->set_offset(offset);
-        chunk->set_data(base + offset, n);
-        stream_ok = writer->Write(message);
-        sent += n;
-      }
+  for (const PushRoute& p : PushRoutesTo(manifest, rank, gradients)) {
+    if (!stream_ok) break;
+    const Gradient& g = gradients[p.gradient];
+    const uint8_t* base = g.bytes.data() + p.byte_offset;
+    for (int64_t offset = 0; offset < p.bytes && stream_ok; offset += kPushChunkBytes) {
+      const int64_t n = std::min(kPushChunkBytes, p.bytes - offset);
+      if (!first) message.Clear();
+      first = false;
+      rpc::GradientChunk* chunk = message.mutable_chunk();
+      chunk->set_tensor(g.tensor);
+      chunk->set_row_begin(p.row_begin);
+      chunk->set_row_end(p.row_end);
+      chunk->set_dtype(g.dtype == Gradient::DType::kFp32 ? rpc::DTYPE_FP32 : rpc::DTYPE_BF16);
+      chunk->set_offset(offset);
+      chunk->set_data(base + offset, n);
+      stream_ok = writer->Write(message);
+      sent += n;
     }
   }
   // A daemon owning none of these rows still gets a stream naming the

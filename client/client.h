@@ -207,6 +207,28 @@ struct PushResult {
   int pushers_expected = 0;
 };
 
+// The routing of a gradient push (Client::PushGradients; reused by
+// gpu_fetch::DeviceFetcher::Push for device buffers). Only tensor, dtype
+// and bytes.size() of a Gradient are read, never its bytes.
+//
+// INVALID_ARGUMENT for a gradient of an unknown tensor, of the wrong size,
+// or a tensor given twice; FAILED_PRECONDITION when no model is loaded.
+absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients);
+
+// One piece of a push to one daemon: rows [row_begin, row_end) of
+// gradients[gradient], `bytes` bytes from `byte_offset` of its values.
+struct PushRoute {
+  int gradient = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  int64_t byte_offset = 0;
+  int64_t bytes = 0;
+};
+// What daemon `rank` receives of `gradients` (checked): per gradient in
+// order, that daemon's pieces of its tensor in row order (possibly none).
+std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
+                                    absl::Span<const Gradient> gradients);
+
 class Client {
  public:
   // Connects to the coordinator, joins (ClientOptions::role) and reads the

@@ -178,6 +178,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* FetchDevice(grpc::CallbackServerContext* context,
                                         const rpc::FetchDeviceRequest* request,
                                         rpc::FetchDeviceResponse* response) override;
+  grpc::ServerUnaryReactor* PushGradientsDevice(grpc::CallbackServerContext* context,
+                                                const rpc::PushGradientsDeviceRequest* request,
+                                                rpc::PushGradientsResponse* response) override;
   // Closes device channel `id` (no-op if already closed): its transport is
   // shut down (a send in progress returns, the trainer's receive fails),
   // its stream finishes with `reason`. Any thread but the channel's own
@@ -360,6 +363,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       RETURN_IF_ERROR(shards_->AccumulateGradient(p.shard, (p.row_begin - shard.row_begin) * cols,
                                                   p.values));
     }
+    CountPushLocked(version, pusher, bytes, response);
+    return absl::OkStatus();
+  }
+
+  // After a push's values were added: counts the pusher (once per version)
+  // and may start the step. Host and device pushes alike.
+  void CountPushLocked(int64_t version, const std::string& pusher, int64_t bytes,
+                       rpc::PushGradientsResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     pushers_.insert(pusher);
     bytes_pushed_.fetch_add(bytes);
     response->set_version(version);
@@ -367,7 +378,6 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     response->set_pushers_expected(expected_pushers_);
     response->set_bytes_received(bytes);
     MaybeStartStepLocked();
-    return absl::OkStatus();
   }
 
   absl::StatusOr<std::shared_ptr<const ModelView>> BeginWeights() {
@@ -818,6 +828,31 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   void ServeDeviceFetch(ChannelState* c, int64_t version, int64_t generation,
                         const std::vector<DeviceFetchItem>& items, uint64_t tag,
                         absl::Time deadline, int64_t bytes[2]);
+  // A validated device push (PushGradientsDevice), queued on its channel.
+  struct DevicePush {
+    int64_t version = 0;
+    std::string pusher;
+    int64_t generation = 0;
+    std::vector<DevicePushPiece> pieces;
+    int64_t bytes = 0;
+    uint64_t tag = 0;
+    absl::Time deadline;
+  };
+  // Checks a PushGradientsDevice against the push rules and the model
+  // (nothing changes on refusal); fills `push` and the channel to receive
+  // on (null: no pieces, commit at once).
+  absl::Status CheckDevicePush(const rpc::PushGradientsDeviceRequest& request, DevicePush* push,
+                               std::shared_ptr<ChannelState>* channel);
+  // On the channel's worker: receive into staging, then add and count under
+  // the push rules; finishes `reactor`.
+  void ServeDevicePush(ChannelState* c, const DevicePush& push, rpc::PushGradientsResponse* response,
+                       grpc::ServerUnaryReactor* reactor);
+  // Adds staged (may be null: no pieces) and counts the pusher, if the push
+  // rules still allow it (another push or a step may have come between).
+  absl::Status CommitDevicePush(ChannelState* c, const DevicePush& push,
+                                std::unique_ptr<StagedDevicePush> staged,
+                                rpc::PushGradientsResponse* response);
+
   // Validates a FetchDevice and, once its version is published, fills the
   // plan and queues the send. nullopt: wait for a publish.
   std::optional<absl::Status> StartDeviceFetch(const rpc::FetchDeviceRequest& request,
@@ -1413,15 +1448,26 @@ void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t ge
   CloseDeviceChannel(c->id, absl::StrCat("device fetch failed: ", s.ToString()));
 }
 
+namespace {
+
+// A device transfer's bound: the call's deadline, or `fallback` from now
+// when the call has none.
+absl::Time DeviceCallDeadline(const grpc::CallbackServerContext* context,
+                              absl::Duration fallback) {
+  const auto grpc_deadline = context->deadline();
+  if (grpc_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    return absl::FromChrono(grpc_deadline);
+  }
+  return absl::Now() + fallback;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext* context,
                                                     const rpc::FetchDeviceRequest* request,
                                                     rpc::FetchDeviceResponse* response) {
   // The send is bounded by the call's deadline (no deadline: step_timeout).
-  absl::Time deadline = absl::Now() + options_.step_timeout;
-  const auto grpc_deadline = context->deadline();
-  if (grpc_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    deadline = absl::FromChrono(grpc_deadline);
-  }
+  const absl::Time deadline = DeviceCallDeadline(context, options_.step_timeout);
   return StartWaitingUnary(&publish_waiters_,
                            [this, request, response, deadline]() -> std::optional<grpc::Status> {
                              std::optional<absl::Status> s =
@@ -1429,6 +1475,146 @@ grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext*
                              if (!s.has_value()) return std::nullopt;
                              return ToGrpcStatus(*s);
                            });
+}
+
+// ---- Device push (PushGradientsDevice; NOT YET RUN ON A GPU) ----
+
+absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest& request,
+                                           DevicePush* push,
+                                           std::shared_ptr<ChannelState>* channel) {
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("daemon shutting down");
+  // The host stream's rules first, with its codes.
+  RETURN_IF_ERROR(CheckPushLocked(request.version(), request.pusher_id()));
+  if (request.tag() > kMaxUserTag) {
+    return absl::InvalidArgumentError("PushGradientsDevice tag too large");
+  }
+  const ModelView& view = *view_;
+  push->version = request.version();
+  push->pusher = request.pusher_id();
+  push->generation = view.generation;
+  push->tag = request.tag();
+  struct Rows {
+    int tensor;
+    int64_t begin, end;
+  };
+  std::vector<Rows> seen;
+  for (const rpc::DevicePushTensor& dt : request.tensors()) {
+    const int t = view.Find(dt.tensor());
+    if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", dt.tensor(), "\""));
+    const TensorDef& def = view.tensors[t];
+    if (dt.dtype() != rpc::DTYPE_FP32 && dt.dtype() != rpc::DTYPE_BF16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", def.name, ": device push dtype must be DTYPE_FP32 or DTYPE_BF16"));
+    }
+    const bool bf16 = dt.dtype() == rpc::DTYPE_BF16;
+    const int64_t b = dt.row_begin(), e = dt.row_end();
+    if (b < 0 || e <= b || e > def.rows) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", def.name, ": rows [", b, ", ", e,
+                                                     ") outside [0, ", def.rows, ")"));
+    }
+    const std::string where = absl::StrCat("tensor ", def.name, " rows [", b, ", ", e, ")");
+    const int shard = view.FindShard(t, b, e);
+    if (shard < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, " are not held by daemon rank ", view.rank,
+          " (wrong daemon or a row range spanning shards; re-read the manifest)"));
+    }
+    for (const Rows& r : seen) {
+      if (r.tensor == t && r.begin < e && b < r.end) {
+        return absl::InvalidArgumentError(absl::StrCat(where, " overlap rows already in this push"));
+      }
+    }
+    seen.push_back({t, b, e});
+    DevicePushPiece piece;
+    piece.shard = shard;
+    piece.offset = (b - view.shards[shard].row_begin) * def.cols;
+    piece.count = (e - b) * def.cols;
+    piece.bf16 = bf16;
+    push->pieces.push_back(piece);
+    push->bytes += piece.count * (bf16 ? 2 : 4);
+  }
+  if (shards_ == nullptr || shards_->name() != "gpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device push needs a daemon with --backend=gpu (this model runs on the ",
+        shards_ ? std::string(shards_->name()) : "no",
+        " backend); push over the host stream (PushGradients) instead"));
+  }
+  channel->reset();
+  if (push->pieces.empty()) return absl::OkStatus();
+  auto it = channels_.find(request.channel());
+  if (it == channels_.end()) {
+    return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
+                                            " is unknown or closed; open a new one"));
+  }
+  *channel = it->second;
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::CommitDevicePush(ChannelState* c, const DevicePush& push,
+                                            std::unique_ptr<StagedDevicePush> staged,
+                                            rpc::PushGradientsResponse* response) {
+  // A staged push reads the backend's device memory: keep a load from
+  // freeing it (device_mu_ before mu_). Without pieces nothing is read.
+  std::optional<absl::ReaderMutexLock> device_lock;
+  if (staged != nullptr) device_lock.emplace(&device_mu_);
+  absl::MutexLock lock(&mu_);
+  // Checked again: another push of this pusher or a step may have
+  // committed while the bytes travelled.
+  absl::Status s = CheckPushLocked(push.version, push.pusher);
+  if (s.ok() && (view_ == nullptr || view_->generation != push.generation)) {
+    s = absl::FailedPreconditionError("the model was reloaded during the push");
+  }
+  if (s.ok() && staged != nullptr) s = c->channel->ApplyPush(*shards_, *staged);
+  // Freed (stream-ordered after the adds) while the backend is alive.
+  staged.reset();
+  if (!s.ok()) return s;
+  CountPushLocked(push.version, push.pusher, push.bytes, response);
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
+                                   rpc::PushGradientsResponse* response,
+                                   grpc::ServerUnaryReactor* reactor) {
+  absl::Status s;
+  if (c->closed) {
+    s = absl::UnavailableError("device channel closed before the push arrived; nothing applied");
+  } else {
+    absl::StatusOr<std::unique_ptr<StagedDevicePush>> staged =
+        c->channel->ReceivePush(push.pieces, push.tag, push.deadline);
+    if (staged.ok()) {
+      s = CommitDevicePush(c, push, *std::move(staged), response);
+    } else {
+      s = absl::Status(staged.status().code(),
+                       absl::StrCat("device push of version ", push.version, " by ", push.pusher,
+                                    " not received (nothing applied): ",
+                                    staged.status().message()));
+      Log(kTag, absl::StrCat(s.message(), " on channel ", c->id, " (", c->trainer, ")"));
+      // The channel's NCCL world may be broken: the trainer opens a new one.
+      CloseDeviceChannel(c->id, absl::StrCat("device push failed: ", s.ToString()));
+    }
+  }
+  reactor->Finish(ToGrpcStatus(s));
+}
+
+grpc::ServerUnaryReactor* Daemon::Impl::PushGradientsDevice(
+    grpc::CallbackServerContext* context, const rpc::PushGradientsDeviceRequest* request,
+    rpc::PushGradientsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  DevicePush push;
+  push.deadline = DeviceCallDeadline(context, options_.step_timeout);
+  std::shared_ptr<ChannelState> c;
+  absl::Status s = CheckDevicePush(*request, &push, &c);
+  if (s.ok() && c == nullptr) s = CommitDevicePush(nullptr, push, nullptr, response);
+  if (!s.ok() || c == nullptr) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  ChannelState* raw = c.get();
+  raw->worker.Post([this, raw, push = std::move(push), response, reactor] {
+    ServeDevicePush(raw, push, response, reactor);
+  });
+  return reactor;
 }
 
 // ---- Daemon ----

@@ -9,10 +9,10 @@
 // --config=cuda, so the default (cpu) build carries no CUDA dependency and
 // answers FAILED_PRECONDITION.
 //
-// Threading: Connect and Send are called from one thread (the channel's
-// serial worker in server/daemon.cc); Shutdown from any thread, at any time,
-// and it unblocks a Send in progress. The destructor must not race with
-// Connect/Send.
+// Threading: Connect, Send, ReceivePush and ApplyPush are called from one
+// thread (the channel's serial worker in server/daemon.cc); Shutdown from
+// any thread, at any time, and it unblocks a Send or ReceivePush in
+// progress. The destructor must not race with the others.
 #ifndef PARAMD_SERVER_DEVICE_CHANNEL_H_
 #define PARAMD_SERVER_DEVICE_CHANNEL_H_
 
@@ -35,6 +35,24 @@ namespace paramd {
 struct DeviceFetchItem {
   int shard = 0;
   Direction direction = Direction::kRowwise;
+};
+
+// One piece of a device gradient push (PushGradientsDevice): `count`
+// elements (BF16 when `bf16`, else FP32) added into shard `shard`'s FP32
+// accumulator from element `offset` on.
+struct DevicePushPiece {
+  int shard = 0;
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool bf16 = false;
+};
+
+// The received bytes of one device push, in device memory of the channel's
+// device, not yet added anywhere. Destroying it frees them (ordered after
+// any ApplyPush that read them). Owned by the caller of ReceivePush.
+class StagedDevicePush {
+ public:
+  virtual ~StagedDevicePush() = default;
 };
 
 class DeviceChannel {
@@ -60,6 +78,23 @@ class DeviceChannel {
   virtual absl::Status Send(ShardBackend& backend, int64_t version,
                             absl::Span<const DeviceFetchItem> items, uint64_t tag,
                             absl::Time deadline) = 0;
+
+  // Device gradient push, step 1 (NOT YET RUN ON A GPU): receives one
+  // transport message with `tag` from the trainer, one piece per entry of
+  // `pieces` (sizes count * 2 or 4 bytes), into staging memory of this
+  // channel (not the accumulators). Blocks until every byte has arrived,
+  // the deadline passes (DEADLINE_EXCEEDED), the trainer is gone
+  // (UNAVAILABLE) or Shutdown() (CANCELLED); on error nothing is staged.
+  virtual absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(
+      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline) = 0;
+
+  // Step 2: enqueues the adds of `staged` (from ReceivePush of this channel)
+  // into `backend`'s accumulators on its stream, piece by piece in order:
+  // the same kernel and element order as the gpu backend's AccumulateHost
+  // (FP32 add; BF16 widened exactly first). Call with the daemon's push
+  // lock held and no step running (as ShardBackend::AccumulateGradient).
+  // FAILED_PRECONDITION if `backend` is not the gpu backend.
+  virtual absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged) = 0;
 
   // Leaves the world: a Send in progress returns, the trainer's receives
   // fail with UNAVAILABLE. Idempotent, thread-safe.

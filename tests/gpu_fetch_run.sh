@@ -24,6 +24,7 @@ TARGETS=(
   //server:hybrid-paramd
   //tests/gpu_integration:daemon_fetch_test
   //tests/gpu_integration:device_fetch_loop
+  //tests/gpu_integration:daemon_push_test
   //tests/gpu_integration:fetch_test
   //deploy/gpu_trainer:gpu_trainer
 )

@@ -428,5 +428,125 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   return result;
 }
 
+absl::StatusOr<client::PushResult> DeviceFetcher::Push(
+    int64_t version, const std::vector<DeviceGradient>& gradients, cudaStream_t stream,
+    absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::lock_guard<std::mutex> lock(mu_);
+  GPU_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  const client::Manifest manifest = client_->manifest();
+  // The host push's routing (only sizes are read from these spans).
+  std::vector<client::Gradient> routed;
+  for (const DeviceGradient& g : gradients) {
+    if (g.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient of ", g.tensor, " has no buffer"));
+    }
+    routed.push_back({g.tensor, g.dtype,
+                      absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
+  }
+  RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed));
+  if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+
+  struct PushJob {
+    int rank = 0;
+    std::string address;
+    rpc::PushGradientsDeviceRequest request;
+    std::vector<DeviceBytes> pieces;
+    Channel* channel = nullptr;  // null: no rows here (nothing sent)
+    rpc::PushGradientsResponse response;
+    absl::Status status;
+  };
+  std::vector<PushJob> jobs(manifest.num_daemons);
+  for (int rank = 0; rank < manifest.num_daemons; ++rank) {
+    PushJob& j = jobs[rank];
+    j.rank = rank;
+    j.address = rank < static_cast<int>(manifest.daemon_addresses.size())
+                    ? manifest.daemon_addresses[rank]
+                    : "";
+    j.request.set_version(version);
+    j.request.set_pusher_id(client_->member_id());
+    for (const client::PushRoute& r : client::PushRoutesTo(manifest, rank, routed)) {
+      const client::Gradient& g = routed[r.gradient];
+      rpc::DevicePushTensor* t = j.request.add_tensors();
+      t->set_tensor(g.tensor);
+      t->set_row_begin(r.row_begin);
+      t->set_row_end(r.row_end);
+      t->set_dtype(g.dtype == client::Gradient::DType::kFp32 ? rpc::DTYPE_FP32 : rpc::DTYPE_BF16);
+      j.pieces.push_back({g.bytes.data() + r.byte_offset, static_cast<size_t>(r.bytes)});
+    }
+    if (j.pieces.empty()) continue;
+    ASSIGN_OR_RETURN(j.channel, ChannelTo(rank, j.address, deadline));
+    j.request.set_channel(j.channel->id);
+    j.request.set_tag(next_tag_++);
+  }
+  const int device = options_.device;
+  auto exchange = [device, deadline](PushJob* j) {
+    cudaSetDevice(device);
+    std::unique_ptr<rpc::Daemon::Stub> stub;
+    rpc::Daemon::StubInterface* s = nullptr;
+    if (j->channel != nullptr) {
+      s = j->channel->stub.get();
+    } else {
+      stub = rpc::Daemon::NewStub(grpc::CreateChannel(j->address, grpc::InsecureChannelCredentials()));
+      s = stub.get();
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    const std::string where = absl::StrCat("device push of version ", j->request.version(),
+                                           " to daemon ", j->rank, " (", j->address, ")");
+    if (j->channel == nullptr) {
+      j->status = FromGrpcStatus(s->PushGradientsDevice(&context, j->request, &j->response), where);
+      return;
+    }
+    // The call answers once the daemon has received and committed the
+    // bytes: send them meanwhile. A refusal ends the call at once: the
+    // transport is shut down so that the send stops waiting for a receiver.
+    Channel* c = j->channel;
+    std::future<grpc::Status> call = std::async(std::launch::async, [&] {
+      grpc::Status g = s->PushGradientsDevice(&context, j->request, &j->response);
+      if (!g.ok()) c->transport->Shutdown();
+      return g;
+    });
+    const absl::Status sent = c->nccl->SendDevice(0, j->request.tag(), j->pieces, nullptr, deadline);
+    if (!sent.ok()) context.TryCancel();
+    const grpc::Status g = call.get();
+    if (!g.ok()) {
+      j->status = FromGrpcStatus(g, where);
+    } else if (!sent.ok()) {
+      j->status = sent;  // cannot happen: the daemon answered after receiving
+    }
+  };
+  std::vector<std::thread> threads;
+  for (PushJob& j : jobs) {
+    if (options_.parallel && jobs.size() > 1) {
+      threads.emplace_back(exchange, &j);
+    } else {
+      exchange(&j);
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  client::PushResult result;
+  result.version = version;
+  result.pushers_received = -1;
+  absl::Status first_error;
+  for (PushJob& j : jobs) {
+    if (!j.status.ok()) {
+      // The channel may hold half a message: reopen it next time.
+      if (j.channel != nullptr) CloseChannel(j.rank);
+      if (first_error.ok()) first_error = j.status;
+      continue;
+    }
+    for (const DeviceBytes& b : j.pieces) result.bytes_sent += static_cast<int64_t>(b.size);
+    result.pushers_received = result.pushers_received < 0
+                                  ? j.response.pushers_received()
+                                  : std::min(result.pushers_received,
+                                             j.response.pushers_received());
+    result.pushers_expected = j.response.pushers_expected();
+  }
+  if (!first_error.ok()) return first_error;
+  return result;
+}
+
 }  // namespace gpu_fetch
 }  // namespace paramd

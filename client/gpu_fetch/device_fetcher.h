@@ -115,6 +115,15 @@ struct DeviceFetchResult {
   int daemons = 0;                     // daemons that sent
 };
 
+// A gradient of one whole tensor in device memory of the fetcher's device
+// (rows * cols little-endian FP32 or BF16 values, row-major), for Push.
+struct DeviceGradient {
+  std::string tensor;
+  client::Gradient::DType dtype = client::Gradient::DType::kFp32;
+  const void* data = nullptr;
+  size_t bytes = 0;  // the buffer's size (checked against the manifest)
+};
+
 class DeviceFetcher {
  public:
   // `client` must outlive the fetcher (its manifest and versions are used).
@@ -129,6 +138,24 @@ class DeviceFetcher {
   // version) into device memory; see the file comment.
   absl::StatusOr<DeviceFetchResult> Fetch(int64_t version,
                                           const std::vector<DeviceTarget>& targets,
+                                          cudaStream_t stream = nullptr,
+                                          absl::Duration timeout = absl::ZeroDuration());
+
+  // Pushes `gradients` (whole tensors, device buffers) for `version` to the
+  // daemons over the device channels (Daemon.PushGradientsDevice; NOT YET
+  // RUN ON A GPU): routed by row range exactly as client::Client::
+  // PushGradients routes (client::PushRoutesTo), one PushGradientsDevice
+  // call and one SendDevice message per daemon holding rows (in parallel
+  // when `parallel`), and a call without tensors (nothing sent) to every
+  // other daemon, so that each daemon counts this pusher (pusher id: the
+  // client's member_id()). Same statuses as PushGradients (stale, duplicate,
+  // early push, ...), plus FAILED_PRECONDITION from a cpu daemon. Waits for
+  // `stream` first (host synchronisation); on return the buffers may be
+  // reused. On error some daemons may have committed the push and others
+  // not, as with the host stream; a daemon whose receive failed applied
+  // nothing and its channel is reopened by the next call.
+  absl::StatusOr<client::PushResult> Push(int64_t version,
+                                          const std::vector<DeviceGradient>& gradients,
                                           cudaStream_t stream = nullptr,
                                           absl::Duration timeout = absl::ZeroDuration());
 

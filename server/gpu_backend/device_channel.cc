@@ -1,6 +1,9 @@
 // The NCCL implementation of server/device_channel.h: one NCCL transport
 // endpoint per channel on the gpu backend's device; Send = ServeFetch
-// (fetch_server.h) from the backend's GpuShardStore.
+// (fetch_server.h) from the backend's GpuShardStore; ReceivePush /
+// ApplyPush = RecvDevice into stream-ordered staging, then LaunchAccumulate
+// (accumulate.h) on the store's stream. The push half has NOT RUN ON A GPU
+// yet (written and compiled in a session without device time).
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -13,6 +16,7 @@
 #include "common/status_macros.h"
 #include "server/device_channel.h"
 #include "server/gpu_backend/daemon_backend.h"
+#include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/fetch_server.h"
 #include "transport/nccl_transport.h"
 
@@ -22,12 +26,48 @@ namespace {
 
 // The gpu backend's device (daemon_backend.cc creates its store on device 0).
 constexpr int kDevice = 0;
+// Staging offset alignment of each pushed piece (the BF16 accumulate kernel
+// loads 16 bytes at a time).
+constexpr size_t kStagingAlign = 256;
+
+// One received push: one stream-ordered allocation holding every piece.
+// Freed (cudaFreeAsync) on `free_stream`: the store's stream once ApplyPush
+// enqueued adds reading it, else the channel's stream.
+class NcclStagedPush : public StagedDevicePush {
+ public:
+  ~NcclStagedPush() override {
+    if (base == nullptr) return;
+    ScopedDevice guard(kDevice);
+    cudaFreeAsync(base, free_stream);
+    cudaGetLastError();
+  }
+  void* base = nullptr;
+  cudaStream_t free_stream = nullptr;
+  std::vector<DevicePushPiece> pieces;
+  std::vector<size_t> offsets;  // of each piece in `base`
+};
+
+// The BF16 accumulate kernel needs 16-byte aligned accumulator and source
+// (a piece whose row offset is not a multiple of 8 elements is not): such a
+// piece is first widened into FP32 scratch by copies alone (zeroed words,
+// each BF16 copied into the high half of its little-endian FP32 word: the
+// exact widening) and then added by the FP32 kernel, the same FP32 add.
+bool NeedsWidening(const float* acc, const void* grad, bool bf16) {
+  return bf16 && (reinterpret_cast<uintptr_t>(acc) % 16 != 0 ||
+                  reinterpret_cast<uintptr_t>(grad) % 16 != 0);
+}
 
 class NcclDeviceChannel : public DeviceChannel {
  public:
   explicit NcclDeviceChannel(std::unique_ptr<TransportEndpoint> endpoint)
       : endpoint_(std::move(endpoint)), address_(endpoint_->address()) {}
-  ~NcclDeviceChannel() override { Shutdown(); }
+  ~NcclDeviceChannel() override {
+    Shutdown();
+    if (stream_ != nullptr) {
+      ScopedDevice guard(kDevice);
+      cudaStreamDestroy(stream_);
+    }
+  }
 
   std::string address() const override { return address_; }
   int device() const override { return kDevice; }
@@ -47,6 +87,111 @@ class NcclDeviceChannel : public DeviceChannel {
     }
     transport_ = std::move(t);
     nccl_ = nccl;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(
+      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline) override {
+    NcclTransport* nccl;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shut_down_) return absl::CancelledError("channel closed");
+      if (nccl_ == nullptr) return absl::FailedPreconditionError("channel not connected");
+      nccl = nccl_;
+    }
+    GPU_RETURN_IF_ERROR(cudaSetDevice(kDevice));
+    if (stream_ == nullptr) {
+      GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    }
+    auto staged = std::make_unique<NcclStagedPush>();
+    staged->free_stream = stream_;
+    staged->pieces.assign(pieces.begin(), pieces.end());
+    size_t total = 0;
+    std::vector<size_t> sizes;
+    for (const DevicePushPiece& p : pieces) {
+      if (p.count <= 0) return absl::InvalidArgumentError("empty device push piece");
+      staged->offsets.push_back(total);
+      sizes.push_back(static_cast<size_t>(p.count) * (p.bf16 ? 2 : 4));
+      total += (sizes.back() + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+    }
+    if (total == 0) return staged;
+    GPU_RETURN_IF_ERROR(cudaMallocAsync(&staged->base, total, stream_));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // allocated before NCCL writes
+    std::vector<MutableDeviceBytes> targets;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      targets.push_back({static_cast<char*>(staged->base) + staged->offsets[i], sizes[i]});
+    }
+    // On error `staged` is destroyed: nothing was added anywhere.
+    RETURN_IF_ERROR(nccl->RecvDevice(/*peer=*/1, tag, targets, deadline));
+    return std::unique_ptr<StagedDevicePush>(std::move(staged));
+  }
+
+  absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged_base) override {
+    GpuShardStore* store = DeviceStoreOf(&backend);
+    if (store == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device push needs the gpu backend; this model runs on the ",
+                       backend.name(), " backend"));
+    }
+    auto& staged = static_cast<NcclStagedPush&>(staged_base);
+    if (staged.base == nullptr) return absl::OkStatus();
+    ScopedDevice guard(store->device());
+    // Every piece is checked before the first add: a refusal changes nothing.
+    for (const DevicePushPiece& p : staged.pieces) {
+      const GpuShardDef* shard = p.shard >= 0 && p.shard < static_cast<int>(store->shards().size())
+                                     ? &store->shards()[p.shard]
+                                     : nullptr;
+      if (shard == nullptr || p.offset < 0 || p.offset + p.count > shard->rows * shard->cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("device push piece [", p.offset, ", +", p.count, ") outside shard ",
+                         p.shard));
+      }
+    }
+    const cudaStream_t stream = store->stream();
+    // From here on the staging is read on the store's stream.
+    staged.free_stream = stream;
+    // Phase 1 (touches no accumulator): widen the pieces that need it.
+    std::vector<const void*> sources(staged.pieces.size());
+    std::vector<bool> widened(staged.pieces.size(), false);
+    size_t wide_bytes = 0;
+    for (size_t i = 0; i < staged.pieces.size(); ++i) {
+      const DevicePushPiece& p = staged.pieces[i];
+      sources[i] = static_cast<const char*>(staged.base) + staged.offsets[i];
+      widened[i] = NeedsWidening(store->grad(p.shard) + p.offset, sources[i], p.bf16);
+      if (widened[i]) wide_bytes += (p.count * sizeof(float) + kStagingAlign - 1) / kStagingAlign *
+                                    kStagingAlign;
+    }
+    void* wide = nullptr;
+    if (wide_bytes > 0) {
+      GPU_RETURN_IF_ERROR(cudaMallocAsync(&wide, wide_bytes, stream));
+      size_t at = 0;
+      for (size_t i = 0; i < staged.pieces.size(); ++i) {
+        if (!widened[i]) continue;
+        const int64_t n = staged.pieces[i].count;
+        char* dst = static_cast<char*>(wide) + at;
+        cudaError_t e = cudaMemsetAsync(dst, 0, n * sizeof(float), stream);
+        if (e == cudaSuccess) {
+          e = cudaMemcpy2DAsync(dst + 2, sizeof(float), sources[i], 2, 2, n,
+                                cudaMemcpyDeviceToDevice, stream);
+        }
+        if (e != cudaSuccess) {
+          cudaFreeAsync(wide, stream);
+          GPU_RETURN_IF_ERROR(e);
+        }
+        sources[i] = dst;
+        at += (n * sizeof(float) + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+      }
+    }
+    // Phase 2: the adds, piece by piece in order. Only a launch failure (a
+    // broken device) can stop it part-way.
+    cudaError_t e = cudaSuccess;
+    for (size_t i = 0; i < staged.pieces.size() && e == cudaSuccess; ++i) {
+      const DevicePushPiece& p = staged.pieces[i];
+      e = LaunchAccumulate(store->grad(p.shard) + p.offset, sources[i], p.bf16 && !widened[i],
+                           p.count, stream);
+    }
+    if (wide != nullptr) cudaFreeAsync(wide, stream);
+    GPU_RETURN_IF_ERROR(e);
     return absl::OkStatus();
   }
 
@@ -90,6 +235,7 @@ class NcclDeviceChannel : public DeviceChannel {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Transport> transport_ ABSL_GUARDED_BY(mu_);
   NcclTransport* nccl_ ABSL_GUARDED_BY(mu_) = nullptr;
+  cudaStream_t stream_ = nullptr;  // staging allocations (the serial worker's)
 };
 
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
