@@ -1587,11 +1587,15 @@ void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
     } else {
       s = absl::Status(staged.status().code(),
                        absl::StrCat("device push of version ", push.version, " by ", push.pusher,
-                                    " not received (nothing applied): ",
+                                    " failed, nothing applied: ",
                                     staged.status().message()));
       Log(kTag, absl::StrCat(s.message(), " on channel ", c->id, " (", c->trainer, ")"));
-      // The channel's NCCL world may be broken: the trainer opens a new one.
-      CloseDeviceChannel(c->id, absl::StrCat("device push failed: ", s.ToString()));
+      // A transfer failure may leave the channel's NCCL world broken: the
+      // trainer opens a new one. INVALID_ARGUMENT (non-finite values) came
+      // after the whole message: the channel is fine.
+      if (!absl::IsInvalidArgument(staged.status())) {
+        CloseDeviceChannel(c->id, absl::StrCat("device push failed: ", s.ToString()));
+      }
     }
   }
   reactor->Finish(ToGrpcStatus(s));

@@ -85,6 +85,8 @@ class DeviceChannel {
   // channel (not the accumulators). Blocks until every byte has arrived,
   // the deadline passes (DEADLINE_EXCEEDED), the trainer is gone
   // (UNAVAILABLE) or Shutdown() (CANCELLED); on error nothing is staged.
+  // INVALID_ARGUMENT when a value is NaN or infinite (the whole message was
+  // received: the channel stays usable).
   virtual absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(
       absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline) = 0;
 

@@ -18,6 +18,7 @@
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/fetch_server.h"
+#include "server/gpu_backend/finite_check.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
@@ -63,10 +64,9 @@ class NcclDeviceChannel : public DeviceChannel {
       : endpoint_(std::move(endpoint)), address_(endpoint_->address()) {}
   ~NcclDeviceChannel() override {
     Shutdown();
-    if (stream_ != nullptr) {
-      ScopedDevice guard(kDevice);
-      cudaStreamDestroy(stream_);
-    }
+    ScopedDevice guard(kDevice);
+    if (flag_ != nullptr) cudaFree(flag_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   std::string address() const override { return address_; }
@@ -123,6 +123,25 @@ class NcclDeviceChannel : public DeviceChannel {
     }
     // On error `staged` is destroyed: nothing was added anywhere.
     RETURN_IF_ERROR(nccl->RecvDevice(/*peer=*/1, tag, targets, deadline));
+    // NaN/Inf are refused, as on the host stream (one wait per push).
+    if (flag_ == nullptr) {
+      void* p = nullptr;
+      GPU_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint32_t)));
+      flag_ = static_cast<uint32_t*>(p);
+    }
+    GPU_RETURN_IF_ERROR(cudaMemsetAsync(flag_, 0, sizeof(uint32_t), stream_));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      GPU_RETURN_IF_ERROR(LaunchNonFiniteCheck(targets[i].data, pieces[i].bf16, pieces[i].count,
+                                               flag_, stream_));
+    }
+    uint32_t bad = 0;
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&bad, flag_, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream_));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (bad != 0) {
+      return absl::InvalidArgumentError(
+          "device push holds a non-finite gradient value (NaN/Inf are refused); nothing applied");
+    }
     return std::unique_ptr<StagedDevicePush>(std::move(staged));
   }
 
@@ -236,6 +255,7 @@ class NcclDeviceChannel : public DeviceChannel {
   std::unique_ptr<Transport> transport_ ABSL_GUARDED_BY(mu_);
   NcclTransport* nccl_ ABSL_GUARDED_BY(mu_) = nullptr;
   cudaStream_t stream_ = nullptr;  // staging allocations (the serial worker's)
+  uint32_t* flag_ = nullptr;       // device: the non-finite check's result
 };
 
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(

@@ -9,7 +9,7 @@
 //     (DeviceFetcher::Push) and stepping publishes byte-identical versions
 //     (FP32 rowwise identity = the master itself, and MXFP8 columnwise) to
 //     pushing the same values over the host stream (Client::PushGradients),
-//     two steps each;
+//     two steps each; NaN refused (INVALID_ARGUMENT), stale refused;
 //   - KillTrainerMidPush: a trainer process (device_fetch_loop --mode=push)
 //     pushing BF16 gradients from its GPU every version is SIGKILLed; the daemon closes the channel, has
 //     counted no pusher for the version it is at, and after host pushes of
@@ -226,6 +226,38 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
   }
   for (int s = 0; s < kSteps; ++s) {
     ExpectSameBytes(host[s], device[s], absl::StrCat(p.name, " version ", s + 1));
+  }
+  // NaN in every piece of every tensor (each daemon holds rows of w): refused as on the
+  // host stream, nothing counted.
+  {
+    std::vector<void*> buffers;
+    std::vector<DeviceGradient> push;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      std::vector<uint8_t> bytes = grads[0][t];
+      const uint32_t nan32 = 0x7fc00000u;
+      const uint16_t nan16 = 0x7fc0u;
+      // First and last element: in the first and the last piece of a split.
+      const size_t element = p.bf16 ? 2 : 4;
+      for (size_t at : {size_t{0}, bytes.size() - element}) {
+        std::memcpy(bytes.data() + at, p.bf16 ? static_cast<const void*>(&nan16) : &nan32,
+                    element);
+      }
+      void* d = nullptr;
+      ASSERT_EQ(cudaMalloc(&d, bytes.size()), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+      buffers.push_back(d);
+      push.push_back({tensors[t].name, dtype, d, bytes.size()});
+    }
+    absl::StatusOr<client::PushResult> r = fetcher->Push(kSteps, push);
+    for (void* d : buffers) cudaFree(d);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "non-finite")) << r.status();
+    for (int rank = 0; rank < c->num_daemons(); ++rank) {
+      absl::StatusOr<rpc::DaemonStats> st = c->Stats(rank);
+      ASSERT_TRUE(st.ok()) << st.status();
+      EXPECT_EQ(st->pushers_received(), 0) << "daemon " << rank;
+      EXPECT_EQ(st->published_version(), kSteps) << "daemon " << rank;
+    }
   }
   // A device push of a version already stepped is stale, as on the host.
   std::vector<DeviceGradient> again;
