@@ -69,6 +69,9 @@ r1=$?
 timeout 400 tests/gpu_integration/daemon_fetch_test ${FILTER:+--gtest_filter=$FILTER} \
   > "$OUT/daemon_fetch_test.log" 2>&1
 r2=$?
+# Gradient push over NCCL (PushGradientsDevice), device vs host push bytes.
+timeout 300 tests/gpu_integration/daemon_push_test > "$OUT/daemon_push_test.log" 2>&1
+r3=$?
 if [ "${VARIANTS:-0}" = 1 ]; then
   # Two daemons on GPU 0: two NCCL channels into the trainer at once.
   PARAMD_SPLIT_SAME_GPU=1 timeout 90 tests/gpu_integration/daemon_fetch_test \
@@ -114,7 +117,7 @@ grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT"/*_test.log | hea
 echo "---- figures ----"
 grep -h "DEVICE_FETCH_BENCH\|daemon killed after\|closed: " "$OUT/daemon_fetch_test.log" | head -20
 echo "==== summary ===="
-for t in fetch_test:$r1 daemon_fetch_test:$r2; do
+for t in fetch_test:$r1 daemon_fetch_test:$r2 daemon_push_test:$r3; do
   n=${t%%:*}
   echo "$n rc=${t##*:}: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$n.log" | tr '\n' ' ')"
 done
