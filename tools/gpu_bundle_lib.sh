@@ -17,7 +17,9 @@ bundle_binary() {
   # bazel-bin is shared by every build in this tree: a CPU build between the
   # --config=cuda build and this copy leaves a hybrid-paramd without the GPU
   # backend and the nccl transport (its daemons would exit at start there).
-  if [ "$(basename "$src")" = hybrid-paramd ] && ! ldd "$src" | grep -q libnccl; then
+  # (ldd's output captured first: `ldd | grep -q` under pipefail fails when
+  # grep exits early and ldd gets SIGPIPE.)
+  if [ "$(basename "$src")" = hybrid-paramd ] && [[ "$(ldd "$src")" != *libnccl* ]]; then
     echo "bundle: $src is not a --config=cuda build (bazel-bin was rebuilt); bundle again" >&2
     return 1
   fi
@@ -65,6 +67,7 @@ bundle_pack() {
   rm -rf "$bundle"
   mkdir -p "$bundle"
   mv "$tmp" "$bundle/bundle.tar.xz"
+  chmod 644 "$bundle/bundle.tar.xz"
 }
 bundle_unpack() {
   mkdir -p "$2" && tar -C "$2" -xJf "$1/bundle.tar.xz"
