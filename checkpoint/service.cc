@@ -275,6 +275,10 @@ grpc::Service* CheckpointDaemonService::service() { return impl_.get(); }
 
 namespace {
 
+// How long a second WriteShard attempt waits for a reset channel to
+// reconnect (a daemon restarted on its address); see WriteShards.
+constexpr absl::Duration kReconnectWait = absl::Seconds(3);
+
 class GrpcClusterView : public ClusterView {
  public:
   GrpcClusterView(const std::string& address, absl::Duration timeout)
@@ -449,14 +453,18 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
     return rpc::DaemonInfo();
   }
 
-  CheckpointDaemon::Stub* StubFor(const std::string& address) {
+  struct DaemonChannel {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<CheckpointDaemon::Stub> stub;
+  };
+  DaemonChannel* ChannelFor(const std::string& address) {
     absl::MutexLock lock(&stubs_mu_);
-    auto& stub = stubs_[address];
-    if (stub == nullptr) {
-      stub = CheckpointDaemon::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    DaemonChannel& c = stubs_[address];
+    if (c.stub == nullptr) {
+      c.channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      c.stub = CheckpointDaemon::NewStub(c.channel);
     }
-    return stub.get();
+    return &c;
   }
 
   // WriteShard on every daemon in parallel; the first error (by rank) wins.
@@ -481,12 +489,29 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         request.set_daemon_rank(rank);
         request.set_world_size(world);
         WriteShardResponse response;
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() +
-                             absl::ToChronoMilliseconds(options_.daemon_call_timeout));
-        statuses[rank] = FromGrpcStatus(StubFor(address)->WriteShard(&context, request, &response),
-                                        absl::StrCat("WriteShard on daemon ", rank, " at ",
-                                                     address));
+        grpc::Status status;
+        // A daemon restarted on the same address leaves this channel in
+        // TRANSIENT_FAILURE (its old connection was reset), where an RPC
+        // fails at once with UNAVAILABLE. So after an UNAVAILABLE, wait a
+        // short while for the channel to connect and, if it does, try once
+        // more; a dead daemon still fails the checkpoint quickly with
+        // UNAVAILABLE. Rewriting a shard file is idempotent (temp file +
+        // rename of the same bytes).
+        DaemonChannel* daemon = ChannelFor(address);
+        for (int attempt = 0; attempt < 2; ++attempt) {
+          if (attempt > 0 && !daemon->channel->WaitForConnected(
+                                 std::chrono::system_clock::now() +
+                                 absl::ToChronoMilliseconds(kReconnectWait))) {
+            break;
+          }
+          grpc::ClientContext context;
+          context.set_deadline(std::chrono::system_clock::now() +
+                               absl::ToChronoMilliseconds(options_.daemon_call_timeout));
+          status = daemon->stub->WriteShard(&context, request, &response);
+          if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+        }
+        statuses[rank] = FromGrpcStatus(
+            status, absl::StrCat("WriteShard on daemon ", rank, " at ", address));
         shards[rank] = response.shard();
       });
     }
@@ -499,7 +524,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   const std::unique_ptr<ClusterView> cluster_;
   absl::Mutex checkpoint_mu_;
   absl::Mutex stubs_mu_;
-  std::map<std::string, std::unique_ptr<CheckpointDaemon::Stub>> stubs_ ABSL_GUARDED_BY(stubs_mu_);
+  std::map<std::string, DaemonChannel> stubs_ ABSL_GUARDED_BY(stubs_mu_);
   TaskThreads threads_;  // last member: joined first
 };
 
