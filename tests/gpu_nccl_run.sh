@@ -39,14 +39,9 @@ TARGETS=(
 )
 
 if [ "${1:-}" = bundle ]; then
-  set -e
-  bazel build --config=cuda "${TARGETS[@]}"
-  rm -rf "$B"
   source tools/gpu_bundle_lib.sh
-  bundle_targets "$B" pkg "${TARGETS[@]}"
-  bundle_pack "$B"
-  du -sh "$B"
-  exit 0
+  bundle_build_pack "$B" "${TARGETS[@]}"
+  exit $?
 fi
 
 OUT=${OUT:-/tmp/gpu_nccl_out}

@@ -72,3 +72,16 @@ bundle_pack() {
 bundle_unpack() {
   mkdir -p "$2" && tar -C "$2" -xJf "$1/bundle.tar.xz"
 }
+
+# bundle_build_pack BUNDLE TARGET...
+#   The whole `bundle` step of a run script whose binaries find each other
+#   by workspace paths: --config=cuda build, "pkg" layout, packed archive.
+bundle_build_pack() {
+  local bundle=$1
+  shift
+  bazel build --config=cuda "$@" || return 1
+  rm -rf "$bundle"
+  bundle_targets "$bundle" pkg "$@" || return 1
+  bundle_pack "$bundle"
+  du -sh "$bundle"
+}
