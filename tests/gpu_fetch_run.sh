@@ -41,18 +41,7 @@ mkdir -p "$OUT"
 source tools/gpu_bundle_lib.sh
 bundle_unpack "$B" /tmp/gpu_bundle_fetch || exit 1
 B=/tmp/gpu_bundle_fetch
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
-export LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! ldconfig -p 2>/dev/null | grep -q libcudart.so.13 && ! ls /usr/local/cuda/lib64/libcudart.so.13* >/dev/null 2>&1; then
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$B/fallback"
-fi
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && ! ls /usr/local/cuda/lib*/libnccl.so.2 >/dev/null 2>&1; then
-  d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ or nvidia.nccl.__path__[0]))' 2>/dev/null)
-  [ -z "$d" ] && d=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d/lib:$d"
-  echo "(libnccl from $d)"
-fi
+bundle_run_env "$B"
 { date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; } > "$OUT/gpu.txt" 2>&1
 head -4 "$OUT/gpu.txt"
 cd "$B"

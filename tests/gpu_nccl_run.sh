@@ -50,19 +50,7 @@ mkdir -p "$OUT" "$L"
 U=/tmp/gpu_nccl_bundle
 source tools/gpu_bundle_lib.sh
 bundle_unpack "$B" "$U" || exit 1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
-export LD_LIBRARY_PATH="$U/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ! ldconfig -p 2>/dev/null | grep -q libcudart.so.13 && ! ls /usr/local/cuda/lib64/libcudart.so.13* >/dev/null 2>&1; then
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$U/fallback"
-fi
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2 && ! ls /usr/local/cuda/lib*/libnccl.so.2 >/dev/null 2>&1; then
-  # NCCL is too large to carry: use the one of the image's Python packages.
-  d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ or nvidia.nccl.__path__[0]))' 2>/dev/null)
-  [ -z "$d" ] && d=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d/lib:$d"
-  echo "(libnccl from $d)"
-fi
+bundle_run_env "$U"
 {
   date -u
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv

@@ -85,3 +85,27 @@ bundle_build_pack() {
   bundle_pack "$bundle"
   du -sh "$bundle"
 }
+
+# bundle_run_env DIR
+#   On the GPU machine: the environment the binaries of the unpacked bundle
+#   DIR need. NVLink multicast off (KINDS.md), the bundle's libraries first,
+#   its libcudart only where the machine has no CUDA 13 runtime, and NCCL
+#   (too large to carry) from the image's Python packages where the system
+#   has none. (ldconfig's output is captured first: `ldconfig -p | grep -q`
+#   under pipefail fails when grep exits early.)
+bundle_run_env() {
+  local dir=$1 cache d
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+  export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  cache=$(ldconfig -p 2>/dev/null || true)
+  if [[ "$cache" != *libcudart.so.13* ]] && ! ls /usr/local/cuda/lib64/libcudart.so.13* >/dev/null 2>&1; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$dir/fallback"
+  fi
+  if [[ "$cache" != *libnccl.so.2* ]] && ! ls /usr/local/cuda/lib*/libnccl.so.2 >/dev/null 2>&1; then
+    d=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__ or nvidia.nccl.__path__[0]))' 2>/dev/null)
+    [ -z "$d" ] && d=$(dirname "$(find / -name 'libnccl.so.2*' -not -path '*/proc/*' 2>/dev/null | head -1)")
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d/lib:$d"
+    echo "(libnccl from $d)"
+  fi
+}
