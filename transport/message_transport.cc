@@ -51,8 +51,10 @@ absl::StatusOr<size_t> Mailbox::Receive(int src, uint64_t tag, absl::Span<uint8_
   if (closed_) return absl::CancelledError("transport shut down while receiving");
   auto it = queues_.find(key);
   if (it == queues_.end()) {
-    if (gone_.contains(src)) {
-      return absl::UnavailableError(absl::StrCat("rank ", src, " has shut down"));
+    if (auto gone = gone_.find(src); gone != gone_.end()) {
+      return absl::UnavailableError(gone->second.empty()
+                                        ? absl::StrCat("rank ", src, " has shut down")
+                                        : gone->second);
     }
     return absl::DeadlineExceededError(
         absl::StrCat("no message from rank ", src, " with tag ", tag, " before the deadline"));
@@ -69,9 +71,9 @@ absl::StatusOr<size_t> Mailbox::Receive(int src, uint64_t tag, absl::Span<uint8_
   return message.size();
 }
 
-void Mailbox::MarkGone(int src) {
+void Mailbox::MarkGone(int src, std::string why) {
   absl::MutexLock lock(&mu_);
-  gone_.insert(src);
+  gone_.emplace(src, std::move(why));
 }
 
 void Mailbox::Close() {

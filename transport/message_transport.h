@@ -18,7 +18,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -42,8 +41,11 @@ class Mailbox {
   absl::StatusOr<size_t> Receive(int src, uint64_t tag, absl::Span<uint8_t> out,
                                  absl::Time deadline);
 
-  // `src` has left: Receives from it with nothing queued fail UNAVAILABLE.
-  void MarkGone(int src);
+  // `src` has left: Receives from it with nothing queued fail UNAVAILABLE,
+  // with `why` as the message ("rank N has shut down" when empty); waiting
+  // Receives wake at once. Messages already queued are still received. The
+  // first reason given for a rank is kept. Idempotent.
+  void MarkGone(int src, std::string why = "");
 
   // Wakes every waiter (CANCELLED) and refuses later deliveries; drops what
   // is queued. Idempotent.
@@ -54,7 +56,7 @@ class Mailbox {
   using Key = std::pair<int, uint64_t>;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, std::deque<std::string>> queues_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int> gone_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::string> gone_ ABSL_GUARDED_BY(mu_);  // rank -> why
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -41,6 +41,17 @@ constexpr uint64_t kCtsTagBase = uint64_t{1} << 60;
 constexpr uint64_t kGroupTagBase = uint64_t{2} << 60;
 // Host Recv accepts device-sent messages of up to this many pieces.
 constexpr size_t kHostRecvMaxPieces = 16;
+// NCCL groups of one message enqueued on a communicator and not yet
+// completed, at most. A blocking ncclGroupEnd on connected channels does
+// not wait for the peer, except when the communicator's work FIFO
+// (NCCL_WORK_FIFO_BYTES, 1 MiB by default) is full of work that kernels
+// stuck on a dead peer have not consumed (NCCL's waitWorkFifoAvailable
+// then spins until an abort) or the stream's launch queue is full of such
+// kernels. One group's work is ~48 bytes per piece (ncclDevWorkP2p), so
+// 64 groups of a message of at most kNcclMaxPieces pieces stay far below
+// both: before group k the caller waits (polled, against its deadline) for
+// group k - 64 to complete.
+constexpr size_t kMaxGroupsInFlight = 64;
 // The control channel's mailboxes: the header channel's and the sync
 // channel's (frames land where a gRPC message of that channel would).
 enum ControlBox : uint32_t { kHeaderBox = 0, kSyncBox = 1 };
@@ -158,6 +169,7 @@ struct Comm {
     if (stream != nullptr) cudaStreamDestroy(stream);
     if (done != nullptr) cudaEventDestroy(done);
     if (ready != nullptr) cudaEventDestroy(ready);
+    for (cudaEvent_t e : group_done) cudaEventDestroy(e);
     if (dev != nullptr) cudaFree(dev);
     if (pinned != nullptr) cudaFreeHost(pinned);
   }
@@ -181,6 +193,12 @@ struct Comm {
 
   const int device;
   ncclComm_t comm = nullptr;
+  // The other ranks on it: a wait on it fails at once when one of them
+  // hangs up (SocketChannel::PeerGone).
+  std::vector<int> peers;
+  // Completion of the groups of a message of more than kMaxGroupsInFlight
+  // groups, slot k % kMaxGroupsInFlight (created on first need).
+  std::vector<cudaEvent_t> group_done;
   // A blocking pair communicator still being created (comm null until
   // Ready takes it); null otherwise.
   std::shared_ptr<Creation> creation;
@@ -211,13 +229,13 @@ absl::StatusOr<std::unique_ptr<Comm>> StartComm(int device, int nranks, int rank
   return c;
 }
 
-// PARAMD_NCCL_BLOCKING (read at endpoint open): "1" makes the direction
-// communicators blocking (faster cold fetches, see nccl_transport.h); the
-// default stays non-blocking until the daemon device-fetch test has run
-// with blocking ones (nccl_test, fetch_test and kill_test have).
+// PARAMD_NCCL_BLOCKING (read at endpoint open): the direction
+// communicators are blocking (the default: faster enqueue, see
+// nccl_transport.h) unless it is "0" (non-blocking, the kind before
+// session 3, kept for A/B runs and as a fallback).
 bool BlockingPairsFromEnv() {
   const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 // The helper thread of a blocking pair communicator: init (blocking), one
@@ -664,8 +682,25 @@ class NcclTransportImpl final : public NcclTransport {
 
   absl::Status CheckCall(int peer, uint64_t tag, absl::Time deadline) const {
     RETURN_IF_ERROR(CheckPeerAndTag(peer, tag));
+    // A peer that hung up gets nothing more (its receives fail in the
+    // mailbox the same way).
+    if (control_ != nullptr) RETURN_IF_ERROR(control_->PeerStatus(peer));
     if (absl::Now() >= deadline) return absl::DeadlineExceededError("deadline already passed");
     return absl::OkStatus();
+  }
+
+  // The first of `ranks` that hung up on the control channel, or -1.
+  int GonePeer(const std::vector<int>& ranks) const {
+    if (control_ == nullptr) return -1;
+    for (int r : ranks) {
+      if (control_->PeerGone(r)) return r;
+    }
+    return -1;
+  }
+
+  absl::Status PeerGoneError(absl::string_view what, int peer) const {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": ", control_->PeerStatus(peer).message()));
   }
 
   absl::Status CheckGroup(absl::Span<const int> group) const {
@@ -707,6 +742,9 @@ class NcclTransportImpl final : public NcclTransport {
   absl::Status Poll(Comm& c, cudaEvent_t event, absl::Time deadline, absl::string_view what) {
     for (int spin = 0;; ++spin) {
       if (shut_down_.load()) return absl::CancelledError(absl::StrCat(what, ": shut down"));
+      // A peer's hang-up: a kernel waiting on it would only end at the
+      // deadline; the caller retires (aborts) the communicator.
+      if (const int gone = GonePeer(c.peers); gone >= 0) return PeerGoneError(what, gone);
       ncclResult_t async = ncclSuccess;
       ncclResult_t r = ncclCommGetAsyncError(c.comm, &async);
       if (r != ncclSuccess) async = r;
@@ -727,12 +765,37 @@ class NcclTransportImpl final : public NcclTransport {
     }
   }
 
-  // A direction's communicator (rank 0 sends, rank 1 receives): blocking
-  // with a warm-up at creation (StartPairComm), or non-blocking.
-  absl::StatusOr<std::unique_ptr<Comm>> StartDirectionComm(int rank, const ncclUniqueId& id,
+  // A direction's communicator with `peer` (rank 0 sends, rank 1
+  // receives): blocking with a warm-up at creation (StartPairComm, the
+  // default), or non-blocking (PARAMD_NCCL_BLOCKING=0).
+  absl::StatusOr<std::unique_ptr<Comm>> StartDirectionComm(int peer, int rank,
+                                                          const ncclUniqueId& id,
                                                           absl::Time deadline) {
-    if (blocking_pairs_) return StartPairComm(device_, rank, id, deadline);
-    return StartComm(device_, 2, rank, id);
+    absl::StatusOr<std::unique_ptr<Comm>> c = blocking_pairs_
+                                                  ? StartPairComm(device_, rank, id, deadline)
+                                                  : StartComm(device_, 2, rank, id);
+    if (c.ok()) (*c)->peers = {peer};
+    return c;
+  }
+
+  // Before group k of a message of `groups` groups: waits until at most
+  // kMaxGroupsInFlight - 1 of its groups are pending (see there).
+  absl::Status WaitForGroupSlot(Comm& c, size_t k, size_t groups, absl::Time deadline,
+                                absl::string_view what) {
+    if (groups <= kMaxGroupsInFlight) return absl::OkStatus();
+    while (c.group_done.size() < kMaxGroupsInFlight) {
+      cudaEvent_t e = nullptr;
+      GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      c.group_done.push_back(e);
+    }
+    if (k < kMaxGroupsInFlight) return absl::OkStatus();
+    return Poll(c, c.group_done[k % kMaxGroupsInFlight], deadline, what);
+  }
+
+  // After group k was enqueued (pairs with WaitForGroupSlot).
+  absl::Status GroupEnqueued(Comm& c, size_t k, size_t groups) {
+    if (groups <= kMaxGroupsInFlight) return absl::OkStatus();
+    return GPU_STATUS(cudaEventRecord(c.group_done[k % kMaxGroupsInFlight], c.stream));
   }
 
   // Waits until `c` can take operations: its blocking creation (init and
@@ -752,6 +815,8 @@ class NcclTransportImpl final : public NcclTransport {
           creation->comm = nullptr;
         } else if (shut_down_.load()) {
           s = absl::CancelledError("communicator init: shut down");
+        } else if (const int gone = GonePeer(c.peers); gone >= 0) {
+          s = PeerGoneError("communicator init", gone);
         } else if (absl::Now() >= deadline) {
           s = absl::DeadlineExceededError("communicator init: deadline exceeded");
         } else {
@@ -815,7 +880,9 @@ class NcclTransportImpl final : public NcclTransport {
   absl::Status SendControl(ControlBox box, int peer, uint64_t tag,
                            absl::Span<const uint8_t> bytes, absl::Time deadline) {
     if (control_ != nullptr && !peers_[peer].control_address.empty()) {
-      if (control_->Send(peer, box, tag, bytes, deadline).ok()) return absl::OkStatus();
+      absl::Status s = control_->Send(peer, box, tag, bytes, deadline);
+      // A peer that hung up is not tried again over gRPC.
+      if (s.ok() || control_->PeerGone(peer)) return s;
     }
     return (box == kHeaderBox ? header_ : sync_)->Send(peer, tag, bytes, deadline);
   }
@@ -904,7 +971,7 @@ class NcclTransportImpl final : public NcclTransport {
     absl::Status s = [&]() -> absl::Status {
       if (d.comm == nullptr || d.gen != h.gen) {
         d.comm.reset();
-        ASSIGN_OR_RETURN(d.comm, StartDirectionComm(0, h.id, deadline));
+        ASSIGN_OR_RETURN(d.comm, StartDirectionComm(peer, 0, h.id, deadline));
         d.gen = h.gen;
       }
       Comm& c = *d.comm;
@@ -921,6 +988,7 @@ class NcclTransportImpl final : public NcclTransport {
       }
       const std::vector<std::pair<size_t, size_t>> parts = PartRanges(sizes.size(), part_ends);
       for (size_t k = 0; k < parts.size(); ++k) {
+        RETURN_IF_ERROR(WaitForGroupSlot(c, k, parts.size(), deadline, "ncclSend"));
         if (host == nullptr && part_ready[k] != nullptr) {
           GPU_RETURN_IF_ERROR(cudaStreamWaitEvent(c.stream, part_ready[k], 0));
         }
@@ -932,6 +1000,7 @@ class NcclTransportImpl final : public NcclTransport {
         ncclResult_t end = ncclGroupEnd();
         if (r != ncclSuccess && r != ncclInProgress) end = r;
         RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclSend"));
+        RETURN_IF_ERROR(GroupEnqueued(c, k, parts.size()));
       }
       trace.Mark();
       GPU_RETURN_IF_ERROR(cudaEventRecord(c.done, c.stream));
@@ -960,7 +1029,8 @@ class NcclTransportImpl final : public NcclTransport {
     absl::MutexLock lock(&d.mu);
     if (p.header.gen > d.gen) {
       d.comm.reset();
-      absl::StatusOr<std::unique_ptr<Comm>> c = StartDirectionComm(1, p.header.id, deadline);
+      absl::StatusOr<std::unique_ptr<Comm>> c =
+          StartDirectionComm(peer, 1, p.header.id, deadline);
       if (!c.ok()) {
         ReplyCts(peer, p.header.xfer, kCtsStale, deadline);
         return c.status();
@@ -997,7 +1067,11 @@ class NcclTransportImpl final : public NcclTransport {
           for (const MutableDeviceBytes& piece : pieces) dst.push_back(piece.data);
         }
         // The sender's group structure, part by part.
-        for (const auto& [begin, end_piece] : PartRanges(p.sizes.size(), p.part_ends)) {
+        const std::vector<std::pair<size_t, size_t>> parts =
+            PartRanges(p.sizes.size(), p.part_ends);
+        for (size_t k = 0; k < parts.size(); ++k) {
+          const auto [begin, end_piece] = parts[k];
+          RETURN_IF_ERROR(WaitForGroupSlot(c, k, parts.size(), deadline, "ncclRecv"));
           ncclGroupStart();
           ncclResult_t r = ncclSuccess;
           for (size_t i = begin; i < end_piece && r == ncclSuccess; ++i) {
@@ -1006,6 +1080,7 @@ class NcclTransportImpl final : public NcclTransport {
           ncclResult_t end = ncclGroupEnd();
           if (r != ncclSuccess && r != ncclInProgress) end = r;
           RETURN_IF_ERROR(Enqueued(c, end, deadline, "ncclRecv"));
+          RETURN_IF_ERROR(GroupEnqueued(c, k, parts.size()));
         }
         trace.Mark();
         if (host != nullptr && p.header.total > 0) {
@@ -1054,6 +1129,9 @@ class NcclTransportImpl final : public NcclTransport {
       if (got != sizeof(id)) return absl::InternalError("bad group id message");
     }
     ASSIGN_OR_RETURN(g.comm, StartComm(device_, static_cast<int>(group.size()), index, id));
+    for (int r : group) {
+      if (r != rank_) g.comm->peers.push_back(r);
+    }
     g.agreed_count = ~size_t{0};
     absl::Status s = Poll(*g.comm, nullptr, deadline, "group communicator init");
     if (!s.ok()) g.comm.reset();
@@ -1105,6 +1183,8 @@ class NcclTransportImpl final : public NcclTransport {
         if (async != ncclSuccess && async != ncclInProgress) {
           s = absl::UnavailableError(
               absl::StrCat("group communicator: ", ncclGetErrorString(async)));
+        } else if (const int gone = GonePeer(g->comm->peers); gone >= 0) {
+          s = PeerGoneError("group communicator", gone);
         }
       }
       g->mu.Unlock();

@@ -15,35 +15,55 @@
 // direction, one write per message) that carries the headers and
 // clear-to-sends of NCCL transfers into the same mailboxes in ~20 us instead
 // of a gRPC Deliver call's few hundred (falls back to gRPC if a peer has
-// none or it fails; PARAMD_NCCL_CONTROL=grpc at endpoint open turns it
-// off). A message
-// larger than kNcclInlineMaxBytes between ranks on DIFFERENT GPUs goes:
+// none or it fails, but not for a peer that hung up; PARAMD_NCCL_CONTROL=grpc
+// at endpoint open turns it off). A message larger than kNcclInlineMaxBytes
+// between ranks on DIFFERENT GPUs goes:
 //   sender: header on (peer, tag) -> waits for the receiver's clear-to-send
 //   receiver: Recv matches the header -> clear-to-send -> ncclRecv
 //   sender: ncclSend (one group per message, one ncclSend per piece)
 // on a 2-rank communicator dedicated to that (sender -> receiver) direction,
 // so the order of NCCL operations on it is the receiver's order and the two
 // directions of a pair never wait on each other. Communicators are created
-// lazily (the unique id travels in the first header). With
-// PARAMD_NCCL_BLOCKING=1 at endpoint open a direction's communicator is
-// BLOCKING (ncclConfig_t::blocking = 1; a non-blocking one ends every group
-// on a new NCCL thread, ~250 us per side; measured FP8 cold fetch ratio
-// 0.93 against 0.89-0.92; not yet the default because the daemon
-// device-fetch test has not run with it): a detached
-// helper thread runs its init and one 16-byte warm-up transfer that
-// connects the pair's p2p channels, so that a transfer's ncclGroupEnd only
-// enqueues and never waits for the peer; the caller waits for the helper
-// against its deadline (on the deadline or a shutdown it gives up and the
-// helper aborts the communicator when NCCL returns; a helper whose peer
-// never joins stays blocked in the init, a leaked thread, never a caller's
-// hang). By default they are non-blocking (init and enqueue polled with
-// ncclCommGetAsyncError). Either way every
-// wait for the GPU polls ncclCommGetAsyncError and a CUDA event against the
-// caller's deadline, and a deadline, shutdown or NCCL error aborts the
-// communicator (ncclCommAbort, on a reaper thread: the watchdog that frees
-// a kernel stuck on a dead peer). The next message on that direction
-// starts a new generation with a fresh id, so a pair recovers after a
-// failed transfer.
+// lazily (the unique id travels in the first header).
+//
+// Direction communicators are BLOCKING by default (ncclConfig_t::blocking =
+// 1; PARAMD_NCCL_BLOCKING=0 at endpoint open gives the non-blocking ones of
+// sessions 1-2, which end every group on a new NCCL thread, ~250 us per
+// side: measured FP8 cold fetch ratio 0.93 blocking against 0.87-0.92).
+// DESIGN.md §4 asks for non-blocking ones so that a dead peer cannot hang
+// a call; the blocking ones keep that promise this way
+// (docs/ARCHITECTURE.md, "Transport communicators"): a detached helper
+// thread runs the init and one 16-byte warm-up transfer that connects
+// every p2p channel of the direction (NCCL connects them lazily, inside
+// the first ncclGroupEnd that uses them, which then waits for the peer);
+// the caller waits for the helper against its deadline (on the deadline,
+// a shutdown or the peer's hang-up it gives up and the helper aborts the
+// communicator when NCCL returns; a helper whose peer never joins stays
+// blocked in the init, a leaked thread, never a caller's hang). After the
+// warm-up a transfer's ncclGroupEnd only enqueues; the cases where it
+// could still wait (NCCL's work FIFO or the stream's launch queue full of
+// work stuck on a dead peer) are kept out by enqueuing at most 64 groups
+// of a message ahead of their completion. The amax group communicators
+// stay non-blocking (init and enqueue polled with ncclCommGetAsyncError).
+// Either way every wait for the GPU polls ncclCommGetAsyncError and a CUDA
+// event against the caller's deadline, and a deadline, shutdown, NCCL
+// error or hang-up of the peer aborts the communicator (ncclCommAbort, on
+// a reaper thread: the watchdog that frees a kernel stuck on a dead peer).
+// The next message on that direction starts a new generation with a fresh
+// id, so a pair recovers after a failed transfer.
+//
+// A peer's hang-up fails its transfers at once. The control channel holds
+// a TCP connection from every peer from the start; when one ends (EOF or
+// reset: the peer's process died or its transport shut down), that peer is
+// dead for this transport: Recv/RecvDevice from it with nothing queued and
+// every Send/SendDevice to it fail at once with UNAVAILABLE naming the
+// peer, and a transfer with it in progress (waiting for its clear-to-send,
+// its header, the communicator's creation or the GPU) fails within a poll
+// and aborts the pair communicator; group communicators with it fail in
+// AllReduceMax and WaitStream. A dead peer is not revived: open a new
+// world (the device channels do). Without a control channel
+// (PARAMD_NCCL_CONTROL=grpc) only the deadline and the host channel's
+// goodbye tell.
 //
 // Ranks on the SAME GPU (and messages to self) cannot share an NCCL
 // communicator (NCCL refuses duplicate GPUs): their bytes go inline over the

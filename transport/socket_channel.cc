@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -46,7 +47,8 @@ int PollTimeoutMs(absl::Time deadline, absl::Duration cap = absl::InfiniteDurati
   return static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
 }
 
-bool ReadFull(int fd, void* data, size_t size) {
+// 1: read all of `size`; 0: EOF first; -errno: a read error (a reset).
+int ReadFull(int fd, void* data, size_t size) {
   uint8_t* p = static_cast<uint8_t*>(data);
   while (size > 0) {
     const ssize_t n = read(fd, p, size);
@@ -56,10 +58,16 @@ bool ReadFull(int fd, void* data, size_t size) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
-      return false;  // EOF or error
+      return n == 0 ? 0 : -errno;
     }
   }
-  return true;
+  return 1;
+}
+
+// Why a connection ended, from ReadFull's result.
+std::string HangUpReason(int read_result) {
+  if (read_result == 0) return "hung up (EOF)";
+  return absl::StrCat("hung up (", std::strerror(-read_result), ")");
 }
 
 // Writes all of `bytes` to the non-blocking `fd`, waiting for room until
@@ -77,12 +85,12 @@ absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadl
       pollfd pf = {fd, POLLOUT, 0};
       const int timeout = PollTimeoutMs(deadline);
       if (timeout == 0 || poll(&pf, 1, timeout) == 0) {
-        return absl::DeadlineExceededError("control channel: write did not finish in time");
+        return absl::DeadlineExceededError("write did not finish in time");
       }
       continue;
     }
     return absl::UnavailableError(
-        absl::StrCat("control channel: write failed: ", std::strerror(errno)));
+        absl::StrCat("write failed: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -172,6 +180,54 @@ void SocketChannel::Start(int rank, std::vector<std::string> addresses,
   mailboxes_ = std::move(mailboxes);
   for (size_t i = 0; i < addresses_.size(); ++i) peers_.push_back(std::make_unique<Peer>());
   acceptor_ = std::thread([this] { AcceptLoop(); });
+  connector_ = std::thread([this] { ConnectAll(); });
+}
+
+// Opens the connection to every other peer up front, so that each peer
+// holds a reader on it (and sees this rank hang up) before any traffic.
+// A peer that cannot be reached now is left to Send's lazy connect.
+void SocketChannel::ConnectAll() {
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (closed_.load()) return;
+    if (peer == rank_ || addresses_[peer].empty()) continue;
+    Peer& p = *peers_[peer];
+    absl::MutexLock lock(&p.mu);
+    if (p.fd < 0 && !p.failed && !p.gone.load()) {
+      (void)ConnectLocked(peer, p, absl::Now() + kConnectTimeout);
+    }
+  }
+}
+
+bool SocketChannel::PeerGone(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(peers_.size()) && peers_[peer]->gone.load();
+}
+
+absl::Status SocketChannel::PeerStatus(int peer) {
+  if (!PeerGone(peer)) return absl::OkStatus();
+  Peer& p = *peers_[peer];
+  absl::MutexLock lock(&p.why_mu);
+  return absl::UnavailableError(p.why);
+}
+
+void SocketChannel::MarkDead(int peer, const std::string& why) {
+  Peer& p = *peers_[peer];
+  {
+    absl::MutexLock lock(&p.why_mu);
+    if (p.gone.load()) return;
+    p.why = why;
+    p.gone.store(true);
+  }
+  for (const std::shared_ptr<Mailbox>& box : mailboxes_) box->MarkGone(peer, why);
+  // Hang up our side too, so the peer agrees. A Send holding the lock is
+  // writing to that connection: it sees the flag once its write ends.
+  if (p.mu.TryLock()) {
+    if (p.fd >= 0) {
+      shutdown(p.fd, SHUT_RDWR);
+      close(p.fd);
+      p.fd = -1;
+    }
+    p.mu.Unlock();
+  }
 }
 
 void SocketChannel::AcceptLoop() {
@@ -198,21 +254,36 @@ void SocketChannel::AcceptLoop() {
 
 void SocketChannel::ReadLoop(int fd) {
   Hello hello;
-  if (!ReadFull(fd, &hello, sizeof(hello)) || hello.magic != kHelloMagic || hello.rank < 0 ||
+  if (ReadFull(fd, &hello, sizeof(hello)) != 1 || hello.magic != kHelloMagic || hello.rank < 0 ||
       hello.rank >= static_cast<int>(addresses_.size())) {
-    return;
+    return;  // a stranger: nobody to mark
   }
+  std::string why;
   for (;;) {
     FrameHeader h;
-    if (!ReadFull(fd, &h, sizeof(h)) || h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes ||
+    int r = ReadFull(fd, &h, sizeof(h));
+    if (r != 1) {
+      why = HangUpReason(r);
+      break;
+    }
+    if (h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes ||
         h.mailbox >= mailboxes_.size()) {
-      return;
+      why = "sent a malformed frame (connection dropped)";
+      break;
     }
     std::string bytes(h.size, '\0');
-    if (h.size > 0 && !ReadFull(fd, &bytes[0], h.size)) return;
+    if (h.size > 0 && (r = ReadFull(fd, &bytes[0], h.size)) != 1) {
+      why = HangUpReason(r);
+      break;
+    }
     // A closed mailbox (its transport shut down) refuses: nothing to do.
     (void)mailboxes_[h.mailbox]->Deliver(hello.rank, h.tag, std::move(bytes));
   }
+  // Our own Close ends every reader: that is no news about the peer.
+  if (closed_.load()) return;
+  shutdown(fd, SHUT_RDWR);  // closed by Close, with the other readers' fds
+  MarkDead(hello.rank, absl::StrCat("control channel: rank ", hello.rank, " (",
+                                    addresses_[hello.rank], ") ", why));
 }
 
 absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline) {
@@ -264,6 +335,8 @@ absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline
                                                sizeof(hello)),
                        deadline);
     if (!status.ok()) {
+      status = absl::Status(status.code(), absl::StrCat("control channel: hello to ",
+                                                        addresses_[peer], ": ", status.message()));
       close(fd);
       continue;
     }
@@ -285,19 +358,25 @@ absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
         absl::StrCat("control channel: frame of ", bytes.size(), " bytes"));
   }
   Peer& p = *peers_[peer];
+  RETURN_IF_ERROR(PeerStatus(peer));
   absl::MutexLock lock(&p.mu);
+  RETURN_IF_ERROR(PeerStatus(peer));
   if (p.fd < 0) RETURN_IF_ERROR(ConnectLocked(peer, p, deadline));
-  auto drop = [&p](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+  // A connection dropped mid-frame cannot be resumed (the peer's reader is
+  // out of step): the peer is dead for this channel from here on.
+  auto drop = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     shutdown(p.fd, SHUT_RDWR);
     close(p.fd);
     p.fd = -1;
-    return s;
+    const std::string why = absl::StrCat("control channel: rank ", peer, " (", addresses_[peer],
+                                         ") ", s.message());
+    MarkDead(peer, why);
+    return absl::Status(s.code(), why);
   };
   // The peer writes nothing on this connection: readable means it closed.
   pollfd pf = {p.fd, POLLIN | POLLRDHUP, 0};
   if (poll(&pf, 1, 0) == 1 && pf.revents != 0) {
-    return drop(absl::UnavailableError(
-        absl::StrCat("control channel: rank ", peer, " closed the connection")));
+    return drop(absl::UnavailableError("closed the connection"));
   }
   FrameHeader h;
   h.mailbox = mailbox;
@@ -318,6 +397,7 @@ void SocketChannel::Close() {
   const char byte = 1;
   (void)!write(wake_fd_[1], &byte, 1);
   if (acceptor_.joinable()) acceptor_.join();
+  if (connector_.joinable()) connector_.join();
   // New connections are refused from here on.
   close(listen_fd_);
   for (auto& p : peers_) {

@@ -9,14 +9,30 @@
 // message reaches the peer's mailbox in tens of microseconds instead of the
 // few hundred of a gRPC Deliver call.
 //
-// What it does NOT do (its user keeps a gRPC channel for these): tell
-// receivers that a peer left (a closed connection marks nothing gone),
+// A hang-up marks the peer dead. Start connects to every other peer at
+// once (in the background), so each rank holds a reader on every peer's
+// connection from the start; when a peer's connection ends with EOF or a
+// reset (its process died, or its channel closed), that peer is DEAD for
+// this channel: every mailbox given to Start marks it gone (pending and
+// later Receives of that peer with nothing queued fail at once with
+// UNAVAILABLE naming the peer and why; what was queued is still received),
+// PeerGone() turns true, and Sends to it fail at once with UNAVAILABLE. The
+// same holds when this side drops the connection itself (a write that
+// could not finish in time leaves a half-written frame; the peer then sees
+// the hang-up too, so both sides agree). A peer is never revived: its user
+// (the NCCL transport) closes the world and opens a new one. Not detected:
+// a peer's host that vanishes without a FIN/RST (no TCP keepalive here;
+// the caller's deadline covers it), and a peer whose connection could not
+// be opened (refused: Sends give UNAVAILABLE, nothing is marked).
+//
+// What it does NOT do (its user keeps a gRPC channel for these):
 // acknowledge delivery (Send returns once the frame is in the kernel's
 // socket buffer), or carry large messages efficiently.
 //
 // Threading: every method may be called from any thread, concurrently with
 // any other, except the destructor. Frames from one sender to one peer
-// arrive in the order their Sends returned.
+// arrive in the order their Sends returned. One reader thread per accepted
+// connection and one connector thread (joined by Close).
 #ifndef PARAMD_TRANSPORT_SOCKET_CHANNEL_H_
 #define PARAMD_TRANSPORT_SOCKET_CHANNEL_H_
 
@@ -58,21 +74,31 @@ class SocketChannel {
 
   // Joins as `rank`: frames from rank r for mailbox b go into mailboxes[b]
   // as coming from r; Send(peer, ...) connects to addresses[peer] (an empty
-  // address: Send gives UNAVAILABLE). Call once.
+  // address: Send gives UNAVAILABLE). Starts connecting to every other peer
+  // with an address in the background (so that their hang-ups are seen
+  // before any traffic); returns without waiting. Call once.
   void Start(int rank, std::vector<std::string> addresses,
              std::vector<std::shared_ptr<Mailbox>> mailboxes);
 
   // Writes one frame to `peer`'s mailbox `mailbox` with `tag`. Connects
   // first if needed (bounded by the deadline and ~2 s). OK once the frame is
-  // in the socket buffer. UNAVAILABLE if the peer cannot be reached or has
-  // closed its end (the caller may fall back to another channel; a frame may
-  // then have been half-written, which the reader drops), DEADLINE_EXCEEDED
-  // if the write could not finish in time (the connection is then dropped).
+  // in the socket buffer. UNAVAILABLE at once for a dead peer (see above;
+  // the message names the peer), UNAVAILABLE if the peer cannot be reached
+  // (the caller may fall back to another channel) or hangs up during the
+  // write (the peer is then dead), DEADLINE_EXCEEDED if the write could not
+  // finish in time (the connection is dropped and the peer is dead).
   absl::Status Send(int peer, uint32_t mailbox, uint64_t tag, absl::Span<const uint8_t> bytes,
                     absl::Time deadline);
 
-  // Stops accepting, closes every connection and joins the threads.
-  // Idempotent; later Sends give FAILED_PRECONDITION.
+  // Whether `peer` hung up (see above). Lock-free: for polling loops.
+  bool PeerGone(int peer) const;
+
+  // OK while `peer` is not known dead, else UNAVAILABLE naming it and why.
+  absl::Status PeerStatus(int peer);
+
+  // Stops accepting, closes every connection and joins the threads (the
+  // peers then see this rank hang up). Idempotent; later Sends give
+  // FAILED_PRECONDITION. Marks nobody dead.
   void Close();
 
  private:
@@ -80,13 +106,20 @@ class SocketChannel {
     absl::Mutex mu;
     int fd ABSL_GUARDED_BY(mu) = -1;
     bool failed ABSL_GUARDED_BY(mu) = false;  // do not retry a refused peer
+    std::atomic<bool> gone{false};            // hung up: see the file comment
+    absl::Mutex why_mu;
+    std::string why ABSL_GUARDED_BY(why_mu);  // set before `gone`
   };
 
   SocketChannel(int listen_fd, int wake_fd[2], std::string address);
   absl::Status ConnectLocked(int peer, Peer& p, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   void AcceptLoop();
+  void ConnectAll();
   void ReadLoop(int fd);
+  // Marks `peer` dead with `why` (the first reason is kept): its mailboxes'
+  // Receives and its Sends fail UNAVAILABLE from here on.
+  void MarkDead(int peer, const std::string& why);
 
   int listen_fd_;
   int wake_fd_[2];
@@ -97,6 +130,7 @@ class SocketChannel {
   std::vector<std::shared_ptr<Mailbox>> mailboxes_;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::thread acceptor_;
+  std::thread connector_;
   absl::Mutex readers_mu_;
   std::vector<int> reader_fds_ ABSL_GUARDED_BY(readers_mu_);
   std::vector<std::thread> readers_ ABSL_GUARDED_BY(readers_mu_);

@@ -1,11 +1,16 @@
 #include "transport/socket_channel.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
@@ -116,6 +121,115 @@ TEST(SocketChannelTest, GarbageFromAStrangerIsDropped) {
   EXPECT_TRUE((*stranger)->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).ok());
   ASSERT_TRUE(pair.channels[0]->Send(1, 0, 1, Bytes("ok"), In(absl::Seconds(10))).ok());
   EXPECT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "ok");
+}
+
+// A receive waiting on a peer fails at once when that peer's channel closes,
+// not at its deadline; what the peer sent before is still received; sends
+// to it fail at once; both sides agree.
+TEST(SocketChannelTest, PeerHangUpFailsPendingAndLaterCalls) {
+  Pair pair;
+  ASSERT_TRUE(pair.channels[1]->Send(0, 1, 5, Bytes("before"), In(absl::Seconds(10))).ok());
+  std::string waited_for;
+  absl::Duration waited;
+  std::thread waiter([&] {
+    const absl::Time start = absl::Now();
+    waited_for = pair.Take(0, 0, 1, 9, absl::Seconds(30));
+    waited = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(pair.channels[0]->PeerGone(1));
+  pair.channels[1]->Close();
+  waiter.join();
+  EXPECT_TRUE(absl::StartsWith(waited_for, "UNAVAILABLE")) << waited_for;
+  EXPECT_TRUE(absl::StrContains(waited_for, "rank 1")) << waited_for;
+  EXPECT_LT(waited, absl::Seconds(5));
+  EXPECT_TRUE(pair.channels[0]->PeerGone(1));
+  // Queued before the hang-up: still there.
+  EXPECT_EQ(pair.Take(0, 1, 1, 5, absl::Seconds(10)), "before");
+  // Later receives (either mailbox) and sends: at once.
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(absl::StartsWith(pair.Take(0, 1, 1, 5, absl::Seconds(30)), "UNAVAILABLE"));
+  absl::Status s = pair.channels[0]->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(30)));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1")) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // The closed side marks nobody dead.
+  EXPECT_FALSE(pair.channels[1]->PeerGone(0));
+}
+
+// Rank 1 in another process, SIGKILLed while rank 0 waits for it: the
+// kernel's hang-up fails the receive within a second, naming rank 1. Forks
+// before any thread of this test exists (the child runs only its own
+// channel).
+TEST(SocketChannelTest, KilledPeerProcessFailsPendingReceive) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(to_child[1]);
+    close(to_parent[0]);
+    absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("");
+    if (!c.ok()) _exit(2);
+    std::string mine = (*c)->address() + "\n";
+    if (write(to_parent[1], mine.data(), mine.size()) != static_cast<ssize_t>(mine.size())) {
+      _exit(3);
+    }
+    std::string theirs;
+    char ch;
+    while (read(to_child[0], &ch, 1) == 1 && ch != '\n') theirs += ch;
+    std::vector<std::shared_ptr<Mailbox>> boxes = {std::make_shared<Mailbox>()};
+    (*c)->Start(1, {theirs, (*c)->address()}, boxes);
+    if (!(*c)->Send(0, 0, 1, Bytes("up"), In(absl::Seconds(10))).ok()) _exit(4);
+    for (;;) pause();
+  }
+  close(to_child[0]);
+  close(to_parent[1]);
+  absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::string theirs;
+  char ch;
+  while (read(to_parent[0], &ch, 1) == 1 && ch != '\n') theirs += ch;
+  ASSERT_FALSE(theirs.empty());
+  const std::string mine = (*c)->address() + "\n";
+  ASSERT_EQ(write(to_child[1], mine.data(), mine.size()), static_cast<ssize_t>(mine.size()));
+  auto box = std::make_shared<Mailbox>();
+  (*c)->Start(0, {(*c)->address(), theirs}, {box});
+  std::string up(8, '\0');
+  absl::StatusOr<size_t> got =
+      box->Receive(1, 1, absl::MakeSpan(reinterpret_cast<uint8_t*>(&up[0]), up.size()),
+                   In(absl::Seconds(20)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(up.substr(0, *got), "up");
+
+  absl::Status waiting;
+  absl::Duration waited;
+  std::thread waiter([&] {
+    const absl::Time start = absl::Now();
+    waiting = box->Receive(1, 2, absl::MakeSpan(reinterpret_cast<uint8_t*>(&up[0]), up.size()),
+                           In(absl::Seconds(60)))
+                  .status();
+    waited = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time killed = absl::Now();
+  kill(child, SIGKILL);
+  waiter.join();
+  const absl::Duration after_kill = absl::Now() - killed;
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
+  EXPECT_TRUE(absl::StrContains(waiting.message(), "rank 1")) << waiting;
+  EXPECT_LT(after_kill, absl::Seconds(1));
+  EXPECT_GT(waited, absl::Milliseconds(150));  // it really was waiting
+  std::printf("receive failed %.1f ms after the SIGKILL: %s\n",
+              absl::ToDoubleMilliseconds(after_kill), std::string(waiting.message()).c_str());
+  EXPECT_TRUE((*c)->PeerGone(1));
+  EXPECT_EQ((*c)->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).code(),
+            absl::StatusCode::kUnavailable);
+  close(to_child[1]);
+  close(to_parent[0]);
 }
 
 // Not an assertion on speed (CI machines vary): prints the one-way latency

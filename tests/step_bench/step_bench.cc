@@ -16,12 +16,13 @@
 // through a second world whose control messages (header, clear-to-send) go
 // over gRPC instead of the socket control channel (PARAMD_NCCL_CONTROL=grpc;
 // the A/B of that channel), and through a third world whose direction
-// communicators are of the other kind (PARAMD_NCCL_BLOCKING flipped: the
-// A/B of blocking vs non-blocking communicators); a pipelined step where the
-// fetch of tensor i waits only for tensor i's quantization (one message per
-// tensor, and as one SendDevicePipelined message); and a
-// double-buffered one where the fetch of version v runs during the step
-// that produces v+1.
+// communicators are of the other kind (the A/B of blocking vs non-blocking
+// communicators: blocking by default, so the third world is non-blocking
+// unless the run sets PARAMD_NCCL_BLOCKING=0, which swaps the two); a
+// pipelined step where the fetch of tensor i waits only for tensor i's
+// quantization (one message per tensor, and as one SendDevicePipelined
+// message); and a double-buffered one where the fetch of version v runs
+// during the step that produces v+1.
 //
 // Medians over --steps timed steps after --warmup. Prints a table;
 // --json=PATH writes the numbers.
@@ -137,11 +138,12 @@ struct Result {
   bool verified = false;
 };
 
-// Whether this process's worlds use blocking direction communicators
-// (PARAMD_NCCL_BLOCKING=1; default off; transport/nccl_transport.h).
+// Whether this process's worlds use blocking direction communicators: the
+// transport's default, unless PARAMD_NCCL_BLOCKING=0 (the same rule as
+// transport/nccl_transport.cc's BlockingPairsFromEnv).
 bool DefaultBlocking() {
   const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
-  return v != nullptr && std::string(v) == "1";
+  return v == nullptr || std::string(v) != "0";
 }
 
 // `grpc_control`: the world's control messages go over gRPC (the socket
