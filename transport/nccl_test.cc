@@ -264,6 +264,53 @@ TEST_F(NcclTwoGpuTest, PipelinedSendInPartsBehindEvents) {
   cudaStreamDestroy(side);
 }
 
+// More parts than the transport enqueues ahead of their completion (64):
+// each piece behind its own event, so each is its own NCCL group on both
+// sides; the later groups wait for earlier ones (WaitForGroupSlot). Two
+// rounds on one communicator reuse the group events.
+TEST_F(NcclTwoGpuTest, PipelinedSendWithMorePartsThanGroupsInFlight) {
+  constexpr size_t kPieces = 150;
+  std::vector<std::unique_ptr<DeviceBuffer>> src, dst;
+  std::vector<DeviceBytes> send;
+  std::vector<MutableDeviceBytes> recv;
+  std::vector<cudaEvent_t> ready(kPieces);
+  cudaSetDevice(0);
+  for (size_t i = 0; i < kPieces; ++i) {
+    const size_t size = 1000 + 37 * i;
+    src.push_back(std::make_unique<DeviceBuffer>(0, size));
+    dst.push_back(std::make_unique<DeviceBuffer>(1, size));
+    send.push_back({src.back()->data, size});
+    recv.push_back({dst.back()->data, size});
+    cudaSetDevice(0);
+    ASSERT_EQ(cudaEventCreateWithFlags(&ready[i], cudaEventDisableTiming), cudaSuccess);
+  }
+  cudaStream_t side;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), cudaSuccess);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::vector<uint8_t>> host;
+    for (size_t i = 0; i < kPieces; ++i) {
+      host.push_back(Pattern(send[i].size, 1000 * round + i));
+      src[i]->Upload(host[i]);
+      cudaSetDevice(0);
+      ASSERT_EQ(cudaEventRecord(ready[i], side), cudaSuccess);
+    }
+    absl::Status sent;
+    std::thread sender([&] {
+      sent = nccl_[0]->SendDevicePipelined(1, 70 + round, send, ready, In(absl::Seconds(30)));
+    });
+    absl::Status got = nccl_[1]->RecvDevice(0, 70 + round, recv, In(absl::Seconds(30)));
+    sender.join();
+    ASSERT_TRUE(sent.ok()) << sent;
+    ASSERT_TRUE(got.ok()) << got;
+    for (size_t i = 0; i < kPieces; ++i) {
+      ASSERT_TRUE(dst[i]->Download() == host[i]) << "round " << round << " piece " << i;
+    }
+  }
+  cudaSetDevice(0);
+  for (cudaEvent_t e : ready) cudaEventDestroy(e);
+  cudaStreamDestroy(side);
+}
+
 TEST_F(NcclTwoGpuTest, AllReduceMaxOverNccl) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
