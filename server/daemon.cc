@@ -487,25 +487,41 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   void RunStep(int64_t from, bool apply_optimizer, bool update_delayed = true) {
     AllReduceMaxFn all_reduce;
     ShardBackend* shards;
+    bool shutting_down;
     {
       absl::MutexLock lock(&mu_);
       all_reduce = all_reduce_;
       shards = shards_.get();
       shards->set_data_plane(data_plane_transport_, options_.step_timeout);
+      shards->set_step_enqueued([this](int64_t version) { OnStepEnqueued(version); });
+      // The gpu backend rewrites the device slot of the version before
+      // `from` (it keeps two): device sends of it that already started
+      // finish first, later ones are refused (ServeDeviceFetch). Sends of
+      // `from` itself run beside the step; there is no whole-step lock.
+      overwriting_version_ = previous_ ? previous_->version : -1;
+      auto unpinned = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return shut_down_ || fetch_pins_.count(overwriting_version_) == 0;
+      };
+      mu_.Await(absl::Condition(&unpinned));
+      shutting_down = shut_down_;
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> result;
-    {
-      // A step rewrites the device slot of the version before `from`: no
-      // device fetch reads published buffers meanwhile (ServeDeviceFetch).
-      absl::WriterMutexLock device_lock(&device_mu_);
-      result = all_reduce ? shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed)
-                          : absl::FailedPreconditionError("data plane not open");
+    if (shutting_down) {
+      // Sends may still read the slot: never rewrite it under them.
+      result = absl::UnavailableError("daemon shutting down");
+    } else if (!all_reduce) {
+      result = absl::FailedPreconditionError("data plane not open");
+    } else {
+      result = shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed);
     }
+    shards->set_step_enqueued(nullptr);
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
+      overwriting_version_ = -1;
+      in_flight_version_ = -1;
       if (result.ok()) {
         previous_ = apply_optimizer ? latest_ : nullptr;
         latest_ = *result;
@@ -523,6 +539,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       return;
     }
     ReportVersion(from + 1, seconds);
+  }
+
+  // Step thread (ShardBackend::set_step_enqueued): `version`'s device work
+  // is enqueued, so FetchDevice calls with reply_after_send waiting for it
+  // may start their sends now (behind the per-tensor ready events).
+  void OnStepEnqueued(int64_t version) {
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_version_ = version;
+    }
+    publish_waiters_.WakeAll();
   }
 
   // Worker thread: waits until the join thread is done (bounded), then
@@ -739,6 +766,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     stats->set_pushers_expected(expected_pushers_);
     stats->set_bytes_served_rowwise(bytes_served_[0].load());
     stats->set_bytes_served_columnwise(bytes_served_[1].load());
+    stats->set_device_fetches_streamed(device_fetches_streamed_.load());
+    stats->set_device_fetches_beside_step(device_fetches_beside_step_.load());
     stats->set_bytes_pushed(bytes_pushed_.load());
     stats->set_steps(steps_);
     stats->set_last_step_seconds(last_step_seconds_);
@@ -778,6 +807,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   Worker worker_;
   WaitList publish_waiters_;
   std::atomic<int64_t> bytes_served_[2] = {0, 0};
+  // DaemonStats.device_fetches_streamed / device_fetches_beside_step.
+  std::atomic<int64_t> device_fetches_streamed_{0};
+  std::atomic<int64_t> device_fetches_beside_step_{0};
   std::atomic<int64_t> bytes_pushed_{0};
 
   mutable absl::Mutex mu_;
@@ -809,6 +841,15 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::set<std::string> pushers_ ABSL_GUARDED_BY(mu_);
   bool stepping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t stepping_from_ ABSL_GUARDED_BY(mu_) = -2;
+  // Device sends in progress per version (pinned by ServeDeviceFetch): a
+  // step waits until none reads the version whose slot it rewrites.
+  std::map<int64_t, int> fetch_pins_ ABSL_GUARDED_BY(mu_);
+  // While a step runs: the version whose device slot it rewrites (-1:
+  // none); sends of it are refused (NOT_FOUND, dropped) from then on.
+  int64_t overwriting_version_ ABSL_GUARDED_BY(mu_) = -1;
+  // The version being stepped once its device work is enqueued (-1: none):
+  // FetchDevice with reply_after_send streams it (OnStepEnqueued).
+  int64_t in_flight_version_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t failed_step_from_ ABSL_GUARDED_BY(mu_) = -2;
   absl::Status last_step_error_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
@@ -824,10 +865,27 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     Worker worker;  // serial: Connect, then the sends in request order. Last
                     // member: joined before the channel is destroyed.
   };
-  // The device send of one FetchDevice, on the channel's worker.
+  // The outcome of a FetchDevice with reply_after_send, set by its send on
+  // the channel's worker (then publish_waiters_ is woken) and read by the
+  // call's poll, which answers with it.
+  struct DeviceFetchCall {
+    absl::Mutex mu;
+    std::optional<absl::Status> result ABSL_GUARDED_BY(mu);
+  };
+  // The device send of one FetchDevice, on the channel's worker: pins
+  // `version` for the send; `in_flight`: it may be the step in flight
+  // (reply_after_send), sent behind the step's per-tensor events, and then
+  // OK only once published. Reports to `call` when not null.
   void ServeDeviceFetch(ChannelState* c, int64_t version, int64_t generation,
                         const std::vector<DeviceFetchItem>& items, uint64_t tag,
-                        absl::Time deadline, int64_t bytes[2]);
+                        absl::Time deadline, int64_t bytes[2], bool in_flight,
+                        const std::shared_ptr<DeviceFetchCall>& call);
+  // A FetchDevice of `version` asked for while it was being stepped: waits
+  // until that step ended. `sent`: its bytes left during the step; OK if
+  // the step published `version` (same model generation). Not `sent` (the
+  // send came after the step, and found the version not held): why not
+  // (NOT_FOUND dropped, ABORTED the step failed). Else why not.
+  absl::Status AwaitStepOf(int64_t version, int64_t generation, bool sent, absl::Time deadline);
   // A validated device push (PushGradientsDevice), queued on its channel.
   struct DevicePush {
     int64_t version = 0;
@@ -853,15 +911,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                 std::unique_ptr<StagedDevicePush> staged,
                                 rpc::PushGradientsResponse* response);
 
-  // Validates a FetchDevice and, once its version is published, fills the
-  // plan and queues the send. nullopt: wait for a publish.
+  // Validates a FetchDevice and, once its version is published (with
+  // `call`, reply_after_send: or its step's work enqueued), fills the plan
+  // and queues the send. nullopt: wait for a publish.
   std::optional<absl::Status> StartDeviceFetch(const rpc::FetchDeviceRequest& request,
                                                absl::Time deadline,
-                                               rpc::FetchDeviceResponse* response);
+                                               rpc::FetchDeviceResponse* response,
+                                               std::shared_ptr<DeviceFetchCall> call);
 
-  // Readers: device sends (they read published device buffers); writer: a
-  // step (it rewrites a slot) and a load (it frees the old backend). Taken
-  // before mu_.
+  // Readers: device sends and device-push commits (they use the backend's
+  // device memory); writer: a load (it frees the old backend). Steps do not
+  // take it: they wait for pins instead (fetch_pins_). Taken before mu_.
   absl::Mutex device_mu_;
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<ChannelState>> channels_ ABSL_GUARDED_BY(mu_);
@@ -1327,9 +1387,9 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   reaper_.Post([c] {});
 }
 
-std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDeviceRequest& request,
-                                                           absl::Time deadline,
-                                                           rpc::FetchDeviceResponse* response) {
+std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
+    const rpc::FetchDeviceRequest& request, absl::Time deadline,
+    rpc::FetchDeviceResponse* response, std::shared_ptr<DeviceFetchCall> call) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
   auto it = channels_.find(request.channel());
@@ -1342,9 +1402,17 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDevic
   }
   if (request.tag() > kMaxUserTag) return absl::InvalidArgumentError("FetchDevice tag too large");
   const int64_t version = request.version();
-  if (!latest_ || version > latest_->version) return std::nullopt;  // wait for a publish
+  // The step producing `version` has enqueued its work: a trainer that
+  // receives beside the call gets it tensor by tensor as it is quantized.
+  const bool in_flight = call != nullptr && version >= 0 && version == in_flight_version_ &&
+                         (!latest_ || version > latest_->version);
+  if (!in_flight && (!latest_ || version > latest_->version)) {
+    return std::nullopt;  // wait for a publish (or the step's enqueue)
+  }
   int64_t resolved;
-  if (version < 0 || version == latest_->version) {
+  if (in_flight) {
+    resolved = version;
+  } else if (version < 0 || version == latest_->version) {
     resolved = latest_->version;
   } else if (previous_ && version == previous_->version) {
     resolved = previous_->version;
@@ -1411,41 +1479,106 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDevic
   const int64_t generation = view.generation;
   const uint64_t tag = request.tag();
   c->worker.Post([this, c, resolved, generation, items = std::move(items), tag, deadline,
-                  b0 = bytes[0], b1 = bytes[1]] {
+                  b0 = bytes[0], b1 = bytes[1], in_flight, call] {
     int64_t b[2] = {b0, b1};
-    ServeDeviceFetch(c, resolved, generation, items, tag, deadline, b);
+    ServeDeviceFetch(c, resolved, generation, items, tag, deadline, b, in_flight, call);
   });
   return absl::OkStatus();
 }
 
 void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t generation,
                                     const std::vector<DeviceFetchItem>& items, uint64_t tag,
-                                    absl::Time deadline, int64_t bytes[2]) {
-  if (c->closed) return;
+                                    absl::Time deadline, int64_t bytes[2], bool in_flight,
+                                    const std::shared_ptr<DeviceFetchCall>& call) {
   absl::Status s;
-  {
+  bool streamed = false;     // sent while its version was stepped
+  bool beside_step = false;  // a held version sent while a step ran
+  if (c->closed) {
+    s = absl::UnavailableError("device channel closed before the send");
+  } else {
+    // Keeps a load from freeing the backend under the send.
     absl::ReaderMutexLock device_lock(&device_mu_);
     ShardBackend* backend = nullptr;
     {
       absl::MutexLock lock(&mu_);
-      const bool held = view_ != nullptr && view_->generation == generation &&
-                        ((latest_ && latest_->version == version) ||
-                         (previous_ && previous_->version == version));
-      if (held) backend = shards_.get();
+      beside_step = stepping_;
+      if (view_ != nullptr && view_->generation == generation) {
+        // A running step rewrites overwriting_version_'s slot: refused even
+        // though previous_ still names it until the step publishes.
+        const bool held = (latest_ && latest_->version == version) ||
+                          (previous_ && previous_->version == version &&
+                           version != overwriting_version_);
+        streamed = !held && in_flight && in_flight_version_ == version;
+        if (held || streamed) {
+          backend = shards_.get();
+          ++fetch_pins_[version];  // the step after next waits for it
+        }
+      }
     }
-    s = backend != nullptr
-            ? c->channel->Send(*backend, version, items, tag, deadline)
-            : absl::NotFoundError(absl::StrCat("version ", version,
-                                               " was dropped or reloaded before its send"));
+    if (backend == nullptr) {
+      s = absl::NotFoundError(
+          absl::StrCat("version ", version, " was dropped or reloaded before its send"));
+      // Asked for while it was being stepped, sent only after the step
+      // ended (e.g. behind the channel's connect), and never published.
+      if (in_flight) s = AwaitStepOf(version, generation, /*sent=*/false, deadline);
+    } else {
+      s = c->channel->Send(*backend, version, items, tag, deadline, streamed);
+      absl::MutexLock lock(&mu_);
+      auto it = fetch_pins_.find(version);
+      if (--it->second == 0) fetch_pins_.erase(it);
+    }
+    // The bytes left during the step: they are `version` only if it
+    // publishes.
+    if (s.ok() && streamed) s = AwaitStepOf(version, generation, /*sent=*/true, deadline);
+  }
+  if (call != nullptr) {
+    {
+      absl::MutexLock lock(&call->mu);
+      call->result = s;
+    }
+    publish_waiters_.WakeAll();  // the call's poll answers with it
   }
   if (s.ok()) {
     bytes_served_[0].fetch_add(bytes[0]);
     bytes_served_[1].fetch_add(bytes[1]);
+    if (streamed) {
+      device_fetches_streamed_.fetch_add(1);
+    } else if (beside_step) {
+      device_fetches_beside_step_.fetch_add(1);
+    }
     return;
   }
   Log(kTag, absl::StrCat("device fetch of version ", version, " on channel ", c->id, " (",
                          c->trainer, ") failed: ", s.ToString()));
   CloseDeviceChannel(c->id, absl::StrCat("device fetch failed: ", s.ToString()));
+}
+
+absl::Status Daemon::Impl::AwaitStepOf(int64_t version, int64_t generation, bool sent,
+                                       absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto settled = [this, version, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || view_ == nullptr || view_->generation != generation ||
+           in_flight_version_ != version;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the step producing version ", version, " did not finish before the deadline"));
+  }
+  if (shut_down_) return absl::UnavailableError("daemon shutting down");
+  if (view_ == nullptr || view_->generation != generation) {
+    return absl::AbortedError(absl::StrCat("the model was reloaded while version ", version,
+                                           " was being stepped"));
+  }
+  if (latest_ && latest_->version >= version) {
+    // Published: what was sent is that version. Not sent: it is held no
+    // more (ServeDeviceFetch found it neither held nor in flight).
+    return sent ? absl::OkStatus()
+                : absl::NotFoundError(
+                      absl::StrCat("version ", version, " was dropped before its send"));
+  }
+  return absl::AbortedError(absl::StrCat(
+      "the step producing version ", version, " failed (", last_step_error_.ToString(), ")",
+      sent ? ": the bytes sent are not a published version" : ""));
 }
 
 namespace {
@@ -1468,13 +1601,24 @@ grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext*
                                                     rpc::FetchDeviceResponse* response) {
   // The send is bounded by the call's deadline (no deadline: step_timeout).
   const absl::Time deadline = DeviceCallDeadline(context, options_.step_timeout);
-  return StartWaitingUnary(&publish_waiters_,
-                           [this, request, response, deadline]() -> std::optional<grpc::Status> {
-                             std::optional<absl::Status> s =
-                                 StartDeviceFetch(*request, deadline, response);
-                             if (!s.has_value()) return std::nullopt;
-                             return ToGrpcStatus(*s);
-                           });
+  // reply_after_send: the answer waits for the send (and the publish of a
+  // version streamed while stepped), reported through `call`.
+  std::shared_ptr<DeviceFetchCall> call =
+      request->reply_after_send() ? std::make_shared<DeviceFetchCall>() : nullptr;
+  return StartWaitingUnary(
+      &publish_waiters_,
+      [this, request, response, deadline, call,
+       queued = false]() mutable -> std::optional<grpc::Status> {
+        if (!queued) {
+          std::optional<absl::Status> s = StartDeviceFetch(*request, deadline, response, call);
+          if (!s.has_value()) return std::nullopt;
+          if (!s->ok() || call == nullptr) return ToGrpcStatus(*s);
+          queued = true;
+        }
+        absl::MutexLock lock(&call->mu);
+        if (!call->result.has_value()) return std::nullopt;
+        return ToGrpcStatus(*call->result);
+      });
 }
 
 // ---- Device push (PushGradientsDevice; NOT YET RUN ON A GPU) ----

@@ -75,9 +75,14 @@ class DeviceChannel {
   // Shutdown() (CANCELLED). FAILED_PRECONDITION if `backend` is not the gpu
   // backend; NOT_FOUND if it does not hold `version`. The caller keeps the
   // version's buffers from being rewritten until Send returns.
+  // `in_flight`: `version` is the backend's step in flight, whose work was
+  // enqueued (ShardBackend::set_step_enqueued fired for it): each item
+  // leaves once its tensor's quantization has completed on the device, so
+  // Send may return before the step finishes; the bytes are those of the
+  // version only if the step then succeeds (the caller says so).
   virtual absl::Status Send(ShardBackend& backend, int64_t version,
                             absl::Span<const DeviceFetchItem> items, uint64_t tag,
-                            absl::Time deadline) = 0;
+                            absl::Time deadline, bool in_flight = false) = 0;
 
   // Device gradient push, step 1 (NOT YET RUN ON A GPU): receives one
   // transport message with `tag` from the trainer, one piece per entry of

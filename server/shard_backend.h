@@ -96,6 +96,16 @@ class ShardBackend {
   // (it keeps what it needs alive).
   virtual HostBytesFn host_bytes() { return nullptr; }
 
+  // Called by Step, on Step's thread, once the device work of `new_version`
+  // has been enqueued and before Step waits for it: from then until Step
+  // returns, a device fetch of `new_version` may be sent behind the
+  // per-tensor ready events of the step (DeviceChannel::Send with
+  // in_flight). Only the gpu backend calls it (the cpu backend's Step
+  // publishes bytes it computed on the host). Must not block long or call
+  // back into the backend. Set by the daemon before each Step; null: none.
+  using StepEnqueuedFn = std::function<void(int64_t new_version)>;
+  virtual void set_step_enqueued(StepEnqueuedFn fn) { (void)fn; }
+
   // The daemons' data-plane transport (null: a single daemon) and the bound
   // on one collective, set by the daemon before each Step. The gpu backend
   // all-reduces its device amax vector on an NCCL transport directly (no

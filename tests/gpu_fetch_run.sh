@@ -14,7 +14,10 @@
 #              carry=[".gpu_bundle_fetch"], kind="nvidia-h200-x2")
 #          Logs land under $OUT. NVLink multicast stays off.
 #          Also runs deploy/gpu_trainer against a real gpu daemon.
-# Knobs (run): FILTER=<gtest filter> for daemon_fetch_test; VARIANTS=1 adds
+# Knobs (run): FILTER=<gtest filter> for daemon_fetch_test; OVERLAP=0 skips
+# daemon_overlap_test, BENCH=1 adds its step-loop benchmark (1.07e9
+# parameters; figures in docs/BENCHMARKS.md); ONLY=overlap runs nothing
+# but daemon_overlap_test (with its bench when BENCH=1); VARIANTS=1 adds
 # the two-daemons-on-one-GPU runs (docs/ARCHITECTURE.md, known limit);
 # TRAINER=0 skips the trainer example.
 set -uo pipefail
@@ -26,6 +29,7 @@ TARGETS=(
   //tests/gpu_integration:device_fetch_loop
   //tests/gpu_integration:daemon_push_test
   //tests/gpu_integration:fetch_test
+  //tests/gpu_integration:daemon_overlap_test
   //deploy/gpu_trainer:gpu_trainer
 )
 
@@ -48,6 +52,20 @@ cd "$B"
 ldd server/hybrid-paramd | grep "not found" && echo "MISSING LIBRARIES"
 export TEST_TMPDIR=/tmp/paramd_fetch_tmp
 mkdir -p "$TEST_TMPDIR"
+r4=skipped
+if [ "${OVERLAP:-1}" = 1 ]; then
+  # The overlap of issue 5 (in-flight fetch, fetch beside a step, failed step).
+  PARAMD_OVERLAP_BENCH=${BENCH:-0} timeout 240 tests/gpu_integration/daemon_overlap_test \
+    > "$OUT/daemon_overlap_test.log" 2>&1
+  r4=$?
+  grep -h "OVERLAP_TEST\|OVERLAP_BENCH" "$OUT/daemon_overlap_test.log"
+fi
+if [ "${ONLY:-}" = overlap ]; then
+  grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT/daemon_overlap_test.log" | head -40
+  echo "daemon_overlap_test rc=$r4: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' \
+    "$OUT/daemon_overlap_test.log" | tr '\n' ' ')"
+  exit 0
+fi
 timeout 100 tests/gpu_integration/fetch_test > "$OUT/fetch_test.log" 2>&1
 r1=$?
 timeout 400 tests/gpu_integration/daemon_fetch_test ${FILTER:+--gtest_filter=$FILTER} \
@@ -101,7 +119,7 @@ grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT"/*_test.log | hea
 echo "---- figures ----"
 grep -h "DEVICE_FETCH_BENCH\|daemon killed after\|closed: " "$OUT/daemon_fetch_test.log" | head -20
 echo "==== summary ===="
-for t in fetch_test:$r1 daemon_fetch_test:$r2 daemon_push_test:$r3; do
+for t in fetch_test:$r1 daemon_fetch_test:$r2 daemon_push_test:$r3 daemon_overlap_test:$r4; do
   n=${t%%:*}
   echo "$n rc=${t##*:}: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/$n.log" | tr '\n' ' ')"
 done

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -347,24 +348,60 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   for (auto& [rank, job] : jobs) {
     DaemonJob* j = &job;
     const int device = options_.device;
-    auto exchange = [j, device, deadline, version] {
+    const bool early = options_.stream_in_flight;
+    j->request.set_reply_after_send(early);
+    auto exchange = [j, device, deadline, version, early] {
       cudaSetDevice(device);
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
       rpc::FetchDeviceResponse response;
-      const grpc::Status g = j->channel->stub->FetchDevice(&context, j->request, &response);
-      if (!g.ok()) {
-        j->status = FromGrpcStatus(g, absl::StrCat("FetchDevice on daemon ", j->rank));
-        return;
-      }
-      j->status = CheckPlan(response.plan(), *j, version);
-      if (!j->status.ok()) return;
+      // The receive pieces come from the manifest (CheckPlan compares the
+      // daemon's plan with them), so they are known before the answer.
       std::vector<MutableDeviceBytes> pieces;
       for (const PieceJob& p : j->pieces) {
         AppendItemPieces(p.into.layout, p.into.data, p.into.scales, p.into.scale_inv, p.into.amax,
                          &pieces);
       }
-      j->status = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
+      if (early) {
+        // The receive is posted beside the call: the daemon sends as soon as
+        // it can (a version being stepped: tensor by tensor) and answers
+        // after. A call that fails sends nothing more, so it ends the
+        // receive (shutting the transport down: the channel is reopened).
+        auto answered = std::make_shared<std::promise<grpc::Status>>();
+        std::future<grpc::Status> answer = answered->get_future();
+        j->channel->stub->async()->FetchDevice(
+            &context, &j->request, &response, [answered, j](grpc::Status g) {
+              if (!g.ok()) j->channel->transport->Shutdown();
+              answered->set_value(std::move(g));
+            });
+        const absl::Status received = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces,
+                                                                    deadline);
+        // A failed receive: the daemon's answer usually says why; a daemon
+        // that does not answer soon is given up on.
+        bool cancelled = false;
+        if (!received.ok() &&
+            answer.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+          context.TryCancel();
+          cancelled = true;
+        }
+        const grpc::Status g = answer.get();
+        // The answer first: it says why nothing (or no published version)
+        // arrived. Bytes of a failed call are never handed out.
+        if (!g.ok() && !cancelled) {
+          j->status = FromGrpcStatus(g, absl::StrCat("FetchDevice on daemon ", j->rank));
+          return;
+        }
+        j->status = received.ok() ? CheckPlan(response.plan(), *j, version) : received;
+      } else {
+        const grpc::Status g = j->channel->stub->FetchDevice(&context, j->request, &response);
+        if (!g.ok()) {
+          j->status = FromGrpcStatus(g, absl::StrCat("FetchDevice on daemon ", j->rank));
+          return;
+        }
+        j->status = CheckPlan(response.plan(), *j, version);
+        if (!j->status.ok()) return;
+        j->status = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
+      }
       if (!j->status.ok()) {
         const std::string closed = j->channel->Closed();
         if (!closed.empty()) {

@@ -19,7 +19,9 @@
 // ids travel over the transport's gRPC header channel). A fetch sends one
 // Daemon.FetchDevice per daemon involved (in parallel): the daemon answers
 // with the plan (its pieces, in the order of fetch_plan.h) and sends them as
-// one NCCL group, which this side receives with one RecvDevice. A tensor in
+// one NCCL message, which this side receives with one RecvDevice posted
+// beside the call (stream_in_flight: a version the daemon is still stepping
+// streams tensor by tensor, the answer comes once it is published). A tensor in
 // one piece is received straight into the destination; the pieces of a
 // tensor split across daemons are received into scratch buffers and placed
 // with strided device copies (cudaMemcpy2DAsync) from the piece geometry of
@@ -87,6 +89,13 @@ struct DeviceFetcherOptions {
   // Receive from the daemons of one fetch concurrently (one thread each);
   // false: one daemon after the other.
   bool parallel = true;
+  // Post the receive beside the FetchDevice call (reply_after_send of
+  // proto/paramd.proto): a version the daemon is still stepping arrives
+  // tensor by tensor as the step quantizes it, and Fetch returns once the
+  // daemon has published it (a failed step fails the Fetch: its bytes are
+  // never handed out). false: the plan first, the receive after, so a
+  // version not yet published is waited for before any byte moves.
+  bool stream_in_flight = true;
 };
 
 // One (tensor, direction) to fetch.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -9,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -40,6 +42,22 @@ bool NeedsReduce(const HybridSpec& s, int dir) {
 bool SecondRound(const HybridSpec& s) {
   return NeedsReduce(s, 1) && Dequantized(s) && NeedsGlobalAmax(s.rowwise.format) &&
          s.rowwise.format != Format::kFp8Delayed;
+}
+
+// Test hooks (tests/gpu_integration/daemon_overlap_test.cc; the daemons
+// under test are separate hybrid-paramd processes, and no flag should offer
+// these): the integer value of environment variable `name`, or -1.
+int64_t TestHookFromEnv(const char* name) {
+  const char* v = std::getenv(name);
+  int64_t value = -1;
+  if (v == nullptr || !absl::SimpleAtoi(v, &value)) return -1;
+  std::fprintf(stderr, "gpu backend: test hook %s=%lld\n", name, static_cast<long long>(value));
+  return value;
+}
+
+// A host function on the store's stream: holds the stream for *ms.
+void CUDART_CB HoldStream(void* ms) {
+  absl::SleepFor(absl::Milliseconds(*static_cast<const int64_t*>(ms)));
 }
 
 absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
@@ -188,6 +206,8 @@ class GpuShardBackend : public ShardBackend {
   }
   GpuShardStore* store() { return store_.get(); }
 
+  void set_step_enqueued(StepEnqueuedFn fn) override { step_enqueued_ = std::move(fn); }
+
   void set_data_plane(Transport* transport, absl::Duration timeout) override {
     data_plane_known_ = true;
     transport_ = transport;
@@ -225,6 +245,10 @@ class GpuShardBackend : public ShardBackend {
           "); the device state is undefined: load the model again"));
     }
     RETURN_IF_ERROR(Upload(apply_optimizer));
+    if (apply_optimizer && step_delay_ms_ > 0) {
+      GPU_RETURN_IF_ERROR(cudaLaunchHostFunc(store_->stream(), HoldStream,
+                                             const_cast<int64_t*>(&step_delay_ms_)));
+    }
     // Bridge: the packed [tensor][direction] device amaxes <-> the daemon's
     // host all-reduce (same length on every daemon).
     DeviceAllReduce bridge = [&](float* values, size_t count,
@@ -266,6 +290,7 @@ class GpuShardBackend : public ShardBackend {
       };
       stepped = store_->EnqueueStep(new_version, apply_optimizer, device, update_delayed);
       if (stepped.ok()) {
+        if (step_enqueued_) step_enqueued_(new_version);
         stepped = nccl->WaitStream(store_->stream(), std::min(deadline, collective_deadline));
         absl::Status finished = store_->FinishStep(deadline);
         if (stepped.ok()) stepped = finished;
@@ -273,8 +298,16 @@ class GpuShardBackend : public ShardBackend {
     } else {
       // A single daemon reduces nothing; otherwise the host bridge.
       const bool single = data_plane_known_ && transport_ == nullptr;
-      stepped = store_->Step(new_version, apply_optimizer, single ? DeviceAllReduce() : bridge,
-                             deadline, update_delayed);
+      stepped = store_->EnqueueStep(new_version, apply_optimizer,
+                                    single ? DeviceAllReduce() : bridge, update_delayed);
+      if (stepped.ok()) {
+        if (step_enqueued_) step_enqueued_(new_version);
+        stepped = store_->FinishStep(deadline);
+      }
+    }
+    if (stepped.ok() && new_version == fail_step_) {
+      stepped = absl::InternalError(absl::StrCat(
+          "injected failure of the step to version ", new_version, " (PARAMD_GPU_FAIL_STEP)"));
     }
     if (stepped.ok()) stepped = Publish(new_version);
     if (!stepped.ok()) {
@@ -532,6 +565,14 @@ class GpuShardBackend : public ShardBackend {
   bool data_plane_known_ = false;
   Transport* transport_ = nullptr;
   absl::Duration collective_timeout_ = absl::Seconds(60);
+  StepEnqueuedFn step_enqueued_;  // ShardBackend::set_step_enqueued
+  // Test hooks (TestHookFromEnv). PARAMD_GPU_FAIL_STEP=<v>: the step to
+  // version v fails after its device work completed, as a device fault
+  // found at the end would. PARAMD_GPU_STEP_DELAY_MS=<n>: every optimizer
+  // step's device work starts n ms late (the stream is held), so that
+  // fetches meet a step in flight whatever the model's size. -1: off.
+  const int64_t fail_step_ = TestHookFromEnv("PARAMD_GPU_FAIL_STEP");
+  const int64_t step_delay_ms_ = TestHookFromEnv("PARAMD_GPU_STEP_DELAY_MS");
   bool logged_device_all_reduce_ = false;
   int64_t mirror_generation_ = -1;
 };

@@ -216,7 +216,7 @@ class NcclDeviceChannel : public DeviceChannel {
 
   absl::Status Send(ShardBackend& backend, int64_t version,
                     absl::Span<const DeviceFetchItem> items, uint64_t tag,
-                    absl::Time deadline) override {
+                    absl::Time deadline, bool in_flight) override {
     GpuShardStore* store = DeviceStoreOf(&backend);
     if (store == nullptr) {
       return absl::FailedPreconditionError(
@@ -234,6 +234,12 @@ class NcclDeviceChannel : public DeviceChannel {
     std::vector<FetchItem> fetch_items;
     fetch_items.reserve(items.size());
     for (const DeviceFetchItem& i : items) fetch_items.push_back({i.shard, i.direction});
+    // A step in flight: each tensor leaves once quantized (the daemon calls
+    // this only after the step's enqueue, so the events are this step's).
+    if (in_flight) {
+      return ServeFetchPipelined(*nccl, /*trainer=*/1, tag, *store, version, fetch_items,
+                                 deadline);
+    }
     // Published buffers are complete: Step() waited for the step's work
     // before publishing, so no event to wait on.
     return ServeFetch(*nccl, /*trainer=*/1, tag, *store, version, fetch_items,

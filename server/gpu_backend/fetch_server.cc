@@ -42,5 +42,19 @@ absl::Status ServeFetch(NcclTransport& transport, int trainer, uint64_t tag,
   return absl::OkStatus();
 }
 
+absl::Status ServeFetchPipelined(NcclTransport& transport, int trainer, uint64_t tag,
+                                 const GpuShardStore& store, int64_t version,
+                                 absl::Span<const FetchItem> items, absl::Time deadline) {
+  std::vector<DeviceBytes> pieces;
+  std::vector<cudaEvent_t> ready;
+  for (size_t k = 0; k < items.size(); ++k) {
+    ASSIGN_OR_RETURN(std::vector<DeviceBytes> item,
+                     FetchPieces(store, version, items.subspan(k, 1)));
+    pieces.insert(pieces.end(), item.begin(), item.end());
+    ready.insert(ready.end(), item.size(), store.TensorReady(items[k].shard));
+  }
+  return transport.SendDevicePipelined(trainer, tag, pieces, ready, deadline);
+}
+
 }  // namespace gpu_backend
 }  // namespace paramd

@@ -46,6 +46,21 @@ absl::Status ServeFetch(NcclTransport& transport, int trainer, uint64_t tag,
                         absl::Span<const FetchItem> items, bool per_item, absl::Time deadline,
                         cudaEvent_t ready = nullptr);
 
+// Sends `items` of `version`, the step in flight (GpuShardStore::
+// EnqueueStep of `version` has returned, FinishStep not yet), to `trainer`
+// as ONE message (SendDevicePipelined: one header / clear-to-send exchange)
+// whose pieces of item k leave once TensorReady(items[k].shard) has
+// completed: the trainer receives tensor i while tensor i+1 is quantized.
+// The same message as ServeFetch without `per_item`, so the trainer
+// receives it the same way. Must not be called before that EnqueueStep
+// returned (the events would stand for the previous step); may be called
+// after the version was published (the events then have completed, or
+// stand for a later step, which only delays the send: a later step writes
+// the other slot). NOT_FOUND as FetchPieces.
+absl::Status ServeFetchPipelined(NcclTransport& transport, int trainer, uint64_t tag,
+                                 const GpuShardStore& store, int64_t version,
+                                 absl::Span<const FetchItem> items, absl::Time deadline);
+
 }  // namespace gpu_backend
 }  // namespace paramd
 

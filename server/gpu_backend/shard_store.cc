@@ -266,13 +266,31 @@ absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const floa
 
 absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimizer,
                                         const DeviceAllReduce& all_reduce, bool update_delayed) {
-  if (writing_slot_ >= 0) return absl::FailedPreconditionError("a step is in flight");
+  int slot;
+  {
+    absl::MutexLock lock(&meta_mu_);
+    if (writing_slot_ >= 0) return absl::FailedPreconditionError("a step is in flight");
+    // Overwrite the older slot; readers of the newer one are untouched.
+    slot = slots_[0].version <= slots_[1].version ? 0 : 1;
+    slots_[slot].version = -1;
+    writing_slot_ = slot;
+    pending_version_ = new_version;
+  }
+  absl::Status s = EnqueueInto(slot, apply_optimizer, all_reduce, update_delayed);
+  if (!s.ok()) {
+    // Nothing in flight: the slot stays unpublished (its bytes may be part
+    // written) and Published() must not hand it out as the new version.
+    absl::MutexLock lock(&meta_mu_);
+    writing_slot_ = -1;
+    pending_version_ = -1;
+  }
+  return s;
+}
+
+absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
+                                        const DeviceAllReduce& all_reduce, bool update_delayed) {
   ScopedDevice guard(options_.device);
   const int n = static_cast<int>(shards_.size());
-  // Overwrite the older slot; readers of the newer one are untouched.
-  const int slot = slots_[0].version <= slots_[1].version ? 0 : 1;
-  slots_[slot].version = -1;
-  writing_slot_ = slot;
   Slot& out = slots_[slot];
 
   GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
@@ -425,13 +443,19 @@ absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimize
   // history and compute the next one (FORMATS.md §1 ordering).
   if (!delayed.empty()) RETURN_IF_ERROR(gpu::DelayedScalingUpdate(delayed, stream_));
   GPU_RETURN_IF_ERROR(cudaEventRecord(events_[4], stream_));
-  pending_version_ = new_version;
   step_start_ = absl::Now();
   return absl::OkStatus();
 }
 
 absl::Status GpuShardStore::FinishStep(absl::Time deadline) {
-  if (writing_slot_ < 0) return absl::FailedPreconditionError("no step in flight");
+  int slot;
+  int64_t version;
+  {
+    absl::MutexLock lock(&meta_mu_);
+    if (writing_slot_ < 0) return absl::FailedPreconditionError("no step in flight");
+    slot = writing_slot_;
+    version = pending_version_;
+  }
   ScopedDevice guard(options_.device);
   absl::Status s;
   for (int spin = 0;; ++spin) {
@@ -451,19 +475,20 @@ absl::Status GpuShardStore::FinishStep(absl::Time deadline) {
       absl::SleepFor(absl::Microseconds(50));
     }
   }
-  const int slot = writing_slot_;
-  writing_slot_ = -1;
-  if (!s.ok()) return s;
   float ms[4] = {0, 0, 0, 0};
-  for (int i = 0; i < 4; ++i) {
-    GPU_RETURN_IF_ERROR(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
+  for (int i = 0; i < 4 && s.ok(); ++i) {
+    s = GPU_STATUS(cudaEventElapsedTime(&ms[i], events_[i], events_[i + 1]));
   }
+  absl::MutexLock lock(&meta_mu_);
+  writing_slot_ = -1;
+  pending_version_ = -1;
+  if (!s.ok()) return s;
   timings_.optimizer_ms = ms[0];
   timings_.all_reduce_ms = ms[1];
   timings_.scaling_ms = ms[2];
   timings_.quantize_ms = ms[3];
   timings_.total_ms = absl::ToDoubleMilliseconds(absl::Now() - step_start_);
-  slots_[slot].version = pending_version_;
+  slots_[slot].version = version;
   return absl::OkStatus();
 }
 
@@ -477,6 +502,7 @@ absl::Status GpuShardStore::Step(int64_t new_version, bool apply_optimizer,
 }
 
 absl::StatusOr<const float*> GpuShardStore::PublishedScalars(int64_t version) const {
+  absl::MutexLock lock(&meta_mu_);
   for (const Slot& s : slots_) {
     if (s.version == version && version >= 0) return s.scalars;
   }
@@ -485,6 +511,7 @@ absl::StatusOr<const float*> GpuShardStore::PublishedScalars(int64_t version) co
 
 std::vector<int64_t> GpuShardStore::versions() const {
   std::vector<int64_t> v;
+  absl::MutexLock lock(&meta_mu_);
   for (const Slot& s : slots_) {
     if (s.version >= 0) v.push_back(s.version);
   }
@@ -497,9 +524,10 @@ absl::StatusOr<GpuPublishedDirection> GpuShardStore::Published(int64_t version, 
   if (shard < 0 || shard >= static_cast<int>(shards_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard));
   }
+  absl::MutexLock lock(&meta_mu_);
   for (int i = 0; i < 2; ++i) {
     const Slot& s = slots_[i];
-    const bool in_flight = i == writing_slot_ && version == pending_version_;
+    const bool in_flight = i == writing_slot_ && version == pending_version_ && version >= 0;
     if ((s.version == version && version >= 0) || in_flight) {
       const GpuPublishedDirection& d = s.buffers[shard][static_cast<int>(direction)];
       if (!d.present) {

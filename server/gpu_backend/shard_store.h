@@ -34,8 +34,13 @@
 // sources. Optimizers: AdamW, SGD (+ momentum), bit-identical to
 // server/optimizer.cc.
 //
-// Threading: not thread-safe; the daemon's step thread owns it. Published
-// buffers of a version stay valid and unchanged until the step after next.
+// Threading: one thread (the daemon's step thread) calls everything but
+// Published(), PublishedScalars(), versions() and TensorReady(), which any
+// thread may call at any time (the slot metadata they read is guarded by a
+// small mutex, never held across device work). Published buffers of a
+// version stay valid and unchanged until the step after next; keeping a
+// reader's version from being overwritten by that step is the caller's job
+// (the daemon pins fetched versions, server/daemon.cc).
 #ifndef PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 #define PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 
@@ -50,6 +55,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/format.h"
@@ -184,7 +190,11 @@ class GpuShardStore {
                     absl::Time deadline, bool update_delayed = true);
 
   // Like Step but returns after enqueuing everything (no wait), so fetches
-  // can start on TensorReady events; FinishStep waits and publishes.
+  // can start on TensorReady events; FinishStep waits and publishes. From
+  // the start of EnqueueStep the older slot's version is no longer found
+  // (Published: NOT_FOUND); the new version is found (in flight) from then
+  // until FinishStep, and published after it succeeds. On an error of
+  // either, nothing is in flight and the new version is not published.
   absl::Status EnqueueStep(int64_t new_version, bool apply_optimizer,
                            const DeviceAllReduce& all_reduce, bool update_delayed = true);
   absl::Status FinishStep(absl::Time deadline);
@@ -212,7 +222,10 @@ class GpuShardStore {
   size_t amax_count() const { return 2 * static_cast<size_t>(num_tensors_ > 0 ? num_tensors_ : 1); }
 
   // Recorded when shard's quantization (of the version being stepped or the
-  // latest) has been enqueued; a fetch waits on it on its own stream.
+  // latest) has been enqueued; a fetch waits on it on its own stream. Every
+  // step records it again: wait on it for the step in flight only after
+  // EnqueueStep returned (a wait issued earlier stands for the previous
+  // record, i.e. the previous step's quantization).
   cudaEvent_t TensorReady(int shard) const { return tensors_[shard].ready; }
   // Recorded at the end of the step in flight (or the last one).
   cudaEvent_t StepDone() const { return events_[4]; }
@@ -240,7 +253,7 @@ class GpuShardStore {
     cudaEvent_t ready = nullptr;
   };
   struct Slot {
-    int64_t version = -1;
+    int64_t version = -1;  // guarded by meta_mu_
     float* scalars = nullptr;  // [shard][direction][kScalarsPerDirection]
     // [shard][direction]
     std::vector<std::array<GpuPublishedDirection, 2>> buffers;
@@ -248,6 +261,9 @@ class GpuShardStore {
 
   GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOptions& options);
   absl::Status Allocate();
+  // EnqueueStep's work after the slot was claimed.
+  absl::Status EnqueueInto(int slot, bool apply_optimizer, const DeviceAllReduce& all_reduce,
+                           bool update_delayed);
   // Index in amax_ of shard `i`'s direction `dir` amax.
   int AmaxSlot(int i, int dir) const;
   absl::StatusOr<void*> Alloc(size_t bytes);
@@ -261,9 +277,12 @@ class GpuShardStore {
   int64_t host_staging_count_ = 0;
   float* amax_ = nullptr;  // packed [tensor][direction]
   int num_tensors_ = 0;
+  // Slot metadata read by other threads (Published & co.); buffers and
+  // scalars pointers are fixed after Allocate and read without it.
+  mutable absl::Mutex meta_mu_;
   Slot slots_[2];
-  int writing_slot_ = -1;  // slot of the step in flight
-  int64_t pending_version_ = -1;
+  int writing_slot_ ABSL_GUARDED_BY(meta_mu_) = -1;  // slot of the step in flight
+  int64_t pending_version_ ABSL_GUARDED_BY(meta_mu_) = -1;
   absl::Time step_start_;
   cudaEvent_t events_[5] = {};
   std::vector<void*> allocations_;

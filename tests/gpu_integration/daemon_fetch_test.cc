@@ -45,6 +45,7 @@
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "server/reference_step.h"
+#include "tests/gpu_integration/device_test_util.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -54,23 +55,6 @@ namespace {
 using gpu_fetch::DeviceFetcher;
 using gpu_fetch::DeviceFetchResult;
 using gpu_fetch::DeviceTarget;
-
-int TrainerDevice() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n >= 2 ? 1 : 0;
-}
-
-std::vector<uint8_t> ToHost(const void* p, int64_t n) {
-  std::vector<uint8_t> out(n);
-  if (n > 0) EXPECT_EQ(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  return out;
-}
-float FloatToHost(const float* p) {
-  float f = 0;
-  EXPECT_EQ(cudaMemcpy(&f, p, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return f;
-}
 
 // The device bytes of one fetched direction as a host QuantizedTensor.
 QuantizedTensor HostCopy(const gpu_fetch::DeviceFetched& f) {

@@ -1,12 +1,13 @@
 // The device fetch RPCs on a daemon that cannot serve them (runs on CPU-only
 // machines, in CI): a --backend=cpu daemon refuses OpenDeviceChannel with
 // FAILED_PRECONDITION (whether or not the binary was built with CUDA), an
-// unknown channel is NOT_FOUND, and the daemon keeps serving the host
-// Fetch stream.
+// unknown channel is NOT_FOUND (also at once with reply_after_send), and
+// the daemon keeps serving the host Fetch stream.
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "proto/paramd.grpc.pb.h"
 #include "tests/server_test_util.h"
@@ -53,6 +54,25 @@ TEST(DeviceFetchRefusal, CpuDaemonRefusesClearlyAndKeepsServing) {
     rpc::FetchDeviceResponse response;
     const grpc::Status s = c.daemon(0).FetchDevice(&context, request, &response);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  // reply_after_send (the trainer receives beside the call): a request
+  // refused before any send answers at once, never at its deadline, for a
+  // published version and for one that is not (nothing is stepped here).
+  for (int64_t version : {0, 5}) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::FetchDeviceRequest request;
+    request.set_channel(42);
+    request.set_version(version);
+    request.set_reply_after_send(true);
+    rpc::TensorDirections* td = request.add_tensors();
+    td->set_tensor("w");
+    td->add_directions(rpc::DIRECTION_ROWWISE);
+    rpc::FetchDeviceResponse response;
+    const absl::Time start = absl::Now();
+    const grpc::Status s = c.daemon(0).FetchDevice(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << version << ": " << s.error_message();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << version;
   }
   absl::StatusOr<QuantizedTensor> host = c.FetchAssembled(0, "w", Direction::kRowwise);
   EXPECT_TRUE(host.ok()) << host.status();

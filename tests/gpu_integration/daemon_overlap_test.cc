@@ -1,0 +1,509 @@
+// The overlap of issue 5 through real hybrid-paramd processes: a
+// coordinator and one --backend=gpu daemon on GPU 0, this test process as
+// the trainer on GPU 1 (GPU 0 with one GPU), gradients pushed over NCCL
+// (DeviceFetcher::Push), weights fetched over NCCL (DeviceFetcher::Fetch):
+//   - InFlightVersionEqualsReference: the fetch of v+1 is asked before the
+//     push that starts its step; the daemon streams it tensor by tensor as
+//     the step quantizes (DaemonStats.device_fetches_streamed) and the
+//     bytes equal the CPU reference (host AdamW, server/optimizer.h, then
+//     ReferencePublish) of every version;
+//   - HeldVersionsBesideStep: right after the push that starts the step to
+//     v+1, the fetch of v (held, not rewritten by that step) == reference,
+//     and the fetch of v-1 (its slot is being rewritten) is either NOT_FOUND
+//     or == reference, never torn;
+//   - FailedStepFailsTheFetch: the daemon's step to version 1 fails after
+//     its device work (PARAMD_GPU_FAIL_STEP=1, a test hook of the gpu
+//     backend); the fetch of version 1 asked before it fails with ABORTED
+//     (whether its bytes left during the step or its send came after the
+//     failure), never hands out bytes; version 0 is still served;
+// The first three hold each optimizer step's device work back 300 ms
+// (PARAMD_GPU_STEP_DELAY_MS) so that fetches meet the step in flight
+// whatever the timing; the benchmark runs undelayed.
+//   - Bench.StepLoop (PARAMD_OVERLAP_BENCH=1 only; tests/gpu_fetch_run.sh
+//     BENCH=1): push -> step -> fetch, per-step milliseconds with and
+//     without the overlap, at 8 x 8192 x 16384 (1.07e9 parameters) AdamW,
+//     FP8 current rowwise + columnwise by default (PARAMD_OVERLAP_BENCH_
+//     TENSORS / _ROWS / _COLS override).
+// Tag gpu; run from a directory holding server/hybrid-paramd (bazel
+// runfiles or the bundle of tests/gpu_fetch_run.sh).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/gpu_fetch/device_fetcher.h"
+#include "gtest/gtest.h"
+#include "kernels/format.h"
+#include "kernels/reference.h"
+#include "server/optimizer.h"
+#include "server/reference_step.h"
+#include "tests/gpu_integration/device_test_util.h"
+#include "tests/server_test_util.h"
+
+namespace paramd {
+namespace testing {
+namespace {
+
+using gpu_fetch::DeviceFetcher;
+using gpu_fetch::DeviceFetchResult;
+using gpu_fetch::DeviceGradient;
+using gpu_fetch::DeviceTarget;
+
+constexpr char kRecipe[] =
+    "default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } }";
+constexpr double kLr = 0.01;
+
+// `env`: variables the daemon process inherits (the gpu backend's test
+// hooks, daemon_backend.cc), set only while it starts.
+std::unique_ptr<RawCluster> StartCluster(
+    const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
+  TestClusterOptions options;
+  options.daemons = 1;
+  options.expected_pushers = 1;
+  options.optimizer = "adamw";
+  options.lr = kLr;
+  options.daemon_flags = {"--backend=gpu", "--gpu=0"};
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
+  for (const auto& [name, value] : env) unsetenv(name.c_str());
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// Every optimizer step's device work starts this late on the daemon (the
+// gpu backend's PARAMD_GPU_STEP_DELAY_MS hook): fetches asked for during a
+// step then meet it in flight, whatever the model's size.
+constexpr char kStepDelayMs[] = "300";
+
+std::unique_ptr<client::Client> Trainer(RawCluster& c) {
+  client::ClientOptions options;
+  options.coordinator_address = c.cluster().coordinator_address();
+  options.role = client::ClientOptions::Role::kTrainer;
+  options.pusher = true;
+  options.name = "daemon_overlap_test";
+  absl::StatusOr<std::unique_ptr<client::Client>> cl = client::Client::Connect(options);
+  EXPECT_TRUE(cl.ok()) << cl.status();
+  return cl.ok() ? *std::move(cl) : nullptr;
+}
+
+std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c, bool stream_in_flight) {
+  gpu_fetch::DeviceFetcherOptions options;
+  options.device = TrainerDevice();
+  options.timeout = absl::Seconds(60);
+  options.stream_in_flight = stream_in_flight;
+  absl::StatusOr<std::unique_ptr<DeviceFetcher>> f = DeviceFetcher::Create(c, options);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return f.ok() ? *std::move(f) : nullptr;
+}
+
+std::vector<DeviceTarget> AllTargets(const std::vector<TestTensor>& tensors) {
+  std::vector<DeviceTarget> out;
+  for (const TestTensor& t : tensors) {
+    out.push_back({t.name, Direction::kRowwise, {}});
+    out.push_back({t.name, Direction::kColumnwise, {}});
+  }
+  return out;
+}
+
+// The CPU side of the test: each tensor's master, AdamW state and delayed
+// state, stepped exactly as the daemon steps (FP32 gradients: no rounding).
+class Reference {
+ public:
+  Reference(const std::vector<TestTensor>& tensors, const HybridSpec& spec)
+      : tensors_(tensors), spec_(spec), states_(tensors.size()), moments_(tensors.size()) {
+    for (size_t i = 0; i < tensors.size(); ++i) states_[i] = InitialReferenceState(spec);
+    options_.kind = OptimizerKind::kAdamW;
+    options_.lr = static_cast<float>(kLr);
+  }
+  // The published copies of the current version, by tensor name.
+  std::map<std::string, ref::HybridResult> Publish() {
+    std::map<std::string, ref::HybridResult> out;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const TestTensor& t = tensors_[i];
+      absl::StatusOr<ref::HybridResult> r =
+          ReferencePublish(t.values, Rows(t), Cols(t), spec_, states_[i]);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) out[t.name] = *std::move(r);
+    }
+    return out;
+  }
+  void Step(const std::vector<std::vector<float>>& grads) {
+    ++steps_;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      ApplyOptimizer(options_, steps_, absl::MakeSpan(tensors_[i].values), grads[i], moments_[i]);
+    }
+  }
+  static int64_t Rows(const TestTensor& t) { return t.shape.size() == 1 ? 1 : t.shape[0]; }
+  static int64_t Cols(const TestTensor& t) { return t.shape.back(); }
+
+ private:
+  std::vector<TestTensor> tensors_;
+  HybridSpec spec_;
+  std::vector<ReferenceTensorState> states_;
+  std::vector<OptimizerState> moments_;
+  OptimizerOptions options_;
+  int64_t steps_ = 0;
+};
+
+// Every fetched direction equals `want` (data, scales, scale_inv).
+void ExpectEqualsReference(const DeviceFetchResult& r,
+                           const std::map<std::string, ref::HybridResult>& want,
+                           const std::string& what) {
+  for (const gpu_fetch::DeviceFetched& f : r.tensors) {
+    SCOPED_TRACE(absl::StrCat(what, " ", f.tensor, " ", DirectionName(f.direction)));
+    const ref::HybridResult& e = want.at(f.tensor);
+    const std::optional<QuantizedTensor>& w =
+        f.direction == Direction::kRowwise ? e.rowwise : e.columnwise;
+    ASSERT_TRUE(w.has_value());
+    EXPECT_TRUE(ToHost(f.buffers.data, f.buffers.layout.data_bytes()) == w->data);
+    EXPECT_TRUE(ToHost(f.buffers.scales, f.buffers.layout.scale_bytes()) == w->scales);
+    // amax is compared with the host stream by daemon_fetch_test; the
+    // reference's scale_inv is derived from the same global amax.
+    EXPECT_EQ(FloatToHost(f.buffers.scale_inv), w->scale_inv);
+  }
+}
+
+// FP32 gradients of every tensor, on the trainer's device (freed with it).
+class DeviceGrads {
+ public:
+  DeviceGrads(const std::vector<TestTensor>& tensors, const std::vector<std::vector<float>>& host) {
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      void* p = nullptr;
+      const size_t bytes = host[i].size() * sizeof(float);
+      EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, host[i].data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+      buffers_.push_back(p);
+      grads_.push_back({tensors[i].name, client::Gradient::DType::kFp32, p, bytes});
+    }
+  }
+  ~DeviceGrads() {
+    for (void* p : buffers_) cudaFree(p);
+  }
+  const std::vector<DeviceGradient>& grads() const { return grads_; }
+
+ private:
+  std::vector<void*> buffers_;
+  std::vector<DeviceGradient> grads_;
+};
+
+class Overlap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(cudaSetDevice(TrainerDevice()), cudaSuccess);
+    cluster_ = StartCluster({{"PARAMD_GPU_STEP_DELAY_MS", kStepDelayMs}});
+    ASSERT_NE(cluster_, nullptr);
+    // Big enough that a step takes a while on the device (4 x 8 Mi
+    // parameters), small enough for a quick CPU reference.
+    for (int i = 0; i < 4; ++i) {
+      tensors_.push_back({absl::StrCat("t", i), {2048, 4096},
+                          RandomValues(2048 * 4096, 10 + i, 1.0f + i)});
+    }
+    const std::string path = cluster_->cluster().dir() + "/model.safetensors";
+    ASSERT_TRUE(WriteModel(path, tensors_).ok());
+    trainer_ = Trainer(*cluster_);
+    ASSERT_NE(trainer_, nullptr);
+    absl::StatusOr<int64_t> v0 = trainer_->Load(path, kRecipe, absl::Seconds(120));
+    ASSERT_TRUE(v0.ok()) << v0.status();
+    ASSERT_TRUE(trainer_->RefreshManifest().ok());
+    ASSERT_TRUE(cluster_->RefreshManifest().ok());
+    spec_ = trainer_->manifest().Find("t0")->spec;
+    fetcher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true);
+    ASSERT_NE(fetcher_, nullptr);
+    // Pushes beside a fetch in progress: a fetcher serialises its calls.
+    pusher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true);
+    ASSERT_NE(pusher_, nullptr);
+  }
+  void TearDown() override {
+    if (HasFailure() && cluster_ != nullptr) ADD_FAILURE() << cluster_->cluster().Logs();
+  }
+  std::vector<std::vector<float>> Grads(int step) const {
+    std::vector<std::vector<float>> g;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      g.push_back(RandomValues(tensors_[i].values.size(), 1000 + 10 * step + i, 0.3f));
+    }
+    return g;
+  }
+  rpc::DaemonStats Stats() {
+    absl::StatusOr<rpc::DaemonStats> s = cluster_->Stats(0);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : rpc::DaemonStats();
+  }
+
+  std::unique_ptr<RawCluster> cluster_;
+  std::vector<TestTensor> tensors_;
+  std::unique_ptr<client::Client> trainer_;
+  std::unique_ptr<DeviceFetcher> fetcher_;
+  std::unique_ptr<DeviceFetcher> pusher_;
+  HybridSpec spec_;
+};
+
+TEST_F(Overlap, InFlightVersionEqualsReference) {
+  Reference reference(tensors_, spec_);
+  absl::StatusOr<DeviceFetchResult> r = fetcher_->Fetch(0, AllTargets(tensors_));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ExpectEqualsReference(*r, reference.Publish(), "v0");
+  constexpr int kSteps = 3;
+  for (int s = 0; s < kSteps; ++s) {
+    const std::vector<std::vector<float>> grads = Grads(s);
+    DeviceGrads device(tensors_, grads);
+    // Asked before the push: the daemon has nothing to send until the step
+    // to s+1 has enqueued its work, then streams it.
+    absl::StatusOr<DeviceFetchResult> next;
+    std::thread fetch([&] {
+      cudaSetDevice(TrainerDevice());
+      next = fetcher_->Fetch(s + 1, AllTargets(tensors_));
+    });
+    absl::SleepFor(absl::Milliseconds(200));
+    absl::StatusOr<client::PushResult> pushed = pusher_->Push(s, device.grads());
+    fetch.join();
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(next->version, s + 1);
+    reference.Step(grads);
+    ExpectEqualsReference(*next, reference.Publish(), absl::StrCat("v", s + 1));
+  }
+  const rpc::DaemonStats stats = Stats();
+  std::printf("OVERLAP_TEST streamed=%lld beside_step=%lld of %d in-flight fetches\n",
+              static_cast<long long>(stats.device_fetches_streamed()),
+              static_cast<long long>(stats.device_fetches_beside_step()), kSteps);
+  // Each request waited at the daemon for its step's enqueue, and the step
+  // held its device work back for kStepDelayMs: every send left in flight.
+  EXPECT_GE(stats.device_fetches_streamed(), kSteps);
+}
+
+TEST_F(Overlap, HeldVersionsBesideStep) {
+  Reference reference(tensors_, spec_);
+  std::map<std::string, ref::HybridResult> before;  // version v-1
+  std::map<std::string, ref::HybridResult> now = reference.Publish();  // version v
+  DeviceFetcher* second = pusher_.get();
+  int not_found = 0;
+  constexpr int kSteps = 4;
+  for (int v = 0; v < kSteps; ++v) {
+    const std::vector<std::vector<float>> grads = Grads(v);
+    DeviceGrads device(tensors_, grads);
+    absl::StatusOr<client::PushResult> pushed = fetcher_->Push(v, device.grads());
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    // The step to v+1 runs now: v is held (its slot untouched), v-1's slot
+    // is the one being rewritten.
+    absl::StatusOr<DeviceFetchResult> older;
+    std::thread t([&] {
+      cudaSetDevice(TrainerDevice());
+      if (v > 0) older = second->Fetch(v - 1, AllTargets(tensors_));
+    });
+    absl::StatusOr<DeviceFetchResult> held = fetcher_->Fetch(v, AllTargets(tensors_));
+    t.join();
+    ASSERT_TRUE(held.ok()) << held.status();
+    ExpectEqualsReference(*held, now, absl::StrCat("v", v, " beside step to v", v + 1));
+    if (v > 0) {
+      if (older.ok()) {
+        ExpectEqualsReference(*older, before, absl::StrCat("v", v - 1, " beside step"));
+      } else {
+        EXPECT_TRUE(absl::IsNotFound(older.status())) << older.status();
+        ++not_found;
+      }
+    }
+    ASSERT_TRUE(trainer_->WaitForVersion(v + 1, absl::Seconds(30)).ok());
+    reference.Step(grads);
+    before = std::move(now);
+    now = reference.Publish();
+  }
+  const rpc::DaemonStats stats = Stats();
+  std::printf("OVERLAP_TEST beside_step=%lld streamed=%lld; previous version dropped %d of %d\n",
+              static_cast<long long>(stats.device_fetches_beside_step()),
+              static_cast<long long>(stats.device_fetches_streamed()), not_found, kSteps - 1);
+  // Every fetch of v was served while the step to v+1 ran (it holds its
+  // device work back for kStepDelayMs): no whole-step lock.
+  EXPECT_GE(stats.device_fetches_beside_step(), kSteps);
+}
+
+TEST(OverlapFailure, FailedStepFailsTheFetch) {
+  std::unique_ptr<RawCluster> cluster =
+      StartCluster({{"PARAMD_GPU_FAIL_STEP", "1"}, {"PARAMD_GPU_STEP_DELAY_MS", kStepDelayMs}});
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cudaSetDevice(TrainerDevice()), cudaSuccess);
+  std::vector<TestTensor> tensors = {{"w", {1024, 4096}, RandomValues(1024 * 4096, 3)}};
+  const std::string path = cluster->cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(path, tensors).ok());
+  std::unique_ptr<client::Client> trainer = Trainer(*cluster);
+  ASSERT_NE(trainer, nullptr);
+  ASSERT_TRUE(trainer->Load(path, kRecipe, absl::Seconds(60)).ok());
+  ASSERT_TRUE(trainer->RefreshManifest().ok());
+  std::unique_ptr<DeviceFetcher> fetcher = Fetcher(trainer.get(), /*stream_in_flight=*/true);
+  ASSERT_NE(fetcher, nullptr);
+  std::unique_ptr<DeviceFetcher> pusher = Fetcher(trainer.get(), /*stream_in_flight=*/true);
+  ASSERT_NE(pusher, nullptr);
+  // The channel first: its connect (queued before the send on the daemon's
+  // channel worker) would otherwise delay the send past the step.
+  Reference reference(tensors, trainer->manifest().Find("w")->spec);
+  const std::map<std::string, ref::HybridResult> v0_reference = reference.Publish();
+  absl::StatusOr<DeviceFetchResult> v0 = fetcher->Fetch(0, AllTargets(tensors));
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  ExpectEqualsReference(*v0, v0_reference, "v0");
+  absl::StatusOr<DeviceFetchResult> next;
+  std::thread fetch([&] {
+    cudaSetDevice(TrainerDevice());
+    next = fetcher->Fetch(1, AllTargets(tensors), nullptr, absl::Seconds(20));
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const std::vector<float> g = RandomValues(1024 * 4096, 7, 0.3f);
+  DeviceGrads device(tensors, {g});
+  absl::StatusOr<client::PushResult> pushed = pusher->Push(0, device.grads());
+  fetch.join();
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  // Sent during the step (then the step failed) or refused after it:
+  // ABORTED either way ("the step producing version 1 failed"), never OK,
+  // never a deadline.
+  EXPECT_FALSE(next.ok());
+  EXPECT_TRUE(absl::IsAborted(next.status())) << next.status();
+  std::printf("OVERLAP_TEST failed step -> fetch of version 1: %s\n",
+              next.status().ToString().c_str());
+  // Version 0 is still served, exact.
+  v0 = fetcher->Fetch(0, AllTargets(tensors));
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  ExpectEqualsReference(*v0, v0_reference, "v0 after the failed step");
+  if (HasFailure()) ADD_FAILURE() << cluster->cluster().Logs();
+}
+
+// ---- The step loop benchmark (docs/BENCHMARKS.md, issue 5 overlap) ----
+
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  int64_t out = fallback;
+  if (v != nullptr && !absl::SimpleAtoi(v, &out)) out = fallback;
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+TEST(Bench, StepLoop) {
+  if (EnvInt("PARAMD_OVERLAP_BENCH", 0) != 1) GTEST_SKIP() << "PARAMD_OVERLAP_BENCH=1 only";
+  const int tensors_n = static_cast<int>(EnvInt("PARAMD_OVERLAP_BENCH_TENSORS", 8));
+  const int64_t rows = EnvInt("PARAMD_OVERLAP_BENCH_ROWS", 8192);
+  const int64_t cols = EnvInt("PARAMD_OVERLAP_BENCH_COLS", 16384);
+  std::unique_ptr<RawCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  ASSERT_EQ(cudaSetDevice(TrainerDevice()), cudaSuccess);
+  // Values: one random block tiled (the step's cost does not depend on them).
+  const std::vector<float> block = RandomValues(1 << 20, 5);
+  std::vector<TestTensor> tensors;
+  for (int i = 0; i < tensors_n; ++i) {
+    TestTensor t{absl::StrCat("w", i), {rows, cols}, std::vector<float>(rows * cols)};
+    for (int64_t k = 0; k < rows * cols; k += block.size()) {
+      std::copy_n(block.begin(), std::min<int64_t>(block.size(), rows * cols - k),
+                  t.values.begin() + k);
+    }
+    tensors.push_back(std::move(t));
+  }
+  const std::string path = cluster->cluster().dir() + "/bench.safetensors";
+  absl::Time t0 = absl::Now();
+  ASSERT_TRUE(WriteModel(path, tensors).ok());
+  for (TestTensor& t : tensors) std::vector<float>().swap(t.values);
+  std::unique_ptr<client::Client> trainer = Trainer(*cluster);
+  ASSERT_NE(trainer, nullptr);
+  absl::StatusOr<int64_t> v0 = trainer->Load(path, kRecipe, absl::Seconds(400));
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  ASSERT_TRUE(trainer->RefreshManifest().ok());
+  ASSERT_TRUE(cluster->RefreshManifest().ok());  // Stats(0)
+  std::printf("OVERLAP_BENCH model written + loaded in %.1f s\n",
+              absl::ToDoubleSeconds(absl::Now() - t0));
+  // BF16 gradients on the trainer's GPU (what a trainer pushes).
+  std::vector<void*> buffers;
+  std::vector<DeviceGradient> grads;
+  for (const TestTensor& t : tensors) {
+    void* p = nullptr;
+    const size_t bytes = static_cast<size_t>(rows * cols) * 2;
+    ASSERT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemset(p, 0x3c, bytes), cudaSuccess);  // 0x3c3c: a small finite BF16
+    buffers.push_back(p);
+    grads.push_back({t.name, client::Gradient::DType::kBf16, p, bytes});
+  }
+  std::unique_ptr<DeviceFetcher> sequential = Fetcher(trainer.get(), false);
+  std::unique_ptr<DeviceFetcher> streamed = Fetcher(trainer.get(), true);
+  ASSERT_NE(sequential, nullptr);
+  ASSERT_NE(streamed, nullptr);
+  const std::vector<DeviceTarget> targets = AllTargets(tensors);
+  int64_t v = *v0;
+  // Channels and owned buffers first (not timed).
+  ASSERT_TRUE(sequential->Fetch(v, targets).ok());
+  ASSERT_TRUE(streamed->Fetch(v, targets).ok());
+  absl::Time idle_start = absl::Now();
+  ASSERT_TRUE(streamed->Fetch(v, targets).ok());
+  const double idle_fetch_ms = absl::ToDoubleMilliseconds(absl::Now() - idle_start);
+
+  struct Mode {
+    const char* name;
+    const char* what;
+    DeviceFetcher* fetcher;
+    bool fetch_previous;  // fetch v beside the step to v+1 (staleness 1)
+  };
+  const Mode modes[] = {
+      {"sequential", "push v; wait for v+1's publish, then fetch it (no overlap)", sequential.get(),
+       false},
+      {"streamed", "push v; fetch v+1 streamed while its step quantizes", streamed.get(), false},
+      {"double_buffered", "push v; fetch v beside the step to v+1; wait for v+1",
+       streamed.get(), true},
+  };
+  constexpr int kWarmup = 2;
+  const int steps = static_cast<int>(EnvInt("PARAMD_OVERLAP_BENCH_STEPS", 8));
+  std::printf("OVERLAP_BENCH params=%lld (%d x %lld x %lld) AdamW FP8 current row+col, "
+              "daemon GPU 0, trainer GPU %d, idle fetch of all directions %.2f ms\n",
+              static_cast<long long>(tensors_n * rows * cols), tensors_n,
+              static_cast<long long>(rows), static_cast<long long>(cols), TrainerDevice(),
+              idle_fetch_ms);
+  std::printf("OVERLAP_BENCH %-16s %10s %10s %10s %10s  %s\n", "mode", "step_ms", "push_ms",
+              "fetch_ms", "daemon_ms", "loop");
+  for (const Mode& m : modes) {
+    std::vector<double> total, push, fetch, daemon;
+    for (int i = 0; i < kWarmup + steps; ++i) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<client::PushResult> pushed = m.fetcher->Push(v, grads);
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+      const absl::Time pushed_at = absl::Now();
+      absl::StatusOr<DeviceFetchResult> r =
+          m.fetcher->Fetch(m.fetch_previous ? v : v + 1, targets);
+      ASSERT_TRUE(r.ok()) << m.name << ": " << r.status();
+      const absl::Time fetched_at = absl::Now();
+      if (m.fetch_previous) {
+        ASSERT_TRUE(trainer->WaitForVersion(v + 1, absl::Seconds(30)).ok());
+      }
+      const absl::Time end = absl::Now();
+      ++v;
+      absl::StatusOr<rpc::DaemonStats> stats = cluster->Stats(0);
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      if (i < kWarmup) continue;
+      total.push_back(absl::ToDoubleMilliseconds(end - start));
+      push.push_back(absl::ToDoubleMilliseconds(pushed_at - start));
+      fetch.push_back(absl::ToDoubleMilliseconds(fetched_at - pushed_at));
+      daemon.push_back(stats->last_step_seconds() * 1e3);
+    }
+    std::printf("OVERLAP_BENCH %-16s %10.2f %10.2f %10.2f %10.2f  %s\n", m.name, Median(total),
+                Median(push), Median(fetch), Median(daemon), m.what);
+  }
+  absl::StatusOr<rpc::DaemonStats> stats = cluster->Stats(0);
+  ASSERT_TRUE(stats.ok());
+  std::printf("OVERLAP_BENCH daemon: %lld fetches streamed, %lld beside a step (medians over %d "
+              "steps after %d warm-up)\n",
+              static_cast<long long>(stats->device_fetches_streamed()),
+              static_cast<long long>(stats->device_fetches_beside_step()), steps, kWarmup);
+  std::fflush(stdout);
+  for (void* p : buffers) cudaFree(p);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace paramd
