@@ -1382,9 +1382,12 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   c->reactor->Unref();
   c->reactor = nullptr;
   // The last reference may be dropped here on the channel's own worker:
-  // destroy (join) it on the reaper. After Shutdown (reaper stopped), only
-  // Shutdown itself closes channels, never on a channel's worker.
-  reaper_.Post([c] {});
+  // destroy (join) it on the reaper. Moved, not copied: with a copy, the
+  // reaper could run first and leave this frame the last reference, which
+  // then joined the worker from itself ("Resource deadlock avoided"). After
+  // Shutdown (reaper stopped), only Shutdown itself closes channels, never
+  // on a channel's worker.
+  reaper_.Post([c = std::move(c)] {});
 }
 
 std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(

@@ -22,7 +22,13 @@
 //      reports it to the coordinator.
 //
 // Threading: all public methods are thread-safe. gRPC callbacks never
-// block; loads and steps run on one worker thread per daemon.
+// block; loads and steps run on one worker thread per daemon, device sends
+// (FetchDevice) on one worker per device channel. A device send pins its
+// version: a step waits only for sends of the version whose device slot it
+// rewrites (never for sends of the latest one), and a FetchDevice with
+// reply_after_send of the version being stepped is sent as the step
+// quantizes it and answered once it is published (issue 5 overlap;
+// docs/ARCHITECTURE.md "Fetch beside the step").
 #ifndef PARAMD_SERVER_DAEMON_H_
 #define PARAMD_SERVER_DAEMON_H_
 
