@@ -64,15 +64,91 @@ int ReadFull(int fd, void* data, size_t size) {
   return 1;
 }
 
-// Why a connection ended, from ReadFull's result.
-std::string HangUpReason(int read_result) {
+// Whole seconds, rounded up, for the kernel's keepalive options.
+int CeilSeconds(absl::Duration d) {
+  return static_cast<int>(absl::ToInt64Seconds(absl::Ceil(d, absl::Seconds(1))));
+}
+
+// About how long a silent peer takes to be declared dead (see
+// SocketChannelOptions on how the kernel combines the two).
+absl::Duration DetectionTime(const SocketChannelOptions& o) {
+  const absl::Duration keepalive =
+      absl::Seconds(CeilSeconds(o.keepalive_idle) +
+                    int64_t{o.keepalive_count} * CeilSeconds(o.keepalive_interval));
+  if (o.user_timeout <= absl::ZeroDuration()) return keepalive;
+  return std::max(o.user_timeout, absl::Seconds(CeilSeconds(o.keepalive_idle) +
+                                                CeilSeconds(o.keepalive_interval)));
+}
+
+// Why a connection timed out (ETIMEDOUT: keepalive or user timeout), from
+// the reader's side (it sends nothing, so only keepalive probes went
+// unanswered) or the writer's.
+std::string TimedOutReason(bool reader, const SocketChannelOptions& o) {
+  if (reader) {
+    return absl::StrCat("stopped answering (no keepalive answer for ~",
+                        absl::FormatDuration(DetectionTime(o)),
+                        ": host down or unreachable)");
+  }
+  return absl::StrCat("stopped answering (sent data unacknowledged or no keepalive answer for ~",
+                      absl::FormatDuration(o.user_timeout > absl::ZeroDuration()
+                                               ? o.user_timeout
+                                               : DetectionTime(o)),
+                      ": host down, unreachable or not reading)");
+}
+
+// Why a reader's connection ended, from ReadFull's result.
+std::string HangUpReason(int read_result, const SocketChannelOptions& o) {
   if (read_result == 0) return "hung up (EOF)";
+  if (read_result == -ETIMEDOUT) return TimedOutReason(/*reader=*/true, o);
   return absl::StrCat("hung up (", std::strerror(-read_result), ")");
+}
+
+// Sets TCP_NODELAY and the silent-peer detection of `o` on a connection.
+absl::Status TuneConnection(int fd, const SocketChannelOptions& o) {
+  auto set = [fd](int level, int name, int value, const char* what) {
+    if (setsockopt(fd, level, name, &value, sizeof(value)) == 0) return absl::OkStatus();
+    return absl::InternalError(
+        absl::StrCat("setsockopt(", what, "): ", std::strerror(errno)));
+  };
+  RETURN_IF_ERROR(set(IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
+  RETURN_IF_ERROR(set(SOL_SOCKET, SO_KEEPALIVE, o.keepalive ? 1 : 0, "SO_KEEPALIVE"));
+  if (o.keepalive) {
+    RETURN_IF_ERROR(set(IPPROTO_TCP, TCP_KEEPIDLE, CeilSeconds(o.keepalive_idle), "TCP_KEEPIDLE"));
+    RETURN_IF_ERROR(
+        set(IPPROTO_TCP, TCP_KEEPINTVL, CeilSeconds(o.keepalive_interval), "TCP_KEEPINTVL"));
+    RETURN_IF_ERROR(set(IPPROTO_TCP, TCP_KEEPCNT, o.keepalive_count, "TCP_KEEPCNT"));
+  }
+  return set(IPPROTO_TCP, TCP_USER_TIMEOUT,
+             static_cast<int>(absl::ToInt64Milliseconds(o.user_timeout)), "TCP_USER_TIMEOUT");
+}
+
+absl::Status ValidateOptions(const SocketChannelOptions& o) {
+  const auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("control channel options: ", what));
+  };
+  if (o.keepalive) {
+    // TCP_KEEPIDLE / TCP_KEEPINTVL: 1..32767 s; TCP_KEEPCNT: 1..127.
+    for (absl::Duration d : {o.keepalive_idle, o.keepalive_interval}) {
+      if (d < absl::Seconds(1) || d > absl::Seconds(32767)) {
+        return bad(absl::StrCat("keepalive time ", absl::FormatDuration(d),
+                                " not in [1s, 32767s]"));
+      }
+    }
+    if (o.keepalive_count < 1 || o.keepalive_count > 127) {
+      return bad(absl::StrCat("keepalive_count ", o.keepalive_count, " not in [1, 127]"));
+    }
+  }
+  if (o.user_timeout < absl::ZeroDuration() || o.user_timeout > absl::Hours(24)) {
+    return bad(absl::StrCat("user_timeout ", absl::FormatDuration(o.user_timeout),
+                            " not in [0, 24h]"));
+  }
+  return absl::OkStatus();
 }
 
 // Writes all of `bytes` to the non-blocking `fd`, waiting for room until
 // the deadline.
-absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadline) {
+absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadline,
+                       const SocketChannelOptions& o) {
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
@@ -89,6 +165,7 @@ absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadl
       }
       continue;
     }
+    if (errno == ETIMEDOUT) return absl::UnavailableError(TimedOutReason(/*reader=*/false, o));
     return absl::UnavailableError(
         absl::StrCat("write failed: ", std::strerror(errno)));
   }
@@ -107,14 +184,11 @@ bool SplitAddress(const std::string& address, std::string* host, std::string* po
   return true;
 }
 
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(const std::string& host_in) {
+absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(
+    const std::string& host_in, const SocketChannelOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
   const std::string host = host_in.empty() ? "127.0.0.1" : host_in;
   const bool wildcard = host == "0.0.0.0" || host == "::" || host == "[::]";
   std::string bind_host = host;
@@ -161,11 +235,15 @@ absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(const std::
     advertised = absl::StrCat("[", advertised, "]");
   }
   return std::unique_ptr<SocketChannel>(
-      new SocketChannel(fd, wake, absl::StrCat(advertised, ":", port)));
+      new SocketChannel(fd, wake, absl::StrCat(advertised, ":", port), options));
 }
 
-SocketChannel::SocketChannel(int listen_fd, int wake_fd[2], std::string address)
-    : listen_fd_(listen_fd), wake_fd_{wake_fd[0], wake_fd[1]}, address_(std::move(address)) {}
+SocketChannel::SocketChannel(int listen_fd, int wake_fd[2], std::string address,
+                             SocketChannelOptions options)
+    : listen_fd_(listen_fd),
+      wake_fd_{wake_fd[0], wake_fd[1]},
+      address_(std::move(address)),
+      options_(std::move(options)) {}
 
 SocketChannel::~SocketChannel() {
   Close();
@@ -241,7 +319,12 @@ void SocketChannel::AcceptLoop() {
     if ((pf[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    SetNoDelay(fd);
+    // Untuned, a silent peer would go unseen: refuse the connection (the
+    // peer's Sends then fail UNAVAILABLE).
+    if (!TuneConnection(fd, options_).ok()) {
+      close(fd);
+      continue;
+    }
     absl::MutexLock lock(&readers_mu_);
     if (closed_.load()) {
       close(fd);
@@ -263,7 +346,7 @@ void SocketChannel::ReadLoop(int fd) {
     FrameHeader h;
     int r = ReadFull(fd, &h, sizeof(h));
     if (r != 1) {
-      why = HangUpReason(r);
+      why = HangUpReason(r, options_);
       break;
     }
     if (h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes ||
@@ -273,7 +356,7 @@ void SocketChannel::ReadLoop(int fd) {
     }
     std::string bytes(h.size, '\0');
     if (h.size > 0 && (r = ReadFull(fd, &bytes[0], h.size)) != 1) {
-      why = HangUpReason(r);
+      why = HangUpReason(r, options_);
       break;
     }
     // A closed mailbox (its transport shut down) refuses: nothing to do.
@@ -328,14 +411,16 @@ absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline
       close(fd);
       continue;
     }
-    SetNoDelay(fd);
+    status = TuneConnection(fd, options_);
     Hello hello;
     hello.rank = rank_;
-    status = WriteFull(fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello),
-                                               sizeof(hello)),
-                       deadline);
+    if (status.ok()) {
+      status = WriteFull(
+          fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello)),
+          deadline, options_);
+    }
     if (!status.ok()) {
-      status = absl::Status(status.code(), absl::StrCat("control channel: hello to ",
+      status = absl::Status(status.code(), absl::StrCat("control channel: connection to ",
                                                         addresses_[peer], ": ", status.message()));
       close(fd);
       continue;
@@ -373,10 +458,19 @@ absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
     MarkDead(peer, why);
     return absl::Status(s.code(), why);
   };
-  // The peer writes nothing on this connection: readable means it closed.
+  // The peer writes nothing on this connection: readable means it closed,
+  // an error that it reset or stopped answering (keepalive, user timeout).
   pollfd pf = {p.fd, POLLIN | POLLRDHUP, 0};
   if (poll(&pf, 1, 0) == 1 && pf.revents != 0) {
-    return drop(absl::UnavailableError("closed the connection"));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == ETIMEDOUT) {
+      return drop(absl::UnavailableError(TimedOutReason(/*reader=*/false, options_)));
+    }
+    return drop(absl::UnavailableError(
+        err == 0 ? "closed the connection"
+                 : absl::StrCat("closed the connection (", std::strerror(err), ")")));
   }
   FrameHeader h;
   h.mailbox = mailbox;
@@ -387,7 +481,7 @@ absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
   if (!bytes.empty()) std::memcpy(&frame[sizeof(h)], bytes.data(), bytes.size());
   absl::Status s = WriteFull(
       p.fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(frame.data()), frame.size()),
-      deadline);
+      deadline, options_);
   if (!s.ok()) return drop(s);
   return absl::OkStatus();
 }

@@ -20,10 +20,21 @@
 // same holds when this side drops the connection itself (a write that
 // could not finish in time leaves a half-written frame; the peer then sees
 // the hang-up too, so both sides agree). A peer is never revived: its user
-// (the NCCL transport) closes the world and opens a new one. Not detected:
-// a peer's host that vanishes without a FIN/RST (no TCP keepalive here;
-// the caller's deadline covers it), and a peer whose connection could not
-// be opened (refused: Sends give UNAVAILABLE, nothing is marked).
+// (the NCCL transport) closes the world and opens a new one.
+//
+// A silent peer is dead too. A peer host that vanishes without a FIN/RST
+// (power loss, a network partition) sends no hang-up; TCP keepalive and
+// TCP_USER_TIMEOUT on every connection (both ends, see
+// SocketChannelOptions) turn its silence into a timed-out connection
+// within ~15 s by default, and that takes the same path as a hang-up: the
+// peer is marked dead, with a reason that says it stopped answering ("no
+// keepalive answer ..." from a reader, "sent data unacknowledged ..." from
+// a Send). A peer process that is alive but stopped (SIGSTOP, wedged) is
+// only caught once this side has data it will not take (its kernel still
+// answers the keepalives): a Send whose bytes stay unacknowledged for the
+// user timeout fails UNAVAILABLE and marks it dead. Not detected: a peer
+// whose connection could not be opened (refused: Sends give UNAVAILABLE,
+// nothing is marked).
 //
 // What it does NOT do (its user keeps a gRPC channel for these):
 // acknowledge delivery (Send returns once the frame is in the kernel's
@@ -58,13 +69,53 @@ namespace transport_internal {
 // reader (which drops the connection).
 inline constexpr size_t kSocketMaxFrameBytes = size_t{1} << 20;
 
+// How a channel notices a peer host that went silent, set on every
+// connection it opens or accepts (SO_KEEPALIVE with TCP_KEEPIDLE /
+// TCP_KEEPINTVL / TCP_KEEPCNT, and TCP_USER_TIMEOUT).
+//
+// Why these defaults (~15 s to a dead host): the world's peers sit in one
+// cluster, where a round trip is well under a millisecond and nothing idles
+// a connection out, so a peer that answers no probe for 15 s is gone, not
+// slow; 5 probes 2 s apart ride out a few lost packets or a short switch
+// hiccup without a false death (which costs a new world). Much shorter
+// risks those false deaths under congestion; much longer and the callers'
+// deadlines always fire first, so the detection would be worth nothing.
+// The cost is one empty segment per idle connection every 2-5 s.
+//
+// This does not replace deadlines: each gRPC call, Send and Receive is
+// still bounded by its own deadline, which may be shorter than the
+// detection time (the call then fails DEADLINE_EXCEEDED, and the peer is
+// marked dead later, when its connection times out).
+//
+// The kernel takes whole seconds for the keepalive times (rounded up here)
+// and milliseconds for the user timeout. With a user timeout set, Linux
+// declares a keepalive failure at the first probe after nothing was heard
+// for the user timeout (so at about max(user_timeout, keepalive_idle +
+// keepalive_interval)), not after keepalive_count probes: keep user_timeout
+// ~= keepalive_idle + keepalive_count * keepalive_interval so both agree.
+struct SocketChannelOptions {
+  // Off: no keepalive probes (an idle connection to a vanished host is then
+  // never seen to die).
+  bool keepalive = true;
+  // Silence before the first probe, the gap between probes, and how many
+  // unanswered probes make the host dead. Times >= 1 s, count in [1, 127].
+  absl::Duration keepalive_idle = absl::Seconds(5);
+  absl::Duration keepalive_interval = absl::Seconds(2);
+  int keepalive_count = 5;
+  // Sent data unacknowledged this long (a receiver that keeps its window
+  // shut included) fails the connection. Zero: the kernel's default (~15
+  // min of retransmissions); not negative.
+  absl::Duration user_timeout = absl::Seconds(15);
+};
+
 class SocketChannel {
  public:
   // Listens on `host`:0 ("" = 127.0.0.1; a wildcard host is advertised as
   // this machine's hostname). Connections are accepted only after Start;
   // until then they wait in the kernel's backlog. UNAVAILABLE if the host
-  // cannot be bound.
-  static absl::StatusOr<std::unique_ptr<SocketChannel>> Listen(const std::string& host);
+  // cannot be bound, INVALID_ARGUMENT for options out of range.
+  static absl::StatusOr<std::unique_ptr<SocketChannel>> Listen(
+      const std::string& host, const SocketChannelOptions& options = {});
 
   // Closes (see Close).
   ~SocketChannel();
@@ -86,11 +137,14 @@ class SocketChannel {
   // the message names the peer), UNAVAILABLE if the peer cannot be reached
   // (the caller may fall back to another channel) or hangs up during the
   // write (the peer is then dead), DEADLINE_EXCEEDED if the write could not
-  // finish in time (the connection is dropped and the peer is dead).
+  // finish in time (the connection is dropped and the peer is dead), or
+  // UNAVAILABLE if it stayed unacknowledged for the user timeout (the peer
+  // is then dead; see SocketChannelOptions).
   absl::Status Send(int peer, uint32_t mailbox, uint64_t tag, absl::Span<const uint8_t> bytes,
                     absl::Time deadline);
 
-  // Whether `peer` hung up (see above). Lock-free: for polling loops.
+  // Whether `peer` is dead: it hung up or stopped answering (see above).
+  // Lock-free: for polling loops.
   bool PeerGone(int peer) const;
 
   // OK while `peer` is not known dead, else UNAVAILABLE naming it and why.
@@ -111,7 +165,8 @@ class SocketChannel {
     std::string why ABSL_GUARDED_BY(why_mu);  // set before `gone`
   };
 
-  SocketChannel(int listen_fd, int wake_fd[2], std::string address);
+  SocketChannel(int listen_fd, int wake_fd[2], std::string address,
+                SocketChannelOptions options);
   absl::Status ConnectLocked(int peer, Peer& p, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   void AcceptLoop();
@@ -124,6 +179,7 @@ class SocketChannel {
   int listen_fd_;
   int wake_fd_[2];
   const std::string address_;
+  const SocketChannelOptions options_;
   std::atomic<bool> closed_{false};
   int rank_ = -1;
   std::vector<std::string> addresses_;

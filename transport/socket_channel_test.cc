@@ -1,11 +1,17 @@
 #include "transport/socket_channel.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,10 +35,10 @@ struct Pair {
   std::vector<std::unique_ptr<SocketChannel>> channels;
   std::vector<std::vector<std::shared_ptr<Mailbox>>> boxes;
 
-  Pair() {
+  explicit Pair(const SocketChannelOptions& options = {}) {
     std::vector<std::string> addresses;
     for (int r = 0; r < 2; ++r) {
-      absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("");
+      absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("", options);
       EXPECT_TRUE(c.ok()) << c.status();
       addresses.push_back((*c)->address());
       channels.push_back(*std::move(c));
@@ -157,79 +163,271 @@ TEST(SocketChannelTest, PeerHangUpFailsPendingAndLaterCalls) {
   EXPECT_FALSE(pair.channels[1]->PeerGone(0));
 }
 
-// Rank 1 in another process, SIGKILLed while rank 0 waits for it: the
-// kernel's hang-up fails the receive within a second, naming rank 1. Forks
-// before any thread of this test exists (the child runs only its own
-// channel).
-TEST(SocketChannelTest, KilledPeerProcessFailsPendingReceive) {
-  int to_child[2], to_parent[2];
-  ASSERT_EQ(pipe(to_child), 0);
-  ASSERT_EQ(pipe(to_parent), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(to_child[1]);
-    close(to_parent[0]);
-    absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("");
+// Rank 1 of a two-rank world in a forked child process (which runs only its
+// own channel and sends "up", tag 1, to rank 0); rank 0 here, once "up" has
+// arrived. Fork before any thread of the calling test exists. The child is
+// SIGKILLed and reaped on destruction.
+class ForkedPeer {
+ public:
+  explicit ForkedPeer(const SocketChannelOptions& options) {
+    if (pipe(to_child_) != 0 || pipe(to_parent_) != 0) {
+      ADD_FAILURE() << "pipe";
+      return;
+    }
+    child_ = fork();
+    if (child_ == 0) RunChild(options);
+    if (child_ < 0) {
+      ADD_FAILURE() << "fork";
+      return;
+    }
+    close(to_child_[0]);
+    close(to_parent_[1]);
+    absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("", options);
+    if (!c.ok()) {
+      ADD_FAILURE() << c.status();
+      return;
+    }
+    channel_ = *std::move(c);
+    const std::string theirs = ReadLine(to_parent_[0]);
+    const std::string mine = channel_->address() + "\n";
+    if (theirs.empty() ||
+        write(to_child_[1], mine.data(), mine.size()) != static_cast<ssize_t>(mine.size())) {
+      ADD_FAILURE() << "address exchange with the child";
+      return;
+    }
+    channel_->Start(0, {channel_->address(), theirs}, {box_});
+    absl::StatusOr<std::string> up = Receive(1, absl::Seconds(20));
+    if (!up.ok() || *up != "up") ADD_FAILURE() << "no 'up' from the child: " << up.status();
+  }
+
+  ~ForkedPeer() {
+    channel_.reset();
+    if (child_ > 0) {
+      kill(child_, SIGKILL);
+      int status = 0;
+      waitpid(child_, &status, 0);
+    }
+    close(to_child_[1]);
+    close(to_parent_[0]);
+  }
+
+  pid_t child() const { return child_; }
+  SocketChannel& channel() { return *channel_; }
+  bool ok() const { return channel_ != nullptr && child_ > 0; }
+
+  // A frame from rank 1 with `tag` (up to 64 bytes).
+  absl::StatusOr<std::string> Receive(uint64_t tag, absl::Duration wait) {
+    std::string out(64, '\0');
+    absl::StatusOr<size_t> got = box_->Receive(
+        1, tag, absl::MakeSpan(reinterpret_cast<uint8_t*>(&out[0]), out.size()), In(wait));
+    if (!got.ok()) return got.status();
+    out.resize(*got);
+    return out;
+  }
+
+ private:
+  static std::string ReadLine(int fd) {
+    std::string line;
+    char ch;
+    while (read(fd, &ch, 1) == 1 && ch != '\n') line += ch;
+    return line;
+  }
+
+  [[noreturn]] void RunChild(const SocketChannelOptions& options) {
+    close(to_child_[1]);
+    close(to_parent_[0]);
+    absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("", options);
     if (!c.ok()) _exit(2);
-    std::string mine = (*c)->address() + "\n";
-    if (write(to_parent[1], mine.data(), mine.size()) != static_cast<ssize_t>(mine.size())) {
+    const std::string mine = (*c)->address() + "\n";
+    if (write(to_parent_[1], mine.data(), mine.size()) != static_cast<ssize_t>(mine.size())) {
       _exit(3);
     }
-    std::string theirs;
-    char ch;
-    while (read(to_child[0], &ch, 1) == 1 && ch != '\n') theirs += ch;
+    const std::string theirs = ReadLine(to_child_[0]);
     std::vector<std::shared_ptr<Mailbox>> boxes = {std::make_shared<Mailbox>()};
     (*c)->Start(1, {theirs, (*c)->address()}, boxes);
     if (!(*c)->Send(0, 0, 1, Bytes("up"), In(absl::Seconds(10))).ok()) _exit(4);
     for (;;) pause();
   }
-  close(to_child[0]);
-  close(to_parent[1]);
-  absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("");
-  ASSERT_TRUE(c.ok()) << c.status();
-  std::string theirs;
-  char ch;
-  while (read(to_parent[0], &ch, 1) == 1 && ch != '\n') theirs += ch;
-  ASSERT_FALSE(theirs.empty());
-  const std::string mine = (*c)->address() + "\n";
-  ASSERT_EQ(write(to_child[1], mine.data(), mine.size()), static_cast<ssize_t>(mine.size()));
-  auto box = std::make_shared<Mailbox>();
-  (*c)->Start(0, {(*c)->address(), theirs}, {box});
-  std::string up(8, '\0');
-  absl::StatusOr<size_t> got =
-      box->Receive(1, 1, absl::MakeSpan(reinterpret_cast<uint8_t*>(&up[0]), up.size()),
-                   In(absl::Seconds(20)));
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(up.substr(0, *got), "up");
 
+  int to_child_[2] = {-1, -1};
+  int to_parent_[2] = {-1, -1};
+  pid_t child_ = -1;
+  std::unique_ptr<SocketChannel> channel_;
+  std::shared_ptr<Mailbox> box_ = std::make_shared<Mailbox>();
+};
+
+// Rank 1 in another process, SIGKILLed while rank 0 waits for it: the
+// kernel's hang-up fails the receive within a second, naming rank 1.
+TEST(SocketChannelTest, KilledPeerProcessFailsPendingReceive) {
+  ForkedPeer peer{SocketChannelOptions()};
+  ASSERT_TRUE(peer.ok());
   absl::Status waiting;
   absl::Duration waited;
   std::thread waiter([&] {
     const absl::Time start = absl::Now();
-    waiting = box->Receive(1, 2, absl::MakeSpan(reinterpret_cast<uint8_t*>(&up[0]), up.size()),
-                           In(absl::Seconds(60)))
-                  .status();
+    waiting = peer.Receive(2, absl::Seconds(60)).status();
     waited = absl::Now() - start;
   });
   absl::SleepFor(absl::Milliseconds(200));
   const absl::Time killed = absl::Now();
-  kill(child, SIGKILL);
+  kill(peer.child(), SIGKILL);
   waiter.join();
   const absl::Duration after_kill = absl::Now() - killed;
-  int status = 0;
-  waitpid(child, &status, 0);
   EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
   EXPECT_TRUE(absl::StrContains(waiting.message(), "rank 1")) << waiting;
   EXPECT_LT(after_kill, absl::Seconds(1));
   EXPECT_GT(waited, absl::Milliseconds(150));  // it really was waiting
   std::printf("receive failed %.1f ms after the SIGKILL: %s\n",
               absl::ToDoubleMilliseconds(after_kill), std::string(waiting.message()).c_str());
-  EXPECT_TRUE((*c)->PeerGone(1));
-  EXPECT_EQ((*c)->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).code(),
+  EXPECT_TRUE(peer.channel().PeerGone(1));
+  EXPECT_EQ(peer.channel().Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).code(),
             absl::StatusCode::kUnavailable);
-  close(to_child[1]);
-  close(to_parent[0]);
+}
+
+// Rank 1's process stopped (SIGSTOP: its kernel still answers keepalives and
+// acknowledges data until its receive buffer is full, as a wedged process or
+// one whose host answers nothing else would look after the window shuts).
+// Rank 0 keeps sending: once the bytes stay unacknowledged for the user
+// timeout (1 s here), the blocked Send fails UNAVAILABLE naming rank 1 and
+// saying it stopped answering, long before its 20 s deadline, and a receive
+// pending on rank 1 fails the same way: the dead-peer path of a hang-up.
+TEST(SocketChannelTest, StoppedPeerFailsSendAndReceiveAfterUserTimeout) {
+  SocketChannelOptions options;
+  options.keepalive_idle = absl::Seconds(1);
+  options.keepalive_interval = absl::Seconds(1);
+  options.keepalive_count = 1;
+  options.user_timeout = absl::Seconds(1);
+  ForkedPeer peer(options);
+  ASSERT_TRUE(peer.ok());
+  absl::Status waiting;
+  std::thread waiter([&] { waiting = peer.Receive(2, absl::Seconds(30)).status(); });
+
+  ASSERT_EQ(kill(peer.child(), SIGSTOP), 0);
+  const absl::Time stopped = absl::Now();
+  const std::string chunk(256 << 10, 'x');
+  absl::Status s;
+  int sent = 0;
+  // 100 MB at most: far more than the two socket buffers hold.
+  for (; sent < 400 && s.ok(); ++sent) {
+    s = peer.channel().Send(1, 0, 3, Bytes(chunk), In(absl::Seconds(20)));
+  }
+  const absl::Duration after_stop = absl::Now() - stopped;
+  waiter.join();
+  std::printf("send %d failed %.0f ms after the SIGSTOP: %s\n", sent,
+              absl::ToDoubleMilliseconds(after_stop), std::string(s.message()).c_str());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "stopped answering")) << s;
+  EXPECT_GE(after_stop, absl::Milliseconds(900));  // not before the user timeout
+  EXPECT_LT(after_stop, absl::Seconds(6));
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kUnavailable) << waiting;
+  EXPECT_EQ(waiting.message(), s.message());
+  EXPECT_TRUE(peer.channel().PeerGone(1));
+  EXPECT_EQ(peer.channel().Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+// The port of "host:port".
+int PortOf(const std::string& address) {
+  return std::atoi(address.substr(address.rfind(':') + 1).c_str());
+}
+
+// This process's connected TCP sockets with a port of `ports` at either end
+// (so both ends of every connection to those listeners, when both ends
+// live here), found through /proc/self/fd.
+std::vector<int> ConnectionFds(const std::set<int>& ports) {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  while (dirent* e = readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    int type = 0, listening = 0;
+    socklen_t len = sizeof(int);
+    if (e->d_name[0] == '.' || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM || getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening != 0) {
+      continue;
+    }
+    sockaddr_in local = {}, remote = {};
+    socklen_t local_len = sizeof(local), remote_len = sizeof(remote);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_len) != 0 ||
+        local.sin_family != AF_INET) {
+      continue;
+    }
+    if (ports.count(ntohs(local.sin_port)) > 0 || ports.count(ntohs(remote.sin_port)) > 0) {
+      fds.push_back(fd);
+    }
+  }
+  closedir(dir);
+  return fds;
+}
+
+int IntOption(int fd, int level, int name) {
+  int value = -1;
+  socklen_t len = sizeof(value);
+  EXPECT_EQ(getsockopt(fd, level, name, &value, &len), 0) << name;
+  return value;
+}
+
+// Both ends of both connections (the sender's and the accepted one) carry
+// keepalive and the user timeout: the defaults, and custom values (keepalive
+// times rounded up to whole seconds).
+TEST(SocketChannelTest, EveryConnectionEndHasKeepaliveAndUserTimeout) {
+  struct Case {
+    SocketChannelOptions options;
+    int idle_s, interval_s, count, user_timeout_ms;
+  };
+  SocketChannelOptions custom;
+  custom.keepalive_idle = absl::Milliseconds(6500);
+  custom.keepalive_interval = absl::Seconds(3);
+  custom.keepalive_count = 4;
+  custom.user_timeout = absl::Milliseconds(12345);
+  for (const Case& c :
+       {Case{SocketChannelOptions(), 5, 2, 5, 15000}, Case{custom, 7, 3, 4, 12345}}) {
+    Pair pair(c.options);
+    // Both connections opened and accepted: a frame each way has arrived.
+    ASSERT_TRUE(pair.channels[0]->Send(1, 0, 1, Bytes("a"), In(absl::Seconds(10))).ok());
+    ASSERT_TRUE(pair.channels[1]->Send(0, 0, 1, Bytes("b"), In(absl::Seconds(10))).ok());
+    ASSERT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "a");
+    ASSERT_EQ(pair.Take(0, 0, 1, 1, absl::Seconds(10)), "b");
+    const std::vector<int> fds = ConnectionFds(
+        {PortOf(pair.channels[0]->address()), PortOf(pair.channels[1]->address())});
+    ASSERT_EQ(fds.size(), 4u);
+    for (int fd : fds) {
+      SCOPED_TRACE(fd);
+      EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_NODELAY), 1);
+      EXPECT_EQ(IntOption(fd, SOL_SOCKET, SO_KEEPALIVE), 1);
+      EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE), c.idle_s);
+      EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPINTVL), c.interval_s);
+      EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_KEEPCNT), c.count);
+      EXPECT_EQ(IntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT), c.user_timeout_ms);
+    }
+  }
+}
+
+TEST(SocketChannelTest, OptionsOutOfRangeAreRefused) {
+  const auto listen = [](void (*change)(SocketChannelOptions&)) {
+    SocketChannelOptions o;
+    change(o);
+    return SocketChannel::Listen("", o).status().code();
+  };
+  EXPECT_EQ(listen([](SocketChannelOptions& o) { o.keepalive_idle = absl::Milliseconds(500); }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(listen([](SocketChannelOptions& o) { o.keepalive_interval = absl::ZeroDuration(); }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(listen([](SocketChannelOptions& o) { o.keepalive_count = 0; }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(listen([](SocketChannelOptions& o) { o.keepalive_count = 128; }),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(listen([](SocketChannelOptions& o) { o.user_timeout = absl::Seconds(-1); }),
+            absl::StatusCode::kInvalidArgument);
+  // Keepalive off: its times are not looked at.
+  EXPECT_EQ(listen([](SocketChannelOptions& o) {
+              o.keepalive = false;
+              o.keepalive_count = 0;
+            }),
+            absl::StatusCode::kOk);
 }
 
 // Not an assertion on speed (CI machines vary): prints the one-way latency
