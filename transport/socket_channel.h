@@ -104,7 +104,7 @@ struct SocketChannelOptions {
   int keepalive_count = 5;
   // Sent data unacknowledged this long (a receiver that keeps its window
   // shut included) fails the connection. Zero: the kernel's default (~15
-  // min of retransmissions); not negative.
+  // min of retransmissions). In [0, 24h].
   absl::Duration user_timeout = absl::Seconds(15);
 };
 
