@@ -59,6 +59,35 @@ std::string DescribeSpec(const rpc::HybridSpec& spec) {
       spec.source_dtype() == rpc::SOURCE_DTYPE_FP32 ? "fp32" : "bf16");
 }
 
+// Per daemon and in total: the parameters each holds and the device memory
+// its backend allocated for them (DaemonStats.device_bytes: every buffer of
+// the gpu store; the cpu backend keeps its state on the host: "-").
+void PrintMemory(const rpc::GetStatusResponse& s) {
+  std::cout << "\nMEMORY\n"
+            << absl::StrFormat("  %4s  %-7s %12s %14s %12s\n", "rank", "backend", "parameters",
+                               "device memory", "device B/param");
+  int64_t parameters = 0;
+  int64_t device_bytes = 0;
+  for (const rpc::DaemonStats& d : s.daemons()) {
+    if (d.backend().empty()) {
+      std::cout << absl::StrFormat("  %4d  %-7s\n", d.rank(), "-");  // no model / unreachable
+      continue;
+    }
+    const bool device = d.backend() != "cpu";
+    std::cout << absl::StrFormat(
+        "  %4d  %-7s %12d %14s %12s\n", d.rank(), d.backend(), d.parameters(),
+        device ? Bytes(d.device_bytes()) : "-",
+        device ? absl::StrFormat("%.2f", d.device_bytes_per_parameter()) : "-");
+    parameters += d.parameters();
+    device_bytes += d.device_bytes();
+  }
+  std::cout << absl::StrFormat(
+      "  %-13s %12d %14s %12s\n", "total", parameters, Bytes(device_bytes),
+      parameters > 0 && device_bytes > 0
+          ? absl::StrFormat("%.2f", static_cast<double>(device_bytes) / parameters)
+          : "-");
+}
+
 void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
   std::cout << absl::StrFormat("coordinator %s: committed version %d, %d daemons expected, "
                                "%d pushers expected\n",
@@ -83,6 +112,7 @@ void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
         Bytes(d.bytes_served_columnwise()));
     if (!d.error().empty()) std::cout << "        error: " << d.error() << "\n";
   }
+  PrintMemory(s);
   const rpc::Manifest& m = s.manifest();
   if (m.tensors_size() == 0) {
     std::cout << "\nno model loaded\n";

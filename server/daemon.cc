@@ -771,6 +771,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     stats->set_bytes_pushed(bytes_pushed_.load());
     stats->set_steps(steps_);
     stats->set_last_step_seconds(last_step_seconds_);
+    if (shards_ != nullptr) {  // replaced only under mu_ (LoadOnWorker)
+      const BackendMemory memory = shards_->memory();
+      stats->set_backend(std::string(shards_->name()));
+      stats->set_parameters(memory.parameters);
+      stats->set_device_bytes(memory.device_bytes);
+      stats->set_device_bytes_per_parameter(memory.device_bytes_per_parameter());
+    }
     std::string error = join_error_;
     if (failed_step_from_ > -2 && !last_step_error_.ok()) {
       absl::StrAppend(&error, error.empty() ? "" : "; ", "step from ", failed_step_from_,

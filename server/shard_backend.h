@@ -22,6 +22,7 @@
 #ifndef PARAMD_SERVER_SHARD_BACKEND_H_
 #define PARAMD_SERVER_SHARD_BACKEND_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -45,6 +46,19 @@ class Transport;  // transport/transport.h
 using HostBytesFn = std::function<absl::StatusOr<std::shared_ptr<const PublishedVersion>>(
     const std::shared_ptr<const PublishedVersion>& version)>;
 
+// What a backend's shards occupy (ShardBackend::memory; DaemonStats).
+struct BackendMemory {
+  // Elements (parameters) of the shards this backend holds.
+  int64_t parameters = 0;
+  // Every device byte the backend allocated for them: gpu masters, optimizer
+  // moments, accumulators, staging, the two published versions and scaling
+  // state. 0 for the cpu backend, whose state lives on the host.
+  int64_t device_bytes = 0;
+  double device_bytes_per_parameter() const {
+    return parameters > 0 ? static_cast<double>(device_bytes) / parameters : 0.0;
+  }
+};
+
 class ShardBackend {
  public:
   virtual ~ShardBackend() = default;
@@ -53,6 +67,18 @@ class ShardBackend {
   virtual absl::string_view name() const = 0;
   virtual const std::vector<TensorDef>& tensors() const = 0;
   virtual const std::vector<ShardDef>& shards() const = 0;
+
+  // The backend's memory now. Thread-safe, unlike the rest of this
+  // interface (the daemon reports it from GetStats, beside a Step); it does
+  // not block. The default counts the parameters of shards() and no device
+  // bytes (the cpu backend); the gpu backend reports its store's
+  // allocations, which grow once (by at most 4 MiB) when the first host
+  // push allocates the upload staging buffer.
+  virtual BackendMemory memory() const {
+    BackendMemory m;
+    for (const ShardDef& d : shards()) m.parameters += d.rows() * tensors()[d.tensor].cols;
+    return m;
+  }
 
   // Row-major [rows][cols] FP32 host rows of shard `i` to load weights into
   // before the first Step (masters start at zero). Writes after the first

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "deploy/process.h"
 #include "nlohmann/json.hpp"
@@ -118,6 +119,17 @@ TEST_F(HpctlTest, LoadStatusStepAndStatusJson) {
   EXPECT_TRUE(absl::StrContains(status.out, "nvfp4")) << status.out;
   EXPECT_TRUE(absl::StrContains(status.out, "rowwise_dequantized")) << status.out;
   EXPECT_TRUE(absl::StrContains(status.out, "SCALES")) << status.out;
+  // Memory: the cpu backend holds every parameter on the host (no device
+  // bytes, shown as "-"); the total is the model's 384*256 + 64*64.
+  EXPECT_TRUE(absl::StrContains(status.out, "MEMORY")) << status.out;
+  EXPECT_TRUE(absl::StrContains(status.out, "device B/param")) << status.out;
+  const size_t total = status.out.find("\n  total ");
+  ASSERT_NE(total, std::string::npos) << status.out;
+  const std::string line =
+      status.out.substr(total + 1, status.out.find('\n', total + 1) - total - 1);
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ' ', absl::SkipEmpty())),
+            (std::vector<std::string>{"total", "102400", "0", "B", "-"}))
+      << status.out;
 
   HpctlRun step = Hpctl({"step"});
   ASSERT_EQ(step.exit_code, 0) << step.out << cluster_->Logs();
@@ -135,6 +147,15 @@ TEST_F(HpctlTest, LoadStatusStepAndStatusJson) {
   EXPECT_EQ(j["committed_version"], "1");  // int64 fields are JSON strings in proto3 JSON
   EXPECT_EQ(j["daemons"].size(), 2u);
   EXPECT_EQ(j["manifest"]["tensors"].size(), 2u);
+  // The coordinator passes each daemon's memory report through.
+  int64_t parameters = 0;
+  for (const auto& d : j["daemons"]) {
+    EXPECT_EQ(d.value("backend", ""), "cpu") << d.dump();
+    EXPECT_FALSE(d.contains("device_bytes")) << d.dump();  // 0: omitted in proto3 JSON
+    ASSERT_TRUE(d.contains("parameters")) << d.dump();
+    parameters += std::stoll(d["parameters"].get<std::string>());
+  }
+  EXPECT_EQ(parameters, 384 * 256 + 64 * 64);
 }
 
 TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
