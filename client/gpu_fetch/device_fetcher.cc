@@ -103,6 +103,26 @@ struct DaemonJob {
   DeviceFetcher::Channel* channel = nullptr;
 };
 
+// How long a fetch whose daemon's end is gone still waits for the
+// FetchDevice answer (see the receive in Fetch).
+constexpr std::chrono::milliseconds kGoneGrace(50);
+
+// Codes a call gets from gRPC itself when its server goes away, as opposed
+// to a refusal by the daemon (NOT_FOUND, ABORTED, ...), which says more.
+bool IsTransportCode(grpc::StatusCode code) {
+  return code == grpc::StatusCode::OK || code == grpc::StatusCode::CANCELLED ||
+         code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// UNAVAILABLE naming the daemon, with what the channel knows of its end
+// (its stream's last word) and the receive's own error.
+absl::Status DaemonGone(DaemonJob& job, const absl::Status& received) {
+  const std::string closed = job.channel->Closed();
+  return absl::UnavailableError(absl::StrCat("device fetch from daemon ", job.rank, " (",
+                                             job.address, "): ", received.message(),
+                                             closed.empty() ? "" : absl::StrCat("; ", closed)));
+}
+
 absl::Status CheckPlan(const rpc::FetchPlan& plan, const DaemonJob& job, int64_t version) {
   if (plan.version() != version) {
     return absl::InternalError(absl::StrCat("daemon ", job.rank, " planned version ",
@@ -377,14 +397,26 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
         const absl::Status received = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces,
                                                                     deadline);
         // A failed receive: the daemon's answer usually says why; a daemon
-        // that does not answer soon is given up on.
+        // that does not answer soon is given up on. When the daemon's end is
+        // gone (the transport saw its control connection hang up, or the
+        // channel's stream ended) it will not answer: gRPC only notices a
+        // killed daemon ~0.5 s later, with a vaguer CANCELLED/UNAVAILABLE.
+        // So then the answer gets only a short grace (a live daemon that
+        // dropped the channel while refusing the fetch answers in it).
+        const bool gone = !received.ok() && (absl::IsUnavailable(received) ||
+                                             !j->channel->Closed().empty());
         bool cancelled = false;
         if (!received.ok() &&
-            answer.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+            answer.wait_for(gone ? kGoneGrace : std::chrono::milliseconds(1000)) !=
+                std::future_status::ready) {
           context.TryCancel();
           cancelled = true;
         }
         const grpc::Status g = answer.get();
+        if (gone && (cancelled || IsTransportCode(g.error_code()))) {
+          j->status = DaemonGone(*j, received);
+          return;
+        }
         // The answer first: it says why nothing (or no published version)
         // arrived. Bytes of a failed call are never handed out.
         if (!g.ok() && !cancelled) {

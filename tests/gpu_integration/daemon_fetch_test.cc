@@ -646,11 +646,13 @@ TEST_F(Kills, KillDaemonMidFetch) {
             << absl::FormatDuration(after_kill) << " after the kill (that call took "
             << absl::FormatDuration(last_call) << "): " << last << std::endl;
   EXPECT_FALSE(last.ok());
-  EXPECT_TRUE(absl::IsUnavailable(last) || absl::IsDeadlineExceeded(last) ||
-              absl::IsCancelled(last))
-      << last;
+  // The transport sees the daemon's control connection hang up within a few
+  // ms of the kill; the fetch returns that UNAVAILABLE naming the daemon,
+  // without waiting for gRPC to notice (~0.5 s, as CANCELLED).
+  EXPECT_TRUE(absl::IsUnavailable(last)) << last;
+  EXPECT_TRUE(absl::StrContains(last.message(), "daemon 0")) << last;
   EXPECT_LE(last_call, kTimeout + absl::Seconds(2));
-  EXPECT_LE(after_kill, kTimeout + absl::Seconds(2));
+  EXPECT_LE(after_kill, absl::Milliseconds(300));
   // And the next one fails within its deadline too.
   const absl::Time start = absl::Now();
   absl::StatusOr<DeviceFetchResult> r = f->Fetch(0, BigTargets(), nullptr, absl::Seconds(3));
