@@ -12,6 +12,9 @@
 #          server/hybrid-paramd relative to their working directory), in
 #          parallel; logs land under $OUT. NCCL_NVLS_ENABLE=0.
 # Knobs (run): ONLY="name ..." runs only those binaries; GTEST_FILTER as usual.
+# daemon_fetch_test is bundled but not run by default (tests/gpu_fetch_run.sh
+# runs it on two GPUs); ONLY=daemon_fetch_test GTEST_FILTER=Kills.KillDaemonMidFetch
+# runs the daemon-kill case on one GPU (trainer and daemon share it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=.gpu_bundle_backend
@@ -22,6 +25,7 @@ TARGETS=(
   //server/gpu_backend:gpu_backend_optimizer_test
   //server/gpu_backend:gpu_backend_step_bench
   //kernels/cuda:optimizer_test
+  //tests/gpu_integration:daemon_fetch_test
 )
 
 if [ "${1:-}" = bundle ]; then

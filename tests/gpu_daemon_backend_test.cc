@@ -12,7 +12,12 @@
 //     made on this first host request: the gpu backend publishes without a
 //     device-to-host copy) equals what an identical --backend=cpu daemon
 //     publishes.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -25,8 +30,12 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
+#include "server/chunks.h"
 #include "server/convert.h"
+#include "server/gpu_backend/daemon_backend.h"
+#include "server/gpu_backend/shard_store.h"
 #include "server/reference_step.h"
+#include "server/shard_backend.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -273,6 +282,163 @@ TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
     ASSERT_TRUE(cpu.WaitForVersion(step + 1).ok());
     ExpectSamePieces(step + 1, gpu, cpu, tensors);
   }
+}
+
+// Issue 5: the gpu daemon reports its device memory (DaemonStats, through
+// ShardBackend::memory()): equal to what a GpuShardStore built in this
+// process for the same shards allocates, and at most 21 bytes per
+// parameter for AdamW with FP8 current rowwise + columnwise and two
+// published versions (all store buffers counted), also after an optimizer
+// step from host-pushed gradients (which allocates the upload staging
+// buffer). The cpu daemon reports the parameters and 0 device bytes.
+TEST(GpuDaemonBackendMemoryTest, ReportsStoreDeviceBytesPerParameter) {
+  constexpr int64_t kBigRows = 2048;
+  constexpr int64_t kBigCols = 4096;
+  std::unique_ptr<RawCluster> gpu = StartOne("gpu", "adamw");
+  std::unique_ptr<RawCluster> cpu = StartOne("cpu", "adamw");
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const std::vector<TestTensor> tensors = {
+      {"w", {kBigRows, kBigCols}, RandomValues(kBigRows * kBigCols, 11)},
+      {"b", {kBigCols}, RandomValues(kBigCols, 12, 0.1f)}};
+  const int64_t parameters = kBigRows * kBigCols + kBigCols;
+  const std::string model = gpu->cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, tensors).ok());
+  const std::string recipe =
+      "default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } }";
+  for (RawCluster* r : {gpu.get(), cpu.get()}) {
+    absl::StatusOr<int64_t> v = r->Load(model, recipe);
+    ASSERT_TRUE(v.ok()) << v.status() << r->cluster().Logs();
+  }
+
+  // The store of the daemon's own shards (its view of the manifest), here.
+  absl::StatusOr<ModelView> view = MakeModelView(gpu->manifest(), 0, 1);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ShardBackendOptions options;
+  options.optimizer.kind = OptimizerKind::kAdamW;
+  absl::StatusOr<std::unique_ptr<ShardBackend>> local = CreateShardBackend(
+      gpu_backend::DaemonBackend::kGpu, view->tensors, view->shards, options);
+  ASSERT_TRUE(local.ok()) << local.status();
+  const gpu_backend::GpuShardStore* store = gpu_backend::DeviceStoreOf(local->get());
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->parameters(), parameters);
+  EXPECT_EQ((*local)->memory().device_bytes, store->device_bytes());
+  EXPECT_EQ((*local)->memory().parameters, store->parameters());
+
+  absl::StatusOr<rpc::DaemonStats> loaded = gpu->Stats(0);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->backend(), "gpu");
+  EXPECT_EQ(loaded->parameters(), parameters);
+  EXPECT_EQ(loaded->device_bytes(), store->device_bytes());
+  EXPECT_DOUBLE_EQ(loaded->device_bytes_per_parameter(), store->bytes_per_parameter());
+  EXPECT_LE(loaded->device_bytes_per_parameter(), 21.0);
+  std::printf("gpu daemon after load: %lld device bytes, %lld parameters, %.3f B/param\n",
+              static_cast<long long>(loaded->device_bytes()),
+              static_cast<long long>(loaded->parameters()), loaded->device_bytes_per_parameter());
+
+  std::map<std::string, std::vector<float>> grads;
+  for (const TestTensor& t : tensors) grads[t.name] = RandomValues(t.values.size(), 13, 0.3f);
+  ASSERT_TRUE(gpu->PushAll(0, "trainer", grads).ok());
+  ASSERT_TRUE(gpu->WaitForVersion(1).ok()) << gpu->cluster().Logs();
+  absl::StatusOr<rpc::DaemonStats> stepped = gpu->Stats(0);
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_GE(stepped->device_bytes(), loaded->device_bytes());
+  EXPECT_LE(stepped->device_bytes_per_parameter(), 21.0);
+  std::printf("gpu daemon after a pushed step: %lld device bytes, %.3f B/param\n",
+              static_cast<long long>(stepped->device_bytes()),
+              stepped->device_bytes_per_parameter());
+
+  absl::StatusOr<rpc::DaemonStats> host = cpu->Stats(0);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->backend(), "cpu");
+  EXPECT_EQ(host->parameters(), parameters);
+  EXPECT_EQ(host->device_bytes(), 0);
+  EXPECT_EQ(host->device_bytes_per_parameter(), 0.0);
+}
+
+// Issue 5: a slow first host copy of the LATEST version (gRPC Fetch,
+// export) does not hold up the step that retires the OLDER one, while a
+// copy of the version a step retires (whose device slot it rewrites) does
+// hold that step until the copy has read it. In process, one backend;
+// PARAMD_GPU_HOST_COPY_DELAY_MS makes every host copy kDelay slower.
+TEST(GpuHostCopiesTest, RetireWaitsOnlyForCopiesOfTheRetiredVersion) {
+  constexpr absl::Duration kDelay = absl::Milliseconds(1000);
+  TensorDef tensor;
+  tensor.name = "w";
+  tensor.rows = 256;
+  tensor.cols = 512;
+  tensor.spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
+  tensor.spec.columnwise = DefaultQuantSpec(Format::kFp8Current);
+  ShardBackendOptions options;
+  options.optimizer.kind = OptimizerKind::kAdamW;
+  options.optimizer.lr = 0.01f;
+  ASSERT_EQ(setenv("PARAMD_GPU_HOST_COPY_DELAY_MS",
+                   absl::StrCat(absl::ToInt64Milliseconds(kDelay)).c_str(), 1),
+            0);
+  absl::StatusOr<std::unique_ptr<ShardBackend>> created =
+      CreateShardBackend(gpu_backend::DaemonBackend::kGpu, {tensor}, {{0, 0, tensor.rows}}, options);
+  unsetenv("PARAMD_GPU_HOST_COPY_DELAY_MS");  // read once, at creation
+  ASSERT_TRUE(created.ok()) << created.status();
+  ShardBackend& backend = **created;
+  backend.set_data_plane(nullptr, absl::Seconds(30));  // a single daemon
+  const std::vector<float> values = RandomValues(tensor.rows * tensor.cols, 21);
+  std::copy(values.begin(), values.end(), backend.load_master(0).begin());
+  const AllReduceMaxFn none = [](absl::Span<float>) { return absl::OkStatus(); };
+  auto step = [&](int64_t version) -> absl::StatusOr<std::shared_ptr<const PublishedVersion>> {
+    if (version > 0) {
+      const std::vector<float> g = RandomValues(values.size(), 30 + version, 0.3f);
+      std::copy(g.begin(), g.end(), backend.gradient(0).begin());
+    }
+    return backend.Step(version, /*apply_optimizer=*/version > 0, none, /*update_delayed=*/true);
+  };
+  std::vector<std::shared_ptr<const PublishedVersion>> v;
+  for (int64_t version = 0; version < 2; ++version) {
+    absl::StatusOr<std::shared_ptr<const PublishedVersion>> p = step(version);
+    ASSERT_TRUE(p.ok()) << p.status();
+    v.push_back(*p);
+  }
+  const HostBytesFn host_bytes = backend.host_bytes();
+  ASSERT_TRUE(host_bytes != nullptr);
+  const int64_t data_bytes = v[1]->pieces[0].layout.data_bytes();
+  ASSERT_GT(data_bytes, 0);
+
+  // A first host copy of version 1 (the latest) in progress; the step to 2
+  // retires version 0 and runs at once.
+  auto copy1 = std::async(std::launch::async, [&] { return host_bytes(v[1]); });
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> p2 = step(2);
+  const absl::Duration step2 = absl::Now() - start;
+  ASSERT_TRUE(p2.ok()) << p2.status();
+  v.push_back(*p2);
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> bytes1 = copy1.get();
+  ASSERT_TRUE(bytes1.ok()) << bytes1.status();
+  EXPECT_EQ((*bytes1)->version, 1);
+  EXPECT_EQ(static_cast<int64_t>((*bytes1)->pieces[0].q.data.size()), data_bytes);
+  EXPECT_LT(step2, kDelay / 2) << "the step to 2 waited for the host copy of version 1";
+  EXPECT_TRUE(absl::IsNotFound(host_bytes(v[0]).status()));  // retired
+
+  // A first host copy of the OLDER version holds the step that rewrites its
+  // slot until it is done: step to 3 (retires 1, whose copy is done), then
+  // copy 2 while the step to 4 retires it.
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> p3 = step(3);
+  ASSERT_TRUE(p3.ok()) << p3.status();
+  auto copy2 = std::async(std::launch::async, [&] { return host_bytes(v[2]); });
+  absl::SleepFor(absl::Milliseconds(100));
+  start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> p4 = step(4);
+  const absl::Duration step4 = absl::Now() - start;
+  ASSERT_TRUE(p4.ok()) << p4.status();
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> bytes2 = copy2.get();
+  ASSERT_TRUE(bytes2.ok()) << bytes2.status();
+  EXPECT_EQ((*bytes2)->version, 2);
+  EXPECT_GE(step4, kDelay - absl::Milliseconds(200))
+      << "the step to 4 rewrote version 2's slot while it was being copied";
+  EXPECT_TRUE(absl::IsNotFound(host_bytes(v[2]).status()));
+  std::printf("host copy delay %s: step to 2 (retires 0, copy of 1 running) took %s; "
+              "step to 4 (retires 2, copy of 2 running) took %s\n",
+              absl::FormatDuration(kDelay).c_str(), absl::FormatDuration(step2).c_str(),
+              absl::FormatDuration(step4).c_str());
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 #include "server/gpu_backend/daemon_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <utility>
 
@@ -72,51 +74,92 @@ absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind)
 // (the store, and its device buffers, live as long as this).
 //
 // Threading: Get from any thread; Add/Retire from the step thread. The
-// mutex is held across a copy, so Retire (before a step rewrites the
-// version's device slot) waits for copies of that version to finish.
+// device-to-host copy of a version runs outside the mutex, marked on its
+// entry (copying): Retire of a version (before a step rewrites its device
+// slot) waits for that version's copy only, so a slow first host fetch of
+// the latest version does not hold up the step that retires the older one.
+// A retired version is erased under the mutex: no copy of it starts after.
 class HostCopies {
  public:
-  explicit HostCopies(std::shared_ptr<GpuShardStore> store) : store_(std::move(store)) {}
+  // `copy_delay_ms` > 0 (test hook PARAMD_GPU_HOST_COPY_DELAY_MS): every
+  // copy to the host takes that much longer, as a large model's does.
+  HostCopies(std::shared_ptr<GpuShardStore> store, int64_t copy_delay_ms)
+      : store_(std::move(store)), copy_delay_ms_(copy_delay_ms) {}
 
   // `meta` (pieces without bytes) was just published; `device[k]` holds the
   // device buffers of meta->pieces[k].
   void Add(std::shared_ptr<const PublishedVersion> meta,
            std::vector<GpuPublishedDirection> device) {
+    auto e = std::make_shared<Entry>();
+    e->meta = std::move(meta);
+    e->device = std::move(device);
     absl::MutexLock lock(&mu_);
-    Entry& e = entries_[meta->version];
-    e.meta = std::move(meta);
-    e.device = std::move(device);
-    e.bytes = nullptr;
+    entries_[e->meta->version] = std::move(e);
   }
 
-  // The device slot of `version` is about to be rewritten. Its host copy,
-  // when nobody holds it any more, keeps its (already faulted-in) memory for
-  // the next version's copy.
+  // The device slot of `version` is about to be rewritten: waits for a copy
+  // of it in progress, then forgets it. Its host copy, when nobody holds it
+  // any more, keeps its (already faulted-in) memory for a later copy.
   void Retire(int64_t version) {
     absl::MutexLock lock(&mu_);
     auto it = entries_.find(version);
     if (it == entries_.end()) return;
-    if (it->second.bytes != nullptr && it->second.bytes.use_count() == 1) {
-      spare_ = std::move(it->second.bytes);
-    }
-    entries_.erase(it);
+    std::shared_ptr<Entry> e = it->second;
+    while (e->copying) copied_.Wait(&mu_);
+    e->retired = true;
+    if (e->bytes != nullptr && e->bytes.use_count() == 1) spare_ = std::move(e->bytes);
+    e->bytes = nullptr;
+    entries_.erase(version);
   }
 
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Get(
       const std::shared_ptr<const PublishedVersion>& meta) {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(meta->version);
-    if (it == entries_.end() || it->second.meta != meta) {
-      return absl::NotFoundError(absl::StrCat(
-          "version ", meta->version,
-          " is no longer held on the device (the gpu backend keeps the two latest versions)"));
-    }
-    Entry& e = it->second;
-    if (e.bytes != nullptr) return e.bytes;
+    std::shared_ptr<Entry> e;
     std::shared_ptr<PublishedVersion> copy;
-    if (spare_ != nullptr && spare_->pieces.size() == e.meta->pieces.size()) {
-      // Same shards, same layouts: reuse the buffers (resize keeps them).
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(meta->version);
+      if (it == entries_.end() || it->second->meta != meta) return NotHeld(meta->version);
+      e = it->second;
+      // Another request is copying this version: share its copy (or, if it
+      // failed, try again).
+      while (e->copying) copied_.Wait(&mu_);
+      if (e->retired) return NotHeld(meta->version);
+      if (e->bytes != nullptr) return e->bytes;
+      e->copying = true;
       copy = std::move(spare_);
+      spare_ = nullptr;
+    }
+    absl::Status s = CopyToHost(*e, copy);
+    absl::MutexLock lock(&mu_);
+    e->copying = false;
+    copied_.SignalAll();
+    RETURN_IF_ERROR(s);
+    e->bytes = std::move(copy);
+    return e->bytes;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<const PublishedVersion> meta;
+    std::vector<GpuPublishedDirection> device;
+    // Written under mu_; the copy itself runs without it while `copying`.
+    std::shared_ptr<PublishedVersion> bytes;  // null until requested
+    bool copying = false;
+    bool retired = false;
+  };
+
+  static absl::Status NotHeld(int64_t version) {
+    return absl::NotFoundError(absl::StrCat(
+        "version ", version,
+        " is no longer held on the device (the gpu backend keeps the two latest versions)"));
+  }
+
+  // The bytes of `e` into `copy`: a retired copy's buffers when it has the
+  // same pieces (same shards, same layouts: resize keeps them), else new.
+  // Called with e.copying set (so e's slot is not rewritten meanwhile).
+  absl::Status CopyToHost(const Entry& e, std::shared_ptr<PublishedVersion>& copy) {
+    if (copy != nullptr && copy->pieces.size() == e.meta->pieces.size()) {
       for (size_t k = 0; k < copy->pieces.size(); ++k) {
         std::vector<uint8_t> data = std::move(copy->pieces[k].q.data);
         std::vector<uint8_t> scales = std::move(copy->pieces[k].q.scales);
@@ -129,7 +172,7 @@ class HostCopies {
     } else {
       copy = std::make_shared<PublishedVersion>(*e.meta);
     }
-    spare_ = nullptr;
+    if (copy_delay_ms_ > 0) absl::SleepFor(absl::Milliseconds(copy_delay_ms_));
     ScopedDevice guard(store_->device());
     for (size_t k = 0; k < copy->pieces.size(); ++k) {
       PublishedPiece& p = copy->pieces[k];
@@ -142,19 +185,14 @@ class HostCopies {
             Copy(p.q.scales.data(), d.scales, p.q.scales.size(), cudaMemcpyDeviceToHost));
       }
     }
-    e.bytes = std::move(copy);
-    return e.bytes;
+    return absl::OkStatus();
   }
 
- private:
-  struct Entry {
-    std::shared_ptr<const PublishedVersion> meta;
-    std::vector<GpuPublishedDirection> device;
-    std::shared_ptr<PublishedVersion> bytes;  // null until requested
-  };
   const std::shared_ptr<GpuShardStore> store_;
+  const int64_t copy_delay_ms_;
   absl::Mutex mu_;
-  std::map<int64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar copied_;  // an entry's copying went false
+  std::map<int64_t, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<PublishedVersion> spare_ ABSL_GUARDED_BY(mu_);  // a retired host copy
 };
 
@@ -165,7 +203,8 @@ class GpuShardBackend : public ShardBackend {
       : tensors_(std::move(tensors)),
         shards_(std::move(shards)),
         store_(std::move(store)),
-        copies_(std::make_shared<HostCopies>(store_)),
+        copies_(std::make_shared<HostCopies>(
+            store_, TestHookFromEnv("PARAMD_GPU_HOST_COPY_DELAY_MS"))),
         optimizer_(options.optimizer),
         step_timeout_(options.step_timeout) {
     for (const ShardDef& d : shards_) {
@@ -185,6 +224,7 @@ class GpuShardBackend : public ShardBackend {
         cudaGetLastError();  // clear the sticky-free error of a failed registration
       }
     }
+    NoteDeviceBytes();
   }
   ~GpuShardBackend() override {
     ScopedDevice guard(store_->device());
@@ -202,7 +242,13 @@ class GpuShardBackend : public ShardBackend {
   absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values) override {
     if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
     device_grads_used_ = true;
-    return store_->AccumulateHost(i, offset, values.data(), static_cast<int64_t>(values.size()));
+    return AccumulateInPieces(i, offset, values.data(), static_cast<int64_t>(values.size()));
+  }
+  BackendMemory memory() const override {
+    BackendMemory m;
+    m.parameters = store_->parameters();  // fixed at Create
+    m.device_bytes = device_bytes_.load(std::memory_order_relaxed);
+    return m;
   }
   GpuShardStore* store() { return store_.get(); }
 
@@ -244,7 +290,9 @@ class GpuShardBackend : public ShardBackend {
           "an earlier gpu step failed (", broken_.message(),
           "); the device state is undefined: load the model again"));
     }
-    RETURN_IF_ERROR(Upload(apply_optimizer));
+    absl::Status uploaded = Upload(apply_optimizer);
+    NoteDeviceBytes();
+    RETURN_IF_ERROR(uploaded);
     if (apply_optimizer && step_delay_ms_ > 0) {
       GPU_RETURN_IF_ERROR(cudaLaunchHostFunc(store_->stream(), HoldStream,
                                              const_cast<int64_t*>(&step_delay_ms_)));
@@ -347,6 +395,35 @@ class GpuShardBackend : public ShardBackend {
   }
   bool Sgd() const { return optimizer_.kind == OptimizerKind::kSgd; }
 
+  // memory() is read from any thread (GetStats) while the store's own count
+  // changes only on the threads that use the store (AccumulateHost's
+  // staging buffer): those publish it here after each change.
+  void NoteDeviceBytes() { device_bytes_.store(store_->device_bytes(), std::memory_order_relaxed); }
+
+  // Host FP32 values added to shard `i`'s device accumulator from element
+  // `offset` on, at most kStagingFloats at a time: the store's upload
+  // staging buffer (device memory) grows to the largest piece it is given,
+  // and one whole-tensor push would otherwise cost 4 bytes per parameter
+  // for good (24 instead of 20 B/param with AdamW + FP8 row+col). The
+  // pieces are stream-ordered on the store's stream, so each upload into
+  // the staging buffer waits for the previous piece's add.
+  absl::Status AccumulateInPieces(int i, int64_t offset, const float* values, int64_t count) {
+    // Checked whole first: a bad piece adds nothing.
+    if (i < 0 || i >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
+        offset + count > static_cast<int64_t>(Count(i))) {
+      return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
+                                                     ") outside shard ", i));
+    }
+    absl::Status s;
+    for (int64_t done = 0; done < count && s.ok(); done += kStagingFloats) {
+      s = store_->AccumulateHost(i, offset + done, values + done,
+                                 std::min(kStagingFloats, count - done));
+    }
+    NoteDeviceBytes();
+    return s;
+  }
+  static constexpr int64_t kStagingFloats = int64_t{1} << 20;  // 4 MiB of staging
+
   // Masters (once, after loading, or after the host mirror was handed out)
   // and, for an optimizer step, the host accumulators (the device
   // accumulators are zero between steps).
@@ -371,8 +448,8 @@ class GpuShardBackend : public ShardBackend {
     if (apply_optimizer && host_grads_used_) {
       for (size_t i = 0; i < shards_.size(); ++i) {
         if (device_grads_used_) {
-          RETURN_IF_ERROR(store_->AccumulateHost(static_cast<int>(i), 0, grads_[i].data(),
-                                                 static_cast<int64_t>(grads_[i].size())));
+          RETURN_IF_ERROR(AccumulateInPieces(static_cast<int>(i), 0, grads_[i].data(),
+                                             static_cast<int64_t>(grads_[i].size())));
         } else {
           RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
                                grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -566,11 +643,14 @@ class GpuShardBackend : public ShardBackend {
   Transport* transport_ = nullptr;
   absl::Duration collective_timeout_ = absl::Seconds(60);
   StepEnqueuedFn step_enqueued_;  // ShardBackend::set_step_enqueued
+  std::atomic<int64_t> device_bytes_{0};  // NoteDeviceBytes
   // Test hooks (TestHookFromEnv). PARAMD_GPU_FAIL_STEP=<v>: the step to
   // version v fails after its device work completed, as a device fault
   // found at the end would. PARAMD_GPU_STEP_DELAY_MS=<n>: every optimizer
   // step's device work starts n ms late (the stream is held), so that
-  // fetches meet a step in flight whatever the model's size. -1: off.
+  // fetches meet a step in flight whatever the model's size.
+  // PARAMD_GPU_HOST_COPY_DELAY_MS=<n> (HostCopies): every copy of a version
+  // to the host takes n ms longer. -1: off.
   const int64_t fail_step_ = TestHookFromEnv("PARAMD_GPU_FAIL_STEP");
   const int64_t step_delay_ms_ = TestHookFromEnv("PARAMD_GPU_STEP_DELAY_MS");
   bool logged_device_all_reduce_ = false;
