@@ -399,10 +399,11 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
         // A failed receive: the daemon's answer usually says why; a daemon
         // that does not answer soon is given up on. When the daemon's end is
         // gone (the transport saw its control connection hang up, or the
-        // channel's stream ended) it will not answer: gRPC only notices a
-        // killed daemon ~0.5 s later, with a vaguer CANCELLED/UNAVAILABLE.
-        // So then the answer gets only a short grace (a live daemon that
-        // dropped the channel while refusing the fetch answers in it).
+        // channel's stream ended) it will not answer: the call fails only
+        // when gRPC notices too (up to ~0.5 s later), with a vaguer
+        // CANCELLED or "Socket closed". So then the answer gets only a short
+        // grace (a live daemon that dropped the channel while refusing the
+        // fetch answers in it).
         const bool gone = !received.ok() && (absl::IsUnavailable(received) ||
                                              !j->channel->Closed().empty());
         bool cancelled = false;
