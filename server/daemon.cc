@@ -1631,7 +1631,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext*
       });
 }
 
-// ---- Device push (PushGradientsDevice; NOT YET RUN ON A GPU) ----
+// ---- Device push (PushGradientsDevice; daemon_push_test) ----
 
 absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest& request,
                                            DevicePush* push,

@@ -84,7 +84,7 @@ class DeviceChannel {
                             absl::Span<const DeviceFetchItem> items, uint64_t tag,
                             absl::Time deadline, bool in_flight = false) = 0;
 
-  // Device gradient push, step 1 (NOT YET RUN ON A GPU): receives one
+  // Device gradient push, step 1: receives one
   // transport message with `tag` from the trainer, one piece per entry of
   // `pieces` (sizes count * 2 or 4 bytes), into staging memory of this
   // channel (not the accumulators). Blocks until every byte has arrived,

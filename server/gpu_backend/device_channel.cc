@@ -2,8 +2,7 @@
 // endpoint per channel on the gpu backend's device; Send = ServeFetch
 // (fetch_server.h) from the backend's GpuShardStore; ReceivePush /
 // ApplyPush = RecvDevice into stream-ordered staging, then LaunchAccumulate
-// (accumulate.h) on the store's stream. The push half has NOT RUN ON A GPU
-// yet (written and compiled in a session without device time).
+// (accumulate.h) on the store's stream.
 #include <cuda_runtime_api.h>
 
 #include <memory>

@@ -1,6 +1,6 @@
 // Gradient push over NCCL through real hybrid-paramd processes (issue 5).
-// NOT YET RUN ON A GPU: written and compiled in a session without device
-// time; the next GPU session runs it (tests/gpu_fetch_run.sh).
+// Runs on two GPUs through tests/gpu_fetch_run.sh (5/5 on 2 H200s,
+// 2026-11-30).
 //
 // A coordinator and --backend=gpu daemons (daemon i on GPU i mod #GPUs),
 // this test process as the trainer on GPU 1 (GPU 0 with one GPU):

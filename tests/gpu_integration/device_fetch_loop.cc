@@ -1,7 +1,7 @@
 // A trainer process for the kill tests of daemon_fetch_test and
 // daemon_push_test. --mode=fetch (default): joins as an observer, then
 // fetches both directions of one tensor to the device in a loop, printing
-// "fetch N ok" after each. --mode=push (NOT YET RUN ON A GPU): joins as the
+// "fetch N ok" after each. --mode=push: joins as the
 // pusher, then for version v = 0, 1, ... pushes the same deterministic BF16
 // gradient of the whole tensor from its GPU over the device channels
 // (DeviceFetcher::Push), printing "push N ok", and waits for v + 1. Loops
