@@ -17,9 +17,11 @@
 # Knobs (run): FILTER=<gtest filter> for daemon_fetch_test; OVERLAP=0 skips
 # daemon_overlap_test, BENCH=1 adds its step-loop benchmark (1.07e9
 # parameters; figures in docs/BENCHMARKS.md); ONLY=overlap runs nothing
-# but daemon_overlap_test (with its bench when BENCH=1); VARIANTS=1 adds
-# the two-daemons-on-one-GPU runs (docs/ARCHITECTURE.md, known limit);
-# TRAINER=0 skips the trainer example.
+# but daemon_overlap_test (with its bench when BENCH=1; its TwoDaemons case
+# needs both GPUs: two gpu daemons all-reducing over NCCL beside the
+# trainer's fetches); OVERLAP_FILTER=<gtest filter> narrows
+# daemon_overlap_test; VARIANTS=1 adds the two-daemons-on-one-GPU runs
+# (docs/ARCHITECTURE.md, known limit); TRAINER=0 skips the trainer example.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 B=.gpu_bundle_fetch
@@ -56,7 +58,7 @@ r4=skipped
 if [ "${OVERLAP:-1}" = 1 ]; then
   # The overlap of issue 5 (in-flight fetch, fetch beside a step, failed step).
   PARAMD_OVERLAP_BENCH=${BENCH:-0} timeout 240 tests/gpu_integration/daemon_overlap_test \
-    > "$OUT/daemon_overlap_test.log" 2>&1
+    ${OVERLAP_FILTER:+--gtest_filter=$OVERLAP_FILTER} > "$OUT/daemon_overlap_test.log" 2>&1
   r4=$?
   grep -h "OVERLAP_TEST\|OVERLAP_BENCH" "$OUT/daemon_overlap_test.log"
 fi

@@ -16,7 +16,15 @@
 //     backend); the fetch of version 1 asked before it fails with ABORTED
 //     (whether its bytes left during the step or its send came after the
 //     failure), never hands out bytes; version 0 is still served;
-// The first three hold each optimizer step's device work back 300 ms
+//   - TwoDaemons.NcclAllReduceBesideFetches: two gpu daemons (GPU 0 and
+//     GPU 1, --data_plane=nccl: the step's amax all-reduce runs over NCCL on
+//     the step's stream) and fetchers on both GPUs, so that each daemon has
+//     its data-plane communicator and trainer pair channels busy at once;
+//     a tensor split across the daemons (FP8 current rowwise + columnwise,
+//     global amax on the second piece) and an NVFP4/MXFP8 tensor; each step
+//     streams v+1 to one GPU while v goes to the other beside the step,
+//     both == the CPU reference over the whole tensors; every call bounded.
+// The first four hold each optimizer step's device work back 300 ms
 // (PARAMD_GPU_STEP_DELAY_MS) so that fetches meet the step in flight
 // whatever the timing; the benchmark runs undelayed.
 //   - Bench.StepLoop (PARAMD_OVERLAP_BENCH=1 only; tests/gpu_fetch_run.sh
@@ -30,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,8 +48,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/gpu_fetch/device_fetcher.h"
@@ -65,17 +76,27 @@ constexpr char kRecipe[] =
     "default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } }";
 constexpr double kLr = 0.01;
 
-// `env`: variables the daemon process inherits (the gpu backend's test
-// hooks, daemon_backend.cc), set only while it starts.
+// `env`: variables the daemon processes inherit (the gpu backend's test
+// hooks, daemon_backend.cc), set only while they start. One daemon: on GPU
+// 0; two: daemon i on GPU i, their amax all-reduce over NCCL.
 std::unique_ptr<RawCluster> StartCluster(
-    const std::vector<std::pair<std::string, std::string>>& env = {}) {
+    const std::vector<std::pair<std::string, std::string>>& env = {}, int daemons = 1) {
   for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
   TestClusterOptions options;
-  options.daemons = 1;
+  options.daemons = daemons;
   options.expected_pushers = 1;
   options.optimizer = "adamw";
   options.lr = kLr;
-  options.daemon_flags = {"--backend=gpu", "--gpu=0"};
+  options.daemon_flags = {"--backend=gpu"};
+  if (daemons == 1) {
+    options.daemon_flags.push_back("--gpu=0");
+  } else {
+    options.coordinator_flags = {"--data_plane=nccl"};
+    options.daemon_flags.push_back("--data_plane=nccl");
+    for (int i = 0; i < daemons; ++i) {
+      options.per_daemon_flags.push_back({absl::StrCat("--gpu=", i)});
+    }
+  }
   absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
   for (const auto& [name, value] : env) unsetenv(name.c_str());
   EXPECT_TRUE(c.ok()) << c.status();
@@ -98,9 +119,10 @@ std::unique_ptr<client::Client> Trainer(RawCluster& c) {
   return cl.ok() ? *std::move(cl) : nullptr;
 }
 
-std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c, bool stream_in_flight) {
+std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c, bool stream_in_flight,
+                                       int device = TrainerDevice()) {
   gpu_fetch::DeviceFetcherOptions options;
-  options.device = TrainerDevice();
+  options.device = device;
   options.timeout = absl::Seconds(60);
   options.stream_in_flight = stream_in_flight;
   absl::StatusOr<std::unique_ptr<DeviceFetcher>> f = DeviceFetcher::Create(c, options);
@@ -117,13 +139,27 @@ std::vector<DeviceTarget> AllTargets(const std::vector<TestTensor>& tensors) {
   return out;
 }
 
+// Each tensor's spec, from the manifest `c` last read.
+std::vector<HybridSpec> Specs(const client::Client& c, const std::vector<TestTensor>& tensors) {
+  std::vector<HybridSpec> out;
+  const client::Manifest manifest = c.manifest();
+  for (const TestTensor& t : tensors) {
+    const client::TensorMeta* m = manifest.Find(t.name);
+    EXPECT_NE(m, nullptr) << t.name;
+    out.push_back(m != nullptr ? m->spec : HybridSpec());
+  }
+  return out;
+}
+
 // The CPU side of the test: each tensor's master, AdamW state and delayed
 // state, stepped exactly as the daemon steps (FP32 gradients: no rounding).
+// Whole tensors: a tensor split across daemons is quantized with its global
+// amax, which is what the daemons' all-reduce must agree on.
 class Reference {
  public:
-  Reference(const std::vector<TestTensor>& tensors, const HybridSpec& spec)
-      : tensors_(tensors), spec_(spec), states_(tensors.size()), moments_(tensors.size()) {
-    for (size_t i = 0; i < tensors.size(); ++i) states_[i] = InitialReferenceState(spec);
+  Reference(const std::vector<TestTensor>& tensors, const std::vector<HybridSpec>& specs)
+      : tensors_(tensors), specs_(specs), states_(tensors.size()), moments_(tensors.size()) {
+    for (size_t i = 0; i < tensors.size(); ++i) states_[i] = InitialReferenceState(specs[i]);
     options_.kind = OptimizerKind::kAdamW;
     options_.lr = static_cast<float>(kLr);
   }
@@ -133,7 +169,7 @@ class Reference {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       const TestTensor& t = tensors_[i];
       absl::StatusOr<ref::HybridResult> r =
-          ReferencePublish(t.values, Rows(t), Cols(t), spec_, states_[i]);
+          ReferencePublish(t.values, Rows(t), Cols(t), specs_[i], states_[i]);
       EXPECT_TRUE(r.ok()) << r.status();
       if (r.ok()) out[t.name] = *std::move(r);
     }
@@ -150,7 +186,7 @@ class Reference {
 
  private:
   std::vector<TestTensor> tensors_;
-  HybridSpec spec_;
+  std::vector<HybridSpec> specs_;
   std::vector<ReferenceTensorState> states_;
   std::vector<OptimizerState> moments_;
   OptimizerOptions options_;
@@ -198,6 +234,15 @@ class DeviceGrads {
   std::vector<DeviceGradient> grads_;
 };
 
+// FP32 gradients of every tensor for step `step` (deterministic).
+std::vector<std::vector<float>> StepGrads(const std::vector<TestTensor>& tensors, int step) {
+  std::vector<std::vector<float>> g;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    g.push_back(RandomValues(tensors[i].values.size(), 1000 + 10 * step + i, 0.3f));
+  }
+  return g;
+}
+
 class Overlap : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -218,7 +263,7 @@ class Overlap : public ::testing::Test {
     ASSERT_TRUE(v0.ok()) << v0.status();
     ASSERT_TRUE(trainer_->RefreshManifest().ok());
     ASSERT_TRUE(cluster_->RefreshManifest().ok());
-    spec_ = trainer_->manifest().Find("t0")->spec;
+    specs_ = Specs(*trainer_, tensors_);
     fetcher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true);
     ASSERT_NE(fetcher_, nullptr);
     // Pushes beside a fetch in progress: a fetcher serialises its calls.
@@ -228,13 +273,7 @@ class Overlap : public ::testing::Test {
   void TearDown() override {
     if (HasFailure() && cluster_ != nullptr) ADD_FAILURE() << cluster_->cluster().Logs();
   }
-  std::vector<std::vector<float>> Grads(int step) const {
-    std::vector<std::vector<float>> g;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      g.push_back(RandomValues(tensors_[i].values.size(), 1000 + 10 * step + i, 0.3f));
-    }
-    return g;
-  }
+  std::vector<std::vector<float>> Grads(int step) const { return StepGrads(tensors_, step); }
   rpc::DaemonStats Stats() {
     absl::StatusOr<rpc::DaemonStats> s = cluster_->Stats(0);
     EXPECT_TRUE(s.ok()) << s.status();
@@ -246,11 +285,11 @@ class Overlap : public ::testing::Test {
   std::unique_ptr<client::Client> trainer_;
   std::unique_ptr<DeviceFetcher> fetcher_;
   std::unique_ptr<DeviceFetcher> pusher_;
-  HybridSpec spec_;
+  std::vector<HybridSpec> specs_;
 };
 
 TEST_F(Overlap, InFlightVersionEqualsReference) {
-  Reference reference(tensors_, spec_);
+  Reference reference(tensors_, specs_);
   absl::StatusOr<DeviceFetchResult> r = fetcher_->Fetch(0, AllTargets(tensors_));
   ASSERT_TRUE(r.ok()) << r.status();
   ExpectEqualsReference(*r, reference.Publish(), "v0");
@@ -284,7 +323,7 @@ TEST_F(Overlap, InFlightVersionEqualsReference) {
 }
 
 TEST_F(Overlap, HeldVersionsBesideStep) {
-  Reference reference(tensors_, spec_);
+  Reference reference(tensors_, specs_);
   std::map<std::string, ref::HybridResult> before;  // version v-1
   std::map<std::string, ref::HybridResult> now = reference.Publish();  // version v
   DeviceFetcher* second = pusher_.get();
@@ -346,7 +385,7 @@ TEST(OverlapFailure, FailedStepFailsTheFetch) {
   ASSERT_NE(pusher, nullptr);
   // The channel first: its connect (queued before the send on the daemon's
   // channel worker) would otherwise delay the send past the step.
-  Reference reference(tensors, trainer->manifest().Find("w")->spec);
+  Reference reference(tensors, Specs(*trainer, tensors));
   const std::map<std::string, ref::HybridResult> v0_reference = reference.Publish();
   absl::StatusOr<DeviceFetchResult> v0 = fetcher->Fetch(0, AllTargets(tensors));
   ASSERT_TRUE(v0.ok()) << v0.status();
@@ -374,6 +413,182 @@ TEST(OverlapFailure, FailedStepFailsTheFetch) {
   ASSERT_TRUE(v0.ok()) << v0.status();
   ExpectEqualsReference(*v0, v0_reference, "v0 after the failed step");
   if (HasFailure()) ADD_FAILURE() << cluster->cluster().Logs();
+}
+
+// ---- Two daemons: the amax all-reduce over NCCL beside the pair channels ----
+
+// A hang the calls' own deadlines did not catch fails loudly: unless
+// destroyed within `limit`, prints `logs()` and aborts the test process
+// (its daemons die with it, deploy/process.h).
+class Watchdog {
+ public:
+  Watchdog(absl::Duration limit, std::function<std::string()> logs)
+      : thread_([this, limit, logs = std::move(logs)] {
+          absl::MutexLock lock(&mu_);
+          if (mu_.AwaitWithTimeout(absl::Condition(&done_), limit)) return;
+          std::printf("OVERLAP_TEST WATCHDOG: still running after %s; aborting. Logs:\n%s\n",
+                      absl::FormatDuration(limit).c_str(), logs().c_str());
+          std::fflush(stdout);
+          std::abort();
+        }) {}
+  ~Watchdog() {
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once mu_ and done_ exist
+};
+
+// The processes' logs as a failure when the test failed (ASSERTs included).
+struct LogsOnFailure {
+  RawCluster* cluster;
+  ~LogsOnFailure() {
+    if (::testing::Test::HasFailure()) ADD_FAILURE() << cluster->cluster().Logs();
+  }
+};
+
+// Two gpu daemons, daemon i on GPU i, --data_plane=nccl: every step's amax
+// all-reduce is an NCCL collective on the step's stream, while the same
+// daemon process sends fetches on its NCCL pair channels to this trainer.
+// Fetchers on both GPUs (the one on GPU g reaches daemon g inline, the
+// other daemon over an NCCL pair), device pushes from GPU 1. Each step s
+// (device work held back kStepDelayMs): the fetch of s+1, asked before the
+// push, streams on one GPU as the step quantizes; right after the push the
+// fetch of s runs beside the step on the other GPU; the roles swap every
+// step, so both daemons send both kinds over an NCCL pair while they
+// all-reduce. Tensors: "w" split across the daemons (FP8 current rowwise +
+// columnwise; its largest values in the second piece, so the first
+// daemon's scale comes from the all-reduce) and "nvfp4" (NVFP4 rowwise,
+// MXFP8 columnwise), == the CPU reference over the whole tensors.
+TEST(TwoDaemons, NcclAllReduceBesideFetches) {
+  if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs (a daemon on each)";
+  const absl::Time test_start = absl::Now();
+  std::unique_ptr<RawCluster> cluster =
+      StartCluster({{"PARAMD_GPU_STEP_DELAY_MS", kStepDelayMs}}, /*daemons=*/2);
+  ASSERT_NE(cluster, nullptr);
+  LogsOnFailure logs{cluster.get()};
+  Watchdog watchdog(absl::Seconds(100), [&] { return cluster->cluster().Logs(); });
+  constexpr int64_t kRows = 2048, kCols = 4096;
+  std::vector<TestTensor> tensors = {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 21)},
+                                     {"nvfp4", {512, kCols}, RandomValues(512 * kCols, 22, 2.0f)}};
+  // "w" is most of the model's cost: the plan's one cut falls inside it.
+  constexpr int64_t kLargeFrom = 1536;
+  for (int64_t i = kLargeFrom * kCols; i < kRows * kCols; ++i) tensors[0].values[i] *= 4.0f;
+  const std::string path = cluster->cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(path, tensors).ok());
+  std::unique_ptr<client::Client> trainer = Trainer(*cluster);
+  ASSERT_NE(trainer, nullptr);
+  constexpr char kTwoRecipe[] = R"pb(
+    rule { pattern: "nvfp4" spec { rowwise { format: NVFP4 } columnwise { format: MXFP8 } } }
+    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } })pb";
+  absl::StatusOr<int64_t> v0 = trainer->Load(path, kTwoRecipe, absl::Seconds(120));
+  ASSERT_TRUE(v0.ok()) << v0.status();
+  ASSERT_EQ(*v0, 0);
+  ASSERT_TRUE(trainer->RefreshManifest().ok());
+  ASSERT_TRUE(cluster->RefreshManifest().ok());
+  ASSERT_EQ(cluster->num_daemons(), 2);
+  EXPECT_TRUE(
+      absl::StrContains(cluster->cluster().Logs(), "amax all-reduce on the device over NCCL"))
+      << "the daemons must all-reduce over the nccl data plane";
+  {
+    const client::Manifest manifest = trainer->manifest();
+    const client::TensorMeta* w = manifest.Find("w");
+    ASSERT_NE(w, nullptr);
+    ASSERT_EQ(w->pieces.size(), 2u) << "w must be split across both daemons";
+    ASSERT_LE(w->pieces[1].row_begin, kLargeFrom) << "w's largest values must be in piece 2";
+    std::printf("OVERLAP_TEST two daemons: w rows [0, %lld) on daemon rank %d, [%lld, %lld) on "
+                "rank %d; nvfp4 on rank %d\n",
+                static_cast<long long>(w->pieces[0].row_end), w->pieces[0].daemon_rank,
+                static_cast<long long>(w->pieces[1].row_begin),
+                static_cast<long long>(w->pieces[1].row_end), w->pieces[1].daemon_rank,
+                manifest.Find("nvfp4")->pieces[0].daemon_rank);
+  }
+  // fetchers[g] receives on GPU g; pushes through their own fetcher (a
+  // fetcher serialises its calls).
+  std::unique_ptr<DeviceFetcher> fetchers[2] = {Fetcher(trainer.get(), true, 0),
+                                                Fetcher(trainer.get(), true, 1)};
+  std::unique_ptr<DeviceFetcher> pusher = Fetcher(trainer.get(), true, 1);
+  ASSERT_NE(fetchers[0], nullptr);
+  ASSERT_NE(fetchers[1], nullptr);
+  ASSERT_NE(pusher, nullptr);
+  constexpr absl::Duration kCall = absl::Seconds(20);  // every fetch and push
+  const std::vector<DeviceTarget> targets = AllTargets(tensors);
+  Reference reference(tensors, Specs(*trainer, tensors));
+  std::map<std::string, ref::HybridResult> now = reference.Publish();
+  auto expect_reference = [&](const DeviceFetcher& f, const DeviceFetchResult& r, int64_t v,
+                              const std::map<std::string, ref::HybridResult>& want,
+                              const std::string& what) {
+    ASSERT_EQ(cudaSetDevice(f.device()), cudaSuccess);
+    EXPECT_EQ(r.version, v) << what;
+    EXPECT_EQ(r.daemons, 2) << what;
+    ExpectEqualsReference(r, want, absl::StrCat("v", v, " ", what, " on GPU ", f.device()));
+  };
+  // The channels first (their NCCL connects), outside any step.
+  for (const std::unique_ptr<DeviceFetcher>& f : fetchers) {
+    ASSERT_EQ(cudaSetDevice(f->device()), cudaSuccess);
+    absl::StatusOr<DeviceFetchResult> r = f->Fetch(0, targets, nullptr, kCall);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expect_reference(*f, *r, 0, now, "idle");
+  }
+  constexpr int kSteps = 4;
+  for (int s = 0; s < kSteps; ++s) {
+    DeviceFetcher* streamed = fetchers[(s + 1) % 2].get();  // GPU 1 first
+    DeviceFetcher* beside = fetchers[s % 2].get();
+    const std::vector<std::vector<float>> grads = StepGrads(tensors, s);
+    ASSERT_EQ(cudaSetDevice(pusher->device()), cudaSuccess);
+    DeviceGrads device(tensors, grads);
+    absl::StatusOr<DeviceFetchResult> next, held;
+    absl::Time next_done, held_done;
+    std::thread a([&] {
+      cudaSetDevice(streamed->device());
+      next = streamed->Fetch(s + 1, targets, nullptr, kCall);
+      next_done = absl::Now();
+    });
+    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time push_start = absl::Now();
+    absl::StatusOr<client::PushResult> pushed = pusher->Push(s, device.grads(), nullptr, kCall);
+    const absl::Time pushed_at = absl::Now();
+    // The step to s+1 runs now (both daemons counted the push): s is held.
+    std::thread b([&] {
+      cudaSetDevice(beside->device());
+      held = beside->Fetch(s, targets, nullptr, kCall);
+      held_done = absl::Now();
+    });
+    a.join();
+    b.join();
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    ASSERT_TRUE(held.ok()) << "v" << s << " beside the step: " << held.status();
+    ASSERT_TRUE(next.ok()) << "v" << s + 1 << " streamed: " << next.status();
+    expect_reference(*beside, *held, s, now, "beside the step");
+    reference.Step(grads);
+    now = reference.Publish();
+    expect_reference(*streamed, *next, s + 1, now, "streamed");
+    std::printf("OVERLAP_TEST two daemons step %d: push %.1f ms; v%d beside the step on GPU %d "
+                "done %.1f ms after the push; v%d streamed on GPU %d done %.1f ms after it\n",
+                s, absl::ToDoubleMilliseconds(pushed_at - push_start), s, beside->device(),
+                absl::ToDoubleMilliseconds(held_done - pushed_at), s + 1, streamed->device(),
+                absl::ToDoubleMilliseconds(next_done - pushed_at));
+  }
+  // Both daemons served every step's fetch of s+1 while stepping it (its
+  // device work held back) and every fetch of s beside that step.
+  for (int rank = 0; rank < 2; ++rank) {
+    absl::StatusOr<rpc::DaemonStats> st = cluster->Stats(rank);
+    ASSERT_TRUE(st.ok()) << st.status();
+    std::printf("OVERLAP_TEST two daemons: rank %d streamed=%lld beside_step=%lld over %d steps\n",
+                rank, static_cast<long long>(st->device_fetches_streamed()),
+                static_cast<long long>(st->device_fetches_beside_step()), kSteps);
+    EXPECT_GE(st->device_fetches_streamed(), kSteps) << "rank " << rank;
+    EXPECT_GE(st->device_fetches_beside_step(), kSteps) << "rank " << rank;
+  }
+  std::printf("OVERLAP_TEST two daemons: %.1f s in all\n",
+              absl::ToDoubleSeconds(absl::Now() - test_start));
+  std::fflush(stdout);
 }
 
 // ---- The step loop benchmark (docs/BENCHMARKS.md, issue 5 overlap) ----

@@ -1,8 +1,9 @@
 // File: tests/gpu_integration/device_test_util.h
 //
 // Small helpers the multi-process device tests share (testonly,
-// header-only): the trainer's GPU and device -> host copies of fetched
-// bytes, checked with gtest (a failed copy fails the calling test).
+// header-only): the GPU count, the trainer's GPU and device -> host copies
+// of fetched bytes, checked with gtest (a failed copy fails the calling
+// test).
 #ifndef PARAMD_TESTS_GPU_INTEGRATION_DEVICE_TEST_UTIL_H_
 #define PARAMD_TESTS_GPU_INTEGRATION_DEVICE_TEST_UTIL_H_
 
@@ -16,17 +17,21 @@
 namespace paramd {
 namespace testing {
 
-// GPU 1 when there are two (the daemons run on GPU 0), else GPU 0.
-inline int TrainerDevice() {
+// The visible CUDA devices (0 when CUDA cannot count them).
+inline int GpuCount() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
-  return n >= 2 ? 1 : 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
+
+// GPU 1 when there are two (the daemons run on GPU 0), else GPU 0.
+inline int TrainerDevice() { return GpuCount() >= 2 ? 1 : 0; }
 
 // `n` bytes of device memory at `p`, on the host.
 inline std::vector<uint8_t> ToHost(const void* p, int64_t n) {
   std::vector<uint8_t> out(n);
-  if (n > 0) EXPECT_EQ(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  if (n > 0) {
+    EXPECT_EQ(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return out;
 }
 
