@@ -569,11 +569,19 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
     reference.Step(grads);
     now = reference.Publish();
     expect_reference(*streamed, *next, s + 1, now, "streamed");
+    // The streamed fetch returned once both daemons published s+1.
+    double step_ms[2] = {0, 0};
+    for (int rank = 0; rank < 2; ++rank) {
+      absl::StatusOr<rpc::DaemonStats> st = cluster->Stats(rank);
+      ASSERT_TRUE(st.ok()) << st.status();
+      step_ms[rank] = st->last_step_seconds() * 1e3;
+    }
     std::printf("OVERLAP_TEST two daemons step %d: push %.1f ms; v%d beside the step on GPU %d "
-                "done %.1f ms after the push; v%d streamed on GPU %d done %.1f ms after it\n",
+                "done %.1f ms after the push; v%d streamed on GPU %d done %.1f ms after it; "
+                "daemon steps %.1f / %.1f ms\n",
                 s, absl::ToDoubleMilliseconds(pushed_at - push_start), s, beside->device(),
                 absl::ToDoubleMilliseconds(held_done - pushed_at), s + 1, streamed->device(),
-                absl::ToDoubleMilliseconds(next_done - pushed_at));
+                absl::ToDoubleMilliseconds(next_done - pushed_at), step_ms[0], step_ms[1]);
   }
   // Both daemons served every step's fetch of s+1 while stepping it (its
   // device work held back) and every fetch of s beside that step.
