@@ -20,7 +20,10 @@
 # but daemon_overlap_test (with its bench when BENCH=1; its TwoDaemons case
 # needs both GPUs: two gpu daemons all-reducing over NCCL beside the
 # trainer's fetches); OVERLAP_FILTER=<gtest filter> narrows
-# daemon_overlap_test; VARIANTS=1 adds the two-daemons-on-one-GPU runs
+# daemon_overlap_test; OVERLAP_TAG=<name> writes its log to
+# daemon_overlap_test_<name>.log (several runs in one call; the test's own
+# OVERLAP_WARM_PUSHER / OVERLAP_WARM_STEP / OVERLAP_SWAP pass through the
+# environment); VARIANTS=1 adds the two-daemons-on-one-GPU runs
 # (docs/ARCHITECTURE.md, known limit); TRAINER=0 skips the trainer example.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +48,13 @@ OUT=${OUT:-/tmp/gpu_fetch_out}
 mkdir -p "$OUT"
 # Unpack the bundle outside the tree (it travels compressed).
 source tools/gpu_bundle_lib.sh
-bundle_unpack "$B" /tmp/gpu_bundle_fetch || exit 1
+# Unpacked once per bundle: several runs in one call reuse it.
+stamp=$(stat -c %s-%Y "$B/bundle.tar.xz")
+if [ "$(cat /tmp/gpu_bundle_fetch/.stamp 2>/dev/null)" != "$stamp" ]; then
+  rm -rf /tmp/gpu_bundle_fetch
+  bundle_unpack "$B" /tmp/gpu_bundle_fetch || exit 1
+  echo "$stamp" > /tmp/gpu_bundle_fetch/.stamp
+fi
 B=/tmp/gpu_bundle_fetch
 bundle_run_env "$B"
 { date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; } > "$OUT/gpu.txt" 2>&1
@@ -55,17 +64,18 @@ ldd server/hybrid-paramd | grep "not found" && echo "MISSING LIBRARIES"
 export TEST_TMPDIR=/tmp/paramd_fetch_tmp
 mkdir -p "$TEST_TMPDIR"
 r4=skipped
+OLOG=daemon_overlap_test${OVERLAP_TAG:+_$OVERLAP_TAG}
 if [ "${OVERLAP:-1}" = 1 ]; then
   # The overlap of issue 5 (in-flight fetch, fetch beside a step, failed step).
   PARAMD_OVERLAP_BENCH=${BENCH:-0} timeout 240 tests/gpu_integration/daemon_overlap_test \
-    ${OVERLAP_FILTER:+--gtest_filter=$OVERLAP_FILTER} > "$OUT/daemon_overlap_test.log" 2>&1
+    ${OVERLAP_FILTER:+--gtest_filter=$OVERLAP_FILTER} > "$OUT/$OLOG.log" 2>&1
   r4=$?
-  grep -h "OVERLAP_TEST\|OVERLAP_BENCH" "$OUT/daemon_overlap_test.log"
+  grep -h "OVERLAP_TEST\|OVERLAP_BENCH" "$OUT/$OLOG.log"
 fi
 if [ "${ONLY:-}" = overlap ]; then
-  grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT/daemon_overlap_test.log" | head -40
-  echo "daemon_overlap_test rc=$r4: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' \
-    "$OUT/daemon_overlap_test.log" | tr '\n' ' ')"
+  grep -hE "Failure|FAILED|Expected|Which is|actual|error" "$OUT/$OLOG.log" | head -40
+  echo "$OLOG rc=$r4: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' \
+    "$OUT/$OLOG.log" | tr '\n' ' ')"
   exit 0
 fi
 timeout 100 tests/gpu_integration/fetch_test > "$OUT/fetch_test.log" 2>&1

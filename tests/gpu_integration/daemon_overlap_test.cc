@@ -445,6 +445,13 @@ class Watchdog {
   std::thread thread_;  // last: starts once mu_ and done_ exist
 };
 
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  int64_t out = fallback;
+  if (v != nullptr && !absl::SimpleAtoi(v, &out)) out = fallback;
+  return out;
+}
+
 // The processes' logs as a failure when the test failed (ASSERTs included).
 struct LogsOnFailure {
   RawCluster* cluster;
@@ -469,8 +476,13 @@ struct LogsOnFailure {
 TEST(TwoDaemons, NcclAllReduceBesideFetches) {
   if (GpuCount() < 2) GTEST_SKIP() << "needs 2 GPUs (a daemon on each)";
   const absl::Time test_start = absl::Now();
-  std::unique_ptr<RawCluster> cluster =
-      StartCluster({{"PARAMD_GPU_STEP_DELAY_MS", kStepDelayMs}}, /*daemons=*/2);
+  // OVERLAP_DAEMON_EAGER=1 (a diagnostic, see below): the daemons load
+  // every CUDA module at start (CUDA_MODULE_LOADING=EAGER) while this
+  // process keeps its own mode.
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"PARAMD_GPU_STEP_DELAY_MS", kStepDelayMs}};
+  if (EnvInt("OVERLAP_DAEMON_EAGER", 0) == 1) env.push_back({"CUDA_MODULE_LOADING", "EAGER"});
+  std::unique_ptr<RawCluster> cluster = StartCluster(env, /*daemons=*/2);
   ASSERT_NE(cluster, nullptr);
   LogsOnFailure logs{cluster.get()};
   Watchdog watchdog(absl::Seconds(100), [&] { return cluster->cluster().Logs(); });
@@ -536,10 +548,57 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
     ASSERT_TRUE(r.ok()) << r.status();
     expect_reference(*f, *r, 0, now, "idle");
   }
+  // Diagnostics of the first step's slow beside fetch (docs/ARCHITECTURE.md,
+  // "Unexplained: at the FIRST step"), each off by default:
+  //   OVERLAP_WARM_PUSHER=1: the pusher fetches v0 before the loop, so its
+  //     channels (NCCL connects) open outside any step;
+  //   OVERLAP_WARM_STEP=1: one push + step to v1 before the loop, with no
+  //     fetch beside it (the daemons' first optimizer step and the pusher's
+  //     first push happen there); the loop then runs v1..v4;
+  //   OVERLAP_SWAP=1: the loop's first step fetches beside on GPU 1 (and
+  //     streams on GPU 0), the roles still alternating;
+  //   OVERLAP_DAEMON_EAGER=1 (read above, at the cluster's start): the
+  //     daemons' kernels are loaded at start, not at their first launch.
+  const bool warm_pusher = EnvInt("OVERLAP_WARM_PUSHER", 0) == 1;
+  const bool warm_step = EnvInt("OVERLAP_WARM_STEP", 0) == 1;
+  const int swap = EnvInt("OVERLAP_SWAP", 0) == 1 ? 1 : 0;
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
+  std::printf("OVERLAP_TEST two daemons: warm_pusher=%d warm_step=%d swap=%d daemon_eager=%d "
+              "CUDA_MODULE_LOADING=%s\n",
+              warm_pusher, warm_step, swap, EnvInt("OVERLAP_DAEMON_EAGER", 0) == 1 ? 1 : 0,
+              loading != nullptr ? loading : "(unset)");
+  if (warm_pusher) {
+    ASSERT_EQ(cudaSetDevice(pusher->device()), cudaSuccess);
+    const absl::Time t = absl::Now();
+    absl::StatusOr<DeviceFetchResult> r = pusher->Fetch(0, targets, nullptr, kCall);
+    ASSERT_TRUE(r.ok()) << r.status();
+    expect_reference(*pusher, *r, 0, now, "pusher warm-up");
+    std::printf("OVERLAP_TEST two daemons: pusher's channels opened by a fetch of v0 in %.1f ms\n",
+                absl::ToDoubleMilliseconds(absl::Now() - t));
+  }
+  int first = 0;
+  if (warm_step) {
+    const std::vector<std::vector<float>> grads = StepGrads(tensors, 0);
+    ASSERT_EQ(cudaSetDevice(pusher->device()), cudaSuccess);
+    DeviceGrads device(tensors, grads);
+    const absl::Time t = absl::Now();
+    absl::StatusOr<client::PushResult> pushed = pusher->Push(0, device.grads(), nullptr, kCall);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    const absl::Time pushed_at = absl::Now();
+    ASSERT_TRUE(trainer->WaitForVersion(1, kCall).ok());
+    std::printf("OVERLAP_TEST two daemons: warm-up step: push %.1f ms, v1 published %.1f ms "
+                "after it\n",
+                absl::ToDoubleMilliseconds(pushed_at - t),
+                absl::ToDoubleMilliseconds(absl::Now() - pushed_at));
+    reference.Step(grads);
+    now = reference.Publish();
+    first = 1;
+  }
   constexpr int kSteps = 4;
-  for (int s = 0; s < kSteps; ++s) {
-    DeviceFetcher* streamed = fetchers[(s + 1) % 2].get();  // GPU 1 first
-    DeviceFetcher* beside = fetchers[s % 2].get();
+  for (int s = first; s < first + kSteps; ++s) {
+    const int i = s - first + swap;
+    DeviceFetcher* streamed = fetchers[(i + 1) % 2].get();  // GPU 1 first (unswapped)
+    DeviceFetcher* beside = fetchers[i % 2].get();
     const std::vector<std::vector<float>> grads = StepGrads(tensors, s);
     ASSERT_EQ(cudaSetDevice(pusher->device()), cudaSuccess);
     DeviceGrads device(tensors, grads);
@@ -600,13 +659,6 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
 }
 
 // ---- The step loop benchmark (docs/BENCHMARKS.md, issue 5 overlap) ----
-
-int64_t EnvInt(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  int64_t out = fallback;
-  if (v != nullptr && !absl::SimpleAtoi(v, &out)) out = fallback;
-  return out;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
