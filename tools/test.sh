@@ -5,15 +5,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || exit 1
+source tools/bazel_quiet.sh
 
 log=$(mktemp)
-bazel test //... 2>&1 | tee "$log"
+bazel_quiet test //... | tee "$log"
 rc=${PIPESTATUS[0]}
 
 cuda_rc=0
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
   echo "== nvcc found: bazel build --config=cuda //..."
-  bazel build --config=cuda //... 2>&1 | tail -n 20
+  bazel_quiet build --config=cuda //... | tail -n 20
   cuda_rc=${PIPESTATUS[0]}
 fi
 
