@@ -117,12 +117,23 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return ManifestLocked(/*with_pieces=*/true);
   }
 
+  int joined_daemons() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(daemons_.size());
+  }
+
+  absl::Status startup_error() const {
+    absl::MutexLock lock(&startup_mu_);
+    return startup_error_;
+  }
+
   bool shut_down() const {
     absl::MutexLock lock(&mu_);
     return shut_down_;
   }
 
   WaitList* version_waiters() { return &version_waiters_; }
+  const CoordinatorOptions& options() const { return options_; }
 
   // ---- RPCs ----
 
@@ -428,8 +439,16 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         } else {
           load.set_safetensors_path(options_.model_path);
         }
-        StartLoad(load, [](absl::Status s, const rpc::LoadResponse&) {
-          if (!s.ok()) Log(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
+        StartLoad(load, [this](absl::Status s, const rpc::LoadResponse&) {
+          if (s.ok()) return;
+          Log(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
+          // Its own mutex: StartLoad may call back with mu_ held.
+          absl::MutexLock lock(&startup_mu_);
+          startup_error_ = absl::Status(
+              s.code(), absl::StrCat(options_.restore_from.empty()
+                                         ? absl::StrCat("--model=", options_.model_path)
+                                         : absl::StrCat("--restore_from=", options_.restore_from),
+                                     ": loading the startup model failed: ", s.message()));
         });
       }
     }
@@ -704,6 +723,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   rpc::Manifest manifest_ ABSL_GUARDED_BY(mu_);
   bool loading_ ABSL_GUARDED_BY(mu_) = false;
   int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
+  // The startup load (model_path / restore_from) failed: fatal.
+  mutable absl::Mutex startup_mu_;
+  absl::Status startup_error_ ABSL_GUARDED_BY(startup_mu_);
 };
 
 // Sends the committed version whenever it advances, until cancelled.
@@ -771,5 +793,8 @@ grpc::Service* Coordinator::service() { return impl_.get(); }
 void Coordinator::Shutdown() { impl_->Shutdown(); }
 int64_t Coordinator::committed_version() const { return impl_->committed_version(); }
 rpc::Manifest Coordinator::manifest() const { return impl_->manifest(); }
+int Coordinator::joined_daemons() const { return impl_->joined_daemons(); }
+int Coordinator::expected_daemons() const { return impl_->options().expected_daemons; }
+absl::Status Coordinator::startup_error() const { return impl_->startup_error(); }
 
 }  // namespace paramd

@@ -90,6 +90,13 @@ class Coordinator {
   int64_t committed_version() const;
   // What GetManifest returns (with pieces and daemon addresses).
   rpc::Manifest manifest() const;
+  // Daemons joined so far, and the world size they are waited for.
+  int joined_daemons() const;
+  int expected_daemons() const;
+  // Not OK once the startup load (model_path / restore_from) has failed:
+  // the process cannot become what it was started to be (server/server.h
+  // exits with it).
+  absl::Status startup_error() const;
 
   class Impl;
 

@@ -129,7 +129,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       absl::MutexLock lock(&mu_);
       address_ = address;
     }
-    channel_ = grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+    coordinator_address_ = coordinator;
+    // Reconnect within a second of a coordinator that starts late (gRPC's
+    // default backoff grows to two minutes).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_ = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args);
     coordinator_ = rpc::Coordinator::NewStub(channel_);
     join_thread_ = std::thread([this] { JoinLoop(); });
   }
@@ -162,6 +169,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   int64_t published_version() const {
     absl::MutexLock lock(&mu_);
     return latest_ ? latest_->version : -1;
+  }
+
+  absl::Status startup_error() const {
+    absl::MutexLock lock(&mu_);
+    if (!join_done_ || shut_down_ || (rank_ >= 0 && all_reduce_)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("daemon cannot join the cluster: ", join_error_));
   }
 
   // ---- RPCs ----
@@ -706,7 +720,26 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     request.set_data_plane_address(data_plane_->address());
     request.set_name(absl::StrCat("daemon@", request.address()));
     request.set_wait_for_world(true);
+    absl::Time next_waiting_log = absl::InfinitePast();
     while (absl::Now() < give_up) {
+      // Until the coordinator answers, say so every few seconds (a daemon
+      // started before its coordinator is not silent).
+      if (!channel_->WaitForConnected(
+              absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(1))))) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (shut_down_) return;
+        }
+        if (absl::Now() >= next_waiting_log) {
+          Log(kTag, absl::StrCat("waiting for the coordinator at ", coordinator_address_,
+                                 " (not reachable yet; retrying, giving up in ",
+                                 absl::FormatDuration(absl::Trunc(give_up - absl::Now(),
+                                                                  absl::Seconds(1))),
+                                 ")"));
+          next_waiting_log = absl::Now() + absl::Seconds(5);
+        }
+        continue;
+      }
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(30))));
       context.set_wait_for_ready(true);
@@ -751,7 +784,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       absl::SleepFor(absl::Milliseconds(100));
     }
     absl::MutexLock lock(&mu_);
-    join_error_ = "could not join the coordinator before join_timeout";
+    join_error_ = absl::StrCat("could not join the coordinator at ", coordinator_address_,
+                               " within ", absl::FormatDuration(options_.join_timeout));
     Log(kTag, join_error_);
   }
 
@@ -807,6 +841,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   }
 
   DaemonOptions options_;
+  std::string coordinator_address_;  // set by Start()
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::thread join_thread_;
@@ -1806,6 +1841,7 @@ void Daemon::Start(const std::string& address, const std::string& coordinator) {
 void Daemon::Shutdown() { impl_->Shutdown(); }
 int Daemon::rank() const { return impl_->rank(); }
 int64_t Daemon::published_version() const { return impl_->published_version(); }
+absl::Status Daemon::startup_error() const { return impl_->startup_error(); }
 absl::Status Daemon::WithStableState(const StableStateFn& fn, absl::Duration timeout) {
   return impl_->WithStableState(fn, timeout);
 }

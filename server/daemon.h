@@ -52,8 +52,8 @@ struct DaemonOptions {
   OptimizerOptions optimizer;
   // Upper bound of a fetch chunk when the request gives none.
   int64_t default_chunk_bytes = int64_t{1} << 20;
-  // How long to keep trying to join the coordinator before giving up (the
-  // daemon then keeps serving, unjoined, and says so in GetStats).
+  // How long to keep trying to join the coordinator before giving up
+  // (startup_error() then says why; hybrid-paramd exits with it).
   absl::Duration join_timeout = absl::Minutes(5);
   // Deadline of each call to the coordinator (ReportVersion).
   absl::Duration coordinator_call_timeout = absl::Seconds(10);
@@ -104,6 +104,10 @@ class Daemon {
   int rank() const;
   // Latest published version, -1 if none.
   int64_t published_version() const;
+  // Not OK once joining has failed for good (refused, join_timeout passed,
+  // data plane not opened or connected): the process cannot become a
+  // member (server/server.h exits with it).
+  absl::Status startup_error() const;
   // What GetStats returns.
   rpc::DaemonStats Stats(bool include_shards) const;
 

@@ -8,6 +8,7 @@
 // Flags live here only; the libraries take Options structs.
 #include <signal.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -100,8 +101,11 @@ ABSL_FLAG(int32_t, checkpoint_every, 0,
           "it runs, the newer committed version is saved.");
 ABSL_FLAG(int32_t, keep_checkpoints, 0,
           "coordinator: keep only the newest N checkpoints (0 = keep all)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus text metrics on http://HOST:PORT/metrics (e.g. 0.0.0.0:9100; "
+          "port 0 = any free port, logged; \"\" = off)");
 ABSL_FLAG(int32_t, metrics_port, 0,
-          "serve Prometheus text metrics on http://0.0.0.0:<port>/metrics (0 = off)");
+          "same as --metrics_listen=0.0.0.0:<port> (0 = off; --metrics_listen wins)");
 
 namespace paramd {
 namespace {
@@ -225,9 +229,20 @@ absl::Status Run() {
 
   ASSIGN_OR_RETURN(std::unique_ptr<ParamdServer> server, ParamdServer::Start(options));
   std::unique_ptr<MetricsExporter> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(absl::GetFlag(FLAGS_metrics_port),
-                                                     server.get()));
+  std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (metrics_listen.empty() && absl::GetFlag(FLAGS_metrics_port) != 0) {
+    if (absl::GetFlag(FLAGS_metrics_port) < 0 || absl::GetFlag(FLAGS_metrics_port) > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_port must be in [0, 65535], got ",
+                       absl::GetFlag(FLAGS_metrics_port)));
+    }
+    metrics_listen = absl::StrCat("0.0.0.0:", absl::GetFlag(FLAGS_metrics_port));
+  }
+  if (!metrics_listen.empty()) {
+    ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(metrics_listen, server.get()));
+    Log("hybrid-paramd", absl::StrCat("metrics on http://", metrics_listen.substr(
+                                          0, metrics_listen.rfind(':')),
+                                      ":", metrics->port(), "/metrics"));
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     const std::string path = absl::GetFlag(FLAGS_port_file);
@@ -241,20 +256,25 @@ absl::Status Run() {
       return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
     }
   }
-  std::thread signal_thread([&server, signals] {
+  std::atomic<bool> waking{false};
+  std::thread signal_thread([&server, &waking, signals] {
     int sig = 0;
     sigwait(&signals, &sig);
+    if (waking.load()) return;
     Log("hybrid-paramd", absl::StrCat("signal ", sig, ": shutting down"));
     server->Shutdown();
   });
   server->Wait();
-  // Wait() returns after Shutdown(); wake the signal thread if it still waits.
+  // Wait() returns after Shutdown() or on a fatal error; wake the signal
+  // thread if it still waits.
+  waking.store(true);
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
+  const absl::Status fatal = server->fatal_error();
   metrics.reset();
   server.reset();  // no more commits: no more periodic checkpoints start
   for (std::thread& t : periodic_threads) t.join();
-  return absl::OkStatus();
+  return fatal;
 }
 
 }  // namespace

@@ -5,10 +5,14 @@
 #include <utility>
 #include <vector>
 
+#include "CivetServer.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 namespace {
@@ -79,21 +83,71 @@ class MetricsExporter::Impl {
  public:
   std::shared_ptr<Collector> collector;
   std::unique_ptr<prometheus::Exposer> exposer;
+  int port = 0;
 };
 
-absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(int port,
-                                                                       ParamdServer* server) {
+namespace {
+
+// civetweb reports why it could not start (e.g. "cannot bind to
+// 0.0.0.0:9100: 98 (Address already in use)") only through its log
+// callback, and prometheus-cpp's exception then says just "null context".
+// mg_start runs on the calling thread, so a thread-local buffer captures
+// the reason of this thread's start.
+thread_local std::string* start_errors = nullptr;
+
+int CaptureLog(const struct mg_connection*, const char* message) {
+  if (start_errors == nullptr) return 0;  // civetweb prints it
+  if (!start_errors->empty()) start_errors->append("; ");
+  start_errors->append(message);
+  return 1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view listen) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_listen must be HOST:PORT (e.g. 0.0.0.0:9100), got \"", listen, "\""));
+  }
+  std::string host(listen.substr(0, colon));
+  if (host.empty()) host = "0.0.0.0";
+  // civetweb takes IPv6 as "[::]:9100": keep the brackets, drop none.
+  return std::make_pair(host, port);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const std::string& listen, ParamdServer* server) {
+  ASSIGN_OR_RETURN(auto host_port, ParseMetricsListen(listen));
   auto impl = std::make_unique<Impl>();
   impl->collector = std::make_shared<Collector>(server);
-  // prometheus-cpp reports bind failures by exception; this is the boundary.
+  CivetCallbacks callbacks;
+  callbacks.log_message = &CaptureLog;
+  std::string errors;
+  start_errors = &errors;
+  // prometheus-cpp reports start failures by exception; this is the boundary.
+  // Two worker threads: a scrape never waits behind another one.
   try {
-    impl->exposer = std::make_unique<prometheus::Exposer>(absl::StrCat("0.0.0.0:", port), 1);
+    impl->exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports",
+                                 absl::StrCat(host_port.first, ":", host_port.second),
+                                 "num_threads", "2"},
+        &callbacks);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics on port ", port, ": ", e.what()));
+    start_errors = nullptr;
+    return absl::UnavailableError(absl::StrCat("metrics endpoint on ", listen, ": ",
+                                               errors.empty() ? e.what() : errors));
   }
+  start_errors = nullptr;
+  const std::vector<int> ports = impl->exposer->GetListeningPorts();
+  impl->port = ports.empty() ? host_port.second : ports[0];
   impl->exposer->RegisterCollectable(impl->collector);
   return std::unique_ptr<MetricsExporter>(new MetricsExporter(std::move(impl)));
 }
+
+int MetricsExporter::port() const { return impl_->port; }
 
 MetricsExporter::MetricsExporter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MetricsExporter::~MetricsExporter() = default;

@@ -10,17 +10,29 @@
 #define PARAMD_SERVER_METRICS_H_
 
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "server/server.h"
 
 namespace paramd {
 
+// "HOST:PORT" -> (host, port); an empty host is 0.0.0.0. InvalidArgument
+// otherwise.
+absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view listen);
+
 class MetricsExporter {
  public:
-  // Unavailable if the port cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(int port, ParamdServer* server);
+  // Serves http://<listen>/metrics; `listen` is "HOST:PORT" (port 0: any
+  // free port, see port()). InvalidArgument for a malformed address;
+  // Unavailable with civetweb's reason if it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen,
+                                                                ParamdServer* server);
   ~MetricsExporter();
+
+  // The bound port.
+  int port() const;
 
   class Impl;
 

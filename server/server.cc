@@ -38,13 +38,20 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default: a second process on this port would
+  // start and take half of the connections. Refuse it instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (s->coordinator_) builder.RegisterService(s->coordinator_->service());
   if (s->daemon_) builder.RegisterService(s->daemon_->service());
   for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen,
+        " (address in use by another process, or not an address of this machine)"));
   }
+  // Not ready until the roles say so (the default service starts SERVING).
+  s->UpdateHealth();
   s->address_ = options.advertise_address.empty() ? absl::StrCat("127.0.0.1:", s->port_)
                                                   : options.advertise_address;
   if (s->daemon_) {
@@ -56,12 +63,71 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
                              s->coordinator_ && s->daemon_ ? "+" : "",
                              s->daemon_ ? "daemon" : "", " on ", options.listen, " (",
                              s->address_, ")"));
+  s->monitor_ = std::thread([p = s.get()] { p->Monitor(); });
   return s;
 }
 
 ParamdServer::~ParamdServer() { Shutdown(); }
 
-void ParamdServer::Wait() { server_->Wait(); }
+void ParamdServer::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](ParamdServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+        return s->shut_down_ || !s->fatal_.ok();
+      },
+      this));
+}
+
+absl::Status ParamdServer::fatal_error() const {
+  absl::MutexLock lock(&mu_);
+  return fatal_;
+}
+
+void ParamdServer::Monitor() {
+  for (;;) {
+    absl::Status fatal;
+    if (coordinator_) fatal = coordinator_->startup_error();
+    if (fatal.ok() && daemon_) fatal = daemon_->startup_error();
+    if (!fatal.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (fatal_.ok()) fatal_ = fatal;
+      return;  // Wait() returns; the owner shuts down
+    }
+    UpdateHealth();
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&shut_down_), absl::Milliseconds(50))) return;
+  }
+}
+
+void ParamdServer::UpdateHealth() {
+  std::map<std::string, bool> health;
+  bool ready = true;
+  if (coordinator_) {
+    const bool joined = coordinator_->joined_daemons() >= coordinator_->expected_daemons();
+    health["paramd.rpc.Coordinator"] = joined;
+    ready = ready && joined && coordinator_->committed_version() >= 0;
+  }
+  if (daemon_) {
+    const bool serving = daemon_->rank() >= 0 && daemon_->published_version() >= 0;
+    health["paramd.rpc.Daemon"] = serving;
+    ready = ready && serving;
+  }
+  health[""] = ready;
+  absl::MutexLock lock(&mu_);
+  if (shut_down_ || server_ == nullptr) return;
+  grpc::HealthCheckServiceInterface* service = server_->GetHealthCheckService();
+  if (service == nullptr) return;
+  for (const auto& [name, serving] : health) {
+    auto it = health_.find(name);
+    if (it != health_.end() && it->second == serving) continue;
+    const bool first = it == health_.end();
+    health_[name] = serving;
+    service->SetServingStatus(name, serving);
+    if (first) continue;  // the initial NOT_SERVING goes without saying
+    Log("server", absl::StrCat("health ", name.empty() ? "(process)" : name, ": ",
+                               serving ? "SERVING" : "NOT_SERVING"));
+  }
+}
 
 void ParamdServer::Shutdown() {
   {
@@ -69,6 +135,7 @@ void ParamdServer::Shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
   }
+  if (monitor_.joinable()) monitor_.join();
   if (coordinator_) coordinator_->Shutdown();
   if (daemon_) daemon_->Shutdown();
   // Null when Start failed before listening (e.g. a refused --backend).

@@ -6,14 +6,33 @@
 // roles the daemon joins its own coordinator through that port, so one
 // process is a complete single-node setup.
 //
+// Health (grpc.health.v1, as systemd/Kubernetes probes read it), checked
+// every 50 ms:
+//   "paramd.rpc.Coordinator"  SERVING once every expected daemon has joined
+//                             (Load, checkpoint and hpctl calls can work);
+//   "paramd.rpc.Daemon"       SERVING once this daemon has joined and
+//                             publishes a version;
+//   "" (the process)          SERVING once every role here is ready and a
+//                             version is loaded: the coordinator has
+//                             committed one, the daemon publishes one.
+// NOT_SERVING before that and after Shutdown().
+//
+// Fatal startup errors (a refused or timed-out join, a failed startup
+// --model/--restore_from load) end Wait() and are returned by
+// fatal_error(): the process is not healthy and will not become so.
+//
+// No SO_REUSEPORT: a second server on a bound port fails to start.
+//
 // Threading: thread-safe. Shutdown() may be called from any thread (not
 // from a signal handler).
 #ifndef PARAMD_SERVER_SERVER_H_
 #define PARAMD_SERVER_SERVER_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,21 +84,30 @@ class ParamdServer {
   Coordinator* coordinator() { return coordinator_.get(); }
   Daemon* daemon() { return daemon_.get(); }
 
-  // Blocks until Shutdown().
+  // Blocks until Shutdown() or a fatal error (fatal_error()).
   void Wait();
   // Fails waiting calls, stops the roles and the server. Idempotent.
   void Shutdown();
+  // OK unless a role hit a fatal startup error (then Wait() has returned).
+  absl::Status fatal_error() const;
 
  private:
   ParamdServer() = default;
+  // Health and fatal-error checks, every 50 ms until Shutdown().
+  void Monitor();
+  void UpdateHealth();
 
   int port_ = 0;
   std::string address_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<grpc::Server> server_;
-  absl::Mutex mu_;
+  std::thread monitor_;
+  mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status fatal_ ABSL_GUARDED_BY(mu_);
+  // Last health set per service name ("" = the process).
+  std::map<std::string, bool> health_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace paramd

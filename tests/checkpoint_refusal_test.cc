@@ -1,8 +1,9 @@
 // What the real hybrid-paramd processes (coordinator + 2 daemons) refuse:
 //   1. a checkpoint with one flipped byte, through the binaries: `hpctl
 //      checkpoint describe --verify` and fresh processes started with
-//      --restore_from both name the damaged file (DATA_LOSS) and load
-//      nothing; --restore_version of an intact older checkpoint still works.
+//      --restore_from both name the damaged file (DATA_LOSS), load
+//      nothing, and the coordinator exits; --restore_version of an intact
+//      older checkpoint still works.
 //      (tests/checkpoint_restore_test covers the Load RPC on a live cluster.)
 //   2. every RPC naming a directory outside --checkpoint_dir: "../x", "/etc",
 //      "a/../../x", a symlink leading outside, NUL bytes and backslashes, on
@@ -129,8 +130,12 @@ TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
     const std::string logs = b.Logs();
     EXPECT_TRUE(absl::StrContains(logs, "DATA_LOSS")) << logs;
     EXPECT_TRUE(absl::StrContains(logs, victim)) << logs;
-    ASSERT_TRUE((*c)->RefreshManifest().ok());
-    EXPECT_EQ((*c)->manifest().committed_version(), -1) << "something was loaded";
+    // A failed startup restore is fatal: the coordinator exits with the
+    // reason (and nothing was loaded) instead of serving an empty cluster.
+    ASSERT_TRUE(LogsContain(b, "hybrid-paramd: DATA_LOSS: --restore_from=" + root,
+                            absl::Seconds(10)))
+        << b.Logs();
+    EXPECT_FALSE((*c)->RefreshManifest().ok()) << "the coordinator still serves";
   }
   // --restore_version=0 (intact) restores fine.
   absl::StatusOr<std::unique_ptr<RawCluster>> c =

@@ -17,6 +17,8 @@ PACKAGES=(
   libxxhash-dev
   nlohmann-json3-dev
   prometheus-cpp-dev
+  libcivetweb-dev
+  libspdlog-dev
   python3
 )
 

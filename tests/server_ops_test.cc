@@ -1,0 +1,305 @@
+// What an operator (systemd, Kubernetes, a person) sees of hybrid-paramd
+// processes: the /metrics endpoint answers a scrape, a second server on a
+// bound port exits non-zero, fatal startup errors exit non-zero with the
+// reason on stderr, and gRPC health is NOT_SERVING until joined and loaded.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "deploy/process.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/paramd.grpc.pb.h"
+#include "tests/server_test_util.h"
+
+namespace paramd {
+namespace testing {
+namespace {
+
+constexpr char kServer[] = "server/hybrid-paramd";  // runfiles-relative
+using HealthStatus = grpc::health::v1::HealthCheckResponse;
+
+// A port that was free a moment ago (bound to 0, then released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GET http://127.0.0.1:<port><path> (HTTP/1.0); the whole response, or ""
+// if nothing answers.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+    }
+  }
+  close(fd);
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The health of `service` ("" = the process) at `address`; UNKNOWN if the
+// call fails.
+HealthStatus::ServingStatus Health(const std::string& address, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(2));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  HealthStatus response;
+  if (!stub->Check(&context, request, &response).ok()) return HealthStatus::UNKNOWN;
+  return response.status();
+}
+
+bool WaitForHealth(const std::string& address, const std::string& service,
+                   HealthStatus::ServingStatus want, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    if (Health(address, service) == want) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+class ServerOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_ops");
+    ASSERT_TRUE(dir.ok());
+    dir_.emplace(*std::move(dir));
+    model_ = dir_->path() + "/model.safetensors";
+    ASSERT_TRUE(WriteModel(model_, {{"layers.0.mlp.weight", {64, 32}, RandomValues(64 * 32, 3)}})
+                    .ok());
+  }
+
+  // Starts hybrid-paramd with `flags` (plus --listen=127.0.0.1:0 and a
+  // port file unless `listen` is given); returns the child's index and sets
+  // *address once it serves.
+  int Start(const std::string& name, std::vector<std::string> flags, std::string* address,
+            const std::string& listen = "") {
+    const std::string port_file = absl::StrCat(dir_->path(), "/", name, ".port");
+    std::vector<std::string> argv = {kServer, "--port_file=" + port_file};
+    argv.push_back(listen.empty() ? "--listen=127.0.0.1:0" : "--listen=" + listen);
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    const std::string log = Log(name);
+    absl::StatusOr<int> child = children_.Start({name, argv, log, log});
+    EXPECT_TRUE(child.ok()) << child.status();
+    if (!child.ok()) return -1;
+    if (address != nullptr) {
+      absl::StatusOr<int> port =
+          demo::WaitForPortFile(port_file, absl::Seconds(20), &children_, *child);
+      EXPECT_TRUE(port.ok()) << port.status() << "\n" << ReadFile(log);
+      *address = port.ok() ? absl::StrCat("127.0.0.1:", *port) : "";
+    }
+    return *child;
+  }
+
+  // Waits for the child to exit; its exit code (-1 if it did not exit).
+  int ExitCode(int child, absl::Duration timeout = absl::Seconds(20)) {
+    absl::StatusOr<int> status = children_.Wait(child, timeout);
+    if (!status.ok() || !WIFEXITED(*status)) return -1;
+    return WEXITSTATUS(*status);
+  }
+
+  std::string Log(const std::string& name) const {
+    return absl::StrCat(dir_->path(), "/", name, ".log");
+  }
+
+  std::optional<demo::TempDir> dir_;
+  std::string model_;
+  demo::ChildProcesses children_;
+};
+
+TEST_F(ServerOpsTest, MetricsListenServesAScrape) {
+  const int metrics_port = FreePort();
+  std::string address;
+  const int child =
+      Start("both", {"--model=" + model_, absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+            &address);
+  ASSERT_FALSE(address.empty());
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)))
+      << ReadFile(Log("both"));
+  const std::string body = HttpGet(metrics_port, "/metrics");
+  EXPECT_TRUE(absl::StartsWith(body, "HTTP/1.1 200")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_committed_version 0\n")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_daemon_rank 0\n")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_published_version 0\n")) << body;
+  EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+}
+
+TEST_F(ServerOpsTest, MetricsPortIsAnAliasAndABoundPortIsAClearError) {
+  const int metrics_port = FreePort();
+  std::string address;
+  Start("first", {absl::StrCat("--metrics_port=", metrics_port)}, &address);
+  ASSERT_FALSE(address.empty());
+  EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "paramd_committed_version -1"));
+  // The same metrics port again: exit 1 with civetweb's reason.
+  const int second = Start("second", {absl::StrCat("--metrics_port=", metrics_port)}, nullptr);
+  EXPECT_EQ(ExitCode(second), 1);
+  const std::string log = ReadFile(Log("second"));
+  EXPECT_TRUE(absl::StrContains(log, "metrics endpoint on 0.0.0.0:")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "Address already in use")) << log;
+  const int bad = Start("bad", {"--metrics_listen=nonsense"}, nullptr);
+  EXPECT_EQ(ExitCode(bad), 1);
+  EXPECT_TRUE(absl::StrContains(ReadFile(Log("bad")), "--metrics_listen must be HOST:PORT"));
+}
+
+TEST_F(ServerOpsTest, SecondServerOnTheSamePortExitsNonZero) {
+  const std::string listen = absl::StrCat("127.0.0.1:", FreePort());
+  std::string address;
+  const int first = Start("first", {"--role=coordinator"}, &address, listen);
+  ASSERT_EQ(address, listen);
+  const int second = Start("second", {"--role=coordinator"}, nullptr, listen);
+  EXPECT_EQ(ExitCode(second), 1);
+  const std::string log = ReadFile(Log("second"));
+  EXPECT_TRUE(absl::StrContains(log, "cannot listen on " + listen)) << log;
+  // The first one still answers, alone.
+  EXPECT_FALSE(children_.Poll(first).has_value());
+  EXPECT_EQ(Health(address, "paramd.rpc.Coordinator"), HealthStatus::NOT_SERVING);
+}
+
+TEST_F(ServerOpsTest, HealthIsNotServingUntilJoinedAndLoaded) {
+  std::string coordinator;
+  Start("coordinator", {"--role=coordinator", "--daemons=1", "--model=" + model_}, &coordinator);
+  ASSERT_FALSE(coordinator.empty());
+  // No daemon yet: nothing is ready.
+  EXPECT_EQ(Health(coordinator, ""), HealthStatus::NOT_SERVING);
+  EXPECT_EQ(Health(coordinator, "paramd.rpc.Coordinator"), HealthStatus::NOT_SERVING);
+  std::string daemon;
+  Start("daemon", {"--role=daemon", "--coordinator=" + coordinator}, &daemon);
+  ASSERT_FALSE(daemon.empty());
+  EXPECT_TRUE(WaitForHealth(coordinator, "", HealthStatus::SERVING, absl::Seconds(20)))
+      << ReadFile(Log("coordinator")) << ReadFile(Log("daemon"));
+  EXPECT_EQ(Health(coordinator, "paramd.rpc.Coordinator"), HealthStatus::SERVING);
+  EXPECT_TRUE(WaitForHealth(daemon, "", HealthStatus::SERVING, absl::Seconds(10)));
+  EXPECT_EQ(Health(daemon, "paramd.rpc.Daemon"), HealthStatus::SERVING);
+}
+
+TEST_F(ServerOpsTest, JoinedButNotLoadedIsNotServing) {
+  std::string address;
+  Start("both", {}, &address);  // no --model: waits for a Load
+  ASSERT_FALSE(address.empty());
+  EXPECT_TRUE(WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING,
+                            absl::Seconds(10)));
+  EXPECT_EQ(Health(address, "paramd.rpc.Daemon"), HealthStatus::NOT_SERVING);
+  EXPECT_EQ(Health(address, ""), HealthStatus::NOT_SERVING);
+  auto coordinator = rpc::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(20));
+  rpc::LoadRequest request;
+  request.set_safetensors_path(model_);
+  rpc::LoadResponse response;
+  ASSERT_TRUE(coordinator->Load(&context, request, &response).ok());
+  EXPECT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(5)));
+  EXPECT_EQ(Health(address, "paramd.rpc.Daemon"), HealthStatus::SERVING);
+}
+
+TEST_F(ServerOpsTest, FailedRestoreExitsNonZeroWithTheReason) {
+  const int child = Start("restore", {"--restore_from=" + dir_->path() + "/no_such_store"},
+                          nullptr);
+  EXPECT_EQ(ExitCode(child), 1);
+  const std::string log = ReadFile(Log("restore"));
+  EXPECT_TRUE(absl::StrContains(log, "hybrid-paramd: ")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "--restore_from=" + dir_->path() + "/no_such_store")) << log;
+}
+
+TEST_F(ServerOpsTest, UnknownRestoreVersionExitsNonZero) {
+  const std::string store = dir_->path() + "/ckpt";
+  {  // A store holding version 0.
+    std::string address;
+    const int child = Start("save", {"--model=" + model_, "--checkpoint_dir=" + store}, &address);
+    ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
+    auto stub = checkpoint::CheckpointCoordinator::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(20));
+    checkpoint::CheckpointRequest request;
+    request.set_version(-1);
+    checkpoint::CheckpointResponse response;
+    const grpc::Status s = stub->Checkpoint(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+  }
+  const int child = Start("restore", {"--restore_from=" + store, "--restore_version=7"}, nullptr);
+  EXPECT_EQ(ExitCode(child), 1);
+  const std::string log = ReadFile(Log("restore"));
+  EXPECT_TRUE(absl::StrContains(log, "loading the startup model failed")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "7")) << log;
+  // The version that is there restores.
+  std::string address;
+  Start("restore0", {"--restore_from=" + store, "--restore_version=0"}, &address);
+  EXPECT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)))
+      << ReadFile(Log("restore0"));
+}
+
+TEST_F(ServerOpsTest, DaemonRefusedAtJoinExitsNonZero) {
+  std::string address;
+  Start("both", {"--model=" + model_}, &address);  // its own daemon fills the world of 1
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
+  const int extra = Start("extra", {"--role=daemon", "--coordinator=" + address}, nullptr);
+  EXPECT_EQ(ExitCode(extra), 1);
+  const std::string log = ReadFile(Log("extra"));
+  EXPECT_TRUE(absl::StrContains(log, "join refused")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "all 1 daemons have joined")) << log;
+}
+
+TEST_F(ServerOpsTest, DaemonBeforeItsCoordinatorSaysItIsWaitingThenJoins) {
+  const std::string listen = absl::StrCat("127.0.0.1:", FreePort());
+  std::string daemon;
+  Start("daemon", {"--role=daemon", "--coordinator=" + listen}, &daemon);
+  ASSERT_FALSE(daemon.empty());
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < give_up &&
+         !absl::StrContains(ReadFile(Log("daemon")), "waiting for the coordinator at " + listen)) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(absl::StrContains(ReadFile(Log("daemon")), "waiting for the coordinator at " + listen))
+      << ReadFile(Log("daemon"));
+  EXPECT_EQ(Health(daemon, "paramd.rpc.Daemon"), HealthStatus::NOT_SERVING);
+  std::string coordinator;
+  Start("coordinator", {"--role=coordinator", "--model=" + model_}, &coordinator, listen);
+  // Joins within a few seconds of the coordinator's start, not after a
+  // 30 s call deadline.
+  EXPECT_TRUE(WaitForHealth(daemon, "", HealthStatus::SERVING, absl::Seconds(8)))
+      << ReadFile(Log("daemon"));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace paramd
