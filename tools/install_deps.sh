@@ -20,6 +20,10 @@ PACKAGES=(
   libcivetweb-dev
   libspdlog-dev
   python3
+  python3-numpy
+  python3-torch
+  python3-grpcio
+  python3-protobuf
 )
 
 missing=()

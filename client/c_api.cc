@@ -1,0 +1,626 @@
+// The C API of client/c_api.h over client::Client (and, with --config=cuda,
+// gpu_fetch::DeviceFetcher). Every entry point validates its pointers, runs
+// inside CApiCall (no exception crosses the C boundary) and reports through
+// SetStatus.
+#define HPD_BUILDING_LIBRARY 1
+#include "client/c_api.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "kernels/format.h"
+
+#ifdef HPD_WITH_CUDA
+#include "client/gpu_fetch/device_fetcher.h"
+#endif
+
+namespace paramd {
+namespace {
+
+// Live handles, so that a NULL, freed or foreign pointer is refused with
+// INVALID_ARGUMENT instead of being dereferenced.
+class Registry {
+ public:
+  void Add(const void* p) {
+    absl::MutexLock lock(&mu_);
+    live_.insert(p);
+  }
+  bool Remove(const void* p) {
+    absl::MutexLock lock(&mu_);
+    return live_.erase(p) > 0;
+  }
+  bool Contains(const void* p) const {
+    absl::MutexLock lock(&mu_);
+    return live_.contains(p);
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mu_);
+};
+
+Registry& Clients() {
+  static Registry* r = new Registry;
+  return *r;
+}
+Registry& Manifests() {
+  static Registry* r = new Registry;
+  return *r;
+}
+
+int32_t SetStatus(hpd_status* status, const absl::Status& s) {
+  const int32_t code = static_cast<int32_t>(s.code());
+  if (status != nullptr) {
+    status->code = code;
+    const std::string message(s.message());
+    const size_t n = std::min(message.size(), sizeof(status->message) - 1);
+    std::memcpy(status->message, message.data(), n);
+    status->message[n] = '\0';
+  }
+  return code;
+}
+
+// Runs `f` (returning absl::Status) and reports its status; C++ exceptions
+// become statuses instead of unwinding into C.
+template <typename F>
+int32_t CApiCall(hpd_status* status, F&& f) {
+  try {
+    return SetStatus(status, f());
+  } catch (const std::bad_alloc&) {
+    return SetStatus(status, absl::ResourceExhaustedError("out of host memory"));
+  } catch (const std::exception& e) {
+    return SetStatus(status, absl::InternalError(absl::StrCat("exception: ", e.what())));
+  } catch (...) {
+    return SetStatus(status, absl::InternalError("unknown exception"));
+  }
+}
+
+absl::Duration Timeout(int64_t ms) {
+  return ms <= 0 ? absl::ZeroDuration() : absl::Milliseconds(ms);
+}
+
+absl::Status NullArgument(const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat(what, " is NULL"));
+}
+
+absl::StatusOr<Direction> ParseDirection(int32_t d) {
+  if (d == HPD_ROWWISE) return Direction::kRowwise;
+  if (d == HPD_COLUMNWISE) return Direction::kColumnwise;
+  return absl::InvalidArgumentError(absl::StrCat("bad direction ", d, " (0 rowwise, 1 columnwise)"));
+}
+
+absl::StatusOr<client::Gradient::DType> ParseGradDtype(int32_t d) {
+  if (d == HPD_GRAD_FP32) return client::Gradient::DType::kFp32;
+  if (d == HPD_GRAD_BF16) return client::Gradient::DType::kBf16;
+  return absl::InvalidArgumentError(absl::StrCat("bad gradient dtype ", d, " (0 fp32, 1 bf16)"));
+}
+
+bool Set(const char* s) { return s != nullptr && s[0] != '\0'; }
+
+}  // namespace
+}  // namespace paramd
+
+struct hpd_client {
+  std::unique_ptr<paramd::client::Client> client;
+#ifdef HPD_WITH_CUDA
+  std::mutex device_mu;  // serialises device fetches and pushes; guards fetchers
+  std::map<int, std::unique_ptr<paramd::gpu_fetch::DeviceFetcher>> fetchers;
+#endif
+};
+
+struct hpd_manifest {
+  paramd::client::Manifest manifest;
+  std::vector<hpd_tensor_info> infos;  // names point into manifest
+};
+
+namespace paramd {
+namespace {
+
+absl::StatusOr<hpd_client*> LiveClient(hpd_client* c) {
+  if (c == nullptr) return NullArgument("client");
+  if (!Clients().Contains(c)) {
+    return absl::InvalidArgumentError("not a live hpd_client handle (closed or foreign)");
+  }
+  return c;
+}
+
+absl::StatusOr<const hpd_manifest*> LiveManifest(const hpd_manifest* m) {
+  if (m == nullptr) return NullArgument("manifest");
+  if (!Manifests().Contains(m)) {
+    return absl::InvalidArgumentError("not a live hpd_manifest handle (freed or foreign)");
+  }
+  return m;
+}
+
+void FillDirection(const client::TensorMeta& t, Direction d, hpd_direction_info* out) {
+  *out = hpd_direction_info{};
+  if (!t.Publishes(d)) return;
+  const QuantSpec& spec = t.SpecOf(d);
+  absl::StatusOr<Layout> layout = ComputeLayout(spec, d, t.rows, t.cols);
+  if (!layout.ok()) return;  // the daemons could not have published it either
+  out->published = 1;
+  out->format = static_cast<int32_t>(spec.format);
+  out->fp8_type = static_cast<int32_t>(spec.fp8_type);
+  out->transposed = layout->transposed ? 1 : 0;
+  out->two_d = spec.two_d ? 1 : 0;
+  out->scale_elem_bytes = layout->scale_elem_bytes;
+  out->data_rows = layout->data_rows;
+  out->data_row_bytes = layout->data_row_bytes;
+  out->data_bytes = layout->data_bytes();
+  out->scale_rows = layout->scale_rows;
+  out->scale_cols = layout->scale_cols;
+  out->scale_bytes = layout->scale_bytes();
+}
+
+std::unique_ptr<hpd_manifest> MakeManifest(client::Manifest manifest) {
+  auto m = std::make_unique<hpd_manifest>();
+  m->manifest = std::move(manifest);
+  m->infos.reserve(m->manifest.tensors.size());
+  for (const client::TensorMeta& t : m->manifest.tensors) {
+    hpd_tensor_info info{};
+    info.name = t.name.c_str();
+    info.ndim = static_cast<int32_t>(std::min<size_t>(t.shape.size(), HPD_MAX_RANK));
+    for (int i = 0; i < info.ndim; ++i) info.shape[i] = t.shape[i];
+    info.rows = t.rows;
+    info.cols = t.cols;
+    info.num_pieces = static_cast<int32_t>(t.pieces.size());
+    FillDirection(t, Direction::kRowwise, &info.dir[HPD_ROWWISE]);
+    FillDirection(t, Direction::kColumnwise, &info.dir[HPD_COLUMNWISE]);
+    m->infos.push_back(info);
+  }
+  return m;
+}
+
+void FillStats(int64_t version, const client::DirectionBytes& received,
+               const client::DirectionBytes& bf16, hpd_fetch_stats* stats) {
+  if (stats == nullptr) return;
+  stats->version = version;
+  stats->rowwise_bytes = received.rowwise;
+  stats->columnwise_bytes = received.columnwise;
+  stats->rowwise_bf16_bytes = bf16.rowwise;
+  stats->columnwise_bf16_bytes = bf16.columnwise;
+}
+
+absl::Status CheckTargets(const hpd_fetch_target* targets, size_t count) {
+  if (count > 0 && targets == nullptr) return NullArgument("targets");
+  for (size_t i = 0; i < count; ++i) {
+    if (targets[i].tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", i, "].tensor is NULL"));
+    }
+    if (targets[i].data == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("targets[", i, "] (", targets[i].tensor, "): data is NULL"));
+    }
+    if (targets[i].scales == nullptr && targets[i].scale_bytes > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "targets[", i, "] (", targets[i].tensor, "): scales is NULL with scale_bytes > 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FetchHost(hpd_client* c, int64_t version, const hpd_fetch_target* targets,
+                       size_t count, int64_t timeout_ms, hpd_fetch_output* outputs,
+                       hpd_fetch_stats* stats) {
+  RETURN_IF_ERROR(CheckTargets(targets, count));
+  if (count > 0 && outputs == nullptr) return NullArgument("outputs");
+  std::vector<client::FetchTarget> fetch(count);
+  const client::Manifest manifest = c->client->manifest();
+  for (size_t i = 0; i < count; ++i) {
+    const hpd_fetch_target& t = targets[i];
+    ASSIGN_OR_RETURN(fetch[i].direction, ParseDirection(t.direction));
+    fetch[i].tensor = t.tensor;
+    fetch[i].data = absl::MakeSpan(static_cast<uint8_t*>(t.data), t.data_bytes);
+    if (t.scales != nullptr) {
+      fetch[i].scales = absl::MakeSpan(static_cast<uint8_t*>(t.scales), t.scale_bytes);
+    }
+    // A zero-byte scale span would read as "no caller buffers" to Client::
+    // Fetch when the data span is empty too; data is never empty here.
+  }
+  ASSIGN_OR_RETURN(client::FetchResult r,
+                   c->client->Fetch(version, fetch, Timeout(timeout_ms)));
+  for (size_t i = 0; i < count; ++i) {
+    outputs[i].scale_inv = r.tensors[i].value.scale_inv;
+    outputs[i].amax = r.tensors[i].value.amax;
+  }
+  FillStats(r.version, r.stats.received, r.stats.bf16_equivalent, stats);
+  return absl::OkStatus();
+}
+
+#ifdef HPD_WITH_CUDA
+absl::StatusOr<gpu_fetch::DeviceFetcher*> FetcherFor(hpd_client* c, int device)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->device_mu) {
+  auto it = c->fetchers.find(device);
+  if (it != c->fetchers.end()) return it->second.get();
+  gpu_fetch::DeviceFetcherOptions options;
+  options.device = device;
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu_fetch::DeviceFetcher> f,
+                   gpu_fetch::DeviceFetcher::Create(c->client.get(), options));
+  gpu_fetch::DeviceFetcher* p = f.get();
+  c->fetchers.emplace(device, std::move(f));
+  return p;
+}
+#endif
+
+absl::Status FetchDevice(hpd_client* c, int64_t version, const hpd_fetch_target* targets,
+                         size_t count, int32_t device, void* cuda_stream, int64_t timeout_ms,
+                         hpd_fetch_stats* stats) {
+  RETURN_IF_ERROR(CheckTargets(targets, count));
+  if (device < 0) return absl::InvalidArgumentError(absl::StrCat("bad CUDA device ", device));
+#ifdef HPD_WITH_CUDA
+  std::vector<gpu_fetch::DeviceTarget> fetch(count);
+  for (size_t i = 0; i < count; ++i) {
+    const hpd_fetch_target& t = targets[i];
+    if (t.scale_inv == nullptr || t.amax == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "targets[", i, "] (", t.tensor, "): a device fetch needs scale_inv and amax buffers"));
+    }
+    ASSIGN_OR_RETURN(fetch[i].direction, ParseDirection(t.direction));
+    ASSIGN_OR_RETURN(Layout layout, c->client->LayoutOf(t.tensor, fetch[i].direction));
+    if (static_cast<int64_t>(t.data_bytes) < layout.data_bytes() ||
+        static_cast<int64_t>(t.scale_bytes) < layout.scale_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buffers for ", t.tensor, " ", DirectionName(fetch[i].direction), " hold ",
+          t.data_bytes, "+", t.scale_bytes, " bytes; the layout needs ", layout.data_bytes(),
+          "+", layout.scale_bytes()));
+    }
+    fetch[i].tensor = t.tensor;
+    fetch[i].dst.data = t.data;
+    fetch[i].dst.scales = layout.scale_bytes() > 0 ? t.scales : nullptr;
+    fetch[i].dst.scale_inv = static_cast<float*>(t.scale_inv);
+    fetch[i].dst.amax = static_cast<float*>(t.amax);
+  }
+  std::lock_guard<std::mutex> lock(c->device_mu);
+  ASSIGN_OR_RETURN(gpu_fetch::DeviceFetcher * fetcher, FetcherFor(c, device));
+  ASSIGN_OR_RETURN(gpu_fetch::DeviceFetchResult r,
+                   fetcher->Fetch(version, fetch, static_cast<cudaStream_t>(cuda_stream),
+                                  Timeout(timeout_ms)));
+  client::DirectionBytes bf16;
+  for (const gpu_fetch::DeviceFetched& t : r.tensors) bf16[t.direction] += t.rows * t.cols * 2;
+  FillStats(r.version, r.received, bf16, stats);
+  return absl::OkStatus();
+#else
+  (void)c, (void)version, (void)cuda_stream, (void)timeout_ms, (void)stats;
+  return absl::UnimplementedError(
+      "device fetch needs libhybrid_paramd.so built with --config=cuda; this build is CPU only "
+      "(fetch into host memory instead)");
+#endif
+}
+
+absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients, size_t count,
+                  int32_t device, void* cuda_stream, int64_t timeout_ms,
+                  hpd_push_result* result) {
+  if (count > 0 && gradients == nullptr) return NullArgument("gradients");
+  for (size_t i = 0; i < count; ++i) {
+    if (gradients[i].tensor == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("gradients[", i, "].tensor is NULL"));
+    }
+    if (gradients[i].data == nullptr && gradients[i].bytes > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradients[", i, "] (", gradients[i].tensor, "): data is NULL"));
+    }
+  }
+  client::PushResult r;
+  if (device < 0) {
+    std::vector<client::Gradient> grads(count);
+    for (size_t i = 0; i < count; ++i) {
+      grads[i].tensor = gradients[i].tensor;
+      ASSIGN_OR_RETURN(grads[i].dtype, ParseGradDtype(gradients[i].dtype));
+      grads[i].bytes = absl::MakeConstSpan(static_cast<const uint8_t*>(gradients[i].data),
+                                           gradients[i].bytes);
+    }
+    ASSIGN_OR_RETURN(r, c->client->PushGradients(version, grads, Timeout(timeout_ms)));
+  } else {
+#ifdef HPD_WITH_CUDA
+    std::vector<gpu_fetch::DeviceGradient> grads(count);
+    for (size_t i = 0; i < count; ++i) {
+      grads[i].tensor = gradients[i].tensor;
+      ASSIGN_OR_RETURN(grads[i].dtype, ParseGradDtype(gradients[i].dtype));
+      grads[i].data = gradients[i].data;
+      grads[i].bytes = gradients[i].bytes;
+    }
+    std::lock_guard<std::mutex> lock(c->device_mu);
+    ASSIGN_OR_RETURN(gpu_fetch::DeviceFetcher * fetcher, FetcherFor(c, device));
+    ASSIGN_OR_RETURN(r, fetcher->Push(version, grads, static_cast<cudaStream_t>(cuda_stream),
+                                      Timeout(timeout_ms)));
+#else
+    (void)cuda_stream;
+    return absl::UnimplementedError(
+        "pushing gradients from device memory needs libhybrid_paramd.so built with "
+        "--config=cuda; this build is CPU only (copy the gradients to the host)");
+#endif
+  }
+  if (result != nullptr) {
+    result->version = r.version;
+    result->bytes_sent = r.bytes_sent;
+    result->pushers_received = r.pushers_received;
+    result->pushers_expected = r.pushers_expected;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace paramd
+
+using paramd::CApiCall;
+using paramd::LiveClient;
+using paramd::LiveManifest;
+using paramd::NullArgument;
+
+extern "C" {
+
+int32_t hpd_api_version(void) { return HPD_API_VERSION; }
+
+const char* hpd_code_name(int32_t code) {
+  static const char* const kNames[] = {
+      "OK",      "CANCELLED",         "UNKNOWN",   "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
+      "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
+      "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  if (code < 0 || code > 16) return "UNKNOWN";
+  return kNames[code];
+}
+
+int32_t hpd_has_cuda(void) {
+#ifdef HPD_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+void hpd_connect_options_init(hpd_connect_options* options) {
+  if (options == nullptr) return;
+  *options = hpd_connect_options{};
+  options->struct_size = sizeof(hpd_connect_options);
+  options->pusher = 1;
+}
+
+int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client,
+                    hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (client == nullptr) return NullArgument("client");
+    *client = nullptr;
+    if (options == nullptr) return NullArgument("options");
+    if (options->struct_size < sizeof(hpd_connect_options)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.struct_size is ", options->struct_size, ", expected ",
+          sizeof(hpd_connect_options), ": call hpd_connect_options_init first"));
+    }
+    if (!paramd::Set(options->address)) return absl::InvalidArgumentError("address is empty");
+    if (paramd::Set(options->tls_root_certs_path) || paramd::Set(options->tls_cert_chain_path) ||
+        paramd::Set(options->tls_private_key_path) || paramd::Set(options->token)) {
+      return absl::UnimplementedError(
+          "TLS and token options are not yet supported by this client library");
+    }
+    if (options->expected_pushers < 0) {
+      return absl::InvalidArgumentError("expected_pushers < 0");
+    }
+    paramd::client::ClientOptions o;
+    o.coordinator_address = options->address;
+    o.role = options->observer ? paramd::client::ClientOptions::Role::kObserver
+                               : paramd::client::ClientOptions::Role::kTrainer;
+    o.pusher = options->pusher != 0;
+    o.expected_pushers = options->expected_pushers;
+    if (paramd::Set(options->name)) o.name = options->name;
+    if (options->connect_timeout_ms > 0) {
+      o.connect_timeout = absl::Milliseconds(options->connect_timeout_ms);
+    }
+    if (options->call_timeout_ms > 0) o.call_timeout = absl::Milliseconds(options->call_timeout_ms);
+    o.max_chunk_bytes = options->max_chunk_bytes;
+    ASSIGN_OR_RETURN(std::unique_ptr<paramd::client::Client> c,
+                     paramd::client::Client::Connect(o));
+    auto handle = std::make_unique<hpd_client>();
+    handle->client = std::move(c);
+    paramd::Clients().Add(handle.get());
+    *client = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_close(hpd_client* client, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (client == nullptr) return absl::OkStatus();
+    if (!paramd::Clients().Remove(client)) {
+      return absl::InvalidArgumentError("not a live hpd_client handle (closed or foreign)");
+    }
+    delete client;
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_member(hpd_client* client, int32_t* rank, char* id, size_t id_bytes,
+                   hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    if (rank != nullptr) *rank = c->client->rank();
+    if (id != nullptr && id_bytes > 0) {
+      const std::string& m = c->client->member_id();
+      if (m.size() + 1 > id_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("id buffer of ", id_bytes, " bytes; the id needs ", m.size() + 1));
+      }
+      std::memcpy(id, m.c_str(), m.size() + 1);
+    }
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_get_manifest(hpd_client* client, int32_t refresh, hpd_manifest** manifest,
+                         hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (manifest == nullptr) return NullArgument("manifest");
+    *manifest = nullptr;
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    paramd::client::Manifest m;
+    if (refresh) {
+      ASSIGN_OR_RETURN(m, c->client->RefreshManifest());
+    } else {
+      m = c->client->manifest();
+    }
+    std::unique_ptr<hpd_manifest> h = paramd::MakeManifest(std::move(m));
+    paramd::Manifests().Add(h.get());
+    *manifest = h.release();
+    return absl::OkStatus();
+  });
+}
+
+void hpd_manifest_free(hpd_manifest* manifest) {
+  if (manifest != nullptr && paramd::Manifests().Remove(manifest)) delete manifest;
+}
+
+int32_t hpd_manifest_num_tensors(const hpd_manifest* manifest, int64_t* count,
+                                 hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (count == nullptr) return NullArgument("count");
+    ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
+    *count = static_cast<int64_t>(m->infos.size());
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_manifest_summary(const hpd_manifest* manifest, int32_t* num_daemons,
+                             int32_t* expected_pushers, int64_t* committed_version,
+                             hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
+    if (num_daemons != nullptr) *num_daemons = m->manifest.num_daemons;
+    if (expected_pushers != nullptr) *expected_pushers = m->manifest.expected_pushers;
+    if (committed_version != nullptr) *committed_version = m->manifest.committed_version;
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_manifest_tensor(const hpd_manifest* manifest, int64_t index, hpd_tensor_info* info,
+                            hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (info == nullptr) return NullArgument("info");
+    ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
+    if (index < 0 || index >= static_cast<int64_t>(m->infos.size())) {
+      return absl::OutOfRangeError(
+          absl::StrCat("tensor index ", index, " of ", m->infos.size()));
+    }
+    *info = m->infos[index];
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* name, int64_t* index,
+                          hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (name == nullptr) return NullArgument("name");
+    if (index == nullptr) return NullArgument("index");
+    ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
+    for (size_t i = 0; i < m->manifest.tensors.size(); ++i) {
+      if (m->manifest.tensors[i].name == name) {
+        *index = static_cast<int64_t>(i);
+        return absl::OkStatus();
+      }
+    }
+    return absl::NotFoundError(absl::StrCat("no tensor '", name, "' in the manifest"));
+  });
+}
+
+int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version, int64_t timeout_ms,
+                             int64_t* version, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    absl::Duration timeout = paramd::Timeout(timeout_ms);
+    if (timeout == absl::ZeroDuration()) timeout = absl::Seconds(30);
+    ASSIGN_OR_RETURN(const int64_t v, c->client->WaitForVersion(min_version, timeout));
+    if (version != nullptr) *version = v;
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_fetch(hpd_client* client, int64_t version, const hpd_fetch_target* targets,
+                  size_t count, int64_t timeout_ms, hpd_fetch_output* outputs,
+                  hpd_fetch_stats* stats, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    return paramd::FetchHost(c, version, targets, count, timeout_ms, outputs, stats);
+  });
+}
+
+int32_t hpd_fetch_device(hpd_client* client, int64_t version, const hpd_fetch_target* targets,
+                         size_t count, int32_t device, void* cuda_stream, int64_t timeout_ms,
+                         hpd_fetch_stats* stats, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    return paramd::FetchDevice(c, version, targets, count, device, cuda_stream, timeout_ms,
+                               stats);
+  });
+}
+
+int32_t hpd_push_gradients(hpd_client* client, int64_t version, const hpd_gradient* gradients,
+                           size_t count, int32_t device, void* cuda_stream, int64_t timeout_ms,
+                           hpd_push_result* result, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    return paramd::Push(c, version, gradients, count, device, cuda_stream, timeout_ms, result);
+  });
+}
+
+int32_t hpd_status_json(hpd_client* client, int32_t include_shards, int64_t timeout_ms,
+                        char** json, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (json == nullptr) return NullArgument("json");
+    *json = nullptr;
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    ASSIGN_OR_RETURN(paramd::rpc::GetStatusResponse r,
+                     c->client->Status(include_shards != 0, paramd::Timeout(timeout_ms)));
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    const auto s = google::protobuf::util::MessageToJsonString(r, &out, options);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("status to JSON: ", s.ToString()));
+    char* copy = static_cast<char*>(std::malloc(out.size() + 1));
+    if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
+    std::memcpy(copy, out.c_str(), out.size() + 1);
+    *json = copy;
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_load(hpd_client* client, const char* safetensors_path, const char* recipe_text,
+                 int64_t timeout_ms, int64_t* version, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (safetensors_path == nullptr) return NullArgument("safetensors_path");
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    ASSIGN_OR_RETURN(const int64_t v,
+                     c->client->Load(safetensors_path, recipe_text ? recipe_text : "",
+                                     paramd::Timeout(timeout_ms)));
+    if (version != nullptr) *version = v;
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait, int64_t timeout_ms,
+                 int64_t* new_version, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    ASSIGN_OR_RETURN(const int64_t v,
+                     c->client->Step(version, wait != 0, paramd::Timeout(timeout_ms)));
+    if (new_version != nullptr) *new_version = v;
+    return absl::OkStatus();
+  });
+}
+
+void hpd_free_string(char* s) { std::free(s); }
+
+}  // extern "C"

@@ -1,0 +1,333 @@
+/* File: client/c_api.h
+ *
+ * The stable C API of the hybrid-paramd trainer client, for languages other
+ * than C++ (the Python package python/hybrid_paramd calls it through ctypes).
+ * It wraps client::Client (client/client.h) and, in builds with
+ * --config=cuda, gpu_fetch::DeviceFetcher (client/gpu_fetch/device_fetcher.h).
+ *
+ * The shared library //client:libhybrid_paramd.so exports exactly the
+ * functions below (a version script; everything else, including our own
+ * C++ code, is linked statically and hidden), so it can be loaded into a
+ * process that already holds torch, grpcio and protobuf. It links Debian's
+ * Abseil, gRPC and protobuf shared libraries dynamically.
+ *
+ *   hpd_connect_options o; hpd_connect_options_init(&o);
+ *   o.address = "127.0.0.1:7070";
+ *   hpd_status st; hpd_client* c;
+ *   if (hpd_connect(&o, &c, &st) != HPD_OK) { fprintf(stderr, "%s\n", st.message); ... }
+ *   int64_t v; hpd_wait_for_version(c, 0, 30000, &v, &st);
+ *   hpd_manifest* m; hpd_get_manifest(c, 0, &m, &st);
+ *   hpd_tensor_info t; hpd_manifest_tensor(m, 0, &t, &st);
+ *   ... allocate t.dir[HPD_ROWWISE].data_bytes / .scale_bytes ...
+ *   hpd_fetch_target target = {t.name, HPD_ROWWISE, data, n, scales, ns};
+ *   hpd_fetch_output out; hpd_fetch(c, v, &target, 1, 0, &out, NULL, &st);
+ *   hpd_manifest_free(m); hpd_close(c);
+ *
+ * Status: every function that can fail returns an int32 status code, the
+ * gRPC / absl code number (0 OK, 3 INVALID_ARGUMENT, 5 NOT_FOUND, 9
+ * FAILED_PRECONDITION, 12 UNIMPLEMENTED, 14 UNAVAILABLE, ...; the meaning of
+ * each for a retry is the table in client/client.h), and fills `*status`
+ * (code + NUL-terminated message) when `status` is not NULL. Nothing in
+ * this API aborts the process on bad input: a NULL or unknown handle, a NULL
+ * pointer, a buffer of the wrong size, an unreachable cluster all return a
+ * code (a C++ exception inside is caught and returned as INTERNAL or
+ * RESOURCE_EXHAUSTED).
+ *
+ * Versioning: HPD_API_VERSION is the version of this header;
+ * hpd_api_version() is the library's. A library accepts a caller of the
+ * same major version (HPD_API_VERSION / 1000); minor versions only add
+ * functions and append fields to structs that carry `struct_size`.
+ *
+ * Ownership: handles (hpd_client, hpd_manifest) are created by this
+ * library and freed only by their free function (hpd_close,
+ * hpd_manifest_free). Strings returned inside a hpd_tensor_info belong to
+ * the hpd_manifest and live as long as it. Strings returned as `char**`
+ * are freed with hpd_free_string. Buffers passed in (fetch destinations,
+ * gradients) stay the caller's; the library only touches them during the
+ * call.
+ *
+ * Threading: a hpd_client may be used from several threads at once (as
+ * client::Client); every call blocks the calling thread until it is done or
+ * its timeout passes (timeout_ms 0: the client's call timeout). Device
+ * fetches and pushes through one client are serialised. hpd_close must not
+ * race with other calls on the same client. A hpd_manifest is immutable and
+ * may be read from any thread.
+ */
+#ifndef PARAMD_CLIENT_C_API_H_
+#define PARAMD_CLIENT_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(HPD_BUILDING_LIBRARY)
+#define HPD_EXPORT __attribute__((visibility("default")))
+#else
+#define HPD_EXPORT
+#endif
+
+/* major * 1000 + minor. */
+#define HPD_API_VERSION 1000
+
+/* Status codes (gRPC / absl numbering). */
+#define HPD_OK 0
+#define HPD_CANCELLED 1
+#define HPD_UNKNOWN 2
+#define HPD_INVALID_ARGUMENT 3
+#define HPD_DEADLINE_EXCEEDED 4
+#define HPD_NOT_FOUND 5
+#define HPD_ALREADY_EXISTS 6
+#define HPD_PERMISSION_DENIED 7
+#define HPD_RESOURCE_EXHAUSTED 8
+#define HPD_FAILED_PRECONDITION 9
+#define HPD_ABORTED 10
+#define HPD_OUT_OF_RANGE 11
+#define HPD_UNIMPLEMENTED 12
+#define HPD_INTERNAL 13
+#define HPD_UNAVAILABLE 14
+#define HPD_UNAUTHENTICATED 16
+
+/* Directions (kernels/format.h Direction). */
+#define HPD_ROWWISE 0
+#define HPD_COLUMNWISE 1
+
+/* Formats (kernels/format.h Format, ../shared/FORMATS.md). */
+#define HPD_FORMAT_IDENTITY_BF16 0
+#define HPD_FORMAT_IDENTITY_FP32 1
+#define HPD_FORMAT_FP8_DELAYED 2
+#define HPD_FORMAT_FP8_CURRENT 3
+#define HPD_FORMAT_MXFP8 4
+#define HPD_FORMAT_NVFP4 5
+#define HPD_FORMAT_FP8_BLOCK_128X128 6
+#define HPD_FORMAT_FP8_BLOCK_1X128 7
+
+/* FP8 element types. */
+#define HPD_FP8_E4M3 0
+#define HPD_FP8_E5M2 1
+
+/* Gradient element types. */
+#define HPD_GRAD_FP32 0
+#define HPD_GRAD_BF16 1
+
+#define HPD_MAX_RANK 8
+#define HPD_STATUS_MESSAGE_BYTES 1024
+
+typedef struct hpd_status {
+  int32_t code;
+  char message[HPD_STATUS_MESSAGE_BYTES]; /* NUL-terminated, truncated */
+} hpd_status;
+
+typedef struct hpd_client hpd_client;
+typedef struct hpd_manifest hpd_manifest;
+
+/* The library's HPD_API_VERSION. */
+HPD_EXPORT int32_t hpd_api_version(void);
+/* The name of a status code ("UNAVAILABLE"); a static string. */
+HPD_EXPORT const char* hpd_code_name(int32_t code);
+
+/* ---- Connect ---- */
+
+typedef struct hpd_connect_options {
+  uint32_t struct_size;   /* sizeof(hpd_connect_options): set by _init */
+  const char* address;    /* coordinator "host:port" (required) */
+  const char* name;       /* for status listings; NULL or "": "<hostname>:<pid>" */
+  int32_t observer;       /* 0: trainer (joins with a rank), 1: observer (tools) */
+  int32_t pusher;         /* trainers: 1 if this trainer pushes gradients */
+  int32_t expected_pushers; /* > 0: fail unless the coordinator expects this many */
+  int64_t connect_timeout_ms; /* 0: 10 s */
+  int64_t call_timeout_ms;    /* 0: 30 s */
+  int64_t max_chunk_bytes;    /* 0: server default */
+  /* Reserved for TLS and bearer tokens. Not yet supported by the client:
+   * hpd_connect returns UNIMPLEMENTED if any is set (non-NULL, non-empty). */
+  const char* tls_root_certs_path;
+  const char* tls_cert_chain_path;
+  const char* tls_private_key_path;
+  const char* token;
+} hpd_connect_options;
+
+/* Fills `options` with the defaults above (address NULL). */
+HPD_EXPORT void hpd_connect_options_init(hpd_connect_options* options);
+
+/* Connects, joins and reads the manifest; `*client` is set on success (NULL
+ * otherwise). UNAVAILABLE if the coordinator is unreachable within
+ * connect_timeout_ms. */
+HPD_EXPORT int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client,
+                               hpd_status* status);
+/* Leaves the cluster (best effort) and frees the client. NULL is a no-op
+ * (OK); an unknown handle is INVALID_ARGUMENT. */
+HPD_EXPORT int32_t hpd_close(hpd_client* client, hpd_status* status);
+
+/* This member's data-plane rank (-1 for observers) and member id (copied
+ * into `id`, `id_bytes` including the NUL; may be NULL/0). */
+HPD_EXPORT int32_t hpd_member(hpd_client* client, int32_t* rank, char* id, size_t id_bytes,
+                              hpd_status* status);
+
+/* ---- Manifest ---- */
+
+/* One direction of one tensor: its format and the exact byte layout a fetch
+ * fills (kernels/format.h Layout). */
+typedef struct hpd_direction_info {
+  int32_t published;     /* 0: the tensor does not publish this direction */
+  int32_t format;        /* HPD_FORMAT_* */
+  int32_t fp8_type;      /* HPD_FP8_* (FP8 formats and MXFP8) */
+  int32_t transposed;    /* data is [K][M] (FORMATS.md) */
+  int32_t two_d;         /* MXFP8 32x32 / NVFP4 16x16 tiles */
+  int32_t scale_elem_bytes; /* 1 (E8M0/UE4M3), 4 (fp32), 0: no scale buffer */
+  int64_t data_rows;
+  int64_t data_row_bytes;
+  int64_t data_bytes;
+  int64_t scale_rows;
+  int64_t scale_cols;
+  int64_t scale_bytes;
+} hpd_direction_info;
+
+typedef struct hpd_tensor_info {
+  const char* name; /* owned by the manifest */
+  int32_t ndim;     /* of the shape in the model file (<= HPD_MAX_RANK) */
+  int64_t shape[HPD_MAX_RANK];
+  int64_t rows; /* M: product of shape[:-1] */
+  int64_t cols; /* K: shape[-1] */
+  int32_t num_pieces; /* shard pieces (daemons holding rows of it) */
+  hpd_direction_info dir[2]; /* [HPD_ROWWISE], [HPD_COLUMNWISE] */
+} hpd_tensor_info;
+
+/* The client's manifest (refresh != 0: read again from the coordinator
+ * first). Free with hpd_manifest_free. */
+HPD_EXPORT int32_t hpd_get_manifest(hpd_client* client, int32_t refresh, hpd_manifest** manifest,
+                                    hpd_status* status);
+HPD_EXPORT void hpd_manifest_free(hpd_manifest* manifest);
+HPD_EXPORT int32_t hpd_manifest_num_tensors(const hpd_manifest* manifest, int64_t* count,
+                                            hpd_status* status);
+/* Cluster-wide numbers: daemons, pushers expected, committed version when
+ * read (-1: no model). */
+HPD_EXPORT int32_t hpd_manifest_summary(const hpd_manifest* manifest, int32_t* num_daemons,
+                                        int32_t* expected_pushers, int64_t* committed_version,
+                                        hpd_status* status);
+/* Tensor `index` in manifest order (OUT_OF_RANGE past the end). */
+HPD_EXPORT int32_t hpd_manifest_tensor(const hpd_manifest* manifest, int64_t index,
+                                       hpd_tensor_info* info, hpd_status* status);
+/* The index of the tensor called `name` (NOT_FOUND if none). */
+HPD_EXPORT int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* name,
+                                     int64_t* index, hpd_status* status);
+
+/* ---- Versions ---- */
+
+/* Blocks until the committed version is >= min_version; `*version` gets it.
+ * DEADLINE_EXCEEDED after timeout_ms (0: the call timeout). */
+HPD_EXPORT int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version,
+                                        int64_t timeout_ms, int64_t* version,
+                                        hpd_status* status);
+
+/* ---- Fetch ---- */
+
+#define HPD_LATEST (-1)
+
+/* One (tensor, direction) and its caller-owned destinations: at least
+ * data_bytes / scale_bytes of the tensor's hpd_direction_info (scales may
+ * be NULL when scale_bytes is 0). For device fetches the pointers are device
+ * memory of `device`, and scale_inv / amax point to one device float each
+ * (required); host fetches ignore those two and return the values in
+ * hpd_fetch_output. */
+typedef struct hpd_fetch_target {
+  const char* tensor;
+  int32_t direction; /* HPD_ROWWISE / HPD_COLUMNWISE */
+  void* data;
+  uint64_t data_bytes;
+  void* scales;
+  uint64_t scale_bytes;
+  void* scale_inv; /* device fetch only */
+  void* amax;      /* device fetch only */
+} hpd_fetch_target;
+
+/* Per target: per-tensor FP8 scale_inv (1 for other formats) and the amax
+ * of the direction (NVFP4: the global amax A). */
+typedef struct hpd_fetch_output {
+  float scale_inv;
+  float amax;
+} hpd_fetch_output;
+
+typedef struct hpd_fetch_stats {
+  int64_t version;           /* the version fetched (HPD_LATEST resolved) */
+  int64_t rowwise_bytes;     /* payload received (data + scales) */
+  int64_t columnwise_bytes;
+  int64_t rowwise_bf16_bytes;    /* what the same fetch would move as BF16 */
+  int64_t columnwise_bf16_bytes;
+} hpd_fetch_stats;
+
+/* Fetches `count` targets of `version` (HPD_LATEST: the committed one) into
+ * host memory. All or nothing: on error the destinations may be partly
+ * written. `outputs` has `count` entries; `stats` may be NULL.
+ * INVALID_ARGUMENT for a buffer smaller than the layout, a bad direction or
+ * a target given twice; NOT_FOUND for an unknown tensor or a dropped
+ * version; FAILED_PRECONDITION for a direction the tensor does not publish. */
+HPD_EXPORT int32_t hpd_fetch(hpd_client* client, int64_t version,
+                             const hpd_fetch_target* targets, size_t count, int64_t timeout_ms,
+                             hpd_fetch_output* outputs, hpd_fetch_stats* stats,
+                             hpd_status* status);
+
+/* The same into device memory of CUDA device `device` over the daemons'
+ * NCCL device channels (the daemons must run --backend=gpu). Waits for
+ * `cuda_stream` (a cudaStream_t, NULL: the legacy default stream) first;
+ * when it returns the bytes are in place for work on any stream. Builds
+ * without CUDA return UNIMPLEMENTED. `outputs` may be NULL (the values are
+ * in the targets' device scale_inv / amax). */
+HPD_EXPORT int32_t hpd_fetch_device(hpd_client* client, int64_t version,
+                                    const hpd_fetch_target* targets, size_t count, int32_t device,
+                                    void* cuda_stream, int64_t timeout_ms,
+                                    hpd_fetch_stats* stats, hpd_status* status);
+/* Whether this build has the device path (1) or not (0). */
+HPD_EXPORT int32_t hpd_has_cuda(void);
+
+/* ---- Push ---- */
+
+/* A gradient of one whole tensor: rows * cols little-endian values, row
+ * major, `bytes` = rows * cols * (4 or 2). */
+typedef struct hpd_gradient {
+  const char* tensor;
+  int32_t dtype; /* HPD_GRAD_FP32 / HPD_GRAD_BF16 */
+  const void* data;
+  uint64_t bytes;
+} hpd_gradient;
+
+typedef struct hpd_push_result {
+  int64_t version;
+  int64_t bytes_sent;
+  int32_t pushers_received;
+  int32_t pushers_expected;
+} hpd_push_result;
+
+/* Pushes this trainer's gradients for `version` (every gradient of the step
+ * in one call; tensors left out count as zero). device < 0: host memory;
+ * device >= 0: CUDA device memory of that device, pushed over the device
+ * channels after waiting for `cuda_stream` (UNIMPLEMENTED without CUDA).
+ * `result` may be NULL. Codes as client::Client::PushGradients. */
+HPD_EXPORT int32_t hpd_push_gradients(hpd_client* client, int64_t version,
+                                      const hpd_gradient* gradients, size_t count,
+                                      int32_t device, void* cuda_stream, int64_t timeout_ms,
+                                      hpd_push_result* result, hpd_status* status);
+
+/* ---- Administration and status ---- */
+
+/* The cluster's status (rpc::GetStatusResponse) as JSON; free `*json` with
+ * hpd_free_string. */
+HPD_EXPORT int32_t hpd_status_json(hpd_client* client, int32_t include_shards,
+                                   int64_t timeout_ms, char** json, hpd_status* status);
+/* Loads a safetensors file readable by every daemon with a recipe (protobuf
+ * text, may be NULL) and refreshes the manifest; `*version` = 0. */
+HPD_EXPORT int32_t hpd_load(hpd_client* client, const char* safetensors_path,
+                            const char* recipe_text, int64_t timeout_ms, int64_t* version,
+                            hpd_status* status);
+/* Admin step from the committed `version`; wait != 0: `*new_version` is the
+ * newly committed version. */
+HPD_EXPORT int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait,
+                            int64_t timeout_ms, int64_t* new_version, hpd_status* status);
+HPD_EXPORT void hpd_free_string(char* s);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* PARAMD_CLIENT_C_API_H_ */

@@ -1,0 +1,192 @@
+"""ctypes bindings of client/c_api.h (libhybrid_paramd.so).
+
+How the library is found (first that exists):
+  1. $HYBRID_PARAMD_LIB (the path of the .so);
+  2. libhybrid_paramd.so next to this file (an installed package);
+  3. bazel-bin/client/libhybrid_paramd.so of the source tree this package
+     sits in (python/hybrid_paramd -> ../../bazel-bin), after
+     `bazel build //client:libhybrid_paramd.so`.
+The library is loaded RTLD_LOCAL and exports only the hpd_* functions.
+"""
+
+import ctypes
+import os
+import threading
+
+API_VERSION = 1000  # HPD_API_VERSION this module was written against
+MAX_RANK = 8
+
+
+class Status(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int32), ("message", ctypes.c_char * 1024)]
+
+
+class ConnectOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("address", ctypes.c_char_p),
+        ("name", ctypes.c_char_p),
+        ("observer", ctypes.c_int32),
+        ("pusher", ctypes.c_int32),
+        ("expected_pushers", ctypes.c_int32),
+        ("connect_timeout_ms", ctypes.c_int64),
+        ("call_timeout_ms", ctypes.c_int64),
+        ("max_chunk_bytes", ctypes.c_int64),
+        ("tls_root_certs_path", ctypes.c_char_p),
+        ("tls_cert_chain_path", ctypes.c_char_p),
+        ("tls_private_key_path", ctypes.c_char_p),
+        ("token", ctypes.c_char_p),
+    ]
+
+
+class DirectionInfo(ctypes.Structure):
+    _fields_ = [
+        ("published", ctypes.c_int32),
+        ("format", ctypes.c_int32),
+        ("fp8_type", ctypes.c_int32),
+        ("transposed", ctypes.c_int32),
+        ("two_d", ctypes.c_int32),
+        ("scale_elem_bytes", ctypes.c_int32),
+        ("data_rows", ctypes.c_int64),
+        ("data_row_bytes", ctypes.c_int64),
+        ("data_bytes", ctypes.c_int64),
+        ("scale_rows", ctypes.c_int64),
+        ("scale_cols", ctypes.c_int64),
+        ("scale_bytes", ctypes.c_int64),
+    ]
+
+
+class TensorInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("num_pieces", ctypes.c_int32),
+        ("dir", DirectionInfo * 2),
+    ]
+
+
+class FetchTarget(ctypes.Structure):
+    _fields_ = [
+        ("tensor", ctypes.c_char_p),
+        ("direction", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("data_bytes", ctypes.c_uint64),
+        ("scales", ctypes.c_void_p),
+        ("scale_bytes", ctypes.c_uint64),
+        ("scale_inv", ctypes.c_void_p),
+        ("amax", ctypes.c_void_p),
+    ]
+
+
+class FetchOutput(ctypes.Structure):
+    _fields_ = [("scale_inv", ctypes.c_float), ("amax", ctypes.c_float)]
+
+
+class FetchStats(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_int64),
+        ("rowwise_bytes", ctypes.c_int64),
+        ("columnwise_bytes", ctypes.c_int64),
+        ("rowwise_bf16_bytes", ctypes.c_int64),
+        ("columnwise_bf16_bytes", ctypes.c_int64),
+    ]
+
+
+class Gradient(ctypes.Structure):
+    _fields_ = [
+        ("tensor", ctypes.c_char_p),
+        ("dtype", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("bytes", ctypes.c_uint64),
+    ]
+
+
+class PushResult(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_int64),
+        ("bytes_sent", ctypes.c_int64),
+        ("pushers_received", ctypes.c_int32),
+        ("pushers_expected", ctypes.c_int32),
+    ]
+
+
+_P = ctypes.POINTER
+_vp = ctypes.c_void_p
+_i32 = ctypes.c_int32
+_i64 = ctypes.c_int64
+_sz = ctypes.c_size_t
+_st = _P(Status)
+
+_SIGNATURES = {
+    "hpd_api_version": (_i32, []),
+    "hpd_code_name": (ctypes.c_char_p, [_i32]),
+    "hpd_has_cuda": (_i32, []),
+    "hpd_connect_options_init": (None, [_P(ConnectOptions)]),
+    "hpd_connect": (_i32, [_P(ConnectOptions), _P(_vp), _st]),
+    "hpd_close": (_i32, [_vp, _st]),
+    "hpd_member": (_i32, [_vp, _P(_i32), ctypes.c_char_p, _sz, _st]),
+    "hpd_get_manifest": (_i32, [_vp, _i32, _P(_vp), _st]),
+    "hpd_manifest_free": (None, [_vp]),
+    "hpd_manifest_num_tensors": (_i32, [_vp, _P(_i64), _st]),
+    "hpd_manifest_summary": (_i32, [_vp, _P(_i32), _P(_i32), _P(_i64), _st]),
+    "hpd_manifest_tensor": (_i32, [_vp, _i64, _P(TensorInfo), _st]),
+    "hpd_manifest_find": (_i32, [_vp, ctypes.c_char_p, _P(_i64), _st]),
+    "hpd_wait_for_version": (_i32, [_vp, _i64, _i64, _P(_i64), _st]),
+    "hpd_fetch": (_i32, [_vp, _i64, _P(FetchTarget), _sz, _i64, _P(FetchOutput),
+                         _P(FetchStats), _st]),
+    "hpd_fetch_device": (_i32, [_vp, _i64, _P(FetchTarget), _sz, _i32, _vp, _i64,
+                                _P(FetchStats), _st]),
+    "hpd_push_gradients": (_i32, [_vp, _i64, _P(Gradient), _sz, _i32, _vp, _i64,
+                                  _P(PushResult), _st]),
+    "hpd_status_json": (_i32, [_vp, _i32, _i64, _P(_vp), _st]),
+    "hpd_load": (_i32, [_vp, ctypes.c_char_p, ctypes.c_char_p, _i64, _P(_i64), _st]),
+    "hpd_step": (_i32, [_vp, _i64, _i32, _i64, _P(_i64), _st]),
+    "hpd_free_string": (None, [_vp]),
+}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library_candidates():
+    """The paths tried, in order (see the module docstring)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    env = os.environ.get("HYBRID_PARAMD_LIB")
+    if env:
+        out.append(env)
+    out.append(os.path.join(here, "libhybrid_paramd.so"))
+    out.append(os.path.join(here, "..", "..", "bazel-bin", "client", "libhybrid_paramd.so"))
+    return out
+
+
+def lib():
+    """The loaded library (loaded on first use)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = library_candidates()
+        path = next((p for p in tried if os.path.exists(p)), None)
+        if path is None:
+            raise OSError(
+                "libhybrid_paramd.so not found; tried " + ", ".join(tried) +
+                ". Build it with `bazel build //client:libhybrid_paramd.so` or set "
+                "HYBRID_PARAMD_LIB to its path")
+        l = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            f = getattr(l, name)
+            f.restype = restype
+            f.argtypes = argtypes
+        version = l.hpd_api_version()
+        if version // 1000 != API_VERSION // 1000 or version < API_VERSION:
+            raise OSError("%s has C API version %d; this package needs %d.x >= %d" %
+                          (path, version, API_VERSION // 1000, API_VERSION))
+        l.path = path
+        _lib = l
+        return l

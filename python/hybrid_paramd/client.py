@@ -1,0 +1,573 @@
+"""The trainer's client: connect, manifest, wait, fetch, push (client/c_api.h).
+
+    import hybrid_paramd as hp
+    c = hp.Client("127.0.0.1:7070")
+    v = c.wait_for_version(0)
+    w = c.fetch(v, directions=["rowwise"])          # every tensor's rowwise copy
+    f = w["fc1.weight", "rowwise"]                  # a Fetched
+    f.data, f.scales, f.scale_inv, f.format_name, f.transposed, f.shape
+    c.push_gradients(v, {"fc1.weight": grad})       # CPU or CUDA tensors, numpy on CPU
+
+Every failed call raises hybrid_paramd.Error (a subclass per gRPC code,
+e.g. hybrid_paramd.Unavailable) with `.code` / `.code_name`.
+
+Threading: a Client may be used from several threads (the library releases
+the GIL during calls); close() must not race with other calls.
+"""
+
+import ctypes
+import json
+import time
+
+import torch
+
+from . import _capi
+from . import errors
+from . import formats as F
+
+_ALIGN = 64  # every buffer of a fetch starts 64-byte aligned in its allocation
+
+
+def _raise_for(code, status):
+    if code != 0:
+        raise errors.from_code(code, status.message.decode("utf-8", "replace"))
+
+
+def _ms(seconds):
+    return 0 if seconds is None else max(1, int(seconds * 1000))
+
+
+class DirectionInfo:
+    """What a fetch of one direction of one tensor fills (kernels/format.h
+    Layout): format, element types and buffer sizes, so callers can
+    allocate."""
+
+    __slots__ = ("direction", "published", "format", "format_name", "fp8_type", "element",
+                 "transposed", "two_d", "data_shape", "data_bytes", "scale_shape",
+                 "scale_bytes", "scale_elem_bytes", "scale_name")
+
+    def __init__(self, direction, d):
+        self.direction = direction
+        self.published = bool(d.published)
+        self.format = d.format
+        self.format_name = F.FORMAT_NAMES.get(d.format, "unknown")
+        self.fp8_type = d.fp8_type
+        self.element = F.element_name(d.format, d.fp8_type)
+        self.transposed = bool(d.transposed)
+        self.two_d = bool(d.two_d)
+        esize = {F.IDENTITY_BF16: 2, F.IDENTITY_FP32: 4}.get(d.format, 1)
+        self.data_shape = (d.data_rows, d.data_row_bytes // esize)
+        self.data_bytes = d.data_bytes
+        self.scale_shape = (d.scale_rows, d.scale_cols)
+        self.scale_bytes = d.scale_bytes
+        self.scale_elem_bytes = d.scale_elem_bytes
+        self.scale_name = F.scale_name(d.format) if d.scale_bytes > 0 else None
+
+    def __repr__(self):
+        return "DirectionInfo(%s %s, data %s %d B, scales %s %d B%s)" % (
+            F.DIRECTION_NAMES[self.direction], self.format_name, self.data_shape,
+            self.data_bytes, self.scale_shape, self.scale_bytes,
+            ", transposed" if self.transposed else "")
+
+
+class TensorInfo:
+    """One tensor of the manifest: name, model shape, [M, K] and both
+    directions' DirectionInfo (info.rowwise / info.columnwise)."""
+
+    __slots__ = ("name", "shape", "rows", "cols", "num_pieces", "rowwise", "columnwise")
+
+    def __init__(self, t):
+        self.name = t.name.decode()
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        self.rows = t.rows
+        self.cols = t.cols
+        self.num_pieces = t.num_pieces
+        self.rowwise = DirectionInfo(F.ROWWISE, t.dir[0])
+        self.columnwise = DirectionInfo(F.COLUMNWISE, t.dir[1])
+
+    def direction(self, d):
+        return self.rowwise if F.parse_direction(d) == F.ROWWISE else self.columnwise
+
+    def __repr__(self):
+        return "TensorInfo(%s %s: %r, %r)" % (self.name, self.shape, self.rowwise,
+                                               self.columnwise)
+
+
+class Manifest:
+    """The cluster's tensors in manifest order (iterable; manifest[name])."""
+
+    def __init__(self, tensors, num_daemons, expected_pushers, committed_version):
+        self.tensors = tensors
+        self.by_name = {t.name: t for t in tensors}
+        self.num_daemons = num_daemons
+        self.expected_pushers = expected_pushers
+        self.committed_version = committed_version
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def __getitem__(self, name):
+        return self.by_name[name]
+
+    def __contains__(self, name):
+        return name in self.by_name
+
+    def names(self):
+        return [t.name for t in self.tensors]
+
+
+class Fetched:
+    """One fetched direction of one tensor.
+
+    data        torch tensor of the data buffer: bfloat16/float32 [M, K] for
+                identity formats; FP8 formats float8_e4m3fn / float8_e5m2
+                (torch >= 2.1; uint8 on older torch: see `element`) of
+                data_shape ([K, M] when `transposed`); NVFP4 uint8 packed
+                two codes per byte.
+    scales      uint8 (E8M0 / UE4M3) or float32 tensor [scale_rows,
+                scale_cols], or None (formats without a scale buffer).
+    scale_inv   per-tensor FP8: rcp(scale) (float; `scale_inv_tensor` as a
+                0-dim float32 tensor on the data's device); 1 otherwise.
+    amax        the direction's amax (NVFP4: the global A).
+    format / format_name / element / scale_name / transposed / two_d,
+    shape (the model file's shape), rows, cols (M, K).
+    The tensors are views into one allocation per fetch.
+    """
+
+    __slots__ = ("tensor", "direction", "info", "rows", "cols", "shape", "scale_inv", "amax",
+                 "_buf", "_off", "_soff", "_data", "_scales", "_dev_scalars", "_index")
+
+    def __init__(self, tensor_info, dinfo, buf, off, soff, scale_inv, amax, dev_scalars, index):
+        self.tensor = tensor_info.name
+        self.direction = dinfo.direction
+        self.info = dinfo
+        self.rows = tensor_info.rows
+        self.cols = tensor_info.cols
+        self.shape = tensor_info.shape
+        self.scale_inv = scale_inv
+        self.amax = amax
+        self._buf = buf
+        self._off = off
+        self._soff = soff
+        self._data = None
+        self._scales = None
+        self._dev_scalars = dev_scalars
+        self._index = index
+
+    # Views are made on first access: a fetch of many tensors costs one
+    # allocation, not a view per buffer.
+    @property
+    def data(self):
+        if self._data is None:
+            i = self.info
+            raw = self._buf[self._off:self._off + i.data_bytes]
+            dt = F.data_dtype(i.format, i.fp8_type)
+            self._data = raw.view(dt).view(i.data_shape)
+        return self._data
+
+    @property
+    def scales(self):
+        i = self.info
+        if i.scale_bytes == 0:
+            return None
+        if self._scales is None:
+            raw = self._buf[self._soff:self._soff + i.scale_bytes]
+            dt = torch.float32 if i.scale_elem_bytes == 4 else torch.uint8
+            self._scales = raw.view(dt).view(i.scale_shape)
+        return self._scales
+
+    @property
+    def scale_inv_tensor(self):
+        if self._dev_scalars is not None:
+            return self._dev_scalars[2 * self._index]
+        return torch.tensor(self.scale_inv, dtype=torch.float32)
+
+    @property
+    def amax_tensor(self):
+        if self._dev_scalars is not None:
+            return self._dev_scalars[2 * self._index + 1]
+        return torch.tensor(self.amax, dtype=torch.float32)
+
+    format = property(lambda self: self.info.format)
+    format_name = property(lambda self: self.info.format_name)
+    fp8_type = property(lambda self: self.info.fp8_type)
+    element = property(lambda self: self.info.element)
+    scale_name = property(lambda self: self.info.scale_name)
+    transposed = property(lambda self: self.info.transposed)
+    two_d = property(lambda self: self.info.two_d)
+
+    def dequantize(self, dtype=torch.float32):
+        """The [M, K] weight as `dtype` (formats.dequantize)."""
+        return F.dequantize(self, dtype)
+
+    def __repr__(self):
+        return "Fetched(%s %s %s, data %s%s)" % (
+            self.tensor, F.DIRECTION_NAMES[self.direction], self.format_name,
+            tuple(self.info.data_shape), ", transposed" if self.transposed else "")
+
+
+class FetchResult:
+    """result[name, direction] -> Fetched (direction 'rowwise'/'columnwise'
+    or 0/1); result[name] when one direction was fetched. `version`,
+    `stats` (bytes received per direction and their BF16 equivalent),
+    `seconds` (wall time of the call) and `library_seconds` (time spent
+    inside the C library)."""
+
+    def __init__(self, version, items, stats, seconds, library_seconds):
+        self.version = version
+        self.items = items  # list of Fetched in target order
+        self._index = {(f.tensor, f.direction): f for f in items}
+        self.stats = stats
+        self.seconds = seconds
+        self.library_seconds = library_seconds
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            name, d = key
+            return self._index[(name, F.parse_direction(d))]
+        matches = [f for f in self.items if f.tensor == key]
+        if len(matches) != 1:
+            raise KeyError("%r: give (name, direction); %d directions fetched" %
+                           (key, len(matches)))
+        return matches[0]
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+class _Plan:
+    """The fixed part of a fetch of some (tensor, direction) targets: the C
+    target array, offsets in one allocation, and what the results need."""
+
+    def __init__(self, manifest, pairs):
+        n = len(pairs)
+        self.n = n
+        self.targets = (_capi.FetchTarget * n)()
+        self.outputs = (_capi.FetchOutput * n)()
+        self.names = []  # keeps the c_char_p bytes alive
+        self.entries = []
+        off = 0
+        for i, (name, d) in enumerate(pairs):
+            if name not in manifest:
+                raise errors.NotFound(5, "no tensor %r in the manifest" % (name,))
+            t = manifest[name]
+            di = t.direction(d)
+            if not di.published:
+                raise errors.FailedPrecondition(
+                    9, "tensor %r does not publish a %s copy" % (name, F.DIRECTION_NAMES[d]))
+            b = name.encode()
+            self.names.append(b)
+            tgt = self.targets[i]
+            tgt.tensor = b
+            tgt.direction = d
+            tgt.data_bytes = di.data_bytes
+            tgt.scale_bytes = di.scale_bytes
+            data_off = off
+            off += (di.data_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            scale_off = off
+            off += (di.scale_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            self.entries.append((t, di, data_off, scale_off))
+        self.total = max(off, 1)
+
+
+class Client:
+    """A connection to a hybrid-paramd cluster (client::Client over the C API).
+
+    Client(address, name=None, observer=False, pusher=True, expected_pushers=0,
+           connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
+           tls_root_certs=None, tls_cert_chain=None, tls_private_key=None, token=None)
+
+    Times are seconds. observer=True joins without a rank (tools, tests);
+    a trainer with pusher=True is counted among the pushers every step waits
+    for. The TLS / token options are reserved: the library answers
+    UNIMPLEMENTED while the client has no TLS support.
+    """
+
+    def __init__(self, address, name=None, observer=False, pusher=True, expected_pushers=0,
+                 connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
+                 tls_root_certs=None, tls_cert_chain=None, tls_private_key=None, token=None):
+        self._lib = _capi.lib()
+        self._h = None
+        self._status = _capi.Status()
+        self._plans = {}
+        self._manifest = None
+        o = _capi.ConnectOptions()
+        self._lib.hpd_connect_options_init(ctypes.byref(o))
+        enc = lambda s: None if s is None else str(s).encode()
+        o.address = enc(address)
+        o.name = enc(name)
+        o.observer = 1 if observer else 0
+        o.pusher = 1 if pusher else 0
+        o.expected_pushers = int(expected_pushers)
+        o.connect_timeout_ms = _ms(connect_timeout)
+        o.call_timeout_ms = _ms(call_timeout)
+        o.max_chunk_bytes = int(max_chunk_bytes)
+        o.tls_root_certs_path = enc(tls_root_certs)
+        o.tls_cert_chain_path = enc(tls_cert_chain)
+        o.tls_private_key_path = enc(tls_private_key)
+        o.token = enc(token)
+        h = ctypes.c_void_p()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_connect(ctypes.byref(o), ctypes.byref(h), ctypes.byref(st)), st)
+        self._h = h
+
+    # ---- lifetime ----
+
+    def close(self):
+        """Leaves the cluster and frees the connection (idempotent)."""
+        if self._h is not None:
+            st = _capi.Status()
+            h, self._h = self._h, None
+            _raise_for(self._lib.hpd_close(h, ctypes.byref(st)), st)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown; nothing to report to
+            pass
+
+    def _handle(self):
+        if self._h is None:
+            raise errors.FailedPrecondition(9, "the client is closed")
+        return self._h
+
+    # ---- manifest and versions ----
+
+    @property
+    def rank(self):
+        r = ctypes.c_int32()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_member(self._handle(), ctypes.byref(r), None, 0,
+                                        ctypes.byref(st)), st)
+        return r.value
+
+    def manifest(self, refresh=False):
+        """The Manifest (refresh=True: read it from the coordinator again)."""
+        if self._manifest is not None and not refresh:
+            return self._manifest
+        st = _capi.Status()
+        m = ctypes.c_void_p()
+        _raise_for(self._lib.hpd_get_manifest(self._handle(), 1 if refresh else 0,
+                                              ctypes.byref(m), ctypes.byref(st)), st)
+        try:
+            n = ctypes.c_int64()
+            _raise_for(self._lib.hpd_manifest_num_tensors(m, ctypes.byref(n), ctypes.byref(st)),
+                       st)
+            tensors = []
+            info = _capi.TensorInfo()
+            for i in range(n.value):
+                _raise_for(self._lib.hpd_manifest_tensor(m, i, ctypes.byref(info),
+                                                         ctypes.byref(st)), st)
+                tensors.append(TensorInfo(info))
+            nd, ep, cv = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int64()
+            _raise_for(self._lib.hpd_manifest_summary(m, ctypes.byref(nd), ctypes.byref(ep),
+                                                      ctypes.byref(cv), ctypes.byref(st)), st)
+        finally:
+            self._lib.hpd_manifest_free(m)
+        self._manifest = Manifest(tensors, nd.value, ep.value, cv.value)
+        self._plans.clear()
+        return self._manifest
+
+    def wait_for_version(self, min_version, timeout=30.0):
+        """Blocks until the committed version is >= min_version; returns it
+        (DeadlineExceeded after `timeout` seconds)."""
+        v = ctypes.c_int64()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_wait_for_version(self._handle(), int(min_version), _ms(timeout),
+                                                  ctypes.byref(v), ctypes.byref(st)), st)
+        return v.value
+
+    # ---- fetch ----
+
+    def _plan(self, names, directions):
+        key = (names if names is None else tuple(names), tuple(directions))
+        plan = self._plans.get(key)
+        if plan is None:
+            m = self.manifest()
+            dirs = [F.parse_direction(d) for d in directions]
+            if names is None:
+                pairs = [(t.name, d) for t in m for d in dirs if t.direction(d).published]
+            else:
+                pairs = [(n, d) for n in names for d in dirs]
+            plan = _Plan(m, pairs)
+            if len(self._plans) > 64:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def fetch(self, version=-1, names=None, directions=("rowwise",), device="cpu",
+              timeout=None):
+        """Fetches (tensor, direction) copies of `version` (-1: the committed
+        one) into freshly allocated torch memory on `device` (no extra
+        copy: the library writes straight into it). names=None: every
+        tensor publishing the direction. device: "cpu" (host data plane,
+        any daemon backend) or a CUDA device (the daemons' NCCL device
+        channels; needs --backend=gpu daemons and a CUDA build of the
+        library); the fetch waits for the current CUDA stream first.
+        Returns a FetchResult."""
+        start = time.perf_counter()
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            _check_cuda()
+        plan = self._plan(names, directions)
+        n = plan.n
+        buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
+        base = buf.data_ptr()
+        tg = plan.targets
+        for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
+            t = tg[i]
+            t.data = base + data_off
+            t.scales = base + scale_off
+        stats = _capi.FetchStats()
+        st = self._status if dev.type == "cpu" else _capi.Status()
+        dev_scalars = None
+        if dev.type == "cpu":
+            lib_start = time.perf_counter()
+            code = self._lib.hpd_fetch(self._handle(), int(version), tg, n, _ms(timeout),
+                                       plan.outputs, ctypes.byref(stats), ctypes.byref(st))
+            lib_seconds = time.perf_counter() - lib_start
+            _raise_for(code, st)
+            outs = plan.outputs
+            scalars = [(outs[i].scale_inv, outs[i].amax) for i in range(n)]
+        elif dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            dev_scalars = torch.empty(2 * max(n, 1), dtype=torch.float32, device=dev)
+            sp = dev_scalars.data_ptr()
+            for i in range(n):
+                tg[i].scale_inv = sp + 8 * i
+                tg[i].amax = sp + 8 * i + 4
+            stream = torch.cuda.current_stream(index).cuda_stream
+            lib_start = time.perf_counter()
+            code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
+                                              ctypes.c_void_p(stream), _ms(timeout),
+                                              ctypes.byref(stats), ctypes.byref(st))
+            lib_seconds = time.perf_counter() - lib_start
+            _raise_for(code, st)
+            host = dev_scalars.cpu().tolist()
+            scalars = [(host[2 * i], host[2 * i + 1]) for i in range(n)]
+        else:
+            raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
+        items = [Fetched(t, di, buf, data_off, scale_off, scalars[i][0], scalars[i][1],
+                         dev_scalars, i)
+                 for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
+        s = {"rowwise_bytes": stats.rowwise_bytes, "columnwise_bytes": stats.columnwise_bytes,
+             "rowwise_bf16_bytes": stats.rowwise_bf16_bytes,
+             "columnwise_bf16_bytes": stats.columnwise_bf16_bytes}
+        return FetchResult(stats.version, items, s, time.perf_counter() - start, lib_seconds)
+
+    # ---- push ----
+
+    def push_gradients(self, version, gradients, timeout=None):
+        """Pushes this trainer's gradients for `version`: {name: tensor} of
+        whole tensors (model shape or flat), float32 or bfloat16 (other
+        float dtypes are converted to float32), all on the CPU (torch or
+        numpy) or all on one CUDA device (sent over the device channels
+        after the current stream). Give every gradient of the step in one
+        call: tensors left out count as zero. Returns a dict (version,
+        bytes_sent, pushers_received, pushers_expected)."""
+        n = len(gradients)
+        arr = (_capi.Gradient * max(n, 1))()
+        keep = []
+        device = None
+        for i, (name, g) in enumerate(gradients.items()):
+            if not isinstance(g, torch.Tensor):
+                g = torch.from_numpy(_as_numpy(g))
+            if g.dtype not in (torch.float32, torch.bfloat16):
+                g = g.to(torch.float32)
+            g = g.contiguous()
+            d = g.device
+            if device is None:
+                device = d
+            elif d != device:
+                raise errors.InvalidArgument(
+                    3, "gradients on %s and %s: push from one device at a time" % (device, d))
+            b = name.encode()
+            keep.append((b, g))
+            arr[i].tensor = b
+            arr[i].dtype = 0 if g.dtype == torch.float32 else 1
+            arr[i].data = g.data_ptr()
+            arr[i].bytes = g.numel() * g.element_size()
+        dev_index, stream = -1, None
+        if device is not None and device.type == "cuda":
+            _check_cuda()
+            dev_index = device.index if device.index is not None else torch.cuda.current_device()
+            stream = ctypes.c_void_p(torch.cuda.current_stream(dev_index).cuda_stream)
+        r = _capi.PushResult()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_push_gradients(self._handle(), int(version), arr, n, dev_index,
+                                                stream, _ms(timeout), ctypes.byref(r),
+                                                ctypes.byref(st)), st)
+        del keep
+        return {"version": r.version, "bytes_sent": r.bytes_sent,
+                "pushers_received": r.pushers_received, "pushers_expected": r.pushers_expected}
+
+    # ---- administration ----
+
+    def status(self, include_shards=False, timeout=None):
+        """The cluster status (rpc::GetStatusResponse) as a dict."""
+        p = ctypes.c_void_p()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_status_json(self._handle(), 1 if include_shards else 0,
+                                             _ms(timeout), ctypes.byref(p), ctypes.byref(st)),
+                   st)
+        try:
+            return json.loads(ctypes.string_at(p.value).decode())
+        finally:
+            self._lib.hpd_free_string(p)
+
+    def load(self, safetensors_path, recipe_text=None, timeout=None):
+        """Loads a safetensors file readable by every daemon (with a recipe
+        in protobuf text) and refreshes the manifest; returns version 0."""
+        v = ctypes.c_int64()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_load(self._handle(), str(safetensors_path).encode(),
+                                      None if recipe_text is None else recipe_text.encode(),
+                                      _ms(timeout), ctypes.byref(v), ctypes.byref(st)), st)
+        self.manifest(refresh=True)
+        return v.value
+
+    def step(self, version, wait=True, timeout=None):
+        """Admin step from the committed `version` (no pushers needed)."""
+        v = ctypes.c_int64()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_step(self._handle(), int(version), 1 if wait else 0,
+                                      _ms(timeout), ctypes.byref(v), ctypes.byref(st)), st)
+        return v.value
+
+
+def _check_cuda():
+    if not _capi.lib().hpd_has_cuda():
+        raise errors.Unimplemented(
+            12, "%s is a CPU-only build: device fetch and push need a build with "
+            "--config=cuda (fetch to device='cpu' instead)" % _capi.lib().path)
+    if not torch.cuda.is_available():
+        raise errors.FailedPrecondition(9, "torch has no CUDA device")
+
+
+def _as_numpy(a):
+    import numpy as np
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        a = a.astype(np.float32)
+    return np.ascontiguousarray(a)
+
+
+def has_cuda():
+    """Whether the loaded library has the device path (--config=cuda)."""
+    return bool(_capi.lib().hpd_has_cuda())
+
+
+def library_path():
+    return _capi.lib().path
