@@ -2,7 +2,7 @@
 //
 // Device fetch through hybrid-paramd daemons (DESIGN.md §4, issue 5): the
 // published directions of a version land straight in the trainer's GPU
-// memory, over NCCL, in exactly the layouts of ../shared/FORMATS.md
+// memory, over NCCL, in exactly the layouts of docs/FORMATS.md
 // (ComputeLayout(spec, direction, M, K) of the WHOLE tensor), whatever the
 // number of daemons holding pieces of a tensor. --config=cuda only; the
 // daemons must run --backend=gpu (a cpu daemon answers FAILED_PRECONDITION:

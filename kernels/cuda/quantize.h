@@ -1,7 +1,7 @@
 // File: kernels/cuda/quantize.h
 //
 // GPU quantization of [M, K] weights into every format and direction of
-// ../shared/FORMATS.md. The bytes written equal ref::QuantizeHybrid /
+// docs/FORMATS.md. The bytes written equal ref::QuantizeHybrid /
 // ref::Quantize (kernels/reference.h) exactly, scales and padding included;
 // each direction's buffers follow ComputeLayout(spec, direction, M, K).
 //
