@@ -391,13 +391,16 @@ class Client:
 
     # ---- fetch ----
 
-    def _plan(self, names, directions):
-        key = (names if names is None else tuple(names), tuple(directions))
+    def _plan(self, names, directions, targets):
+        key = (names if names is None else tuple(names), tuple(directions),
+               targets if targets is None else tuple(targets))
         plan = self._plans.get(key)
         if plan is None:
             m = self.manifest()
             dirs = [F.parse_direction(d) for d in directions]
-            if names is None:
+            if targets is not None:
+                pairs = [(n, F.parse_direction(d)) for n, d in targets]
+            elif names is None:
                 pairs = [(t.name, d) for t in m for d in dirs if t.direction(d).published]
             else:
                 pairs = [(n, d) for n in names for d in dirs]
@@ -408,7 +411,7 @@ class Client:
         return plan
 
     def fetch(self, version=-1, names=None, directions=("rowwise",), device="cpu",
-              timeout=None):
+              timeout=None, targets=None):
         """Fetches (tensor, direction) copies of `version` (-1: the committed
         one) into freshly allocated torch memory on `device` (no extra
         copy: the library writes straight into it). names=None: every
@@ -416,12 +419,13 @@ class Client:
         any daemon backend) or a CUDA device (the daemons' NCCL device
         channels; needs --backend=gpu daemons and a CUDA build of the
         library); the fetch waits for the current CUDA stream first.
-        Returns a FetchResult."""
+        targets: instead of names x directions, an explicit list of
+        (name, direction) pairs. Returns a FetchResult."""
         start = time.perf_counter()
         dev = torch.device(device)
         if dev.type == "cuda":
             _check_cuda()
-        plan = self._plan(names, directions)
+        plan = self._plan(names, directions, targets)
         n = plan.n
         buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
         base = buf.data_ptr()

@@ -202,6 +202,31 @@ class ClientTest(unittest.TestCase):
         r = self.admin._lib.hpd_fetch_device(self.admin._h, 0, None, 0, 0, None, 0, None, None)
         self.assertEqual(r, 12)
 
+    def test_linear_glue_uses_rowwise_forward_and_columnwise_dgrad(self):
+        from hybrid_paramd import torch_glue
+        g = torch.Generator().manual_seed(1)
+        for name in ("current", "mx", "nv", "blk", "blk1d", "mixed", "bf16"):
+            r = self.admin.fetch(0, names=[name], directions=["rowwise", "columnwise"])
+            row, col = r[name, "rowwise"], r[name, "columnwise"]
+            m, k = row.rows, row.cols
+            copies = torch_glue.WeightCopies(row, col, torch.float32)
+            w_row, w_col = row.dequantize(), col.dequantize()
+            weight = torch.nn.Parameter(torch.zeros(m, k))
+            bias = torch.nn.Parameter(torch.randn(m, generator=g))
+            x = torch.randn(3, 5, k, generator=g, requires_grad=True)
+            y = torch_glue.Linear.apply(x, weight, bias, copies)
+            torch.testing.assert_close(y, x @ w_row.t() + bias, msg=name)
+            dy = torch.randn(3, 5, m, generator=g)
+            y.backward(dy)
+            torch.testing.assert_close(x.grad, dy @ w_col, msg=name)
+            torch.testing.assert_close(weight.grad, dy.reshape(-1, m).t() @ x.detach().reshape(-1, k),
+                                       msg=name)
+            torch.testing.assert_close(bias.grad, dy.reshape(-1, m).sum(0), msg=name)
+            # The copies differ from the master (quantized), except identity.
+            master = self.model[name].reshape(m, k)
+            if name != "bf16":
+                self.assertFalse(torch.equal(w_row, master), name)
+
     def test_beside_grpc_and_protobuf(self):
         # grpc and protobuf (imported first) still work, and so do we.
         msg = struct_pb2.Struct()
