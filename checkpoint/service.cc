@@ -11,11 +11,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/export.h"
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
@@ -23,6 +27,8 @@
 namespace paramd {
 namespace checkpoint {
 namespace {
+
+constexpr char kTag[] = "checkpoint";
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -225,7 +231,16 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
   }
 
   void Produce() {
+    const absl::Time start = absl::Now();
     absl::Status status = Stream();
+    const std::string what = absl::StrCat("export of ", request_.tensor(), " rows [",
+                                          request_.row_begin(), ", ", request_.row_end(),
+                                          ") at version ", request_.version());
+    if (status.ok()) {
+      VLog(1, kTag, absl::StrCat(what, " done in ", absl::FormatDuration(absl::Now() - start)));
+    } else {
+      LogWarning(kTag, absl::StrCat(what, " failed: ", status.ToString()));
+    }
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -333,7 +348,20 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
                                        const CheckpointRequest* request,
                                        CheckpointResponse* response) override {
     return RunOnThread(context, [this, request, response] {
-      ASSIGN_OR_RETURN(*response, DoCheckpoint(*request));
+      absl::StatusOr<CheckpointResponse> r = DoCheckpoint(*request);
+      if (!r.ok()) {
+        LogError(kTag, absl::StrCat("checkpoint failed: ", r.status().ToString()));
+        return r.status();
+      }
+      LogInfo(kTag, absl::StrCat("checkpoint of version ", r->version(),
+                                 r->already_existed() ? " already existed" : "", ": ",
+                                 r->total_bytes(), " bytes in ",
+                                 absl::StrFormat("%.3f", r->seconds()), " s at ", r->path(),
+                                 r->removed_versions_size() > 0
+                                     ? absl::StrCat(" (removed ", r->removed_versions_size(),
+                                                    " older)")
+                                     : ""));
+      *response = *std::move(r);
       return absl::OkStatus();
     });
   }

@@ -82,11 +82,6 @@ grpc::ServerUnaryReactor* StartWaitingUnary(WaitList* list,
   return reactor;
 }
 
-void Log(absl::string_view tag, absl::string_view message) {
-  const std::string line = absl::StrCat(
-      absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()), " ", tag, ": ",
-      message, "\n");
-  std::fwrite(line.data(), 1, line.size(), stderr);
-}
+void Log(absl::string_view tag, absl::string_view message) { LogInfo(tag, message); }
 
 }  // namespace paramd

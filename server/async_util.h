@@ -10,8 +10,8 @@
 //   * StartWaitingUnary(): a unary reactor that re-checks a condition on
 //     every wake and finishes when it holds, or when the call is cancelled
 //     (its deadline passed: the client sees DEADLINE_EXCEEDED).
-//   * Log(): one line to stderr with a timestamp (the project has no
-//     logging library; Debian's Abseil has no absl/log).
+//   * Log(): an INFO line through common/log.h (spdlog); new code calls
+//     LogInfo/LogWarning/LogError/VLog from there.
 //
 // Thread-safe unless noted.
 #ifndef PARAMD_SERVER_ASYNC_UTIL_H_
@@ -26,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "grpcpp/grpcpp.h"
 
 namespace paramd {
@@ -189,7 +190,7 @@ class WaitingWriter : public WaitingReactor<grpc::ServerWriteReactor<Response>> 
 grpc::ServerUnaryReactor* StartWaitingUnary(WaitList* list,
                                             std::function<std::optional<grpc::Status>()> poll);
 
-// "<time> <tag>: <message>" to stderr.
+// LogInfo(tag, message) (common/log.h).
 void Log(absl::string_view tag, absl::string_view message);
 
 }  // namespace paramd

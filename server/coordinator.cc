@@ -170,6 +170,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       return Done(context, absl::NotFoundError(
                                absl::StrCat("no trainer/observer ", request->member_id())));
     }
+    LogInfo(kTag, absl::StrCat(it->role() == rpc::ROLE_TRAINER ? "trainer " : "observer ",
+                               it->member_id(), " (", it->name(), ") left"));
     others_.erase(it);  // daemons never leave: their rank is their shards
     return Done(context, absl::OkStatus());
   }
@@ -421,6 +423,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           m.set_pusher(trainer && request.pusher());
           m.set_name(request.name());
           others_.push_back(m);
+          LogInfo(kTag, absl::StrCat(trainer ? "trainer " : "observer ", m.member_id(),
+                                     trainer ? absl::StrCat(" rank ", m.rank()) : "", " (",
+                                     m.name(), m.pusher() ? ", pusher" : "", ") joined"));
           result = m;
           break;
         }
@@ -441,7 +446,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         }
         StartLoad(load, [this](absl::Status s, const rpc::LoadResponse&) {
           if (s.ok()) return;
-          Log(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
+          LogError(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
           // Its own mutex: StartLoad may call back with mu_ held.
           absl::MutexLock lock(&startup_mu_);
           startup_error_ = absl::Status(
@@ -504,8 +509,16 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     int64_t v = daemons_[0].published;
     for (const DaemonEntry& d : daemons_) v = std::min(v, d.published);
     if (v <= committed_) return false;
+    const int64_t before = committed_;
     committed_ = v;
-    Log(kTag, absl::StrCat("committed version ", v));
+    const std::string line = absl::StrCat("committed version ", v);
+    const int every = std::max(1, options_.log_every_versions);
+    // The first version of a load, and every Nth, at INFO.
+    if (before < 0 || v / every != before / every) {
+      LogInfo(kTag, line);
+    } else {
+      VLog(1, kTag, line);
+    }
     return true;
   }
 
@@ -672,8 +685,15 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       for (DaemonEntry& d : daemons_) d.published = -1;
       stubs = StubsLocked();
     }
-    Log(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
-                           manifest->pieces_size(), " pieces on ", stubs.size(), " daemons"));
+    LogInfo(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
+                               manifest->pieces_size(), " pieces on ", stubs.size(), " daemons",
+                               request.checkpoint_path().empty()
+                                   ? absl::StrCat(" from ", request.safetensors_path().empty()
+                                                                ? "pushed weights"
+                                                                : request.safetensors_path())
+                                   : absl::StrCat(" from checkpoint ", checkpoint_version, " of ",
+                                                  request.checkpoint_path())));
+    const absl::Time load_start = absl::Now();
     FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
         stubs, options_.load_timeout,
         [this, &manifest, &request, checkpoint_version](int rank, rpc::LoadShardsRequest* r) {
@@ -688,8 +708,15 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
            rpc::LoadShardsResponse* resp, std::function<void(grpc::Status)> cb) {
           stub->async()->LoadShards(c, req, resp, std::move(cb));
         },
-        [this, done = std::move(done)](auto& calls) {
+        [this, load_start, done = std::move(done)](auto& calls) {
           absl::Status s = FirstError(calls, "LoadShards");
+          const std::string took = absl::FormatDuration(
+              absl::Trunc(absl::Now() - load_start, absl::Milliseconds(1)));
+          if (s.ok()) {
+            LogInfo(kTag, absl::StrCat("load done in ", took, " on ", calls.size(), " daemons"));
+          } else {
+            LogError(kTag, absl::StrCat("load failed after ", took, ": ", s.ToString()));
+          }
           rpc::LoadResponse response;
           bool advanced = false;
           {

@@ -66,6 +66,9 @@ struct CoordinatorOptions {
   // other calls to daemons.
   absl::Duration load_timeout = absl::Minutes(10);
   absl::Duration daemon_call_timeout = absl::Seconds(10);
+  // Every Nth committed version is logged at INFO (the others at --v=1):
+  // a line per version would be 360k lines an hour at 10 ms steps.
+  int log_every_versions = 100;
   // Called (on a gRPC thread, must not block) after each newly committed
   // version, e.g. to start a periodic checkpoint.
   std::function<void(int64_t version)> on_commit;

@@ -549,7 +549,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     publish_waiters_.WakeAll();
     if (!result.ok()) {
-      Log(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
+      LogError(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
       return;
     }
     ReportVersion(from + 1, seconds);
@@ -629,9 +629,16 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     } else if (from_file) {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
                        safetensors::SafetensorsFile::Open(source.safetensors_path));
+      absl::Time next_progress = absl::Now() + absl::Seconds(5);
       for (size_t i = 0; i < shards->shards().size(); ++i) {
         const ShardDef& d = shards->shards()[i];
         RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->load_master(i)));
+        if (absl::Now() >= next_progress) {  // a large model: say how far it is
+          LogInfo(kTag, absl::StrCat("rank ", view->rank, ": read ", i + 1, " of ",
+                                     shards->shards().size(), " shards of ",
+                                     source.safetensors_path));
+          next_progress = absl::Now() + absl::Seconds(5);
+        }
       }
     }
     const int64_t first_version = restore ? source.checkpoint_version : 0;
@@ -684,7 +691,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       rpc::ReportVersionResponse response;
       grpc::Status s = coordinator_->ReportVersion(&context, request, &response);
       if (s.ok()) return;
-      Log(kTag, absl::StrCat("ReportVersion(", version, ") failed: ", s.error_message()));
+      LogWarning(kTag, absl::StrCat("ReportVersion(", version, ") failed: ", s.error_message()));
       {
         absl::MutexLock lock(&mu_);
         if (shut_down_) return;
@@ -707,7 +714,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (!data_plane.ok()) {
       absl::MutexLock lock(&mu_);
       join_error_ = absl::StrCat("data plane: ", data_plane.status().ToString());
-      Log(kTag, join_error_);
+      LogError(kTag, join_error_);
       return;
     }
     data_plane_ = *std::move(data_plane);
@@ -760,6 +767,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
             data_plane_->Connect(response.data_plane(), response.rank());
         absl::MutexLock lock(&mu_);
         rank_ = response.rank();
+        SetLogRank(rank_);
         member_id_ = response.member_id();
         if (all_reduce.ok()) {
           all_reduce_ = *std::move(all_reduce);
@@ -778,7 +786,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED) {
         absl::MutexLock lock(&mu_);
         join_error_ = absl::StrCat("join refused: ", s.error_message());
-        Log(kTag, join_error_);
+        LogError(kTag, join_error_);
         return;
       }
       absl::SleepFor(absl::Milliseconds(100));
@@ -786,7 +794,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     absl::MutexLock lock(&mu_);
     join_error_ = absl::StrCat("could not join the coordinator at ", coordinator_address_,
                                " within ", absl::FormatDuration(options_.join_timeout));
-    Log(kTag, join_error_);
+    LogError(kTag, join_error_);
   }
 
   void FillStats(bool include_shards, rpc::DaemonStats* stats) const {
@@ -1593,7 +1601,7 @@ void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t ge
     }
     return;
   }
-  Log(kTag, absl::StrCat("device fetch of version ", version, " on channel ", c->id, " (",
+  LogWarning(kTag, absl::StrCat("device fetch of version ", version, " on channel ", c->id, " (",
                          c->trainer, ") failed: ", s.ToString()));
   CloseDeviceChannel(c->id, absl::StrCat("device fetch failed: ", s.ToString()));
 }
@@ -1778,7 +1786,7 @@ void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
                        absl::StrCat("device push of version ", push.version, " by ", push.pusher,
                                     " failed, nothing applied: ",
                                     staged.status().message()));
-      Log(kTag, absl::StrCat(s.message(), " on channel ", c->id, " (", c->trainer, ")"));
+      LogWarning(kTag, absl::StrCat(s.message(), " on channel ", c->id, " (", c->trainer, ")"));
       // A transfer failure may leave the channel's NCCL world broken: the
       // trainer opens a new one. INVALID_ARGUMENT (non-finite values) came
       // after the whole message: the channel is fine.

@@ -101,6 +101,13 @@ ABSL_FLAG(int32_t, checkpoint_every, 0,
           "it runs, the newer committed version is saved.");
 ABSL_FLAG(int32_t, keep_checkpoints, 0,
           "coordinator: keep only the newest N checkpoints (0 = keep all)");
+ABSL_FLAG(std::string, log_format, "text",
+          "log lines on stderr: text (date, level, role, rank, pid, component: message) | json "
+          "(one JSON object per line, same fields)");
+ABSL_FLAG(std::string, log_level, "info", "least severe level logged: debug | info | warning | error");
+ABSL_FLAG(int32_t, v, 0, "verbose logging: show debug messages of verbosity <= N (implies debug)");
+ABSL_FLAG(int32_t, log_every_versions, 100,
+          "coordinator: log every Nth committed version at INFO (the others at --v=1)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "serve Prometheus text metrics on http://HOST:PORT/metrics (e.g. 0.0.0.0:9100; "
           "port 0 = any free port, logged; \"\" = off)");
@@ -117,6 +124,8 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         absl::StrCat("--role must be coordinator, daemon or both, got \"", role, "\""));
   }
+  RETURN_IF_ERROR(InitLogging({absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level),
+                               absl::GetFlag(FLAGS_v), role}));
   options.run_coordinator = role != "daemon";
   options.run_daemon = role != "coordinator";
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -141,6 +150,7 @@ absl::Status Run() {
   CoordinatorOptions& c = options.coordinator;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);
   c.expected_pushers = absl::GetFlag(FLAGS_expected_pushers);
+  c.log_every_versions = absl::GetFlag(FLAGS_log_every_versions);
   c.data_plane = absl::GetFlag(FLAGS_data_plane);
   c.model_path = absl::GetFlag(FLAGS_model);
   c.restore_from = absl::GetFlag(FLAGS_restore_from);
@@ -209,10 +219,13 @@ absl::Status Run() {
         request.set_version(-1);
         absl::StatusOr<checkpoint::CheckpointResponse> r =
             checkpoint_coordinator->Checkpoint(request);
-        Log("hybrid-paramd", r.ok() ? absl::StrCat("checkpointed version ", r->version(),
-                                                   " (commit ", version, ")")
-                                    : absl::StrCat("periodic checkpoint failed: ",
-                                                   r.status().ToString()));
+        if (r.ok()) {
+          LogInfo("hybrid-paramd", absl::StrCat("periodic checkpoint of version ", r->version(),
+                                                " (commit ", version, ") done"));
+        } else {
+          LogError("hybrid-paramd",
+                   absl::StrCat("periodic checkpoint failed: ", r.status().ToString()));
+        }
         absl::MutexLock lock(&periodic_mu);
         periodic_running = false;
       });

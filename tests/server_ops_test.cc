@@ -300,6 +300,66 @@ TEST_F(ServerOpsTest, DaemonBeforeItsCoordinatorSaysItIsWaitingThenJoins) {
       << ReadFile(Log("daemon"));
 }
 
+// Steps `n` versions with admin Steps (--expected_pushers=0).
+void StepVersions(const std::string& address, int n) {
+  auto coordinator = rpc::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  for (int v = 0; v < n; ++v) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::StepRequest request;
+    request.set_version(v);
+    request.set_wait(true);
+    rpc::StepResponse response;
+    const grpc::Status s = coordinator->Step(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(response.committed_version(), v + 1);
+  }
+}
+
+TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
+  std::string address;
+  const int child = Start("both",
+                          {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5"},
+                          &address);
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
+  StepVersions(address, 12);
+  EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+  const std::string log = ReadFile(Log("both"));
+  for (int v : {0, 5, 10}) {
+    const size_t at = log.find(absl::StrCat("coordinator: committed version ", v, "\n"));
+    ASSERT_NE(at, std::string::npos) << v << "\n" << log;
+    const size_t line = log.rfind('\n', at) + 1;  // npos + 1 = 0
+    EXPECT_TRUE(absl::StrContains(log.substr(line, at - line), " INFO  both rank=0 pid="))
+        << log.substr(line, at - line);
+  }
+  for (int v : {1, 4, 6, 11, 12}) {
+    EXPECT_FALSE(absl::StrContains(log, absl::StrCat("committed version ", v, "\n")))
+        << v << "\n" << log;
+  }
+  // Load progress and its end are logged.
+  EXPECT_TRUE(absl::StrContains(log, "coordinator: loading 1 tensors")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "coordinator: load done in ")) << log;
+}
+
+TEST_F(ServerOpsTest, VerboseLogsEveryVersionAsJsonLines) {
+  std::string address;
+  const int child =
+      Start("both",
+            {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5", "--v=1",
+             "--log_format=json"},
+            &address);
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
+  StepVersions(address, 3);
+  EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+  const std::string log = ReadFile(Log("both"));
+  EXPECT_TRUE(absl::StrContains(log, "\"level\":\"debug\",\"role\":\"both\",\"rank\":0,"
+                                     "\"pid\":"))
+      << log;
+  EXPECT_TRUE(absl::StrContains(log, "\"tag\":\"coordinator\",\"msg\":\"committed version 2\"}"))
+      << log;
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace paramd
