@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cli.h"
 
 namespace paramd {
 namespace hpctl {
@@ -31,7 +32,8 @@ void PrintCommandList(std::ostream& out) {
   for (const auto& [name, command] : Registry()) {
     out << absl::StrFormat("  %-*s  %s\n", static_cast<int>(width), name, command.help);
   }
-  out << "\nRun 'hpctl <command> --help' for the options of one command.\n";
+  out << "\nRun 'hpctl <command> --help' for the options of one command;\n"
+         "'hpctl --version' prints the version and commit.\n";
 }
 
 }  // namespace
@@ -61,6 +63,10 @@ int HpctlMain(int argc, char** argv, std::ostream& out, std::ostream& err) {
     return kExitUsage;
   }
   const std::string first = argv[1];
+  if (IsVersionRequest(first)) {
+    PrintVersion("hpctl", out);
+    return kExitOk;
+  }
   if (first == "--help" || first == "-h" || first == "help") {
     if (first == "help" && argc >= 3) {
       const Command* command = FindCommand(argv[2]);

@@ -18,16 +18,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/program_name.h"
-#include "absl/flags/internal/usage.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cli.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
 #include "checkpoint/service.h"
@@ -294,32 +290,14 @@ absl::Status Run() {
 }  // namespace paramd
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "parameter-server daemon and coordinator for hybrid-quantized weights.\n"
-      "Alone it starts a single-node setup (coordinator + one daemon on :7070);\n"
-      "load a model with --model or `hpctl load`.\n"
-      "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]");
-  // `--help` lists the flags defined in this file (absl's default looks for
-  // a file named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "server/main.cc");
-  };
-  absl::SetFlagsUsageConfig(usage);
-  // This Abseil exits with status 1 after --help; a requested help is a
-  // success, so print it here and exit 0.
-  for (int i = 1; i < argc; ++i) {
-    const absl::string_view arg = argv[i];
-    if (arg == "--") break;
-    if (arg == "--help" || arg == "-h" || arg == "-help") {
-      absl::flags_internal::SetProgramInvocationName(argv[0]);
-      absl::flags_internal::FlagsHelp(std::cout, "server/main.",
-                                      absl::flags_internal::HelpFormat::kHumanReadable,
-                                      absl::ProgramUsageMessage());
-      return 0;
-    }
-  }
-  absl::ParseCommandLine(argc, argv);
+  paramd::ParseAbslFlagsOrExit(
+      argc, argv,
+      {"hybrid-paramd",
+       "parameter-server daemon and coordinator for hybrid-quantized weights.\n"
+       "Alone it starts a single-node setup (coordinator + one daemon on :7070);\n"
+       "load a model with --model or `hpctl load`.\n"
+       "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]",
+       "server/main.cc"});
   if (const int gpu = absl::GetFlag(FLAGS_gpu); gpu >= 0) {
     // Before any CUDA call: the gpu backend and the device channels use
     // device 0 of what is visible.

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -358,6 +359,22 @@ TEST_F(ServerOpsTest, VerboseLogsEveryVersionAsJsonLines) {
       << log;
   EXPECT_TRUE(absl::StrContains(log, "\"tag\":\"coordinator\",\"msg\":\"committed version 2\"}"))
       << log;
+}
+
+TEST_F(ServerOpsTest, VersionOfBothBinariesNamesTheCommit) {
+  for (const char* program : {kServer, "hpctl/hpctl"}) {
+    const std::string name = program == std::string(kServer) ? "hybrid-paramd" : "hpctl";
+    const std::string log = Log(name + "_version");
+    absl::StatusOr<int> child = children_.Start({name, {program, "--version"}, log, log});
+    ASSERT_TRUE(child.ok());
+    EXPECT_EQ(ExitCode(*child), 0) << name;
+    const std::string out = ReadFile(log);
+    EXPECT_TRUE(absl::StartsWith(out, name + " ")) << out;
+    EXPECT_TRUE(absl::StrContains(out, " (commit ")) << out;
+    EXPECT_TRUE(absl::StrContains(out, ", -c ")) << out;
+    EXPECT_FALSE(absl::StrContains(out, "Debug build")) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  }
 }
 
 }  // namespace
