@@ -29,10 +29,14 @@
 #include "checkpoint/service.h"
 #include "server/async_util.h"
 #include "server/checkpointing.h"
+#include "server/config.h"
 #include "server/metrics.h"
 #include "server/optimizer.h"
 #include "server/server.h"
 
+ABSL_FLAG(std::string, config, "",
+          "configuration file (protobuf text, proto/server_config.proto: the flags below by "
+          "name); flags given on the command line override it");
 ABSL_FLAG(std::string, role, "both", "coordinator | daemon | both (one process, one port)");
 ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (port 0 = any free port)");
 ABSL_FLAG(std::string, advertise_address, "",
@@ -298,6 +302,12 @@ int main(int argc, char** argv) {
        "load a model with --model or `hpctl load`.\n"
        "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]",
        "server/main.cc"});
+  if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
+    if (const absl::Status s = paramd::ApplyConfigFile(config); !s.ok()) {
+      std::fprintf(stderr, "hybrid-paramd: %s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
   if (const int gpu = absl::GetFlag(FLAGS_gpu); gpu >= 0) {
     // Before any CUDA call: the gpu backend and the device channels use
     // device 0 of what is visible.

@@ -87,6 +87,20 @@ HealthStatus::ServingStatus Health(const std::string& address, const std::string
   return response.status();
 }
 
+// Coordinator.Load of a safetensors file; the committed version.
+absl::StatusOr<int64_t> LoadModel(const std::string& address, const std::string& model) {
+  auto coordinator = rpc::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(20));
+  rpc::LoadRequest request;
+  request.set_safetensors_path(model);
+  rpc::LoadResponse response;
+  const grpc::Status s = coordinator->Load(&context, request, &response);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return response.committed_version();
+}
+
 bool WaitForHealth(const std::string& address, const std::string& service,
                    HealthStatus::ServingStatus want, absl::Duration timeout) {
   const absl::Time give_up = absl::Now() + timeout;
@@ -219,14 +233,8 @@ TEST_F(ServerOpsTest, JoinedButNotLoadedIsNotServing) {
                             absl::Seconds(10)));
   EXPECT_EQ(Health(address, "paramd.rpc.Daemon"), HealthStatus::NOT_SERVING);
   EXPECT_EQ(Health(address, ""), HealthStatus::NOT_SERVING);
-  auto coordinator = rpc::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(20));
-  rpc::LoadRequest request;
-  request.set_safetensors_path(model_);
-  rpc::LoadResponse response;
-  ASSERT_TRUE(coordinator->Load(&context, request, &response).ok());
+  absl::StatusOr<int64_t> committed = LoadModel(address, model_);
+  ASSERT_TRUE(committed.ok()) << committed.status();
   EXPECT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(5)));
   EXPECT_EQ(Health(address, "paramd.rpc.Daemon"), HealthStatus::SERVING);
 }
@@ -375,6 +383,61 @@ TEST_F(ServerOpsTest, VersionOfBothBinariesNamesTheCommit) {
     EXPECT_FALSE(absl::StrContains(out, "Debug build")) << out;
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
   }
+}
+
+TEST_F(ServerOpsTest, TheSampleConfigRunsAndTheCommandLineOverridesIt) {
+  const std::string sample = "deploy/config/hybrid-paramd.textproto";
+  std::string address;
+  // The sample listens on :7070/:9100 and checkpoints under /var/lib: the
+  // command line moves them here.
+  const int child = Start("sample",
+                          {"--config=" + sample, "--metrics_listen=127.0.0.1:0",
+                           "--checkpoint_dir=" + dir_->path() + "/ckpt"},
+                          &address);
+  ASSERT_FALSE(address.empty()) << ReadFile(Log("sample"));
+  EXPECT_TRUE(WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING,
+                            absl::Seconds(10)))
+      << ReadFile(Log("sample"));
+  absl::StatusOr<int64_t> committed = LoadModel(address, model_);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(*committed, 0);
+  EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+}
+
+TEST_F(ServerOpsTest, ConfigValuesApplyUnlessGivenOnTheCommandLine) {
+  const std::string config = dir_->path() + "/c.textproto";
+  {
+    std::ofstream out(config);
+    out << "expected_pushers: 3\noptimizer: \"sgd\"\nlog_format: \"json\"\n"
+        << "model: \"" << model_ << "\"\n";
+  }
+  std::string address;
+  Start("c", {"--config=" + config, "--log_format=text"}, &address);
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)))
+      << ReadFile(Log("c"));
+  auto coordinator = rpc::Coordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(5));
+  rpc::GetManifestResponse response;
+  ASSERT_TRUE(coordinator->GetManifest(&context, rpc::GetManifestRequest(), &response).ok());
+  EXPECT_EQ(response.manifest().expected_pushers(), 3);
+  EXPECT_EQ(response.manifest().optimizer(), "sgd");
+  const std::string log = ReadFile(Log("c"));
+  EXPECT_TRUE(absl::StrContains(log, " INFO  both rank=")) << "--log_format=text wins\n" << log;
+  EXPECT_FALSE(absl::StrContains(log, "{\"ts\"")) << log;
+}
+
+TEST_F(ServerOpsTest, ABadConfigExitsWithFileLineAndColumn) {
+  const std::string config = dir_->path() + "/bad.textproto";
+  {
+    std::ofstream out(config);
+    out << "role: \"daemon\"\n# a comment\n  daemons: 0x\n";
+  }
+  const int child = Start("bad", {"--config=" + config}, nullptr);
+  EXPECT_EQ(ExitCode(child), 1);
+  const std::string log = ReadFile(Log("bad"));
+  EXPECT_TRUE(absl::StrContains(log, "hybrid-paramd: " + config + ":3:")) << log;
 }
 
 }  // namespace
