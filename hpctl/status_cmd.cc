@@ -3,6 +3,7 @@
 #include <iostream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
@@ -25,6 +26,21 @@ std::string RoleName(rpc::Role role) {
       return "observer";
     default:
       return "?";
+  }
+}
+
+// Daemons: their lease (ALIVE, DOWN with why, RECOVERING); others: "".
+std::string MemberStateOf(const rpc::Member& m) {
+  if (m.role() != rpc::ROLE_DAEMON) return "";
+  switch (m.state()) {
+    case rpc::MEMBER_STATE_ALIVE:
+      return absl::StrFormat("alive (heartbeat %.1fs ago)", m.heartbeat_age_seconds());
+    case rpc::MEMBER_STATE_DOWN:
+      return absl::StrCat("DOWN: ", m.down_reason());
+    case rpc::MEMBER_STATE_RECOVERING:
+      return "recovering (replacement getting the rank's state)";
+    default:
+      return "not joined";
   }
 }
 
@@ -94,11 +110,12 @@ void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
                                address, s.committed_version(), s.expected_daemons(),
                                s.expected_pushers());
   std::cout << "\nMEMBERS\n"
-            << absl::StrFormat("  %-9s %5s  %-24s %-22s %s\n", "role", "rank", "name", "address",
-                               "pusher");
+            << absl::StrFormat("  %-9s %5s  %-24s %-22s %-6s %s\n", "role", "rank", "name",
+                               "address", "pusher", "state");
   for (const rpc::Member& m : s.members()) {
-    std::cout << absl::StrFormat("  %-9s %5d  %-24s %-22s %s\n", RoleName(m.role()), m.rank(),
-                                 m.name(), m.address(), m.pusher() ? "yes" : "");
+    std::cout << absl::StrFormat("  %-9s %5d  %-24s %-22s %-6s %s\n", RoleName(m.role()),
+                                 m.rank(), m.name(), m.address(), m.pusher() ? "yes" : "",
+                                 MemberStateOf(m));
   }
   std::cout << "\nDAEMONS\n"
             << absl::StrFormat("  %4s  %-22s %9s %-8s %7s %6s %9s %12s %12s\n", "rank", "address",

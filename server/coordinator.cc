@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "checkpoint/daemon_io.h"
@@ -17,6 +19,8 @@
 #include "proto/paramd.grpc.pb.h"
 #include "safetensors/safetensors.h"
 #include "server/async_util.h"
+#include "server/fan_out.h"
+#include "server/membership.h"
 #include "server/convert.h"
 #include "sharding/balance.h"
 
@@ -25,77 +29,18 @@ namespace {
 
 constexpr char kTag[] = "coordinator";
 
-// A call to every daemon at once; `done` runs once, after the last reply,
-// on a gRPC thread, with the calls in rank order.
-template <class Request, class Response>
-struct DaemonCall {
-  grpc::ClientContext context;
-  Request request;
-  Response response;
-  grpc::Status status;
-};
-
-template <class Request, class Response>
-using DaemonCalls = std::vector<std::unique_ptr<DaemonCall<Request, Response>>>;
-
-template <class Request, class Response>
-void FanOut(const std::vector<rpc::Daemon::Stub*>& stubs, absl::Duration timeout,
-            std::function<void(int rank, Request*)> make_request,
-            std::function<void(rpc::Daemon::Stub*, grpc::ClientContext*, const Request*,
-                               Response*, std::function<void(grpc::Status)>)>
-                call,
-            std::function<void(DaemonCalls<Request, Response>&)> done) {
-  struct State {
-    absl::Mutex mu;
-    size_t remaining;
-    DaemonCalls<Request, Response> calls;
-    std::function<void(DaemonCalls<Request, Response>&)> done;
-  };
-  auto state = std::make_shared<State>();
-  state->remaining = stubs.size();
-  state->done = std::move(done);
-  for (size_t i = 0; i < stubs.size(); ++i) {
-    auto c = std::make_unique<DaemonCall<Request, Response>>();
-    c->context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    make_request(static_cast<int>(i), &c->request);
-    state->calls.push_back(std::move(c));
-  }
-  if (stubs.empty()) {
-    state->done(state->calls);
-    return;
-  }
-  for (size_t i = 0; i < stubs.size(); ++i) {
-    DaemonCall<Request, Response>* c = state->calls[i].get();
-    call(stubs[i], &c->context, &c->request, &c->response, [state, c](grpc::Status s) {
-      c->status = std::move(s);
-      bool last;
-      {
-        absl::MutexLock lock(&state->mu);
-        last = --state->remaining == 0;
-      }
-      if (last) state->done(state->calls);
-    });
-  }
-}
-
-// The first failed call's status, naming the daemon, or OK.
-template <class Request, class Response>
-absl::Status FirstError(const DaemonCalls<Request, Response>& calls, absl::string_view what) {
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (!calls[i]->status.ok()) {
-      return FromGrpcStatus(calls[i]->status, absl::StrCat(what, " on daemon rank ", i));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 class WatchReactor;
 
 class Coordinator::Impl : public rpc::Coordinator::CallbackService {
  public:
-  explicit Impl(CoordinatorOptions options) : options_(std::move(options)) {}
+  explicit Impl(CoordinatorOptions options)
+      : options_(std::move(options)),
+        table_(options_.expected_daemons, options_.daemon_lease),
+        stubs_(options_.expected_daemons) {
+    lease_thread_ = std::thread([this] { LeaseLoop(); });
+  }
 
   void Shutdown() {
     {
@@ -103,8 +48,19 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       if (shut_down_) return;
       shut_down_ = true;
     }
+    if (lease_thread_.joinable()) lease_thread_.join();
     world_waiters_.WakeAll();
     version_waiters_.WakeAll();
+  }
+
+  std::vector<rpc::Member> daemon_members() const {
+    absl::MutexLock lock(&mu_);
+    return table_.Members(absl::Now());
+  }
+
+  int64_t daemons_lost() const {
+    absl::MutexLock lock(&mu_);
+    return daemons_lost_;
   }
 
   int64_t committed_version() const {
@@ -119,7 +75,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
 
   int joined_daemons() const {
     absl::MutexLock lock(&mu_);
-    return static_cast<int>(daemons_.size());
+    return table_.joined();
   }
 
   absl::Status startup_error() const {
@@ -151,9 +107,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
                              [this, m = *member, response]() -> std::optional<grpc::Status> {
                                absl::MutexLock lock(&mu_);
                                if (shut_down_) return Unavailable("coordinator shutting down");
-                               if (static_cast<int>(daemons_.size()) < options_.expected_daemons) {
-                                 return std::nullopt;
-                               }
+                               if (!table_.all_joined()) return std::nullopt;
                                FillJoinResponseLocked(m, response);
                                return grpc::Status::OK;
                              });
@@ -216,7 +170,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
                                  const rpc::StepRequest* request,
                                  rpc::StepResponse* response) override {
     const int64_t from = request->version();
-    std::vector<rpc::Daemon::Stub*> stubs;
+    std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
     {
       absl::MutexLock lock(&mu_);
       if (committed_ < 0) {
@@ -227,6 +181,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
                     absl::FailedPreconditionError(absl::StrCat(
                         "step from version ", from, " but the committed version is ", committed_)));
       }
+      absl::Status ready = table_.CheckAllReady(absl::StrCat("step from version ", from),
+                                                absl::Now());
+      if (!ready.ok()) return Done(context, ready);
       stubs = StubsLocked();
     }
     // The fan-out's outcome; the reactor finishes when it is known and (with
@@ -257,7 +214,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         [this, state, wait, from, response]() -> std::optional<grpc::Status> {
           absl::MutexLock lock(&mu_);
           if (shut_down_) return Unavailable("coordinator shutting down");
-          if (!state->done) return std::nullopt;
+          if (!state->done) {
+            // A daemon that died (or stopped) mid-step never answers: its
+            // lease ends the wait.
+            absl::Status ready = table_.CheckAllReady(
+                absl::StrCat("step from version ", from), absl::Now());
+            if (!ready.ok()) return ToGrpcStatus(ready);
+            return std::nullopt;
+          }
           if (!state->status.ok()) return ToGrpcStatus(state->status);
           if (wait && committed_ < from + 1) return std::nullopt;
           response->set_committed_version(committed_);
@@ -272,14 +236,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     {
       absl::MutexLock lock(&mu_);
       const int rank = request->daemon_rank();
-      if (rank < 0 || rank >= static_cast<int>(daemons_.size()) ||
+      if (rank < 0 || rank >= table_.size() || !table_.slot(rank).joined ||
           (!request->member_id().empty() &&
-           request->member_id() != daemons_[rank].member.member_id())) {
+           request->member_id() != table_.slot(rank).member.member_id())) {
         return Done(context, absl::FailedPreconditionError(absl::StrCat(
                                  "ReportVersion from unknown daemon rank ", rank)));
       }
-      daemons_[rank].published = request->published_version();
-      daemons_[rank].last_step_seconds = request->step_seconds();
+      table_.slot(rank).published = request->published_version();
+      table_.slot(rank).last_step_seconds = request->step_seconds();
       advanced = RecomputeCommittedLocked();
       response->set_committed_version(committed_);
     }
@@ -290,41 +254,77 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return Done(context, absl::OkStatus());
   }
 
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const rpc::HeartbeatRequest* request,
+                                      rpc::HeartbeatResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      const int rank = request->rank();
+      const absl::Time down_since =
+          rank >= 0 && rank < table_.size() ? table_.slot(rank).down_since : now;
+      bool revived = false;
+      response->set_verdict(table_.Heartbeat(*request, now, &revived));
+      response->set_committed_version(committed_);
+      if (revived) {
+        Log(kTag, absl::StrFormat("daemon %s is back: heartbeats resumed %.1f s after it went down",
+                                  table_.Name(rank), absl::ToDoubleSeconds(now - down_since)));
+      }
+    }
+    return Done(context, absl::OkStatus());
+  }
+
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const rpc::GetStatusRequest* request,
                                       rpc::GetStatusResponse* response) override {
-    std::vector<rpc::Daemon::Stub*> stubs;
+    std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
+    std::vector<int> ranks;  // of `stubs`: joined daemons that are not DOWN
     {
       absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
       response->set_committed_version(committed_);
       response->set_expected_daemons(options_.expected_daemons);
       response->set_expected_pushers(options_.expected_pushers);
-      for (const DaemonEntry& d : daemons_) *response->add_members() = d.member;
+      for (rpc::Member& m : table_.Members(now)) *response->add_members() = std::move(m);
       for (const rpc::Member& m : others_) *response->add_members() = m;
       *response->mutable_manifest() = ManifestLocked(request->include_shards());
-      stubs = StubsLocked();
+      // A DOWN daemon is not asked (a stopped one would hold the answer
+      // until the call's deadline); its row says why.
+      for (int r = 0; r < table_.size(); ++r) {
+        if (!table_.alive(r)) continue;
+        stubs.push_back(stubs_[r]);
+        ranks.push_back(r);
+      }
     }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     const bool include_shards = request->include_shards();
+    // Bounded by the lease: a stopped daemon not yet DOWN must not hold the
+    // whole status (a live one answers in milliseconds).
     FanOut<rpc::GetStatsRequest, rpc::GetStatsResponse>(
-        stubs, options_.daemon_call_timeout,
+        stubs, std::min(options_.daemon_call_timeout, options_.daemon_lease),
         [include_shards](int, rpc::GetStatsRequest* r) { r->set_include_shards(include_shards); },
         [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::GetStatsRequest* req,
            rpc::GetStatsResponse* resp, std::function<void(grpc::Status)> cb) {
           stub->async()->GetStats(c, req, resp, std::move(cb));
         },
-        [this, reactor, response](auto& calls) {
-          for (size_t i = 0; i < calls.size(); ++i) {
+        [this, reactor, response, ranks](auto& calls) {
+          absl::MutexLock lock(&mu_);
+          size_t next = 0;
+          for (int r = 0; r < table_.size(); ++r) {
+            const DaemonSlot& slot = table_.slot(r);
+            if (!slot.joined) continue;
             rpc::DaemonStats* s = response->add_daemons();
-            if (calls[i]->status.ok()) {
+            const bool asked = next < ranks.size() && ranks[next] == r;
+            const size_t i = asked ? next++ : 0;
+            if (asked && calls[i]->status.ok()) {
               *s = calls[i]->response.stats();
-            } else {
-              absl::MutexLock lock(&mu_);
-              s->set_rank(static_cast<int>(i));
-              s->set_address(daemons_[i].member.address());
-              s->set_published_version(daemons_[i].published);
-              s->set_error(absl::StrCat("unreachable: ", calls[i]->status.error_message()));
+              continue;
             }
+            s->set_rank(r);
+            s->set_address(slot.member.address());
+            s->set_published_version(slot.published);
+            s->set_error(asked ? absl::StrCat("unreachable: ", calls[i]->status.error_message())
+                               : absl::StrCat("down: ", slot.member.down_reason()));
           }
           reactor->Finish(grpc::Status::OK);
         });
@@ -332,14 +332,6 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   }
 
  private:
-  struct DaemonEntry {
-    rpc::Member member;
-    int64_t published = -1;
-    double last_step_seconds = 0;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<rpc::Daemon::Stub> stub;
-  };
-
   static grpc::Status Unavailable(absl::string_view message) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(message));
   }
@@ -351,10 +343,37 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return reactor;
   }
 
-  std::vector<rpc::Daemon::Stub*> StubsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<rpc::Daemon::Stub*> stubs;
-    for (DaemonEntry& d : daemons_) stubs.push_back(d.stub.get());
-    return stubs;
+  std::vector<std::shared_ptr<rpc::Daemon::Stub>> StubsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stubs_;
+  }
+
+  // Marks daemons whose lease expired DOWN (every lease/10, at most 100 ms
+  // apart, so a dead daemon is seen within lease + 100 ms) and wakes the
+  // waits that need them.
+  void LeaseLoop() {
+    const absl::Duration tick = std::min(absl::Milliseconds(100), options_.daemon_lease / 10);
+    auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
+    for (;;) {
+      std::vector<int> expired;
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
+        const absl::Time now = absl::Now();
+        expired = table_.ExpireLeases(now);
+        for (int r : expired) {
+          ++daemons_lost_;
+          Log(kTag, absl::StrCat("daemon ", table_.Name(r), " is DOWN: ",
+                                 table_.slot(r).member.down_reason(),
+                                 "; steps needing it are refused until a replacement joins "
+                                 "(hybrid-paramd --role=daemon --rank=",
+                                 r, ")"));
+        }
+      }
+      if (!expired.empty()) {
+        version_waiters_.WakeAll();
+        world_waiters_.WakeAll();
+      }
+    }
   }
 
   absl::StatusOr<rpc::Member> AddMember(const rpc::JoinRequest& request) {
@@ -365,39 +384,26 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       if (shut_down_) return absl::UnavailableError("coordinator shutting down");
       switch (request.role()) {
         case rpc::ROLE_DAEMON: {
-          if (request.address().empty()) {
-            return absl::InvalidArgumentError("a daemon must give its address");
+          const bool was_complete = table_.all_joined();
+          const int joined_before = table_.joined();
+          ASSIGN_OR_RETURN(DaemonTable::Joined j,
+                           table_.Join(request, absl::Now(), manifest_.tensors_size() > 0));
+          result = j.member;
+          if (j.retry) break;
+          const int rank = j.member.rank();
+          stubs_[rank] = rpc::Daemon::NewStub(
+              grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials()));
+          world_complete = !was_complete && table_.all_joined();
+          if (j.replaced) {
+            Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ", request.address(),
+                                   " (", request.name(), ")",
+                                   table_.slot(rank).needs_state
+                                       ? "; it needs the rank's state"
+                                       : ""));
+          } else {
+            Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ", request.address(), " (",
+                                   joined_before + 1, "/", options_.expected_daemons, ")"));
           }
-          // Rejoin (restart): the same member id or address gets its rank back.
-          for (DaemonEntry& d : daemons_) {
-            if ((!request.member_id().empty() && d.member.member_id() == request.member_id()) ||
-                d.member.address() == request.address()) {
-              d.member.set_name(request.name());
-              return d.member;
-            }
-          }
-          if (static_cast<int>(daemons_.size()) >= options_.expected_daemons) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "all ", options_.expected_daemons, " daemons have joined; ", request.address(),
-                " is not one of them"));
-          }
-          DaemonEntry d;
-          const int rank = static_cast<int>(daemons_.size());
-          d.member.set_role(rpc::ROLE_DAEMON);
-          d.member.set_member_id(absl::StrCat("daemon-", rank));
-          d.member.set_rank(rank);
-          d.member.set_address(request.address());
-          d.member.set_data_plane_address(request.data_plane_address().empty()
-                                              ? request.address()
-                                              : request.data_plane_address());
-          d.member.set_name(request.name());
-          d.channel = grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials());
-          d.stub = rpc::Daemon::NewStub(d.channel);
-          result = d.member;
-          daemons_.push_back(std::move(d));
-          world_complete = static_cast<int>(daemons_.size()) == options_.expected_daemons;
-          Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ", request.address(), " (",
-                                 daemons_.size(), "/", options_.expected_daemons, ")"));
           break;
         }
         case rpc::ROLE_TRAINER:
@@ -464,14 +470,18 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     response->set_member_id(m.member_id());
     response->set_rank(m.rank());
+    if (m.role() == rpc::ROLE_DAEMON && m.rank() >= 0 && m.rank() < table_.size()) {
+      response->set_replacement(table_.slot(m.rank()).needs_state);
+    }
     response->set_expected_pushers(options_.expected_pushers);
     response->set_committed_version(committed_);
     rpc::DataPlane* dp = response->mutable_data_plane();
     dp->set_transport(options_.data_plane);
     dp->set_num_daemons(options_.expected_daemons);
     int world = options_.expected_daemons;
-    for (const DaemonEntry& d : daemons_) {
-      (*dp->mutable_address_book())[d.member.rank()] = d.member.data_plane_address();
+    for (int r = 0; r < table_.size(); ++r) {
+      if (!table_.slot(r).joined) continue;
+      (*dp->mutable_address_book())[r] = table_.slot(r).member.data_plane_address();
     }
     for (const rpc::Member& o : others_) {
       if (o.rank() < 0) continue;
@@ -490,9 +500,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     m.set_expected_pushers(options_.expected_pushers);
     m.set_optimizer(options_.optimizer_name);
     m.clear_daemons();
-    for (const DaemonEntry& d : daemons_) {
+    for (int r = 0; r < table_.size(); ++r) {
+      const DaemonSlot& d = table_.slot(r);
+      if (!d.joined) continue;
       rpc::DaemonInfo* info = m.add_daemons();
-      info->set_rank(d.member.rank());
+      info->set_rank(r);
       info->set_address(d.member.address());
       info->set_data_plane_address(d.member.data_plane_address());
       info->set_published_version(d.published);
@@ -502,12 +514,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
 
   // True if the committed version advanced.
   bool RecomputeCommittedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (daemons_.empty() || static_cast<int>(daemons_.size()) < options_.expected_daemons ||
-        manifest_.tensors_size() == 0) {
-      return false;
-    }
-    int64_t v = daemons_[0].published;
-    for (const DaemonEntry& d : daemons_) v = std::min(v, d.published);
+    if (!table_.all_joined() || manifest_.tensors_size() == 0) return false;
+    int64_t v = table_.slot(0).published;
+    for (int r = 0; r < table_.size(); ++r) v = std::min(v, table_.slot(r).published);
     if (v <= committed_) return false;
     const int64_t before = committed_;
     committed_ = v;
@@ -643,7 +652,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       sp->set_row_begin(p.row_begin);
       sp->set_row_end(p.row_end);
       sp->set_daemon_rank(p.daemon);
-      sp->set_daemon_address(daemons_[p.daemon].member.address());
+      sp->set_daemon_address(table_.slot(p.daemon).member.address());
     }
     manifest.set_expected_pushers(options_.expected_pushers);
     manifest.set_optimizer(options_.optimizer_name);
@@ -657,9 +666,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     {
       absl::MutexLock lock(&mu_);
       absl::Status s;
-      if (static_cast<int>(daemons_.size()) < options_.expected_daemons) {
-        s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", daemons_.size(), " of ",
+      if (!table_.all_joined()) {
+        s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", table_.joined(), " of ",
                                                 options_.expected_daemons, " joined"));
+      } else if (absl::Status ready = table_.CheckAllReady("a load", absl::Now()); !ready.ok()) {
+        s = ready;
       } else if (loading_) {
         s = absl::FailedPreconditionError("a load is already in progress");
       }
@@ -677,12 +688,12 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       done(manifest.status(), rpc::LoadResponse());
       return;
     }
-    std::vector<rpc::Daemon::Stub*> stubs;
+    std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
     {
       absl::MutexLock lock(&mu_);
       manifest_ = *manifest;
       committed_ = -1;
-      for (DaemonEntry& d : daemons_) d.published = -1;
+      for (int r = 0; r < table_.size(); ++r) table_.slot(r).published = -1;
       stubs = StubsLocked();
     }
     LogInfo(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
@@ -724,8 +735,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
             loading_ = false;
             if (s.ok()) {
               for (size_t i = 0; i < calls.size(); ++i) {
-                daemons_[i].published =
-                    std::max(daemons_[i].published, calls[i]->response.published_version());
+                DaemonSlot& d = table_.slot(static_cast<int>(i));
+                d.published = std::max(d.published, calls[i]->response.published_version());
               }
               advanced = RecomputeCommittedLocked();
             }
@@ -743,7 +754,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<DaemonEntry> daemons_ ABSL_GUARDED_BY(mu_);  // by rank
+  std::thread lease_thread_;
+  DaemonTable table_ ABSL_GUARDED_BY(mu_);  // daemon ranks, leases
+  // By rank; replaced when a daemon (re)joins. Shared with calls in flight.
+  std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  int64_t daemons_lost_ ABSL_GUARDED_BY(mu_) = 0;  // leases that expired
   std::vector<rpc::Member> others_ ABSL_GUARDED_BY(mu_);   // trainers, observers
   int next_member_ ABSL_GUARDED_BY(mu_) = 0;
   int next_trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
@@ -823,5 +838,7 @@ rpc::Manifest Coordinator::manifest() const { return impl_->manifest(); }
 int Coordinator::joined_daemons() const { return impl_->joined_daemons(); }
 int Coordinator::expected_daemons() const { return impl_->options().expected_daemons; }
 absl::Status Coordinator::startup_error() const { return impl_->startup_error(); }
+std::vector<rpc::Member> Coordinator::daemon_members() const { return impl_->daemon_members(); }
+int64_t Coordinator::daemons_lost() const { return impl_->daemons_lost(); }
 
 }  // namespace paramd

@@ -14,8 +14,13 @@
 // it. Steps are driven by the trainers' pushes (each daemon steps on its
 // own when all expected pushers have pushed) or by the admin Step RPC.
 //
+// Membership (server/membership.h): a daemon keeps its rank by heartbeats;
+// one silent for longer than the lease is DOWN, and a process started with
+// its rank (or at its address) takes its place.
+//
 // Threading: thread-safe; gRPC callbacks never block (waits are reactors
-// woken by state changes, fan-outs to daemons are async calls).
+// woken by state changes, fan-outs to daemons are async calls). One thread
+// of its own checks the leases.
 #ifndef PARAMD_SERVER_COORDINATOR_H_
 #define PARAMD_SERVER_COORDINATOR_H_
 
@@ -69,6 +74,11 @@ struct CoordinatorOptions {
   // Every Nth committed version is logged at INFO (the others at --v=1):
   // a line per version would be 360k lines an hour at 10 ms steps.
   int log_every_versions = 100;
+  // A daemon whose heartbeats stop for this long is DOWN (logged, in
+  // GetStatus and the metrics): steps needing it are refused with
+  // UNAVAILABLE naming it until a replacement takes its rank. The daemons
+  // heartbeat every DaemonOptions::heartbeat_interval (default 250 ms).
+  absl::Duration daemon_lease = absl::Milliseconds(1500);
   // Called (on a gRPC thread, must not block) after each newly committed
   // version, e.g. to start a periodic checkpoint.
   std::function<void(int64_t version)> on_commit;
@@ -100,6 +110,11 @@ class Coordinator {
   // the process cannot become what it was started to be (server/server.h
   // exits with it).
   absl::Status startup_error() const;
+  // The daemons that have joined, by rank, with their lease state
+  // (Member.state, heartbeat_age_seconds, down_reason).
+  std::vector<rpc::Member> daemon_members() const;
+  // Leases that expired since start (daemons seen dead or stopped).
+  int64_t daemons_lost() const;
 
   class Impl;
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <utility>
@@ -26,6 +27,7 @@
 #include "server/convert.h"
 #include "server/data_plane.h"
 #include "server/device_channel.h"
+#include "server/lease_keeper.h"
 #include "server/restore.h"
 #include "server/shard_backend.h"
 
@@ -120,7 +122,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
  public:
   friend class Daemon;
   Impl(DaemonOptions options, gpu_backend::DaemonBackend backend)
-      : options_(std::move(options)), backend_(backend), backend_auto_(options_.backend == "auto") {}
+      : options_(std::move(options)),
+        backend_(backend),
+        backend_auto_(options_.backend == "auto"),
+        incarnation_(NewIncarnation()) {}
 
   ~Impl() override { Shutdown(); }
 
@@ -139,6 +144,21 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     channel_ = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args);
     coordinator_ = rpc::Coordinator::NewStub(channel_);
     join_thread_ = std::thread([this] { JoinLoop(); });
+    lease_ = std::make_unique<LeaseKeeper>(
+        coordinator_.get(), options_.heartbeat_interval,
+        [this]() -> std::optional<rpc::HeartbeatRequest> {
+          absl::MutexLock lock(&mu_);
+          if (rank_ < 0 || replaced_) return std::nullopt;
+          rpc::HeartbeatRequest r;
+          r.set_rank(rank_);
+          r.set_member_id(member_id_);
+          r.set_incarnation(incarnation_);
+          r.set_published_version(latest_ ? latest_->version : -1);
+          return r;
+        },
+        [this](const rpc::HeartbeatRequest& request, rpc::HeartbeatVerdict verdict) {
+          OnHeartbeatVerdict(request, verdict);
+        });
   }
 
   void Shutdown() {
@@ -149,6 +169,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       if (join_context_ != nullptr) join_context_->TryCancel();
     }
     if (join_thread_.joinable()) join_thread_.join();
+    lease_.reset();
     std::vector<uint64_t> channels;
     {
       absl::MutexLock lock(&mu_);
@@ -330,6 +351,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     absl::MutexLock lock(&mu_);
     FetchTarget t;
     if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    RETURN_IF_ERROR(CheckNotReplacedLocked());
     if (!latest_ || version > latest_->version) return t;  // wait
     t.view = view_;
     t.rank = rank_;
@@ -435,9 +457,42 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   }
 
  private:
+  static std::string NewIncarnation() {
+    std::random_device device;
+    std::mt19937_64 rng((static_cast<uint64_t>(device()) << 32) ^ device() ^
+                        static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())));
+    return absl::StrCat(absl::Hex(rng(), absl::kZeroPad16));
+  }
+
+  // A daemon whose rank another process took (it was stopped past its
+  // lease, then continued) must not serve or take pushes: its state is
+  // from before the recovery.
+  absl::Status CheckNotReplacedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!replaced_) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this daemon (rank ", rank_, ") was replaced by another process after its lease expired; "
+        "ask the coordinator for the current daemons"));
+  }
+
+  // Lease keeper thread: a heartbeat's verdict other than OK.
+  void OnHeartbeatVerdict(const rpc::HeartbeatRequest& request, rpc::HeartbeatVerdict verdict) {
+    absl::MutexLock lock(&mu_);
+    if (verdict == rpc::HEARTBEAT_REPLACED && !replaced_) {
+      replaced_ = true;
+      Log(kTag, absl::StrCat("rank ", request.rank(),
+                             " was taken by another daemon (this one missed its lease); "
+                             "refusing fetches and pushes from now on"));
+    } else if (verdict == rpc::HEARTBEAT_UNKNOWN && !unknown_logged_) {
+      unknown_logged_ = true;
+      Log(kTag, absl::StrCat("the coordinator does not know rank ", request.rank(), " (",
+                             request.member_id(), ")"));
+    }
+  }
+
   absl::Status CheckPushLocked(int64_t version, const std::string& pusher)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pusher.empty()) return absl::InvalidArgumentError("push without pusher_id");
+    RETURN_IF_ERROR(CheckNotReplacedLocked());
     if (!latest_) {
       return absl::FailedPreconditionError("no model published on this daemon yet");
     }
@@ -728,6 +783,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     request.set_name(absl::StrCat("daemon@", request.address()));
     request.set_wait_for_world(true);
     absl::Time next_waiting_log = absl::InfinitePast();
+    request.set_incarnation(incarnation_);
+    if (options_.rank >= 0) request.set_rank(options_.rank);
+    bool unavailable_logged = false;
     while (absl::Now() < give_up) {
       // Until the coordinator answers, say so every few seconds (a daemon
       // started before its coordinator is not silent).
@@ -762,6 +820,18 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         join_context_ = nullptr;
         if (shut_down_) return;
       }
+      if (s.ok() && response.replacement()) {
+        // The world's data plane is rebuilt by the coordinator's recovery,
+        // which also gives this daemon the rank's state.
+        absl::MutexLock lock(&mu_);
+        rank_ = response.rank();
+        member_id_ = response.member_id();
+        Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
+                               response.data_plane().num_daemons(),
+                               ", replacing a daemon that went down; waiting for the "
+                               "coordinator's recovery"));
+        return;
+      }
       if (s.ok()) {
         absl::StatusOr<AllReduceMaxFn> all_reduce =
             data_plane_->Connect(response.data_plane(), response.rank());
@@ -783,6 +853,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         return;
       }
       const grpc::StatusCode code = s.error_code();
+      if (code == grpc::StatusCode::UNAVAILABLE && !s.error_message().empty() &&
+          !unavailable_logged) {
+        // E.g. --rank=N while the previous holder's lease has not expired.
+        unavailable_logged = true;
+        Log(kTag, absl::StrCat("join: ", s.error_message(), " (retrying)"));
+      }
       if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED) {
         absl::MutexLock lock(&mu_);
         join_error_ = absl::StrCat("join refused: ", s.error_message());
@@ -853,6 +929,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::thread join_thread_;
+  std::unique_ptr<LeaseKeeper> lease_;
   std::unique_ptr<DaemonDataPlane> data_plane_;  // written by the join thread only
   Worker worker_;
   WaitList publish_waiters_;
@@ -868,6 +945,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::string address_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
+  const std::string incarnation_;  // JoinRequest.incarnation
+  bool replaced_ ABSL_GUARDED_BY(mu_) = false;  // another process holds our rank
+  bool unknown_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::string join_error_ ABSL_GUARDED_BY(mu_);
   bool join_done_ ABSL_GUARDED_BY(mu_) = false;  // the join thread has finished
   AllReduceMaxFn all_reduce_ ABSL_GUARDED_BY(mu_);

@@ -77,6 +77,14 @@ struct DaemonOptions {
   // listen for their control messages: "" = 127.0.0.1:0 (trainers on this
   // machine); "0.0.0.0:0" for trainers on other machines.
   std::string device_channel_listen;
+  // The rank to take (hybrid-paramd --rank); -1: the coordinator picks one
+  // (the lowest not taken, else the lowest DOWN). A process started with
+  // the rank of a daemon that went down replaces it
+  // (docs/ARCHITECTURE.md "Membership").
+  int rank = -1;
+  // How often the daemon renews its lease with the coordinator (the
+  // coordinator's lease, default 1.5 s, should be several of these).
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);
 };
 
 // The daemon: its gRPC service and its worker. Served by ParamdServer

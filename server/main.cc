@@ -77,6 +77,14 @@ ABSL_FLAG(int32_t, gpu, -1,
 ABSL_FLAG(std::string, device_channel_listen, "",
           "daemon (--backend=gpu): listen address of device-fetch channel endpoints (\"\" = "
           "127.0.0.1:0, trainers on this machine; 0.0.0.0:0 across machines)");
+ABSL_FLAG(int32_t, rank, -1,
+          "daemon: the rank to take (-1 = the coordinator picks the lowest free one). A daemon "
+          "started with the rank of one that went down replaces it; see docs/ARCHITECTURE.md");
+ABSL_FLAG(int32_t, heartbeat_interval_ms, 250,
+          "daemon: how often to renew the lease with the coordinator");
+ABSL_FLAG(int32_t, daemon_lease_ms, 1500,
+          "coordinator: a daemon without a heartbeat for this long is DOWN (steps needing it "
+          "are refused until a replacement with its --rank joins)");
 ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
 ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
 ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
@@ -146,6 +154,11 @@ absl::Status Run() {
   options.daemon.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
   options.daemon.backend = absl::GetFlag(FLAGS_backend);
   options.daemon.device_channel_listen = absl::GetFlag(FLAGS_device_channel_listen);
+  options.daemon.rank = absl::GetFlag(FLAGS_rank);
+  if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 1 || absl::GetFlag(FLAGS_daemon_lease_ms) < 1) {
+    return absl::InvalidArgumentError("--heartbeat_interval_ms and --daemon_lease_ms must be >= 1");
+  }
+  options.daemon.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
 
   CoordinatorOptions& c = options.coordinator;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);
@@ -155,6 +168,7 @@ absl::Status Run() {
   c.model_path = absl::GetFlag(FLAGS_model);
   c.restore_from = absl::GetFlag(FLAGS_restore_from);
   c.restore_version = absl::GetFlag(FLAGS_restore_version);
+  c.daemon_lease = absl::Milliseconds(absl::GetFlag(FLAGS_daemon_lease_ms));
   c.optimizer_name = std::string(OptimizerName(opt.kind));
   if (options.run_coordinator) {
     auto recipe = std::make_shared<Recipe>(Recipe::Builtin());

@@ -45,6 +45,22 @@ class Collector : public prometheus::Collectable {
     if (Coordinator* c = server_->coordinator()) {
       out.push_back(Family("paramd_committed_version", "Committed model version (-1: none)",
                            MetricType::Gauge, static_cast<double>(c->committed_version())));
+      // Membership: one series per joined rank (1 = heartbeats within the
+      // lease), and how many leases expired since start.
+      prometheus::MetricFamily up;
+      up.name = "paramd_daemon_up";
+      up.help = "1 if the daemon of this rank renews its lease, 0 if it is DOWN";
+      up.type = MetricType::Gauge;
+      for (const rpc::Member& m : c->daemon_members()) {
+        prometheus::ClientMetric v;
+        v.label = {{"rank", std::to_string(m.rank())}, {"address", m.address()}};
+        v.gauge.value = m.state() == rpc::MEMBER_STATE_DOWN ? 0 : 1;
+        up.metric.push_back(std::move(v));
+      }
+      out.push_back(std::move(up));
+      out.push_back(Family("paramd_daemons_lost_total",
+                           "Daemon leases that expired (dead or stopped daemons)",
+                           MetricType::Counter, static_cast<double>(c->daemons_lost())));
     }
     if (Daemon* d = server_->daemon()) {
       const rpc::DaemonStats s = d->Stats(/*include_shards=*/false);

@@ -33,25 +33,11 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
                                                          absl::Seconds(20), &c->children_,
                                                          coordinator));
   c->coordinator_address_ = absl::StrCat("127.0.0.1:", port);
+  c->options_ = options;
   for (int i = 0; i < options.daemons; ++i) {
-    const std::string name = absl::StrCat("daemon", i);
-    std::vector<std::string> argv = {server,
-                                     "--role=daemon",
-                                     "--listen=127.0.0.1:0",
-                                     "--port_file=" + d + "/" + name + ".port",
-                                     "--coordinator=" + c->coordinator_address_,
-                                     "--optimizer=" + options.optimizer,
-                                     absl::StrFormat("--lr=%.9g", options.lr),
-                                     absl::StrFormat("--momentum=%.9g", options.momentum)};
-    argv.insert(argv.end(), options.daemon_flags.begin(), options.daemon_flags.end());
-    if (i < static_cast<int>(options.per_daemon_flags.size())) {
-      argv.insert(argv.end(), options.per_daemon_flags[i].begin(),
-                  options.per_daemon_flags[i].end());
-    }
-    ASSIGN_OR_RETURN(const int index,
-                     c->children_.Start({name, std::move(argv), log(name), log(name)}));
-    c->daemons_.push_back(index);
-    c->names_.push_back(name);
+    std::vector<std::string> extra;
+    if (i < static_cast<int>(options.per_daemon_flags.size())) extra = options.per_daemon_flags[i];
+    RETURN_IF_ERROR(c->SpawnDaemon(extra).status());
   }
   for (int i = 0; i < options.daemons; ++i) {
     ASSIGN_OR_RETURN(const int port,
@@ -61,6 +47,38 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   }
   return c;
 }
+
+absl::StatusOr<int> TestCluster::SpawnDaemon(const std::vector<std::string>& extra_flags) {
+  const int i = static_cast<int>(daemons_.size());
+  const std::string name = absl::StrCat("daemon", i);
+  const std::string d = dir();
+  std::vector<std::string> argv = {"server/hybrid-paramd",
+                                   "--role=daemon",
+                                   "--listen=127.0.0.1:0",
+                                   "--port_file=" + d + "/" + name + ".port",
+                                   "--coordinator=" + coordinator_address_,
+                                   "--optimizer=" + options_.optimizer,
+                                   absl::StrFormat("--lr=%.9g", options_.lr),
+                                   absl::StrFormat("--momentum=%.9g", options_.momentum)};
+  argv.insert(argv.end(), options_.daemon_flags.begin(), options_.daemon_flags.end());
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  const std::string log = d + "/" + name + ".log";
+  ASSIGN_OR_RETURN(const int index, children_.Start({name, std::move(argv), log, log}));
+  daemons_.push_back(index);
+  names_.push_back(name);
+  return i;
+}
+
+absl::StatusOr<int> TestCluster::StartDaemon(const std::vector<std::string>& extra_flags) {
+  ASSIGN_OR_RETURN(const int i, SpawnDaemon(extra_flags));
+  ASSIGN_OR_RETURN(const int port,
+                   demo::WaitForPortFile(absl::StrCat(dir(), "/daemon", i, ".port"),
+                                         absl::Seconds(20), &children_, daemons_[i]));
+  daemon_ports_.push_back(port);
+  return i;
+}
+
+void TestCluster::SignalDaemon(int d, int sig) { children_.Signal(daemons_[d], sig); }
 
 void TestCluster::KillDaemon(int d) {
   children_.Signal(daemons_[d], SIGKILL);

@@ -47,11 +47,20 @@ class TestCluster {
   int daemon_port(int d) const { return daemon_ports_[d]; }
   // SIGKILLs daemon `d` and reaps it.
   void KillDaemon(int d);
+  // Sends `sig` to daemon `d` (SIGSTOP / SIGCONT: a silent daemon).
+  void SignalDaemon(int d, int sig);
+  // Starts one more daemon process (the options' daemon flags plus
+  // `extra_flags`, e.g. --rank=1 for a replacement) and waits for its port;
+  // returns its index for daemon_port() / KillDaemon().
+  absl::StatusOr<int> StartDaemon(const std::vector<std::string>& extra_flags = {});
   // The last lines of every process's log, for failure messages.
   std::string Logs() const;
 
  private:
   explicit TestCluster(demo::TempDir dir) : dir_(std::move(dir)) {}
+  // Starts daemon process number daemons_.size() without waiting for it.
+  absl::StatusOr<int> SpawnDaemon(const std::vector<std::string>& extra_flags);
+  TestClusterOptions options_;
   demo::TempDir dir_;
   demo::ChildProcesses children_;
   std::vector<int> daemons_;

@@ -1,0 +1,134 @@
+#include "server/membership.h"
+
+#include "gtest/gtest.h"
+
+namespace paramd {
+namespace {
+
+const absl::Duration kLease = absl::Milliseconds(1500);
+
+rpc::JoinRequest Daemon(const std::string& address, const std::string& incarnation,
+                        int rank = -1) {
+  rpc::JoinRequest r;
+  r.set_role(rpc::ROLE_DAEMON);
+  r.set_address(address);
+  r.set_incarnation(incarnation);
+  if (rank >= 0) r.set_rank(rank);
+  return r;
+}
+
+rpc::HeartbeatRequest Beat(const rpc::Member& m) {
+  rpc::HeartbeatRequest h;
+  h.set_rank(m.rank());
+  h.set_member_id(m.member_id());
+  h.set_incarnation(m.incarnation());
+  return h;
+}
+
+TEST(DaemonTableTest, RanksFollowJoinOrderOrTheRankAsked) {
+  DaemonTable t(3, kLease);
+  const absl::Time now = absl::Now();
+  auto a = t.Join(Daemon("h:1", "a", 2), now, false);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->member.rank(), 2);
+  auto b = t.Join(Daemon("h:2", "b"), now, false);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->member.rank(), 0);
+  EXPECT_FALSE(t.all_joined());
+  auto c = t.Join(Daemon("h:3", "c"), now, false);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->member.rank(), 1);
+  EXPECT_TRUE(t.all_joined());
+  EXPECT_TRUE(t.CheckAllReady("a step", now).ok());
+  // A fourth, with every rank alive: refused without retry.
+  EXPECT_TRUE(absl::IsFailedPrecondition(t.Join(Daemon("h:4", "d"), now, false).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(t.Join(Daemon("h:4", "d", 3), now, false).status()));
+  // The same incarnation again: a retry, same answer.
+  auto again = t.Join(Daemon("h:1", "a", 2), now, false);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->retry);
+  EXPECT_EQ(again->member.member_id(), a->member.member_id());
+}
+
+TEST(DaemonTableTest, SilentDaemonGoesDownAndAReplacementTakesItsRank) {
+  DaemonTable t(2, kLease);
+  absl::Time now = absl::Now();
+  auto a = t.Join(Daemon("h:1", "a"), now, false);
+  auto b = t.Join(Daemon("h:2", "b"), now, false);
+  ASSERT_TRUE(a.ok() && b.ok());
+  // A replacement for rank 1 while its holder is alive: retry later.
+  absl::Status early = t.Join(Daemon("h:3", "c", 1), now, true).status();
+  EXPECT_TRUE(absl::IsUnavailable(early)) << early;
+  EXPECT_NE(early.message().find("h:2"), std::string::npos) << early;
+
+  now += absl::Milliseconds(1000);
+  bool revived = true;
+  EXPECT_EQ(t.Heartbeat(Beat(a->member), now, &revived), rpc::HEARTBEAT_OK);
+  EXPECT_FALSE(revived);
+  EXPECT_TRUE(t.ExpireLeases(now).empty());
+  now += absl::Milliseconds(600);  // rank 1: 1.6 s without a heartbeat
+  EXPECT_EQ(t.ExpireLeases(now), std::vector<int>{1});
+  EXPECT_TRUE(t.ExpireLeases(now).empty());  // reported once
+  EXPECT_FALSE(t.alive(1));
+  absl::Status step = t.CheckAllReady("step from version 3", now);
+  EXPECT_TRUE(absl::IsUnavailable(step));
+  EXPECT_NE(step.message().find("rank 1 (h:2)"), std::string::npos) << step;
+  EXPECT_NE(step.message().find("--rank=1"), std::string::npos) << step;
+
+  auto c = t.Join(Daemon("h:3", "c", 1), now, /*model_loaded=*/true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->replaced);
+  EXPECT_EQ(c->member.rank(), 1);
+  EXPECT_NE(c->member.member_id(), b->member.member_id());
+  EXPECT_EQ(c->member.state(), rpc::MEMBER_STATE_RECOVERING);
+  EXPECT_TRUE(t.slot(1).needs_state);
+  EXPECT_TRUE(absl::IsUnavailable(t.CheckAllReady("a step", now)));
+  // The old process, continued, learns it was replaced.
+  EXPECT_EQ(t.Heartbeat(Beat(b->member), now, &revived), rpc::HEARTBEAT_REPLACED);
+  t.slot(1).needs_state = false;
+  t.slot(1).member.set_state(rpc::MEMBER_STATE_ALIVE);
+  EXPECT_TRUE(t.CheckAllReady("a step", now).ok());
+}
+
+TEST(DaemonTableTest, StoppedDaemonThatResumesIsAliveAgain) {
+  DaemonTable t(1, kLease);
+  absl::Time now = absl::Now();
+  auto a = t.Join(Daemon("h:1", "a"), now, true);
+  ASSERT_TRUE(a.ok());
+  now += absl::Seconds(2);
+  EXPECT_EQ(t.ExpireLeases(now).size(), 1u);
+  EXPECT_EQ(t.Members(now)[0].state(), rpc::MEMBER_STATE_DOWN);
+  EXPECT_NEAR(t.Members(now)[0].heartbeat_age_seconds(), 2.0, 1e-6);
+  bool revived = false;
+  EXPECT_EQ(t.Heartbeat(Beat(a->member), now, &revived), rpc::HEARTBEAT_OK);
+  EXPECT_TRUE(revived);
+  EXPECT_TRUE(t.alive(0));
+}
+
+TEST(DaemonTableTest, NewProcessAtTheSameAddressReplacesTheOldOne) {
+  DaemonTable t(2, kLease);
+  const absl::Time now = absl::Now();
+  ASSERT_TRUE(t.Join(Daemon("h:1", "a"), now, false).ok());
+  ASSERT_TRUE(t.Join(Daemon("h:2", "b"), now, false).ok());
+  // Restarted on its port before its lease expired, without --rank.
+  auto c = t.Join(Daemon("h:2", "c"), now, true);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->replaced);
+  EXPECT_EQ(c->member.rank(), 1);
+  EXPECT_EQ(c->member.incarnation(), "c");
+}
+
+TEST(DaemonTableTest, HeartbeatOfAnUnknownMemberAsksForAJoin) {
+  DaemonTable t(2, kLease);
+  rpc::HeartbeatRequest h;
+  h.set_rank(0);
+  h.set_member_id("daemon-0");
+  h.set_incarnation("x");
+  bool revived = false;
+  EXPECT_EQ(t.Heartbeat(h, absl::Now(), &revived), rpc::HEARTBEAT_UNKNOWN);
+  h.set_rank(7);
+  EXPECT_EQ(t.Heartbeat(h, absl::Now(), &revived), rpc::HEARTBEAT_UNKNOWN);
+}
+
+}  // namespace
+}  // namespace paramd
