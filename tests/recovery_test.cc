@@ -63,7 +63,13 @@ class MembershipTest : public ::testing::Test {
     client_ = *std::move(c);
     const std::string model = cluster_->dir() + "/model.safetensors";
     WriteModel(model);
-    auto v = client_->Load(model, "", absl::Seconds(30));
+    // UNAVAILABLE until both daemons have joined.
+    absl::StatusOr<int64_t> v;
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      v = client_->Load(model, "", absl::Seconds(30));
+      if (!absl::IsUnavailable(v.status())) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
     ASSERT_TRUE(v.ok()) << v.status() << cluster_->Logs();
     auto stepped = client_->Step(0, /*wait=*/true, absl::Seconds(30));
     ASSERT_TRUE(stepped.ok()) << stepped.status() << cluster_->Logs();
