@@ -273,6 +273,14 @@ class Client::Impl {
   std::string member_id_;
   int rank_ = -1;
 
+  std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    return DaemonChannelLocked(address);
+  }
+  absl::StatusOr<int64_t> LoadDeclared(
+      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+      const std::string& recipe, absl::Time deadline);
+
  private:
   // One (tensor, direction) of a fetch, resolved against the manifest.
   struct Resolved {
@@ -294,6 +302,8 @@ class Client::Impl {
     manifest_ = std::move(m);
   }
   std::shared_ptr<rpc::Daemon::Stub> DaemonStub(const std::string& address);
+  std::shared_ptr<grpc::Channel> DaemonChannelLocked(const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FetchFromDaemon(int64_t version, const std::string& address,
                                const rpc::FetchRequest& request,
                                std::map<std::pair<std::string, Direction>, int>& index,
@@ -310,6 +320,7 @@ class Client::Impl {
   mutable absl::Mutex mu_;
   Manifest manifest_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<rpc::Daemon::Stub>> daemons_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<grpc::Channel>> daemon_channels_ ABSL_GUARDED_BY(mu_);
   FetchStats totals_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -378,8 +389,14 @@ absl::StatusOr<Layout> Client::Impl::LayoutOf(const std::string& tensor,
 std::shared_ptr<rpc::Daemon::Stub> Client::Impl::DaemonStub(const std::string& address) {
   absl::MutexLock lock(&mu_);
   auto& stub = daemons_[address];
-  if (stub == nullptr) stub = rpc::Daemon::NewStub(MakeChannel(address));
+  if (stub == nullptr) stub = rpc::Daemon::NewStub(DaemonChannelLocked(address));
   return stub;
+}
+
+std::shared_ptr<grpc::Channel> Client::Impl::DaemonChannelLocked(const std::string& address) {
+  auto& channel = daemon_channels_[address];
+  if (channel == nullptr) channel = MakeChannel(address);
+  return channel;
 }
 
 absl::StatusOr<int64_t> Client::Impl::WaitForVersion(int64_t min_version, absl::Time deadline) {
@@ -740,6 +757,26 @@ absl::StatusOr<int64_t> Client::Impl::Load(const std::string& path, const std::s
   return response.committed_version();
 }
 
+absl::StatusOr<int64_t> Client::Impl::LoadDeclared(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+    const std::string& recipe, absl::Time deadline) {
+  rpc::LoadRequest request;
+  for (const auto& [name, shape] : tensors) {
+    rpc::TensorDecl* d = request.add_tensors();
+    d->set_name(name);
+    for (int64_t s : shape) d->add_shape(s);
+  }
+  request.set_recipe_text(recipe);
+  rpc::LoadResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(ToChrono(deadline));
+  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->Load(&context, request, &response),
+                                 absl::StrCat("load of ", tensors.size(), " declared tensors")));
+  ASSIGN_OR_RETURN(Manifest m, ManifestFromProto(response.manifest()));
+  SetManifest(std::move(m));
+  return response.committed_version();
+}
+
 absl::StatusOr<int64_t> Client::Impl::Step(int64_t version, bool wait, absl::Time deadline) {
   rpc::StepRequest request;
   request.set_version(version);
@@ -802,6 +839,16 @@ absl::StatusOr<int64_t> Client::Load(const std::string& safetensors_path,
 
 absl::StatusOr<int64_t> Client::Step(int64_t version, bool wait, absl::Duration timeout) {
   return impl_->Step(version, wait, impl_->DeadlineFor(timeout));
+}
+
+absl::StatusOr<int64_t> Client::LoadDeclared(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+    const std::string& recipe_text, absl::Duration timeout) {
+  return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout));
+}
+
+std::shared_ptr<grpc::Channel> Client::DaemonChannel(const std::string& address) {
+  return impl_->DaemonChannel(address);
 }
 
 FetchStats Client::fetch_stats() const { return impl_->fetch_stats(); }

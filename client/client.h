@@ -68,6 +68,10 @@
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
 
+namespace grpc {
+class Channel;
+}
+
 namespace paramd {
 namespace client {
 
@@ -292,6 +296,17 @@ class Client {
   absl::StatusOr<int64_t> Load(const std::string& safetensors_path,
                                const std::string& recipe_text = "",
                                absl::Duration timeout = absl::ZeroDuration());
+  // Declares a model by its tensors' names and shapes (optional recipe):
+  // the daemons then wait for the values through Daemon.PushWeights, which
+  // client/weight_stream.h streams from this machine (no shared path).
+  // Refreshes the manifest; returns the committed version (-1 until every
+  // daemon has all its rows).
+  absl::StatusOr<int64_t> LoadDeclared(
+      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+      const std::string& recipe_text = "", absl::Duration timeout = absl::ZeroDuration());
+  // The gRPC channel to the daemon at `address` (cached; shared with this
+  // client's own calls, so it has the client's channel settings).
+  std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& address);
   // Admin step from `version` (the committed one); with `wait`, returns the
   // newly committed version.
   absl::StatusOr<int64_t> Step(int64_t version, bool wait,

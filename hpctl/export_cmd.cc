@@ -18,38 +18,11 @@
 #include "checkpoint/remote_export.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
+#include "hpctl/progress.h"
 
 namespace paramd {
 namespace hpctl {
 namespace {
-
-// "\r[#########           ]  45%  1.2/2.7 GB  350 MB/s" on a terminal.
-class ProgressBar {
- public:
-  explicit ProgressBar(bool enabled) : enabled_(enabled), start_(Clock::now()) {}
-  void Update(uint64_t done, uint64_t total) {
-    if (!enabled_) return;
-    const auto now = Clock::now();
-    if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const double fraction = total == 0 ? 1.0 : static_cast<double>(done) / total;
-    const int filled = static_cast<int>(fraction * kWidth);
-    const double seconds = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "\r[%s%s] %3d%%  %.2f/%.2f GB  %.0f MB/s ",
-                 std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
-                 static_cast<int>(fraction * 100), done / 1e9, total / 1e9,
-                 seconds > 0 ? done / 1e6 / seconds : 0.0);
-    if (done == total) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  static constexpr int kWidth = 30;
-  bool enabled_;
-  Clock::time_point start_;
-  Clock::time_point last_;
-};
 
 int RunExport(int argc, char** argv) {
   ClusterOptions cluster;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
+#include "common/status_macros.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "safetensors/safetensors.h"
@@ -43,22 +44,50 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
                                       values->size() * sizeof(float)));
     return s.ok() ? (*writer)->Finish() : s;
   }
-  metadata["content"] =
-      "FORMATS.md buffers: 'scales' (if any) then 'data', shapes of the layout; see hpctl fetch "
-      "--help";
-  std::vector<st::TensorSpec> specs;
+  // The buffers under the tensor's name, typed where safetensors has the
+  // type: FP8 data as F8_E4M3 / F8_E5M2, identity data as BF16 / F32,
+  // packed FP4 as U8; scales as F32, F8_E8M0 (MXFP8) or F8_E4M3 (NVFP4's
+  // UE4M3); per-tensor scalars as their own F32 tensors.
+  metadata["content"] = absl::StrCat(
+      "FORMATS.md buffers: '", t.tensor, "' (data), '", t.tensor, ".scales', '", t.tensor,
+      ".scale_inv', '", t.tensor, ".amax' where the format has them; see hpctl fetch --help");
   const Layout& l = t.layout;
-  if (l.scale_bytes() > 0) {
-    specs.push_back({"scales", l.scale_elem_bytes == 4 ? st::Dtype::kF32 : st::Dtype::kU8,
-                     {l.scale_rows, l.scale_cols}});
+  st::Dtype data_dtype = st::Dtype::kU8;
+  int64_t elem = 1;
+  switch (q.format) {
+    case Format::kIdentityBf16:
+      data_dtype = st::Dtype::kBF16, elem = 2;
+      break;
+    case Format::kIdentityFp32:
+      data_dtype = st::Dtype::kF32, elem = 4;
+      break;
+    case Format::kNvfp4:
+      metadata["element"] = "e2m1x2 (two FP4 codes per byte, even index in the low nibble)";
+      break;
+    default:
+      data_dtype = t.spec.fp8_type == Fp8Type::kE5M2 ? st::Dtype::kF8E5M2 : st::Dtype::kF8E4M3;
   }
-  specs.push_back({"data", st::Dtype::kU8, {l.data_rows, l.data_row_bytes}});
+  const bool per_tensor = q.format == Format::kFp8Delayed || q.format == Format::kFp8Current;
+  const bool has_amax = per_tensor || q.format == Format::kNvfp4;
+  std::vector<st::TensorSpec> specs;
+  if (l.scale_bytes() > 0) {
+    const st::Dtype sd = l.scale_elem_bytes == 4         ? st::Dtype::kF32
+                         : q.format == Format::kMxfp8 ? st::Dtype::kF8E8M0
+                                                      : st::Dtype::kF8E4M3;
+    specs.push_back({t.tensor + ".scales", sd, {l.scale_rows, l.scale_cols}});
+  }
+  if (per_tensor) specs.push_back({t.tensor + ".scale_inv", st::Dtype::kF32, {}});
+  if (has_amax) specs.push_back({t.tensor + ".amax", st::Dtype::kF32, {}});
+  specs.push_back({t.tensor, data_dtype, {l.data_rows, l.data_row_bytes / elem}});
   auto writer = st::SafetensorsWriter::Create(path, specs, metadata);
   if (!writer.ok()) return writer.status();
-  if (l.scale_bytes() > 0) {
-    if (absl::Status s = (*writer)->WriteTensor("scales", q.scales); !s.ok()) return s;
-  }
-  if (absl::Status s = (*writer)->WriteTensor("data", q.data); !s.ok()) return s;
+  auto scalar = [](const float& f) {
+    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&f), sizeof(float));
+  };
+  if (l.scale_bytes() > 0) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".scales", q.scales));
+  if (per_tensor) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".scale_inv", scalar(q.scale_inv)));
+  if (has_amax) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".amax", scalar(q.amax)));
+  RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor, q.data));
   return (*writer)->Finish();
 }
 
@@ -72,10 +101,14 @@ int RunFetch(int argc, char** argv) {
       "hpctl fetch TENSOR --out FILE [--direction rowwise|columnwise] [--version V] "
       "[--dequantize]",
       "Fetches one published direction of one tensor (assembled from every daemon holding a "
-      "piece of it) and writes a safetensors file: tensors 'data' (U8 [data_rows, "
-      "data_row_bytes]) and 'scales' (U8 or F32 [scale_rows, scale_cols], if the format has "
-      "them) exactly as in FORMATS.md, with format, direction, version, rows, cols, scale_inv "
-      "and amax in the metadata. --dequantize writes the FP32 [rows, cols] values instead.");
+      "piece of it) and writes a safetensors file with the buffers exactly as in FORMATS.md: "
+      "TENSOR (the data: F8_E4M3 / F8_E5M2 for FP8 formats, BF16 / F32 for identity formats, "
+      "U8 packed for NVFP4; [data_rows, elements per row], [K, M] when transposed), "
+      "TENSOR.scales (F32, F8_E8M0 for MXFP8, F8_E4M3 for NVFP4's UE4M3; [scale_rows, "
+      "scale_cols]) where the format has a scale buffer, and scalar F32 TENSOR.scale_inv "
+      "(per-tensor FP8) and TENSOR.amax (per-tensor FP8, NVFP4); format, direction, version, "
+      "rows, cols, scale_inv and amax are in the metadata too. --dequantize writes the FP32 "
+      "[rows, cols] values instead.");
   cluster.AddTo(opts);
   opts.AddString("direction", &direction_name, "rowwise or columnwise");
   opts.AddInt("version", &version, "version to fetch; -1 = the committed one");

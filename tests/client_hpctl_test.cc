@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -169,8 +171,16 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   EXPECT_EQ(file->metadata().at("direction"), "columnwise");
   EXPECT_EQ(file->metadata().at("transposed"), "true");
   EXPECT_EQ(file->metadata().at("version"), "0");
-  ASSERT_NE(file->Find("data"), nullptr);
-  EXPECT_EQ(file->Find("data")->shape, (std::vector<int64_t>{256, 384}));  // [K][M]
+  const safetensors::TensorInfo* data = file->Find("w.weight");
+  ASSERT_NE(data, nullptr);
+  EXPECT_EQ(data->dtype, safetensors::Dtype::kF8E4M3);
+  EXPECT_EQ(data->shape, (std::vector<int64_t>{256, 384}));  // [K][M]
+  EXPECT_EQ(file->Find("w.weight.scales"), nullptr);  // per-tensor: no scale buffer
+  const safetensors::TensorInfo* scale_inv = file->Find("w.weight.scale_inv");
+  ASSERT_NE(scale_inv, nullptr);
+  EXPECT_EQ(scale_inv->dtype, safetensors::Dtype::kF32);
+  EXPECT_TRUE(scale_inv->shape.empty());
+  ASSERT_NE(file->Find("w.weight.amax"), nullptr);
 
   // The same bytes a trainer gets through the library.
   client::ClientOptions options;
@@ -180,7 +190,25 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   ASSERT_TRUE(c.ok()) << c.status();
   auto fetched = (*c)->Fetch(0, {{"w.weight", Direction::kColumnwise, {}, {}}});
   ASSERT_TRUE(fetched.ok()) << fetched.status();
-  EXPECT_TRUE(*file->ReadTensor("data") == fetched->tensors[0].value.data);
+  EXPECT_TRUE(*file->ReadTensor("w.weight") == fetched->tensors[0].value.data);
+  auto si = file->ReadTensor("w.weight.scale_inv");
+  ASSERT_TRUE(si.ok());
+  float scale_inv_value;
+  std::memcpy(&scale_inv_value, si->data(), 4);
+  EXPECT_EQ(scale_inv_value, fetched->tensors[0].value.scale_inv);
+
+  // NVFP4 rowwise: packed U8 data, UE4M3 scales as F8_E4M3, the global amax.
+  const std::string nv = dir_ + "/w_nv.safetensors";
+  HpctlRun fetch_nv = Hpctl({"fetch", "w.weight", "--out=" + nv});
+  ASSERT_EQ(fetch_nv.exit_code, 0) << fetch_nv.out;
+  auto nv_file = safetensors::SafetensorsFile::Open(nv);
+  ASSERT_TRUE(nv_file.ok()) << nv_file.status();
+  ASSERT_NE(nv_file->Find("w.weight"), nullptr);
+  EXPECT_EQ(nv_file->Find("w.weight")->dtype, safetensors::Dtype::kU8);
+  ASSERT_NE(nv_file->Find("w.weight.scales"), nullptr);
+  EXPECT_EQ(nv_file->Find("w.weight.scales")->dtype, safetensors::Dtype::kF8E4M3);
+  EXPECT_NE(nv_file->Find("w.weight.amax"), nullptr);
+  EXPECT_EQ(nv_file->Find("w.weight.scale_inv"), nullptr);
 
   const std::string deq = dir_ + "/w_row.safetensors";
   HpctlRun fetch2 = Hpctl({"fetch", "w.weight", "--out=" + deq, "--dequantize"});
@@ -205,6 +233,92 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   EXPECT_TRUE(absl::StrContains(missing.out, "NOT_FOUND")) << missing.out;
   HpctlRun usage = Hpctl({"fetch", "w.weight"});
   EXPECT_EQ(usage.exit_code, 2) << usage.out;
+}
+
+// A sharded Hugging Face checkpoint (two shards + model.safetensors.index.json
+// with F32, BF16 and F16 tensors), streamed from "this machine": the values
+// the daemons hold are exactly the files' (identity FP32 copies).
+TEST_F(HpctlTest, LoadStreamsAShardedCheckpoint) {
+  namespace st = safetensors;
+  const std::string ckpt = dir_ + "/hf";
+  ASSERT_EQ(system(("mkdir -p " + ckpt).c_str()), 0);
+  std::vector<float> a(300 * 40), c(7);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = std::cos(0.01f * i);
+  for (size_t i = 0; i < c.size(); ++i) c[i] = 0.5f * i;
+  std::vector<uint16_t> b16(64 * 3), f16(16);
+  std::vector<float> b_want(b16.size()), f_want(f16.size());
+  for (size_t i = 0; i < b16.size(); ++i) {
+    b16[i] = static_cast<uint16_t>(0x3F80 + i);  // 1.0 + i ulps (BF16)
+    const uint32_t bits = static_cast<uint32_t>(b16[i]) << 16;
+    std::memcpy(&b_want[i], &bits, 4);
+  }
+  for (size_t i = 0; i < f16.size(); ++i) {
+    f16[i] = static_cast<uint16_t>(0x3C00 + 3 * i);  // 1.0 + 3i ulps (F16)
+    f_want[i] = 1.0f + 3.0f * i / 1024.0f;
+  }
+  f16[15] = 0x0001;  // the smallest F16 subnormal
+  f_want[15] = std::ldexp(1.0f, -24);
+  auto u8 = [](const auto& v) {
+    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v.data()),
+                               v.size() * sizeof(v[0]));
+  };
+  {
+    auto w = st::SafetensorsWriter::Create(ckpt + "/model-00001-of-00002.safetensors",
+                                           {{"a.weight", st::Dtype::kF32, {300, 40}},
+                                            {"b.weight", st::Dtype::kBF16, {64, 3}}});
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->WriteTensor("a.weight", u8(a)).ok());
+    ASSERT_TRUE((*w)->WriteTensor("b.weight", u8(b16)).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+    auto w2 = st::SafetensorsWriter::Create(ckpt + "/model-00002-of-00002.safetensors",
+                                            {{"c.bias", st::Dtype::kF32, {7}},
+                                             {"f.weight", st::Dtype::kF16, {4, 4}}});
+    ASSERT_TRUE(w2.ok());
+    ASSERT_TRUE((*w2)->WriteTensor("c.bias", u8(c)).ok());
+    ASSERT_TRUE((*w2)->WriteTensor("f.weight", u8(f16)).ok());
+    ASSERT_TRUE((*w2)->Finish().ok());
+  }
+  std::ofstream(ckpt + "/model.safetensors.index.json")
+      << R"({"metadata": {"total_size": 1}, "weight_map": {)"
+      << R"("a.weight": "model-00001-of-00002.safetensors", )"
+      << R"("b.weight": "model-00001-of-00002.safetensors", )"
+      << R"("c.bias": "model-00002-of-00002.safetensors", )"
+      << R"("f.weight": "model-00002-of-00002.safetensors"}})";
+  std::ofstream(dir_ + "/fp32.textproto")
+      << "default_spec { rowwise { format: IDENTITY_FP32 } columnwise_usage: false "
+         "source_dtype: FP32 }";
+  HpctlRun run;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    run = Hpctl({"load", ckpt + "/model.safetensors.index.json",
+                 "--recipe=" + dir_ + "/fp32.textproto"});
+    if (run.exit_code == 0 || !absl::StrContains(run.out, "UNAVAILABLE")) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(run.exit_code, 0) << run.out << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(run.out, "streaming 4 tensors from 2 file(s)")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "streamed")) << run.out;  // progress (not a tty)
+  EXPECT_TRUE(absl::StrContains(run.out, "loaded 4 tensors on 2 daemons; committed version 0"))
+      << run.out;
+  client::ClientOptions options;
+  options.coordinator_address = cluster_->coordinator_address();
+  options.role = client::ClientOptions::Role::kObserver;
+  auto cl = client::Client::Connect(options);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  auto fetched = (*cl)->Fetch(0, client::AllTargets((*cl)->manifest(), {Direction::kRowwise}));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  std::map<std::string, std::vector<float>> want = {
+      {"a.weight", a}, {"b.weight", b_want}, {"c.bias", c}, {"f.weight", f_want}};
+  ASSERT_EQ(fetched->tensors.size(), 4u);
+  for (const client::FetchedTensor& t : fetched->tensors) {
+    const std::vector<float>& w = want.at(t.tensor);
+    ASSERT_EQ(t.value.data.size(), w.size() * 4) << t.tensor;
+    EXPECT_EQ(std::memcmp(t.value.data.data(), w.data(), t.value.data.size()), 0) << t.tensor;
+  }
+  // A directory works the same (its index); a bad index is refused clearly.
+  std::ofstream(dir_ + "/bad.index.json") << R"({"weight_map": {"x": "../etc/passwd"}})";
+  HpctlRun bad = Hpctl({"load", dir_ + "/bad.index.json"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.out, "not a file beside the index")) << bad.out;
 }
 
 TEST(HpctlNoCluster, StatusWithoutACoordinatorFailsFast) {

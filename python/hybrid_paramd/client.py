@@ -411,7 +411,7 @@ class Client:
         return plan
 
     def fetch(self, version=-1, names=None, directions=("rowwise",), device="cpu",
-              timeout=None, targets=None):
+              timeout=None, targets=None, out=None):
         """Fetches (tensor, direction) copies of `version` (-1: the committed
         one) into freshly allocated torch memory on `device` (no extra
         copy: the library writes straight into it). names=None: every
@@ -420,14 +420,19 @@ class Client:
         channels; needs --backend=gpu daemons and a CUDA build of the
         library); the fetch waits for the current CUDA stream first.
         targets: instead of names x directions, an explicit list of
-        (name, direction) pairs. Returns a FetchResult."""
+        (name, direction) pairs. out: a previous FetchResult of the same
+        targets and device whose memory is reused (overwritten) instead of
+        allocating. Returns a FetchResult."""
         start = time.perf_counter()
         dev = torch.device(device)
         if dev.type == "cuda":
             _check_cuda()
         plan = self._plan(names, directions, targets)
         n = plan.n
-        buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
+        if out is not None and out._plan is plan and out._buf.device == dev:
+            buf = out._buf
+        else:
+            buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
         base = buf.data_ptr()
         tg = plan.targets
         for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
@@ -469,7 +474,10 @@ class Client:
         s = {"rowwise_bytes": stats.rowwise_bytes, "columnwise_bytes": stats.columnwise_bytes,
              "rowwise_bf16_bytes": stats.rowwise_bf16_bytes,
              "columnwise_bf16_bytes": stats.columnwise_bf16_bytes}
-        return FetchResult(stats.version, items, s, time.perf_counter() - start, lib_seconds)
+        result = FetchResult(stats.version, items, s, time.perf_counter() - start, lib_seconds)
+        result._plan = plan
+        result._buf = buf
+        return result
 
     # ---- push ----
 

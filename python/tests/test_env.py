@@ -19,3 +19,8 @@ def path(var, default):
 
 SERVER = path("PARAMD_SERVER", "bazel-bin/server/hybrid-paramd")
 CPP_TOOL = path("PARAMD_CPP_TOOL", "bazel-bin/python/tests/cpp_client_tool")
+
+
+def tmpdir(prefix):
+    import tempfile
+    return tempfile.mkdtemp(prefix=prefix)
