@@ -716,9 +716,16 @@ absl::Status Client::Impl::PushToDaemon(int64_t version, const Manifest& manifes
       sent += n;
     }
   }
-  // A daemon owning none of these rows still gets a stream naming the
-  // version and pusher, so that it counts this pusher.
-  if (first && stream_ok) stream_ok = writer->Write(message);
+  // The end marker: the daemon applies the stream only when it arrives
+  // with the right total. A daemon owning none of these rows still gets it
+  // (with the version and pusher of the first message), so that it counts
+  // this pusher.
+  if (stream_ok) {
+    if (!first) message.Clear();
+    message.mutable_end()->set_total_bytes(sent);
+    stream_ok = writer->Write(message);
+  }
+  // The daemon answers on the end marker and may have finished already.
   if (stream_ok) writer->WritesDone();
   RETURN_IF_ERROR(FromGrpcStatus(writer->Finish(), where));
   absl::MutexLock lock(&result_mu);

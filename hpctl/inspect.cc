@@ -4,10 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <regex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "re2/re2.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -173,18 +173,19 @@ absl::StatusOr<InspectReport> InspectModel(const safetensors::ShardedSafetensors
                                            const Recipe& recipe, const InspectOptions& options) {
   InspectReport report;
   report.recipe_name = recipe.name();
-  std::optional<std::regex> filter;
+  std::optional<RE2> filter;
   if (!options.filter.empty()) {
-    try {
-      filter.emplace(options.filter, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("filter \"", options.filter, "\" is not a valid regex: ", e.what()));
+    RE2::Options re2_options;
+    re2_options.set_log_errors(false);
+    filter.emplace(options.filter, re2_options);
+    if (!filter->ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "filter \"", options.filter, "\" is not a valid RE2 regex: ", filter->error()));
     }
   }
   for (const safetensors::ShardedSafetensors::Entry& entry : model.tensors()) {
     const safetensors::TensorInfo& info = *entry.info;
-    if (filter && !std::regex_search(info.name, *filter)) continue;
+    if (filter && !RE2::PartialMatch(info.name, *filter)) continue;
     if (!safetensors::ConvertsToFloat(info.dtype)) {
       report.skipped.push_back(
           absl::StrCat(info.name, " (dtype ", safetensors::DtypeName(info.dtype), ")"));

@@ -76,7 +76,7 @@ absl::StatusOr<TensorResult> InspectTensor(absl::string_view name, absl::Span<co
 
 struct InspectOptions {
   bool all_formats = false;
-  // Only tensors whose name contains a match of this ECMAScript regex
+  // Only tensors whose name contains a match of this RE2 regex
   // (empty = all). InspectModel refuses an invalid one.
   std::string filter;
 };

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -304,12 +305,21 @@ absl::StatusOr<Parts> BuildParts(const recipe::Recipe& proto, absl::string_view 
     rule.pattern = r.pattern();
     rule.line = ctx.line();
     if (r.pattern().empty()) return ctx.Error("pattern", "is missing or empty");
-    try {
-      rule.regex = std::make_shared<const std::regex>(r.pattern(), std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      return ctx.Error("pattern", absl::StrCat("\"", r.pattern(),
-                                               "\" is not a valid ECMAScript regex: ", e.what()));
+    if (r.pattern().size() > Recipe::kMaxPatternBytes) {
+      return ctx.Error("pattern", absl::StrCat("is ", r.pattern().size(),
+                                               " bytes long; the limit is ",
+                                               Recipe::kMaxPatternBytes));
     }
+    RE2::Options re2_options;
+    re2_options.set_log_errors(false);
+    // Bounds the compiled program (e.g. nested counted repetitions).
+    re2_options.set_max_mem(int64_t{8} << 20);
+    auto regex = std::make_shared<const RE2>(r.pattern(), re2_options);
+    if (!regex->ok()) {
+      return ctx.Error("pattern", absl::StrCat(QuoteForError(r.pattern(), 80),
+                                               " is not a valid RE2 regex: ", regex->error()));
+    }
+    rule.regex = std::move(regex);
     rule.spec = parts.default_spec;
     if (r.has_spec()) {
       ASSIGN_OR_RETURN(rule.spec, ResolveHybridSpec(r.spec(), ctx.Nested("spec", -1, "spec"),
@@ -387,9 +397,9 @@ const Recipe& Recipe::Builtin() {
 }
 
 Recipe::Match Recipe::Resolve(absl::string_view tensor_name) const {
-  const std::string name(tensor_name);
+  const re2::StringPiece name(tensor_name.data(), tensor_name.size());
   for (size_t i = 0; i < rules_.size(); ++i) {
-    if (std::regex_match(name, *rules_[i].regex)) return {&rules_[i].spec, static_cast<int>(i)};
+    if (RE2::FullMatch(name, *rules_[i].regex)) return {&rules_[i].spec, static_cast<int>(i)};
   }
   return {&default_spec_, -1};
 }

@@ -12,12 +12,16 @@
 // Recipes built from a proto (no text) carry no line numbers.
 //
 // A Recipe is immutable after construction; all methods are thread-safe.
-// Resolve() costs one regex match per rule until the first match.
+// Resolve() costs one regex match per rule until the first match. Patterns
+// are RE2 (https://github.com/google/re2/wiki/Syntax): matching is linear in
+// the name's length and never recurses, so no name or pattern can make it
+// hang or overflow the stack. Patterns RE2 refuses (backreferences,
+// lookaround, `**`) and patterns longer than kMaxPatternBytes are errors at
+// parse.
 #ifndef PARAMD_RECIPE_RECIPE_H_
 #define PARAMD_RECIPE_RECIPE_H_
 
 #include <memory>
-#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,20 +30,25 @@
 #include "absl/strings/string_view.h"
 #include "kernels/format.h"
 #include "proto/recipe.pb.h"
+#include "re2/re2.h"
 
 namespace paramd {
 
 // One rule, resolved: its spec has every field filled in.
 struct RecipeRule {
   std::string name;     // as written; may be empty
-  std::string pattern;  // ECMAScript regex, matched against the whole name
+  std::string pattern;  // RE2 regex, matched against the whole name
   HybridSpec spec;
   int line = 0;  // 1-based line of the rule in the text; 0 if unknown
-  std::shared_ptr<const std::regex> regex;
+  std::shared_ptr<const RE2> regex;
 };
 
 class Recipe {
  public:
+  // Longest pattern accepted (a tensor name is at most 1 KiB by default:
+  // common/names.h).
+  static constexpr size_t kMaxPatternBytes = 4096;
+
   // Parses protobuf text. `source` names the text in error messages
   // (usually the file path).
   static absl::StatusOr<Recipe> Parse(absl::string_view text, absl::string_view source = "recipe");

@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
 namespace paramd {
 namespace {
 
@@ -199,7 +203,17 @@ std::vector<Bad> BadRecipes() {
        "rule {\n"
        "  pattern: \"layer[0-\"\n"
        "}\n",
-       "recipe:3:3", "rule[1].pattern: \"layer[0-\" is not a valid ECMAScript regex"},
+       "recipe:3:3", "rule[1].pattern: \"layer[0-\" is not a valid RE2 regex"},
+      {"nested quantifier (the audit's ReDoS pattern)",
+       "rule {\n"
+       "  name: \"mlp\"\n"
+       "  pattern: \".**mlp.*\\\\.weight\"\n"
+       "}\n",
+       "recipe:3:3", "rule[0] \"mlp\".pattern: \".**mlp.*\\\\.weight\" is not a valid RE2 regex: "
+                     "bad repetition operator: **"},
+      {"backreference",
+       "rule { pattern: \"(a)\\\\1\" }\n",
+       "recipe:1:8", "is not a valid RE2 regex"},
       {"empty pattern",
        "rule {\n"
        "  name: \"no pattern\"\n"
@@ -323,6 +337,49 @@ TEST(Recipe, DemoRecipeUsesThreeFormatsAndBothColumnwiseSources) {
   EXPECT_EQ(head.rowwise.format, Format::kFp8Current);
   EXPECT_FALSE(head.columnwise_usage);
   EXPECT_EQ(r->SpecFor("other.weight").columnwise.format, Format::kFp8Current);
+}
+
+// The audit's crash: std::regex_match recursed once per character of a
+// ~100 KB name. RE2 matches in linear time without recursion.
+TEST(Recipe, LongNamesResolveQuicklyWithoutRecursion) {
+  const Recipe& r = Recipe::Builtin();
+  const absl::Time start = absl::Now();
+  for (const size_t n : {size_t{20} << 10, size_t{100} << 10, size_t{4} << 20}) {
+    std::string name(n, 'a');
+    EXPECT_EQ(r.SpecFor(name).rowwise.format, Format::kIdentityBf16);
+    name += "weight";
+    EXPECT_EQ(r.SpecFor(name).rowwise.format, Format::kFp8Current) << n;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(Recipe, PatternsThatBacktrackExponentiallyInOtherEnginesAreFast) {
+  absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(
+    rule { pattern: "(a*)*b" spec { rowwise { format: MXFP8 } } }
+    rule { pattern: "(a|aa)+c" spec { rowwise { format: NVFP4 } } }
+  )pb");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(r->SpecFor(std::string(50000, 'a')).rowwise.format, Format::kIdentityBf16);
+  EXPECT_EQ(r->SpecFor(std::string(50000, 'a') + "c").rowwise.format, Format::kNvfp4);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+}
+
+TEST(Recipe, MatchIsFullNotPartial) {
+  absl::StatusOr<Recipe> r =
+      Recipe::Parse(R"pb(rule { pattern: "mlp" spec { rowwise { format: MXFP8 } } })pb");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->SpecFor("mlp").rowwise.format, Format::kMxfp8);
+  EXPECT_EQ(r->SpecFor("layers.0.mlp").rowwise.format, Format::kIdentityBf16);
+  EXPECT_EQ(r->SpecFor("mlp.weight").rowwise.format, Format::kIdentityBf16);
+}
+
+TEST(Recipe, OverlongPatternIsRefused) {
+  const std::string text = absl::StrCat("rule { pattern: \"", std::string(5000, 'a'), "\" }");
+  absl::StatusOr<Recipe> r = Recipe::Parse(text);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "recipe:1:8")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "limit is 4096")) << r.status();
 }
 
 }  // namespace

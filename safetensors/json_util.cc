@@ -44,8 +44,13 @@ absl::StatusOr<StrictJson> ParseStrictJson(absl::string_view text, absl::string_
   };
   try {
     result.value = Json::parse(text.begin(), text.end(), on_event);
+  } catch (const Json::parse_error& e) {
+    // Only the position: nlohmann's message quotes the text around it
+    // ("last read: ..."), which may be a file the caller must not see.
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not valid JSON (syntax error at byte ", e.byte, ")"));
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON (error ", e.id, ")"));
   }
   return result;
 }

@@ -42,9 +42,12 @@ constexpr char kMetadataKey[] = "__metadata__";
 const DtypeEntry& Entry(Dtype dtype) { return kDtypes[static_cast<int>(dtype)]; }
 
 // "<path>: tensor 'name': <what>"
+// (the name C-escaped, cut at 256 bytes: it comes from the file).
 absl::Status Bad(absl::string_view path, absl::string_view tensor, absl::string_view what) {
   if (tensor.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-  return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", tensor, "': ", what));
+  const std::string quoted = QuoteForError(tensor, 256);
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": tensor '", absl::string_view(quoted).substr(1, quoted.size() - 2), "': ", what));
 }
 
 // A non-negative JSON integer that fits int64, or nullopt.
@@ -75,8 +78,11 @@ absl::Status ReadFully(int fd, uint64_t offset, uint8_t* out, size_t size, absl:
 
 // Parses one tensor entry of the header.
 absl::StatusOr<TensorInfo> ParseTensorEntry(absl::string_view path, const std::string& name,
-                                            const Json& entry) {
+                                            const Json& entry, int64_t max_name_bytes) {
   if (name.empty()) return Bad(path, "", "empty tensor name");
+  if (absl::Status s = CheckTensorName(name, max_name_bytes); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
   if (!entry.is_object()) return Bad(path, name, "entry is not a JSON object");
   TensorInfo info;
   info.name = name;
@@ -244,7 +250,8 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) close(fd_);
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
+                                                      int64_t max_name_bytes) {
   SafetensorsFile file;
   file.path_ = path;
   file.fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -262,18 +269,19 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   RETURN_IF_ERROR(ReadFully(file.fd_, 0, length_bytes, 8, path));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length_bytes[i];
+  // The length's value is never printed: for a file that is not
+  // safetensors it is the file's first 8 bytes.
   if (header_len > kMaxHeaderBytes) {
     return Bad(path, "",
-               absl::StrCat("header length ", header_len, " is absurd (limit ", kMaxHeaderBytes,
-                            " bytes)"));
+               absl::StrCat("not a safetensors file: its header length field exceeds the limit "
+                            "of ", kMaxHeaderBytes, " bytes"));
   }
   if (header_len < 2) {
-    return Bad(path, "", absl::StrCat("header length ", header_len, " is too small for JSON"));
+    return Bad(path, "", "not a safetensors file: its header length is too small for JSON");
   }
   if (header_len > file.file_size_ - 8) {
-    return absl::DataLossError(absl::StrCat(path, ": header length ", header_len,
-                                            " runs past the end of the file (", file.file_size_,
-                                            " bytes); truncated header?"));
+    return absl::DataLossError(absl::StrCat(path, ": header length runs past the end of the file (",
+                                            file.file_size_, " bytes); truncated header?"));
   }
   file.data_offset_ = 8 + header_len;
   std::string header(header_len, '\0');
@@ -297,7 +305,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
       ASSIGN_OR_RETURN(file.metadata_, ParseMetadata(path, *it));
       continue;
     }
-    ASSIGN_OR_RETURN(TensorInfo info, ParseTensorEntry(path, it.key(), *it));
+    ASSIGN_OR_RETURN(TensorInfo info, ParseTensorEntry(path, it.key(), *it, max_name_bytes));
     file.tensors_.push_back(std::move(info));
   }
   RETURN_IF_ERROR(CheckCoverage(path, file.tensors_, file.file_size_ - file.data_offset_));

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/names.h"
 
 namespace paramd {
 namespace safetensors {
@@ -112,10 +113,16 @@ class SafetensorsFile {
   // `__metadata__` (an object of strings), every tensor's dtype, shape
   // (non-negative, no overflow) and data_offsets (two integers,
   // begin <= end, end - begin == bytes of dtype x shape), and the coverage
-  // rule above; duplicate names are refused. NotFound if the file does not
-  // exist; DataLoss if it is shorter than its header says; InvalidArgument
-  // for any other defect.
-  static absl::StatusOr<SafetensorsFile> Open(const std::string& path);
+  // rule above; duplicate names are refused, and every tensor name must
+  // pass CheckTensorName(name, max_name_bytes) (common/names.h: at most
+  // 1 KiB by default, no NUL or control characters). NotFound if the file
+  // does not exist; DataLoss if it is shorter than its header says;
+  // InvalidArgument for any other defect. No message quotes the file's
+  // bytes beyond (the start of) a tensor name: a file that is not
+  // safetensors at all (say /etc/passwd) is refused without showing what it
+  // holds.
+  static absl::StatusOr<SafetensorsFile> Open(const std::string& path,
+                                              int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
 
   SafetensorsFile(SafetensorsFile&& other) noexcept;
   SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;

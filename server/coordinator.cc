@@ -539,7 +539,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         return absl::InvalidArgumentError("Load: give a safetensors path or tensors, not both");
       }
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
-                       safetensors::SafetensorsFile::Open(request.safetensors_path()));
+                       safetensors::SafetensorsFile::Open(request.safetensors_path(),
+                                                          options_.limits.max_tensor_name_bytes));
       for (const safetensors::TensorInfo& t : file.tensors()) {
         rpc::TensorDecl d;
         d.set_name(t.name);
@@ -550,6 +551,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       tensors.assign(request.tensors().begin(), request.tensors().end());
     }
     if (tensors.empty()) return absl::InvalidArgumentError("Load: no tensors");
+    RETURN_IF_ERROR(CheckTensorDecls(tensors, options_.limits));
     return tensors;
   }
 
@@ -581,6 +583,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // `checkpoint_version` is resolved for a restore.
   absl::StatusOr<rpc::Manifest> BuildManifest(const rpc::LoadRequest& request,
                                               int64_t& checkpoint_version) {
+    RETURN_IF_ERROR(CheckLoadRequest(request, options_.limits));
     std::vector<rpc::TensorDecl> decls;
     std::vector<HybridSpec> saved_specs;
     if (!request.checkpoint_path().empty()) {

@@ -36,6 +36,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
+#include "server/request_checks.h"
 #include "sharding/plan.h"
 
 namespace paramd {
@@ -82,6 +83,9 @@ struct CoordinatorOptions {
   // Called (on a gRPC thread, must not block) after each newly committed
   // version, e.g. to start a periodic checkpoint.
   std::function<void(int64_t version)> on_commit;
+  // Limits on what a Load may declare (server/request_checks.h); the names
+  // and count of a safetensors file's tensors are checked the same way.
+  RequestLimits limits;
 };
 
 class Coordinator {

@@ -226,6 +226,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                        const rpc::LoadShardsRequest* request,
                                        rpc::LoadShardsResponse* response) override {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    // Refused before anything changes: the loaded model stays.
+    if (absl::Status s = CheckLoadShardsRequest(*request, options_.limits); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
     absl::StatusOr<ModelView> view;
     {
       absl::MutexLock lock(&mu_);
@@ -257,6 +262,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                  const rpc::DaemonStepRequest* request,
                                  rpc::DaemonStepResponse* response) override {
     const int64_t from = request->version();
+    if (absl::Status s = CheckDaemonStepRequest(*request); !s.ok()) {
+      grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
     {
       absl::MutexLock lock(&mu_);
       absl::Status s = StartAdminStepLocked(from);
@@ -370,6 +380,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
 
   WaitList* publish_waiters() { return &publish_waiters_; }
   int64_t default_chunk_bytes() const { return options_.default_chunk_bytes; }
+  const RequestLimits& limits() const { return options_.limits; }
   void AddServed(Direction d, int64_t bytes) {
     bytes_served_[d == Direction::kRowwise ? 0 : 1].fetch_add(bytes);
   }
@@ -683,7 +694,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                                      *shards->host_state()));
     } else if (from_file) {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
-                       safetensors::SafetensorsFile::Open(source.safetensors_path));
+                       safetensors::SafetensorsFile::Open(
+                           source.safetensors_path, options_.limits.max_tensor_name_bytes));
       absl::Time next_progress = absl::Now() + absl::Seconds(5);
       for (size_t i = 0; i < shards->shards().size(); ++i) {
         const ShardDef& d = shards->shards()[i];
@@ -1063,8 +1075,11 @@ namespace {
 // ---- Client-streaming uploads of GradientChunks ----
 //
 // Every message is validated as it arrives; the stream's content is applied
-// only when the client closes it successfully. A client that disconnects
-// mid-stream (cancelled) applies nothing.
+// only at its end: a gradient push on its explicit end marker (OnMessage
+// sets finished_), pushed weights when the client half-closes. A failed read
+// is never taken for a clean end: gRPC reports a message over the size
+// limit, a cancel or a broken connection the same way (ok = false) and the
+// context need not say cancelled yet.
 template <class Request, class Response>
 class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
  public:
@@ -1076,12 +1091,12 @@ class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
     absl::Status s;
     if (!ok) {
       s = context_->IsCancelled() ? absl::CancelledError("upload cancelled; nothing applied")
-                                  : OnComplete();
+                                  : OnStreamEnd();
       this->Finish(ToGrpcStatus(s));
       return;
     }
     s = OnMessage(request_);
-    if (!s.ok()) {
+    if (!s.ok() || finished_) {
       this->Finish(ToGrpcStatus(s));
       return;
     }
@@ -1092,7 +1107,9 @@ class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
 
  protected:
   virtual absl::Status OnMessage(const Request& request) = 0;
-  virtual absl::Status OnComplete() = 0;
+  // The read side ended without the context cancelled: a half-close, or a
+  // read that failed for another reason.
+  virtual absl::Status OnStreamEnd() = 0;
 
   Daemon::Impl* const daemon_;
   grpc::CallbackServerContext* const context_;
@@ -1100,9 +1117,11 @@ class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
   Request request_;
   std::shared_ptr<const ModelView> view_;
   std::optional<ChunkAssembler> assembler_;
+  bool finished_ = false;  // OnMessage applied the stream: answer now
 };
 
-// PushGradients: one atomic contribution of one pusher for one version.
+// PushGradients: one atomic contribution of one pusher for one version,
+// applied only on its end marker.
 class PushReactor
     : public ChunkStreamReactor<rpc::PushGradientsRequest, rpc::PushGradientsResponse> {
  public:
@@ -1120,19 +1139,33 @@ class PushReactor
                (!request.pusher_id().empty() && request.pusher_id() != pusher_)) {
       return absl::InvalidArgumentError("version/pusher_id changed inside a push stream");
     }
-    if (!request.has_chunk()) return absl::OkStatus();
-    return assembler_->Add(request.chunk());
+    if (request.has_chunk()) {
+      carried_ += static_cast<int64_t>(request.chunk().data().size());
+      RETURN_IF_ERROR(assembler_->Add(request.chunk()));
+    }
+    if (!request.has_end()) return absl::OkStatus();
+    if (request.end().total_bytes() != carried_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push end marker says ", request.end().total_bytes(),
+                       " bytes but the stream carried ", carried_, "; nothing applied"));
+    }
+    RETURN_IF_ERROR(assembler_->Close());
+    RETURN_IF_ERROR(daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
+                                        assembler_->bytes(), response_));
+    finished_ = true;
+    return absl::OkStatus();
   }
 
-  absl::Status OnComplete() override {
+  absl::Status OnStreamEnd() override {
     if (view_ == nullptr) return absl::InvalidArgumentError("empty push stream (no version)");
-    RETURN_IF_ERROR(assembler_->Close());
-    return daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
-                               assembler_->bytes(), response_);
+    return absl::InvalidArgumentError(
+        "push stream ended without its end marker (PushGradientsRequest.end); nothing applied "
+        "and the pusher is not counted: push again");
   }
 
   int64_t version_ = 0;
   std::string pusher_;
+  int64_t carried_ = 0;  // chunk bytes received so far
 };
 
 // PushWeights: rows of a model loaded with declared tensors.
@@ -1155,7 +1188,9 @@ class WeightsReactor
   absl::Status OnMessage(const rpc::PushWeightsRequest& request) override {
     return assembler_->Add(request.chunk());
   }
-  absl::Status OnComplete() override {
+  // Rows are copied, not summed: a stream cut short leaves complete pieces
+  // that a retry overwrites with the same values.
+  absl::Status OnStreamEnd() override {
     RETURN_IF_ERROR(assembler_->Close());
     return daemon_->CommitWeights(*view_, assembler_->pieces(), response_, assembler_->bytes());
   }
@@ -1183,6 +1218,11 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
   void PumpLocked() override {
     if (started_) {
       WriteNextLocked();
+      return;
+    }
+    if (absl::Status s = CheckFetchRequest(request_, daemon_->limits()); !s.ok()) {
+      started_ = true;
+      FinishLocked(ToGrpcStatus(s));
       return;
     }
     // Registers before resolving so that a publish in between still wakes us.

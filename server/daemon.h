@@ -43,6 +43,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.pb.h"
 #include "server/optimizer.h"
+#include "server/request_checks.h"
 #include "server/shard_set.h"
 
 namespace paramd {
@@ -85,6 +86,8 @@ struct DaemonOptions {
   // How often the daemon renews its lease with the coordinator (the
   // coordinator's lease, default 1.5 s, should be several of these).
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
+  // Limits on what requests may ask (server/request_checks.h).
+  RequestLimits limits;
 };
 
 // The daemon: its gRPC service and its worker. Served by ParamdServer

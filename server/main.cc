@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/cli.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
 #include "checkpoint/service.h"
@@ -121,6 +122,16 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "port 0 = any free port, logged; \"\" = off)");
 ABSL_FLAG(int32_t, metrics_port, 0,
           "same as --metrics_listen=0.0.0.0:<port> (0 = off; --metrics_listen wins)");
+// Input limits (docs/SECURITY.md "Input limits and validation").
+ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
+          "largest gRPC message received or sent, in bytes (a push chunk, a fetch chunk, a "
+          "Load request)");
+ABSL_FLAG(int64_t, max_tensor_name_bytes, paramd::kDefaultMaxTensorNameBytes,
+          "longest tensor name accepted anywhere (Load, LoadShards, safetensors headers); NUL "
+          "and control characters are always refused");
+ABSL_FLAG(int64_t, max_tensors, 100000, "most tensors one model may have");
+ABSL_FLAG(int64_t, min_chunk_bytes, 4096,
+          "daemon: smallest Fetch max_chunk_bytes accepted (0 there = --chunk_bytes)");
 
 namespace paramd {
 namespace {
@@ -160,7 +171,23 @@ absl::Status Run() {
   }
   options.daemon.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
 
+  RequestLimits limits;
+  limits.max_tensor_name_bytes = absl::GetFlag(FLAGS_max_tensor_name_bytes);
+  limits.max_tensors = absl::GetFlag(FLAGS_max_tensors);
+  limits.min_chunk_bytes = absl::GetFlag(FLAGS_min_chunk_bytes);
+  if (limits.max_tensor_name_bytes < 1 || limits.max_tensors < 1 || limits.min_chunk_bytes < 1) {
+    return absl::InvalidArgumentError(
+        "--max_tensor_name_bytes, --max_tensors and --min_chunk_bytes must be >= 1");
+  }
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message < 4096 || max_message > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError("--max_message_bytes must be in [4096, 2^31-1]");
+  }
+  options.max_message_bytes = static_cast<int>(max_message);
+  options.daemon.limits = limits;
+
   CoordinatorOptions& c = options.coordinator;
+  c.limits = limits;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);
   c.expected_pushers = absl::GetFlag(FLAGS_expected_pushers);
   c.log_every_versions = absl::GetFlag(FLAGS_log_every_versions);

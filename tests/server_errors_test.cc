@@ -89,17 +89,9 @@ class ServerErrorsTest : public ::testing::Test {
   }
 
   static Tensors Masters(int64_t version) {
-    Tensors out;
-    for (const char* name : {"w", "b"}) {
-      absl::StatusOr<QuantizedTensor> q =
-          cluster_->FetchAssembled(version, name, Direction::kRowwise);
-      EXPECT_TRUE(q.ok()) << q.status();
-      if (!q.ok()) continue;
-      std::vector<float>& v = out[name];
-      v.resize(q->data.size() / 4);
-      std::memcpy(v.data(), q->data.data(), q->data.size());
-    }
-    return out;
+    absl::StatusOr<Tensors> m = cluster_->Fp32Masters(version, {"w", "b"});
+    EXPECT_TRUE(m.ok()) << m.status();
+    return m.ok() ? *m : Tensors();
   }
 
   static Snapshot Snap() {
@@ -394,7 +386,7 @@ TEST_F(ServerErrorsTest, ClientDisconnectingMidFetchDoesNotHurt) {
     SetDeadline(context, absl::Seconds(10));
     rpc::FetchRequest request;
     request.set_version(before.version);
-    request.set_max_chunk_bytes(64);  // many small chunks
+    request.set_max_chunk_bytes(4096);  // many small chunks (the smallest accepted)
     auto reader = cluster_->daemon(i % 2).Fetch(&context, request);
     rpc::FetchResponse message;
     ASSERT_TRUE(reader->Read(&message));  // the plan

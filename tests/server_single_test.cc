@@ -71,8 +71,10 @@ TEST(ServerSingleTest, OneProcessLoadsServesAndSteps) {
     rpc::PushGradientsResponse response;
     auto writer = daemon->PushGradients(&context, &response);
     const std::vector<float> g(w.size(), 0.125f);
-    ASSERT_TRUE(writer->Write(
-        GradientMessage(0, "trainer", "layers.0.mlp.weight", 0, 300, g.data(), 64)));
+    const rpc::PushGradientsRequest m =
+        GradientMessage(0, "trainer", "layers.0.mlp.weight", 0, 300, g.data(), 64);
+    ASSERT_TRUE(writer->Write(m));
+    writer->Write(EndMessage({m}));
     writer->WritesDone();
     ASSERT_TRUE(writer->Finish().ok());
     EXPECT_EQ(response.pushers_received(), 1);

@@ -1,6 +1,7 @@
 #include "tests/server_test_util.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -14,6 +15,22 @@
 
 namespace paramd {
 namespace testing {
+const char kFp32PassthroughRecipe[] = R"pb(
+  default_spec {
+    rowwise { format: IDENTITY_FP32 }
+    columnwise { format: IDENTITY_FP32 }
+    source_dtype: FP32
+  })pb";
+
+TestClusterOptions TwoDaemonSgd(double lr) {
+  TestClusterOptions options;
+  options.daemons = 2;
+  options.expected_pushers = 2;
+  options.optimizer = "sgd";
+  options.lr = lr;
+  return options;
+}
+
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
@@ -197,14 +214,24 @@ absl::StatusOr<QuantizedTensor> RawCluster::FetchAssembled(int64_t version,
   return sharding::Assemble(direction == Direction::kRowwise ? s.rowwise : s.columnwise, pieces);
 }
 
+rpc::PushGradientsRequest EndMessage(const std::vector<rpc::PushGradientsRequest>& messages) {
+  rpc::PushGradientsRequest end;
+  int64_t total = 0;
+  for (const rpc::PushGradientsRequest& m : messages) total += m.chunk().data().size();
+  end.mutable_end()->set_total_bytes(total);
+  return end;
+}
+
 grpc::Status RawCluster::PushRaw(int rank, const std::vector<rpc::PushGradientsRequest>& messages,
-                                 rpc::PushGradientsResponse* response) {
+                                 rpc::PushGradientsResponse* response, bool add_end) {
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(10));
   rpc::PushGradientsResponse ignored;
   std::unique_ptr<grpc::ClientWriter<rpc::PushGradientsRequest>> writer =
       daemon(rank).PushGradients(&context, response ? response : &ignored);
-  for (const rpc::PushGradientsRequest& m : messages) {
+  std::vector<rpc::PushGradientsRequest> stream = messages;
+  if (add_end) stream.push_back(EndMessage(messages));
+  for (const rpc::PushGradientsRequest& m : stream) {
     if (!writer->Write(m)) break;  // the server finished early: Finish() says why
   }
   writer->WritesDone();
@@ -224,11 +251,14 @@ absl::Status RawCluster::PushAll(int64_t version, const std::string& pusher_id,
   std::vector<grpc::Status> statuses(num_daemons());
   std::vector<std::thread> threads;
   for (int r = 0; r < num_daemons(); ++r) {
-    if (streams[r].empty()) {
+    if (streams[r].empty()) {  // an end marker naming version and pusher
       rpc::PushGradientsRequest header;
       header.set_version(version);
       header.set_pusher_id(pusher_id);
+      header.mutable_end()->set_total_bytes(0);
       streams[r].push_back(header);
+      threads.emplace_back([&, r] { statuses[r] = PushRaw(r, streams[r], nullptr, false); });
+      continue;
     }
     threads.emplace_back([&, r] { statuses[r] = PushRaw(r, streams[r]); });
   }
@@ -248,6 +278,18 @@ absl::StatusOr<rpc::DaemonStats> RawCluster::Stats(int rank, bool include_shards
   RETURN_IF_ERROR(FromGrpcStatus(daemon(rank).GetStats(&context, request, &response),
                                  absl::StrCat("GetStats on daemon ", rank)));
   return response.stats();
+}
+
+absl::StatusOr<std::map<std::string, std::vector<float>>> RawCluster::Fp32Masters(
+    int64_t version, const std::vector<std::string>& names) {
+  std::map<std::string, std::vector<float>> out;
+  for (const std::string& name : names) {
+    ASSIGN_OR_RETURN(QuantizedTensor q, FetchAssembled(version, name, Direction::kRowwise));
+    std::vector<float>& v = out[name];
+    v.resize(q.data.size() / 4);
+    std::memcpy(v.data(), q.data.data(), q.data.size());
+  }
+  return out;
 }
 
 std::vector<FormatCombo> FormatCombos() {

@@ -32,6 +32,13 @@ struct TestTensor {
   std::vector<float> values;
 };
 
+// A recipe publishing every tensor as FP32 passthrough from an FP32 source
+// in both directions (fetches return the masters exactly).
+extern const char kFp32PassthroughRecipe[];
+
+// A two-daemon SGD cluster (momentum 0) with two expected pushers.
+TestClusterOptions TwoDaemonSgd(double lr);
+
 // context.set_deadline(now + timeout).
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
 
@@ -81,9 +88,13 @@ class RawCluster {
                                                            const std::string& tensor,
                                                            Direction direction);
 
-  // A push stream of `messages` to daemon `rank`, exactly as given.
+  // A push stream of `messages` to daemon `rank`, as given and then (with
+  // `add_end`) an end marker carrying the total chunk bytes of `messages`
+  // (a message of its own; it names the version and pusher of the first
+  // message if `messages` is empty). Without `add_end` the stream is
+  // exactly `messages`, then a half-close.
   grpc::Status PushRaw(int rank, const std::vector<rpc::PushGradientsRequest>& messages,
-                       rpc::PushGradientsResponse* response = nullptr);
+                       rpc::PushGradientsResponse* response = nullptr, bool add_end = true);
   // The gradients of pusher `pusher_id` for `version` (whole tensors, FP32),
   // routed by rows: one stream to EVERY daemon (empty where it owns none).
   // The first failing daemon's status.
@@ -91,6 +102,11 @@ class RawCluster {
                        const std::map<std::string, std::vector<float>>& gradients);
 
   absl::StatusOr<rpc::DaemonStats> Stats(int rank, bool include_shards = false);
+
+  // The FP32 masters of `names` at `version`, for tensors published as
+  // IDENTITY_FP32 from an FP32 source (a fetch returns the masters exactly).
+  absl::StatusOr<std::map<std::string, std::vector<float>>> Fp32Masters(
+      int64_t version, const std::vector<std::string>& names);
 
  private:
   std::unique_ptr<TestCluster> cluster_;
@@ -109,6 +125,9 @@ struct FormatCombo {
 // directions, mixed pairs, FP32 source, pow2 scales, the three
 // ROWWISE_DEQUANTIZED columnwise sources and a rowwise-only tensor.
 std::vector<FormatCombo> FormatCombos();
+
+// The end marker of a push stream of `messages` (total: their chunk bytes).
+rpc::PushGradientsRequest EndMessage(const std::vector<rpc::PushGradientsRequest>& messages);
 
 // The whole FP32 rows [row_begin, row_end) of a [rows][cols] tensor as one
 // push message chunk.

@@ -19,6 +19,10 @@ PACKAGES=(
   prometheus-cpp-dev
   libcivetweb-dev
   libspdlog-dev
+  libre2-dev
+  clang
+  libfuzzer-14-dev
+  libclang-rt-14-dev
   python3
   python3-numpy
   python3-torch

@@ -1,0 +1,42 @@
+// File: common/names.h
+//
+// The rule every tensor name must follow, wherever it enters: a Load request
+// (declared tensors or the safetensors header the coordinator reads), a
+// Daemon.LoadShards manifest, or a safetensors file read by hpctl. A name is
+// 1 to `max_bytes` bytes (default kDefaultMaxTensorNameBytes, 1 KiB; the
+// `--max_tensor_name_bytes` flag of hybrid-paramd and hpctl) and holds no
+// NUL or other control character (bytes 0x00-0x1f and 0x7f). Bytes >= 0x80
+// pass (UTF-8 names are the safetensors norm).
+//
+// Why a limit: names are matched against recipe patterns, logged, put in
+// error messages and copied into every manifest; an unbounded name is a
+// memory and log amplifier, and control characters forge log lines.
+//
+// Thread-safe, pure functions.
+#ifndef PARAMD_COMMON_NAMES_H_
+#define PARAMD_COMMON_NAMES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace paramd {
+
+inline constexpr int64_t kDefaultMaxTensorNameBytes = 1024;
+
+// OK, or InvalidArgument naming the problem and the limit, e.g.
+//   tensor name of 102400 bytes ("aaaa..."): longer than the limit of 1024
+//   bytes (--max_tensor_name_bytes)
+// The message quotes at most the first 32 bytes of the name, C-escaped.
+absl::Status CheckTensorName(absl::string_view name,
+                             int64_t max_bytes = kDefaultMaxTensorNameBytes);
+
+// The first bytes of `name`, C-escaped and quoted, with "..." if cut: for
+// error messages that must not echo a whole untrusted string.
+std::string QuoteForError(absl::string_view name, size_t max_bytes = 32);
+
+}  // namespace paramd
+
+#endif  // PARAMD_COMMON_NAMES_H_

@@ -1,0 +1,143 @@
+#include "server/request_checks.h"
+
+#include <limits>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace paramd {
+namespace {
+
+absl::Status CheckCount(int64_t n, const RequestLimits& limits) {
+  if (n > limits.max_tensors) {
+    return absl::ResourceExhaustedError(absl::StrCat(n, " tensors: more than the limit of ",
+                                                     limits.max_tensors, " (--max_tensors)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckName(absl::string_view name, const RequestLimits& limits) {
+  return CheckTensorName(name, limits.max_tensor_name_bytes);
+}
+
+}  // namespace
+
+absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
+                              const RequestLimits& limits) {
+  RETURN_IF_ERROR(CheckCount(static_cast<int64_t>(tensors.size()), limits));
+  std::set<absl::string_view> names;
+  for (const rpc::TensorDecl& d : tensors) {
+    RETURN_IF_ERROR(CheckName(d.name(), limits));
+    if (!names.insert(d.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", QuoteForError(d.name(), 256), " declared twice"));
+    }
+    if (d.shape_size() > limits.max_tensor_dims) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", QuoteForError(d.name(), 256), " has ", d.shape_size(),
+                       " dimensions; at most ", limits.max_tensor_dims, " are accepted"));
+    }
+    int64_t elements = 1;
+    for (int64_t s : d.shape()) {
+      if (s < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", QuoteForError(d.name(), 256), " has an empty dimension"));
+      }
+      if (elements > std::numeric_limits<int64_t>::max() / 8 / s) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", QuoteForError(d.name(), 256), ": shape overflows"));
+      }
+      elements *= s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoadRequest(const rpc::LoadRequest& request, const RequestLimits& limits) {
+  const int sources = !request.safetensors_path().empty() + (request.tensors_size() > 0) +
+                      !request.checkpoint_path().empty();
+  if (sources == 0) {
+    return absl::InvalidArgumentError(
+        "Load: give a safetensors path, declared tensors or a checkpoint path");
+  }
+  if (sources > 1) {
+    return absl::InvalidArgumentError(
+        "Load: give exactly one of a safetensors path, declared tensors or a checkpoint path");
+  }
+  if (request.checkpoint_version() < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Load: checkpoint_version ", request.checkpoint_version(), " (-1 = newest, else >= 0)"));
+  }
+  if (request.tensors_size() > 0) {
+    RETURN_IF_ERROR(CheckTensorDecls(
+        std::vector<rpc::TensorDecl>(request.tensors().begin(), request.tensors().end()), limits));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLoadShardsRequest(const rpc::LoadShardsRequest& request,
+                                    const RequestLimits& limits) {
+  const rpc::Manifest& m = request.manifest();
+  if (m.tensors_size() == 0) {
+    return absl::InvalidArgumentError("LoadShards: the manifest has no tensors");
+  }
+  RETURN_IF_ERROR(CheckCount(m.tensors_size(), limits));
+  if (request.daemon_rank() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadShards: daemon_rank ", request.daemon_rank()));
+  }
+  if (request.expected_pushers() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadShards: expected_pushers ", request.expected_pushers()));
+  }
+  if (!request.safetensors_path().empty() && !request.checkpoint_path().empty()) {
+    return absl::InvalidArgumentError("LoadShards: a safetensors path or a checkpoint, not both");
+  }
+  std::set<absl::string_view> names;
+  for (const rpc::TensorInfo& t : m.tensors()) {
+    RETURN_IF_ERROR(CheckName(t.name(), limits));
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadShards: tensor ", QuoteForError(t.name(), 256), " listed twice"));
+    }
+    if (t.rows() < 1 || t.cols() < 1 || t.rows() > std::numeric_limits<int64_t>::max() / 8 / t.cols()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LoadShards: tensor ", QuoteForError(t.name(), 256), " has a bad shape"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFetchRequest(const rpc::FetchRequest& request, const RequestLimits& limits) {
+  if (request.version() < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Fetch: version ", request.version(), " (-1 = the latest published, else >= 0)"));
+  }
+  if (request.max_chunk_bytes() < 0 ||
+      (request.max_chunk_bytes() > 0 && request.max_chunk_bytes() < limits.min_chunk_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fetch: max_chunk_bytes ", request.max_chunk_bytes(),
+                     " (0 = the server's default, else at least ", limits.min_chunk_bytes,
+                     ": --min_chunk_bytes)"));
+  }
+  for (const rpc::TensorDirections& t : request.tensors()) {
+    for (int d : t.directions()) {
+      if (!rpc::Direction_IsValid(d)) {
+        return absl::InvalidArgumentError(absl::StrCat("Fetch: unknown direction ", d));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDaemonStepRequest(const rpc::DaemonStepRequest& request) {
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Step: version ", request.version(), " (the version to step from, >= 0)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace paramd

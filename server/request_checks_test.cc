@@ -1,0 +1,100 @@
+#include "server/request_checks.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace paramd {
+namespace {
+
+rpc::TensorDecl Decl(const std::string& name, std::vector<int64_t> shape) {
+  rpc::TensorDecl d;
+  d.set_name(name);
+  for (int64_t s : shape) d.add_shape(s);
+  return d;
+}
+
+TEST(RequestChecks, LoadRequestSources) {
+  const RequestLimits limits;
+  rpc::LoadRequest r;
+  EXPECT_EQ(CheckLoadRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+  r.set_safetensors_path("/m.safetensors");
+  EXPECT_TRUE(CheckLoadRequest(r, limits).ok());
+  *r.add_tensors() = Decl("w", {2, 3});
+  EXPECT_EQ(CheckLoadRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+  r.clear_safetensors_path();
+  EXPECT_TRUE(CheckLoadRequest(r, limits).ok());
+  r.set_checkpoint_version(-7);
+  EXPECT_EQ(CheckLoadRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestChecks, DeclaredTensors) {
+  RequestLimits limits;
+  limits.max_tensors = 3;
+  auto check = [&](std::vector<rpc::TensorDecl> d) { return CheckTensorDecls(d, limits); };
+  EXPECT_TRUE(check({Decl("a", {2, 3}), Decl("b", {}), Decl("c", {7})}).ok());
+  const absl::Status many = check({Decl("a", {1}), Decl("b", {1}), Decl("c", {1}), Decl("d", {1})});
+  EXPECT_EQ(many.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(many.message(), "--max_tensors")) << many;
+  EXPECT_EQ(check({Decl(std::string(2000, 'x'), {1})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check({Decl(std::string("a\0b", 3), {1})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check({Decl("a", {1}), Decl("a", {2})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check({Decl("a", {0, 3})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check({Decl("a", {-1})}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(check({Decl("a", {1 << 30, 1 << 30, 1 << 30})}).code(),
+            absl::StatusCode::kInvalidArgument)
+      << "overflow";
+  EXPECT_EQ(check({Decl("a", {1, 1, 1, 1, 1, 1, 1, 1, 1})}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestChecks, LoadShardsNeedsAManifest) {
+  const RequestLimits limits;
+  rpc::LoadShardsRequest r;
+  const absl::Status empty = CheckLoadShardsRequest(r, limits);
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(empty.message(), "no tensors")) << empty;
+  rpc::TensorInfo* t = r.mutable_manifest()->add_tensors();
+  t->set_name("w");
+  t->set_rows(4);
+  t->set_cols(8);
+  EXPECT_TRUE(CheckLoadShardsRequest(r, limits).ok());
+  r.set_daemon_rank(-1);
+  EXPECT_EQ(CheckLoadShardsRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+  r.set_daemon_rank(0);
+  t->set_name(std::string(5000, 'n'));
+  EXPECT_EQ(CheckLoadShardsRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+  t->set_name("w");
+  t->set_cols(0);
+  EXPECT_EQ(CheckLoadShardsRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestChecks, FetchVersionAndChunkSize) {
+  const RequestLimits limits;
+  rpc::FetchRequest r;
+  EXPECT_TRUE(CheckFetchRequest(r, limits).ok());
+  r.set_version(-1);
+  EXPECT_TRUE(CheckFetchRequest(r, limits).ok()) << "-1 = latest";
+  r.set_version(-7);
+  EXPECT_EQ(CheckFetchRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+  r.set_version(3);
+  r.set_max_chunk_bytes(1);
+  const absl::Status tiny = CheckFetchRequest(r, limits);
+  EXPECT_EQ(tiny.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(tiny.message(), "--min_chunk_bytes")) << tiny;
+  r.set_max_chunk_bytes(4096);
+  EXPECT_TRUE(CheckFetchRequest(r, limits).ok());
+  r.add_tensors()->add_directions(static_cast<rpc::Direction>(9));
+  EXPECT_EQ(CheckFetchRequest(r, limits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestChecks, DaemonStepFromANegativeVersionIsRefused) {
+  rpc::DaemonStepRequest r;
+  EXPECT_TRUE(CheckDaemonStepRequest(r).ok());
+  r.set_version(-1);
+  EXPECT_EQ(CheckDaemonStepRequest(r).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace paramd
