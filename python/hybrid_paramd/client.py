@@ -26,6 +26,9 @@ from . import errors
 from . import formats as F
 
 _ALIGN = 64  # every buffer of a fetch starts 64-byte aligned in its allocation
+# Device fetches: each target's scale_inv and amax floats start a 16-byte
+# slot (cuBLASLt wants 16-byte aligned scale pointers).
+_SCALARS_STRIDE = 4
 
 
 def _raise_for(code, status):
@@ -181,15 +184,15 @@ class Fetched:
 
     @property
     def scale_inv_tensor(self):
-        if self._dev_scalars is not None:
-            return self._dev_scalars[2 * self._index]
-        return torch.tensor(self.scale_inv, dtype=torch.float32)
+        if self._dev_scalars is not None and self._dev_scalars.device == self._buf.device:
+            return self._dev_scalars[_SCALARS_STRIDE * self._index]
+        return torch.tensor(self.scale_inv, dtype=torch.float32, device=self._buf.device)
 
     @property
     def amax_tensor(self):
-        if self._dev_scalars is not None:
-            return self._dev_scalars[2 * self._index + 1]
-        return torch.tensor(self.amax, dtype=torch.float32)
+        if self._dev_scalars is not None and self._dev_scalars.device == self._buf.device:
+            return self._dev_scalars[_SCALARS_STRIDE * self._index + 1]
+        return torch.tensor(self.amax, dtype=torch.float32, device=self._buf.device)
 
     format = property(lambda self: self.info.format)
     format_name = property(lambda self: self.info.format_name)
@@ -452,11 +455,12 @@ class Client:
             scalars = [(outs[i].scale_inv, outs[i].amax) for i in range(n)]
         elif dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            dev_scalars = torch.empty(2 * max(n, 1), dtype=torch.float32, device=dev)
+            dev_scalars = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32,
+                                      device=dev)
             sp = dev_scalars.data_ptr()
             for i in range(n):
-                tg[i].scale_inv = sp + 8 * i
-                tg[i].amax = sp + 8 * i + 4
+                tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
+                tg[i].amax = sp + 4 * _SCALARS_STRIDE * i + 4
             stream = torch.cuda.current_stream(index).cuda_stream
             lib_start = time.perf_counter()
             code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
@@ -465,7 +469,8 @@ class Client:
             lib_seconds = time.perf_counter() - lib_start
             _raise_for(code, st)
             host = dev_scalars.cpu().tolist()
-            scalars = [(host[2 * i], host[2 * i + 1]) for i in range(n)]
+            scalars = [(host[_SCALARS_STRIDE * i], host[_SCALARS_STRIDE * i + 1])
+                       for i in range(n)]
         else:
             raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
         items = [Fetched(t, di, buf, data_off, scale_off, scalars[i][0], scalars[i][1],

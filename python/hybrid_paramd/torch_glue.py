@@ -56,7 +56,7 @@ def scaled_mm(a_fp8, b_fp8_colmajor, scale_a, scale_b, out_dtype):
     """torch._scaled_mm across torch versions (2.1-2.3 return (out, amax)).
     The scales are copied into their own allocations: cuBLASLt refuses
     (CUBLAS_STATUS_NOT_SUPPORTED) a scale pointer that is not 16-byte
-    aligned, such as a fetch's per-target scalar at offset 8."""
+    aligned (a view into a larger allocation may not be)."""
     r = torch._scaled_mm(a_fp8, b_fp8_colmajor, scale_a=scale_a.reshape(()).float().clone(),
                          scale_b=scale_b.reshape(()).float().clone(), out_dtype=out_dtype)
     return r[0] if isinstance(r, tuple) else r

@@ -48,7 +48,8 @@ export PYTHONPATH=$U/python:$U/python/tests
 { date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader;
   python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "grpc", grpc.__version__, "protobuf", p.__version__)'; } 2>&1 | tee "$OUT/gpu.txt"
 ldd "$HYBRID_PARAMD_LIB" | grep "not found" && echo "MISSING LIBRARIES"
-STEPS=${STEPS:-gpu_test,gpt,bench}
+export PARAMD_HPCTL=$U/hpctl/hpctl
+STEPS=${STEPS:-gpu_test,gpt,hf,bench}
 if [[ ,$STEPS, == *,gpu_test,* ]]; then
   timeout 240 python3 python/tests/gpu_test.py > "$OUT/gpu_test.log" 2>&1
   echo "gpu_test rc=$?"
@@ -61,6 +62,11 @@ if [[ ,$STEPS, == *,gpt,* ]]; then
   echo "train_gpt (gpu daemon, fetch into CUDA tensors) rc=$?"
   grep -E '"(ok|why|loss_start|loss_final|baseline_loss_final|relative_to_baseline|rowwise|columnwise|step_seconds_median|fetch_seconds_median)"' "$OUT/train_gpt_gpu.log"
   tail -5 "$OUT/train_gpt_gpu.log" | grep -i error
+fi
+if [[ ,$STEPS, == *,hf,* ]]; then
+  timeout 240 python3 python/tests/hf_roundtrip_test.py > "$OUT/hf_roundtrip.log" 2>&1
+  echo "hf_roundtrip_test rc=$?"
+  grep -E "^test_|tensors equal|Error|FAIL|^OK|^Ran|skipped" "$OUT/hf_roundtrip.log" | head -20
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   for dev in cpu cuda; do
