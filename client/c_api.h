@@ -272,8 +272,8 @@ HPD_EXPORT int32_t hpd_fetch(hpd_client* client, int64_t version,
  * NCCL device channels (the daemons must run --backend=gpu). Waits for
  * `cuda_stream` (a cudaStream_t, NULL: the legacy default stream) first;
  * when it returns the bytes are in place for work on any stream. Builds
- * without CUDA return UNIMPLEMENTED. `outputs` may be NULL (the values are
- * in the targets' device scale_inv / amax). */
+ * without CUDA return UNIMPLEMENTED. The per-tensor values land in the
+ * targets' device scale_inv / amax floats. `stats` may be NULL. */
 HPD_EXPORT int32_t hpd_fetch_device(hpd_client* client, int64_t version,
                                     const hpd_fetch_target* targets, size_t count, int32_t device,
                                     void* cuda_stream, int64_t timeout_ms,
