@@ -22,6 +22,7 @@ TARGETS=(
   //kernels/cuda:amax_test
   //kernels/cuda:optimizer_test
   //kernels/cuda:bench
+  //server/gpu_backend:one_pass_step_test
 )
 bazel build --config=cuda "${TARGETS[@]}"
 

@@ -11,6 +11,12 @@
 #   BENCH_ARGS="--reps=30"      extra benchmark flags
 #   SASS=1                      dump the sm_90a SASS of the quantize kernels (cuobjdump),
 #                               and each pattern instantiation alone (sass_patternN.txt)
+#   PEER=1                      after the benchmark, the torch peer (tools/peer_bench.py,
+#                               torch 2.11 there) in the same call: peer.md is the table
+#                               ours / torch eager / torch.compile; PEER_ARGS="--reps=10"
+#                               extra flags. Inductor's cache is saved as
+#                               $OUT/inductor_cache.tgz; put it in the bundle folder
+#                               (BUNDLE/inductor_cache.tgz) to skip recompiling next time.
 #   NCU=1                       also profile the named kernels with ncu
 #                               (--clock-control none), NCU_ONLY=<bench --only>,
 #                               NCU_BENCH_ARGS="--tensors=1" (smaller problem)
@@ -60,6 +66,10 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
     timeout 100 $B/bin/amax_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/amax_test.log" 2>&1
     summary+=("amax_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/amax_test.log" | tr '\n' ' ')")
   fi
+  if [ -x $B/bin/one_pass_step_test ]; then
+    timeout 100 $B/bin/one_pass_step_test ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$OUT/one_pass_step_test.log" 2>&1
+    summary+=("one_pass_step_test rc=$? $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/one_pass_step_test.log" | tr '\n' ' ')")
+  fi
   rc_all=0
   for p in "${pids[@]}"; do wait "$p" || rc_all=1; done
   cat "$OUT"/quantize_test.shard*.log > "$OUT/quantize_test.log"
@@ -69,7 +79,7 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
   summary+=("quantize_test rc=$rc_all: $passed tests OK, $failed failed lines")
   echo "---- failures (first 40 lines) ----"
   grep -E "Failure|failures; first|FAILED|MISSING|error" "$OUT/quantize_test.log" "$OUT/optimizer_test.log" \
-    "$OUT"/amax_test.log 2>/dev/null | head -40
+    "$OUT"/amax_test.log "$OUT"/one_pass_step_test.log 2>/dev/null | head -40
 fi
 
 if [ "${RUN_BENCH:-1}" = 1 ]; then
@@ -99,7 +109,18 @@ if [ "${RUN_BENCH:-1}" = 1 ]; then
       > "$OUT/ncu_source.csv" 2> "$OUT/ncu_source.err"
     summary+=("ncu source rc=$? $(wc -c < "$OUT/ncu_source.csv") bytes")
   fi
-  tail -n 25 "$OUT/bench.log"
+  tail -n 40 "$OUT/bench.log"
+fi
+if [ "${PEER:-0}" = 1 ]; then
+  export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_cache
+  if [ -f "$B/inductor_cache.tgz" ]; then
+    mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && tar -xzf "$B/inductor_cache.tgz" -C "$TORCHINDUCTOR_CACHE_DIR"
+  fi
+  PYTHONUNBUFFERED=1 timeout 400 python3 tools/peer_bench.py --ours="$OUT/bench.json" \
+    --json="$OUT/peer.json" --markdown="$OUT/peer.md" ${PEER_ARGS:-} > "$OUT/peer.log" 2>&1
+  summary+=("peer_bench rc=$?")
+  tar -czf "$OUT/inductor_cache.tgz" -C "$TORCHINDUCTOR_CACHE_DIR" . 2>/dev/null
+  grep -v '^  ' "$OUT/peer.log" | tail -n 30
 fi
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"

@@ -25,6 +25,7 @@
 #include "kernels/cuda/amax.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/cuda/quantize.h"
+#include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
 
 ABSL_FLAG(int, reps, 30, "timed runs per kernel (median reported)");
@@ -182,6 +183,22 @@ int Run() {
     BENCH_CHECK(GPU_STATUS(cudaMemcpy(m, v, total * 4, cudaMemcpyDeviceToDevice)));
   }
 
+  // Places the buffers of direction d (0 rowwise, 1 columnwise) of one
+  // [M, K] tensor in the output arenas at off_r / off_c (advanced, 256-byte
+  // aligned); returns the bytes per element they hold.
+  auto Place = [&](const QuantSpec& q, int d, DirectionBuffers& b, size_t& off_r, size_t& off_c) {
+    const Layout l = *ComputeLayout(q, d == 0 ? Direction::kRowwise : Direction::kColumnwise, M, K);
+    uint8_t* base = d == 0 ? out_row : out_col;
+    size_t& off = d == 0 ? off_r : off_c;
+    b.data = base + off;
+    off += (l.data_bytes() + 255) / 256 * 256;
+    if (l.scale_bytes() > 0) {
+      b.scales = base + off;
+      off += (l.scale_bytes() + 255) / 256 * 256;
+    }
+    return static_cast<double>(l.data_bytes() + l.scale_bytes()) / per;
+  };
+
   // Quantize configurations.
   struct QCfg {
     std::string name;
@@ -191,6 +208,7 @@ int Run() {
     ColumnwiseSource cs = ColumnwiseSource::kOriginal;
     int variant = 0;
     double target = 0;
+    int two_d = -1;  // -1: the format's default; 0 / 1: QuantSpec::two_d of both directions
   };
   const std::vector<QCfg> qcfgs = {
       {"fp8 per-tensor row+col^T (src bf16)", Format::kFp8Current, Format::kFp8Current, true, true,
@@ -202,23 +220,32 @@ int Run() {
       {"fp8 per-tensor col^T only", Format::kFp8Current, Format::kFp8Current, false, true,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0},
       {"mxfp8 row+col", Format::kMxfp8, Format::kMxfp8, true, true, SourceDtype::kBf16,
-       ColumnwiseSource::kOriginal, 0, 0.85},
+       ColumnwiseSource::kOriginal, 0, 0.90},
       {"nvfp4 16x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
-       ColumnwiseSource::kOriginal, 0, 0.80},
+       ColumnwiseSource::kOriginal, 0, 0.90},
+      {"nvfp4 1x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
+       ColumnwiseSource::kOriginal, 0, 0.90, /*two_d=*/0},
       {"fp8 block 128x128 row+col^T", Format::kFp8Block128x128, Format::kFp8Block128x128, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.80},
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
       {"fp8 block 1x128 row+col^T", Format::kFp8Block1x128, Format::kFp8Block1x128, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.80},
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
       {"bf16 identity row", Format::kIdentityBf16, Format::kIdentityBf16, true, false,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0},
       {"hybrid fp8 row + mxfp8 col (row_dequant)", Format::kFp8Current, Format::kMxfp8, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kRowwiseDequantized, 0, 0},
+       SourceDtype::kBf16, ColumnwiseSource::kRowwiseDequantized, 0, 0.90},
+      {"hybrid fp8 row + mxfp8 col", Format::kFp8Current, Format::kMxfp8, true, true,
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
+      {"hybrid mxfp8 row + fp8 col^T", Format::kMxfp8, Format::kFp8Current, true, true,
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
+      {"hybrid nvfp4 row + fp8 col^T", Format::kNvfp4, Format::kFp8Current, true, true,
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
   };
   for (const QCfg& c : qcfgs) {
     if (!want(c.name)) continue;
     HybridSpec h;
     h.rowwise = DefaultQuantSpec(c.row);
     h.columnwise = DefaultQuantSpec(c.col);
+    if (c.two_d >= 0) h.rowwise.two_d = h.columnwise.two_d = c.two_d == 1;
     h.rowwise_usage = c.row_usage;
     h.columnwise_usage = c.col_usage;
     h.source_dtype = c.source;
@@ -237,18 +264,9 @@ int Run() {
       for (int d = 0; d < 2; ++d) {
         const bool used = d == 0 ? c.row_usage : c.col_usage;
         if (!used) continue;
-        const Layout l = *ComputeLayout(d == 0 ? h.rowwise : h.columnwise,
-                                        d == 0 ? Direction::kRowwise : Direction::kColumnwise, M, K);
-        uint8_t* base = d == 0 ? out_row : out_col;
-        size_t& off = d == 0 ? off_r : off_c;
-        DirectionBuffers& b = d == 0 ? a.rowwise : a.columnwise;
-        b.data = base + off;
-        off += (l.data_bytes() + 255) / 256 * 256;
-        if (l.scale_bytes() > 0) {
-          b.scales = base + off;
-          off += (l.scale_bytes() + 255) / 256 * 256;
-        }
-        if (t == 0) bytes += static_cast<double>(l.data_bytes() + l.scale_bytes()) / per;
+        const double b = Place(d == 0 ? h.rowwise : h.columnwise, d, d == 0 ? a.rowwise : a.columnwise,
+                               off_r, off_c);
+        if (t == 0) bytes += b;
       }
       args.push_back(a);
     }
@@ -287,7 +305,7 @@ int Run() {
     const int64_t n = PackBlockAmaxOffsets(absl::MakeSpan(args));
     float* out = reinterpret_cast<float*>(out_row);
     const double ms = TimeMs([&] { BENCH_CHECK(ComputeBlockAmax(args, out, n, nullptr)); });
-    report(name, 4.0 + 4.0 * n / total, ms, 0);
+    report(name, 4.0 + 4.0 * n / total, ms, 0.90);
   }
 
   // Optimizers: read p, m, v, g; write p, m, v = 28 bytes (SGD: 20).
@@ -321,26 +339,78 @@ int Run() {
     const double ms = TimeMs([&] { BENCH_CHECK(SgdStep(sopt, sh, nullptr)); });
     report("sgd momentum + amax", 20.0, ms, 0);
   }
-  if (want("fused")) {
+  // The one-pass step (AdamWStepAndQuantize): read p, m, v, g; write p, m, v
+  // and both quantized directions, for formats whose scale is known before
+  // the step.
+  struct FCfg {
+    std::string name;
+    Format fmt;
+  };
+  for (const FCfg& c : std::vector<FCfg>{{"fused adamw + fp8 delayed row+col^T", Format::kFp8Delayed},
+                                         {"fused adamw + mxfp8 row+col", Format::kMxfp8},
+                                         {"fused adamw + fp8 block 128x128 row+col^T", Format::kFp8Block128x128},
+                                         {"fused adamw + fp8 block 1x128 row+col^T", Format::kFp8Block1x128},
+                                         {"fused adamw + bf16 row", Format::kIdentityBf16}}) {
+    if (!want(c.name)) continue;
     std::vector<AdamWQuantizeArgs> fargs;
-    size_t off = 0;
+    size_t off_r = 0, off_c = 0;
+    double bytes = 28.0;
     for (int t = 0; t < T; ++t) {
       AdamWQuantizeArgs a;
       a.opt = opt[t];
       a.quant.rows = M;
       a.quant.cols = K;
-      a.quant.spec.rowwise = DefaultQuantSpec(Format::kFp8Delayed);
-      a.quant.spec.columnwise = DefaultQuantSpec(Format::kFp8Delayed);
+      a.quant.spec.rowwise = DefaultQuantSpec(c.fmt);
+      a.quant.spec.columnwise = DefaultQuantSpec(c.fmt);
+      a.quant.spec.columnwise_usage = c.fmt != Format::kIdentityBf16;
       a.quant.rowwise_scaling.scale = d_scale;
       a.quant.columnwise_scaling.scale = d_scale;
-      a.quant.rowwise.data = out_row + off;
-      a.quant.columnwise.data = out_col + off;
+      for (int d = 0; d < 2; ++d) {
+        if (d == 1 && !a.quant.spec.columnwise_usage) continue;
+        const double b = Place(DefaultQuantSpec(c.fmt), d, d == 0 ? a.quant.rowwise : a.quant.columnwise,
+                               off_r, off_c);
+        if (t == 0) bytes += b;
+      }
       a.quant.rowwise.amax = amax_slots + 32 + t;
-      off += per;
       fargs.push_back(a);
     }
     const double ms = TimeMs([&] { BENCH_CHECK(AdamWStepAndQuantize(fargs, ah, nullptr)); });
-    report("fused adamw + fp8 delayed row+col^T", 30.0, ms, 0);
+    report(c.name, bytes, ms, 0.90);
+  }
+
+  // The publish step of FP8 current scaling (it needs the new master's
+  // amax, so it reads the master twice): AdamW + amax, the scale, then FP8
+  // row + col^T. Byte floor 28 + 4 + 2 = 34 B/elem.
+  if (want("publish")) {
+    float* cur_scale = scalars + 128;  // per tensor
+    std::vector<CurrentScalingArgs> cs;
+    std::vector<QuantizeTensorArgs> qargs;
+    for (int t = 0; t < T; ++t) {
+      CurrentScalingArgs c;
+      c.amax = amax_slots + t;
+      c.scale = cur_scale + t;
+      c.spec = DefaultQuantSpec(Format::kFp8Current);
+      cs.push_back(c);
+      QuantizeTensorArgs q;
+      q.source = master + t * per;
+      q.rows = M;
+      q.cols = K;
+      q.spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
+      q.spec.columnwise = DefaultQuantSpec(Format::kFp8Current);
+      q.rowwise_scaling.scale = cur_scale + t;
+      q.columnwise_scaling.scale = cur_scale + t;
+      q.rowwise.data = out_row + t * per;
+      q.columnwise.data = out_col + t * per;
+      q.rowwise.scale_inv = scalars + 256 + t;
+      qargs.push_back(q);
+    }
+    const double ms = TimeMs([&] {
+      BENCH_CHECK(GPU_STATUS(cudaMemsetAsync(amax_slots, 0, T * sizeof(float), nullptr)));
+      BENCH_CHECK(AdamWStep(opt, ah, nullptr, /*with_amax=*/true));
+      BENCH_CHECK(CurrentScalingUpdate(cs, nullptr));
+      BENCH_CHECK(QuantizeHybrid(qargs, nullptr));
+    });
+    report("publish fp8 current: adamw+amax, scale, row+col^T", 34.0, ms, 0.90);
   }
 
   const std::string json = absl::GetFlag(FLAGS_json);

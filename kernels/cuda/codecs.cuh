@@ -197,6 +197,29 @@ __device__ __forceinline__ void AtomicMaxNonNeg(float* addr, float v) {
 // amax update ignoring NaN (fmaxf returns the non-NaN operand).
 __device__ __forceinline__ float AbsMax(float m, float x) { return fmaxf(m, fabsf(x)); }
 
+// Row maxima of 8 rows over groups of 8 lanes: x[k] is this lane's partial
+// max of row k; returns the group's max of row (lane & 7). A transposing
+// butterfly (xor 4, 2, 1): 7 shuffles for the 8 rows instead of 24, and each
+// row's result lands in the lane that owns it. fmaxf throughout, so NaN is
+// ignored as by a plain shuffle reduction.
+__device__ __forceinline__ float GroupRowMax8(const float (&x)[8]) {
+  const int lane = threadIdx.x & 31;
+  const bool b4 = (lane & 4) != 0, b2 = (lane & 2) != 0, b1 = (lane & 1) != 0;
+  float y[4], z[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float send = b4 ? x[k] : x[k + 4], keep = b4 ? x[k + 4] : x[k];
+    y[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const float send = b2 ? y[k] : y[k + 2], keep = b2 ? y[k + 2] : y[k];
+    z[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
+  }
+  const float send = b1 ? z[0] : z[1], keep = b1 ? z[1] : z[0];
+  return fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
+}
+
 }  // namespace dev
 }  // namespace gpu
 }  // namespace paramd

@@ -66,6 +66,9 @@ enum KernelPattern : int {
   kPatPlainMx = 5,  // kPatPlain + MXFP8 (hybrid FP8 / MXFP8 tensors)
 };
 
+// Rows of p, m, v, g in flight per thread in the one-pass step's load.
+constexpr int kAdamBatch = 2;
+
 template <int kPat>
 __host__ __device__ constexpr bool Has(int fmt) {
   if (kPat == kPatAll || fmt == kKNone) return true;
@@ -100,6 +103,102 @@ struct RowPassArgs {
   // encoded in the same loop (v4); null: none.
   const DirDesc* mx_col = nullptr;
 };
+
+// MXFP8 1x32 rowwise + 32x1 columnwise (same element format) of a full tile
+// with both directions written: every flag of the general loop is a
+// compile-time constant here and the 16 rows of each warp are unrolled, so
+// shared addresses, shuffle sources and block indices are constants (the
+// general loop spent ~68 instructions per row on them and on run-time flag
+// branches; ncu source counters, 2026-12-01).
+// Pre-step: lane l of the 8 lanes of block b holds, for its warp's rows
+// w + 8i, the max over its 4 columns; GroupRowMax8 leaves in lane l the
+// block amax of row slot l (and 8 + l), the slots the row loop fetches by
+// shuffle.
+template <int NT, bool kE5M2, bool kRound>
+__device__ __forceinline__ void Mxfp8FullTile(int64_t M, int64_t K, const DirDesc& d,
+                                              const DirDesc& cd, TileSmem& s, int tm, int tk,
+                                              float& amax_acc) {
+  constexpr int kWarps = NT / 32;
+  static_assert(kWarps == 8, "rows w + 8i, i < 16");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
+  const float rcp_max = Fbits(kE5M2 ? kRcp57344Bits : kRcp448Bits);
+  const float4* trow = &s.tile[warp * kChunks];  // row w; row w + 8i is trow + 8i * kChunks
+  // Pre-step: row-block maxima (by slot) and column-block maxima.
+  float mine[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int i = 8 * h + k;
+      const float4 v = trow[i * kWarps * kChunks + (lane ^ ((i >> 1) & 7))];
+      x[k] = Max4Abs(v.x, v.y, v.z, v.w);
+    }
+    mine[h] = GroupRowMax8(x);
+  }
+  // Column-block maxima: slots 4c .. 4c+3 are this warp's rows of 32-row block c.
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    float cm0 = 0.0f, cm1 = 0.0f, cm2 = 0.0f, cm3 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = 4 * c + k;
+      const float4 v = trow[i * kWarps * kChunks + (lane ^ ((i >> 1) & 7))];
+      cm0 = AbsMax(cm0, v.x), cm1 = AbsMax(cm1, v.y), cm2 = AbsMax(cm2, v.z), cm3 = AbsMax(cm3, v.w);
+    }
+    if (kRound) {  // monotone: round the block max once
+      RoundPairBf16(cm0, cm1);
+      RoundPairBf16(cm2, cm3);
+    }
+    uint32_t* dst = s.colbuf + c * kTile + 4 * lane;
+    atomicMax(dst + 0, __float_as_uint(cm0));
+    atomicMax(dst + 1, __float_as_uint(cm1));
+    atomicMax(dst + 2, __float_as_uint(cm2));
+    atomicMax(dst + 3, __float_as_uint(cm3));
+  }
+  // A block of NaNs only has amax 0 (§0); fmaxf of NaNs alone stays NaN.
+  float mine0 = fmaxf(mine[0], 0.0f), mine1 = fmaxf(mine[1], 0.0f);
+  if (kRound) RoundPairBf16(mine0, mine1);
+  amax_acc = fmaxf(amax_acc, fmaxf(mine0, mine1));
+  const uint32_t e0 = E8M0FromScaledAmax(__fmul_rn(mine0, rcp_max));
+  const uint32_t e1 = E8M0FromScaledAmax(__fmul_rn(mine1, rcp_max));
+  const float m0 = E8M0Reciprocal(e0), m1 = E8M0Reciprocal(e1);
+  {
+    // Scale bytes [i][b] of rows w + 8(8j + (lane & 7)), block tk*4 + lane/8.
+    // Full tile: every row and block is inside [M, K] and the scale buffer.
+    const int64_t scale_cols = d.scale_cols;
+    uint8_t* srow = static_cast<uint8_t*>(d.scales) + (i0 + warp + kWarps * (lane & 7)) * scale_cols +
+                    int64_t{tk} * (kTile / 32) + (lane >> 3);
+    srow[0] = static_cast<uint8_t>(e0);
+    srow[64 * scale_cols] = static_cast<uint8_t>(e1);
+  }
+  __syncthreads();
+  ColScaleStep<NT, kPatMxfp8>(M, K, cd, s, s.amax2d_col, tm, tk, true);
+  __syncthreads();
+
+  const int64_t pitch = K;
+  uint8_t* out = static_cast<uint8_t*>(d.data) + (i0 + warp) * pitch + j0 + 4 * lane;
+  uint8_t* cout = static_cast<uint8_t*>(cd.data) + (i0 + warp) * pitch + j0 + 4 * lane;
+  const int64_t out_step = kWarps * pitch;
+  const float4* cmul = reinterpret_cast<const float4*>(s.colbuf) + lane;
+#pragma unroll
+  for (int i = 0; i < 16; ++i, out += out_step, cout += out_step) {
+    float4 v = trow[i * kWarps * kChunks + (lane ^ ((i >> 1) & 7))];
+    if (kRound) {
+      RoundPairBf16(v.x, v.y);
+      RoundPairBf16(v.z, v.w);
+    }
+    const float m = __shfl_sync(0xFFFFFFFFu, i < 8 ? m0 : m1, (lane & ~7) | (i & 7));
+    const uint32_t qb = CvtFp8x4(__fmul_rn(v.x, m), __fmul_rn(v.y, m), __fmul_rn(v.z, m),
+                                 __fmul_rn(v.w, m), kE5M2);
+    *reinterpret_cast<uint32_t*>(out) = qb;
+    const float4 mm = cmul[(i >> 2) * kChunks];
+    const uint32_t qc = CvtFp8x4(__fmul_rn(v.x, mm.x), __fmul_rn(v.y, mm.y), __fmul_rn(v.z, mm.z),
+                                 __fmul_rn(v.w, mm.w), kE5M2);
+    *reinterpret_cast<uint32_t*>(cout) = qc;
+  }
+}
 
 // kColMode: the columnwise copy of MXFP8 / identity (multipliers from colbuf,
 // no scale writes, no writeback). Addresses advance by pointer increments; the
@@ -185,6 +284,21 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   // j; that lane also writes the scale byte. The tile amax comes from here too.
   uint32_t mx_e0 = 0u, mx_e1 = 0u;
   float mx_m0 = 1.0f, mx_m1 = 1.0f;
+  if constexpr (F == kKMxfp8 && !kColMode && !kE5M2) {
+    // Full tiles of MXFP8 E4M3 (the weight format) rowwise + 32x1 columnwise,
+    // both written: the unrolled path. (Unrolled row-only variants for the
+    // hybrid pairs made the MXFP8 kernels spill: ~1 KB of spill loads.)
+    const DirDesc* cd = a.mx_col;
+    if (cd != nullptr && write && vec_d && cd->write && cd->vec && rows_valid == kTile &&
+        K - j0 >= kTile && !deq_wb && !writeback && col_amax == nullptr) {
+      if (round_bf16) {
+        Mxfp8FullTile<NT, false, true>(M, K, d, *cd, s, tm, tk, amax_acc);
+      } else {
+        Mxfp8FullTile<NT, false, false>(M, K, d, *cd, s, tm, tk, amax_acc);
+      }
+      return;
+    }
+  }
   if constexpr (F == kKMxfp8 && !kColMode) {
     constexpr int kRowsPerWarp = kTile / kWarps;
     constexpr int kRowsPerColBlock = 32 / kWarps;  // this warp's rows in each 32-row block
@@ -902,7 +1016,9 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
 // The kernel
 // ---------------------------------------------------------------------------
 
-template <int NT, int kPat>
+// kAdam: every tensor of the batch takes the fused AdamW load (the one-pass
+// step); the all-format kernel decides per tensor at run time.
+template <int NT, int kPat, bool kAdam>
 __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile,
                                             TileSmem& s) {
   // Each pass copies the descriptor fields it needs into registers before
@@ -924,9 +1040,11 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   }
   if (threadIdx.x < 4) s.red[threadIdx.x] = 0u;
 
-  bool fused_adam = false;  // the fused AdamW load exists in the all-format kernel only
+  bool fused_adam = kAdam;
   if constexpr (kPat == kPatAll) fused_adam = t.opt.param != nullptr;
-  if (fused_adam) {
+  if constexpr (kAdam) {
+    LoadTileAdam<NT, kAdamBatch>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
+  } else if (fused_adam) {
     LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (t.src_vec && !t.src_bf16) {
     LoadTileFp32Vec<NT>(static_cast<const float*>(t.src), M, K, s, i0, j0);
@@ -1069,22 +1187,22 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   }
 }
 
-template <int NT, int kMinBlocks, int kPat>
+template <int NT, int kMinBlocks, int kPat, bool kAdam>
 __global__ void __launch_bounds__(NT, kMinBlocks)
     QuantizeTilesKernel(const __grid_constant__ QuantizeBatch batch) {
   extern __shared__ float4 smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
   for (int64_t tile = blockIdx.x; tile < batch.total_tiles; tile += gridDim.x) {
-    ProcessTile<NT, kPat>(batch, tile, s);
+    ProcessTile<NT, kPat, kAdam>(batch, tile, s);
     __syncthreads();  // shared memory is reused by the next tile
   }
 }
 
-template <int kPat>
+template <int kPat, bool kAdam = false>
 cudaError_t LaunchPattern(const QuantizeBatch& batch, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const size_t smem = sizeof(TileSmem);
-  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat>;
+  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -1094,11 +1212,11 @@ cudaError_t LaunchPattern(const QuantizeBatch& batch, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int kPat>
+template <int kPat, bool kAdam = false>
 bool Covers(const QuantizeBatch& batch) {
   for (int i = 0; i < batch.num; ++i) {
     const TensorDesc& t = batch.t[i];
-    if (t.opt.param != nullptr || !Has<kPat>(t.row.fmt) || !Has<kPat>(t.col.fmt)) return false;
+    if ((t.opt.param != nullptr) != kAdam || !Has<kPat>(t.row.fmt) || !Has<kPat>(t.col.fmt)) return false;
   }
   return true;
 }
@@ -1111,6 +1229,10 @@ bool Covers(const QuantizeBatch& batch) {
 cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
   if (variant != kVariantDefault) return cudaErrorInvalidValue;
   if (batch.total_tiles <= 0) return cudaSuccess;
+  // The one-pass step (every tensor with the fused AdamW load).
+  if (Covers<kPatPlain, true>(batch)) return LaunchPattern<kPatPlain, true>(batch, stream);
+  if (Covers<kPatMxfp8, true>(batch)) return LaunchPattern<kPatMxfp8, true>(batch, stream);
+  if (Covers<kPatBlock1d, true>(batch)) return LaunchPattern<kPatBlock1d, true>(batch, stream);
   if (Covers<kPatPlain>(batch)) return LaunchPattern<kPatPlain>(batch, stream);
   if (Covers<kPatNvfp4>(batch)) return LaunchPattern<kPatNvfp4>(batch, stream);
   if (Covers<kPatMxfp8>(batch)) return LaunchPattern<kPatMxfp8>(batch, stream);

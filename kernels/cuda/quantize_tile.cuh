@@ -126,10 +126,50 @@ __device__ __forceinline__ void LoadTileScalar(const void* src, bool bf16, int64
 
 // Fused AdamW: the tile's master values are updated in registers, p/m/v are
 // written back, and the new p is what the quantizer sees.
-template <int NT>
+// kBatch: rows of p, m, v, g in flight per thread and step. Full tiles take
+// one pointer per array advanced by kBatch * 8 rows (no per-access 64-bit
+// offsets or bounds).
+template <int NT, int kBatch = 2>
 __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
                                              const AdamHyper& h, TileSmem& s, int64_t i0,
                                              int64_t j0) {
+  if (vec && M - i0 >= kTile && K - j0 >= kTile) {
+    static_assert(NT == 256, "rows w + 8k");
+    constexpr int kStep = NT / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t base = (i0 + warp) * K + j0 + 4 * lane;
+    float* P = o.param + base;
+    float* Mm = o.m + base;
+    float* V = o.v + base;
+    const float* G = o.grad + base;
+    const int64_t step = int64_t{kStep} * K;
+    float4* trow = &s.tile[warp * kChunks];
+#pragma unroll 1
+    for (int k0 = 0; k0 < kTile / kStep; k0 += kBatch) {
+      float4 p[kBatch], m[kBatch], v[kBatch], g[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        p[b] = *reinterpret_cast<const float4*>(P + b * step);
+        m[b] = *reinterpret_cast<const float4*>(Mm + b * step);
+        v[b] = *reinterpret_cast<const float4*>(V + b * step);
+        g[b] = __ldg(reinterpret_cast<const float4*>(G + b * step));
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        AdamWElement(p[b].x, m[b].x, v[b].x, g[b].x, h);
+        AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
+        AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
+        AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
+        *reinterpret_cast<float4*>(P + b * step) = p[b];
+        *reinterpret_cast<float4*>(Mm + b * step) = m[b];
+        *reinterpret_cast<float4*>(V + b * step) = v[b];
+        const int k = k0 + b;  // row w + 8k: swizzle ch ^ ((k >> 1) & 7)
+        trow[k * kStep * kChunks + (lane ^ ((k >> 1) & 7))] = p[b];
+      }
+      P += kBatch * step, Mm += kBatch * step, V += kBatch * step, G += kBatch * step;
+    }
+    return;
+  }
   if (vec) {
     constexpr int kPer = kTile * kChunks / NT;
     constexpr int kBatch = 2;

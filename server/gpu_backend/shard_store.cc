@@ -48,6 +48,18 @@ bool Computed(const HybridSpec& s, int dir) {
 bool ColumnwiseSourceAmaxNeeded(const HybridSpec& s) {
   return s.columnwise_usage && Dequantized(s) && NeedsGlobalAmax(s.columnwise.format);
 }
+// Whether a tensor's quantization can run inside its AdamW step: every
+// direction computed takes its scale from before the step (not the new
+// master's amax: no FP8 current, no NVFP4) and reads the master itself.
+bool OnePassFormats(const HybridSpec& s) {
+  if (Dequantized(s)) return false;
+  for (int dir = 0; dir < 2; ++dir) {
+    if (!Computed(s, dir)) continue;
+    const Format f = SpecOf(s, dir).format;
+    if (f == Format::kFp8Current || f == Format::kNvfp4) return false;
+  }
+  return true;
+}
 bool SecondRound(const HybridSpec& s) {
   return ColumnwiseSourceAmaxNeeded(s) && NeedsGlobalAmax(s.rowwise.format) &&
          s.rowwise.format != Format::kFp8Delayed;
@@ -295,43 +307,6 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
 
   GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
   GPU_RETURN_IF_ERROR(cudaMemsetAsync(amax_, 0, amax_count() * sizeof(float), stream_));
-  // Source amaxes (max-updated: shards of one tensor share its slot).
-  if (apply_optimizer) {
-    ++optimizer_steps_;
-    std::vector<gpu::OptimizerTensor> opt(n);
-    for (int i = 0; i < n; ++i) {
-      TensorState& t = tensors_[i];
-      opt[i].param = t.master;
-      opt[i].exp_avg = t.exp_avg;
-      opt[i].exp_avg_sq = t.exp_avg_sq;
-      opt[i].grad = t.grad;
-      opt[i].count = shards_[i].rows * shards_[i].cols;
-      opt[i].amax = amax_ + AmaxSlot(i, 0);
-      opt[i].amax_source = shards_[i].spec.source_dtype;
-    }
-    if (options_.sgd) {
-      gpu::SgdHyper hyper = options_.sgd_hyper;
-      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
-      sgd_fresh_ = false;
-      RETURN_IF_ERROR(gpu::SgdStep(opt, hyper, stream_));
-    } else {
-      gpu::AdamWHyper hyper = options_.adamw;
-      hyper.step = optimizer_steps_;
-      RETURN_IF_ERROR(gpu::AdamWStep(opt, hyper, stream_));
-    }
-    for (int i = 0; i < n; ++i) {
-      GPU_RETURN_IF_ERROR(cudaMemsetAsync(tensors_[i].grad, 0, opt[i].count * 4, stream_));
-    }
-  } else {
-    std::vector<gpu::AmaxArgs> args(n);
-    for (int i = 0; i < n; ++i) {
-      args[i].source = tensors_[i].master;
-      args[i].count = shards_[i].rows * shards_[i].cols;
-      args[i].source_dtype = shards_[i].spec.source_dtype;
-      args[i].amax = amax_ + AmaxSlot(i, 0);
-    }
-    RETURN_IF_ERROR(gpu::ComputeAmax(args, stream_));
-  }
   // The quantize arguments of every shard (buffers of `out`), also used for
   // the columnwise-source amaxes of rowwise_dequantized copies.
   std::vector<gpu::QuantizeTensorArgs> quant(n);
@@ -356,6 +331,63 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
       buffers.scales = pub.scales;
       buffers.scale_inv = PerTensorFp8(SpecOf(s.spec, dir).format) ? pub.scale_inv : nullptr;
     }
+  }
+  bool one_pass = apply_optimizer && !options_.sgd && options_.one_pass_step;
+  for (int i = 0; i < n && one_pass; ++i) one_pass = OnePassFormats(shards_[i].spec);
+  // Source amaxes (max-updated: shards of one tensor share its slot).
+  if (apply_optimizer) {
+    ++optimizer_steps_;
+    std::vector<gpu::OptimizerTensor> opt(n);
+    for (int i = 0; i < n; ++i) {
+      TensorState& t = tensors_[i];
+      opt[i].param = t.master;
+      opt[i].exp_avg = t.exp_avg;
+      opt[i].exp_avg_sq = t.exp_avg_sq;
+      opt[i].grad = t.grad;
+      opt[i].count = shards_[i].rows * shards_[i].cols;
+      opt[i].amax = amax_ + AmaxSlot(i, 0);
+      opt[i].amax_source = shards_[i].spec.source_dtype;
+    }
+    if (options_.sgd) {
+      gpu::SgdHyper hyper = options_.sgd_hyper;
+      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
+      sgd_fresh_ = false;
+      RETURN_IF_ERROR(gpu::SgdStep(opt, hyper, stream_));
+    } else if (one_pass) {
+      // Update, amax (into the slot AdamWStep would max-update: the amax of
+      // the source-rounded new master, what each direction quantizes) and
+      // both directions in one pass; the per-tensor quantize below is skipped.
+      gpu::AdamWHyper hyper = options_.adamw;
+      hyper.step = optimizer_steps_;
+      std::vector<gpu::AdamWQuantizeArgs> fused;
+      for (int i = 0; i < n; ++i) {
+        if (opt[i].count == 0) continue;
+        gpu::AdamWQuantizeArgs a;
+        a.opt = opt[i];
+        a.quant = quant[i];
+        if (Uses(shards_[i].spec, 0)) a.quant.rowwise.amax = amax_ + AmaxSlot(i, 0);
+        if (Uses(shards_[i].spec, 1)) a.quant.columnwise.amax = amax_ + AmaxSlot(i, 0);
+        fused.push_back(a);
+      }
+      RETURN_IF_ERROR(gpu::AdamWStepAndQuantize(fused, hyper, stream_));
+      ++one_pass_steps_;
+    } else {
+      gpu::AdamWHyper hyper = options_.adamw;
+      hyper.step = optimizer_steps_;
+      RETURN_IF_ERROR(gpu::AdamWStep(opt, hyper, stream_));
+    }
+    for (int i = 0; i < n; ++i) {
+      GPU_RETURN_IF_ERROR(cudaMemsetAsync(tensors_[i].grad, 0, opt[i].count * 4, stream_));
+    }
+  } else {
+    std::vector<gpu::AmaxArgs> args(n);
+    for (int i = 0; i < n; ++i) {
+      args[i].source = tensors_[i].master;
+      args[i].count = shards_[i].rows * shards_[i].cols;
+      args[i].source_dtype = shards_[i].spec.source_dtype;
+      args[i].amax = amax_ + AmaxSlot(i, 0);
+    }
+    RETURN_IF_ERROR(gpu::ComputeAmax(args, stream_));
   }
   auto columnwise_source_amax = [&](bool second_round) -> absl::Status {
     std::vector<gpu::QuantizeTensorArgs> args;
@@ -436,7 +468,7 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
         delayed.push_back(d);
       }
     }
-    RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
+    if (!one_pass) RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
     GPU_RETURN_IF_ERROR(cudaEventRecord(t.ready, stream_));
   }
   // Delayed scaling: this step's cast used the previous scale; now roll the

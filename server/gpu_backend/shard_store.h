@@ -92,6 +92,12 @@ struct GpuStoreOptions {
   // pushes are pipelined over them). 0 buffers = none.
   int push_staging_buffers = 2;
   int push_staging_element_bytes = 2;
+  // AdamW steps of a store whose every format takes its scale from before
+  // the step (FP8 delayed, MXFP8, FP8 blocks, identity) run as one pass
+  // over the masters (gpu::AdamWStepAndQuantize: update, amax and both
+  // directions from one read; 30 instead of 34 B/param moved for FP8 row +
+  // col). Byte-identical to the two-kernel path; false forces that path.
+  bool one_pass_step = true;
 };
 
 // Makes `device` current for its lifetime (then restores the previous one).
@@ -164,6 +170,8 @@ class GpuShardStore {
   // settable for a restore. `sgd_buffers_fresh`: the next SGD step starts
   // the momentum buffers from the gradient (as a first step).
   int64_t optimizer_steps() const { return optimizer_steps_; }
+  // Optimizer steps that ran as the one pass (GpuStoreOptions::one_pass_step).
+  int64_t one_pass_steps() const { return one_pass_steps_; }
   void set_optimizer_steps(int64_t steps, bool sgd_buffers_fresh) {
     optimizer_steps_ = steps;
     sgd_fresh_ = sgd_buffers_fresh;
@@ -289,6 +297,7 @@ class GpuShardStore {
   int64_t device_bytes_ = 0;
   int64_t parameters_ = 0;
   int64_t optimizer_steps_ = 0;
+  int64_t one_pass_steps_ = 0;
   bool sgd_fresh_ = false;
   GpuStepTimings timings_;
 };
