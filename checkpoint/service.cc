@@ -20,6 +20,7 @@
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/telemetry.h"
 #include "common/status_macros.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
@@ -236,6 +237,7 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
     const std::string what = absl::StrCat("export of ", request_.tensor(), " rows [",
                                           request_.row_begin(), ", ", request_.row_end(),
                                           ") at version ", request_.version());
+    telemetry::ObserveExport(absl::ToDoubleSeconds(absl::Now() - start));
     if (status.ok()) {
       VLog(1, kTag, absl::StrCat(what, " done in ", absl::FormatDuration(absl::Now() - start)));
     } else {
@@ -348,7 +350,10 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
                                        const CheckpointRequest* request,
                                        CheckpointResponse* response) override {
     return RunOnThread(context, [this, request, response] {
+      const absl::Time start = absl::Now();
       absl::StatusOr<CheckpointResponse> r = DoCheckpoint(*request);
+      telemetry::ObserveCheckpoint(r.ok(), absl::ToDoubleSeconds(absl::Now() - start),
+                                   r.ok() ? r->total_bytes() : 0);
       if (!r.ok()) {
         LogError(kTag, absl::StrCat("checkpoint failed: ", r.status().ToString()));
         return r.status();

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/telemetry.h"
 #include "proto/paramd.grpc.pb.h"
 #include "safetensors/convert.h"
 #include "safetensors/safetensors.h"
@@ -607,7 +608,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         latest_ = *result;
         pushers_.clear();
         last_step_seconds_ = seconds;
-        if (apply_optimizer) ++steps_;
+        if (apply_optimizer) {
+          ++steps_;
+          telemetry::ObserveStep(seconds);
+        }
       } else {
         failed_step_from_ = from;
         last_step_error_ = result.status();
@@ -883,6 +887,35 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     join_error_ = absl::StrCat("could not join the coordinator at ", coordinator_address_,
                                " within ", absl::FormatDuration(options_.join_timeout));
     LogError(kTag, join_error_);
+  }
+
+  std::vector<PieceHealth> PublishedHealth(int64_t max_samples) const {
+    std::shared_ptr<const PublishedVersion> latest;
+    std::shared_ptr<const ModelView> view;
+    {
+      absl::MutexLock lock(&mu_);
+      latest = latest_;
+      view = view_;
+    }
+    std::vector<PieceHealth> out;
+    if (!latest || !view) return out;
+    for (const PublishedPiece& p : latest->pieces) {
+      if (p.tensor < 0 || p.tensor >= static_cast<int>(view->tensors.size())) continue;
+      const TensorDef& t = view->tensors[p.tensor];
+      const QuantSpec& spec =
+          p.direction == Direction::kRowwise ? t.spec.rowwise : t.spec.columnwise;
+      PieceHealth h;
+      h.tensor = t.name;
+      h.direction = p.direction;
+      h.format = p.q.format;
+      h.row_begin = p.row_begin;
+      h.row_end = p.row_end;
+      h.amax = p.q.amax;
+      h.scale = p.scale;
+      h.codes = CountCodes(p.q, spec.fp8_type, max_samples);
+      out.push_back(std::move(h));
+    }
+    return out;
   }
 
   void FillStats(bool include_shards, rpc::DaemonStats* stats) const {
@@ -1973,6 +2006,10 @@ absl::Status Daemon::startup_error() const { return impl_->startup_error(); }
 absl::Status Daemon::WithStableState(const StableStateFn& fn, absl::Duration timeout) {
   return impl_->WithStableState(fn, timeout);
 }
+std::vector<PieceHealth> Daemon::PublishedHealth(int64_t max_samples) const {
+  return impl_->PublishedHealth(max_samples);
+}
+
 rpc::DaemonStats Daemon::Stats(bool include_shards) const {
   rpc::DaemonStats stats;
   impl_->FillStats(include_shards, &stats);

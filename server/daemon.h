@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.pb.h"
+#include "server/fp8_health.h"
 #include "server/optimizer.h"
 #include "server/request_checks.h"
 #include "server/shard_set.h"
@@ -90,6 +92,18 @@ struct DaemonOptions {
   RequestLimits limits;
 };
 
+// One published piece's FP8 health (Daemon::PublishedHealth).
+struct PieceHealth {
+  std::string tensor;
+  Direction direction = Direction::kRowwise;
+  Format format = Format::kIdentityBf16;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  float amax = 0.0f;   // the amax the cast used (per-tensor FP8, NVFP4 global)
+  float scale = 1.0f;  // per-tensor FP8 multiplier (1 for other formats)
+  std::optional<CodeCounts> codes;  // server/fp8_health.h
+};
+
 // The daemon: its gRPC service and its worker. Served by ParamdServer
 // (server/server.h), which binds the port and then calls Start().
 class Daemon {
@@ -121,6 +135,11 @@ class Daemon {
   absl::Status startup_error() const;
   // What GetStats returns.
   rpc::DaemonStats Stats(bool include_shards) const;
+  // Every piece of the latest published version with its amax, scale and
+  // code counts (at most `max_samples` elements read per piece). Reads the
+  // immutable published buffers outside the daemon's locks: no step or
+  // fetch waits for it. Empty before the first publish.
+  std::vector<PieceHealth> PublishedHealth(int64_t max_samples) const;
 
   // Runs `fn` on the calling thread while no step can commit (the worker is
   // parked), with the shard state that produced the latest published

@@ -293,7 +293,10 @@ absl::Status Run() {
     metrics_listen = absl::StrCat("0.0.0.0:", absl::GetFlag(FLAGS_metrics_port));
   }
   if (!metrics_listen.empty()) {
-    ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(metrics_listen, server.get()));
+    MetricsOptions metrics_options;
+    metrics_options.listen = metrics_listen;
+    metrics_options.role = role;
+    ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(metrics_options, server.get()));
     Log("hybrid-paramd", absl::StrCat("metrics on http://", metrics_listen.substr(
                                           0, metrics_listen.rfind(':')),
                                       ":", metrics->port(), "/metrics"));

@@ -1,6 +1,11 @@
 #include "server/metrics.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <exception>
+#include <fstream>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,88 +14,204 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/build_info.h"
+#include "common/telemetry.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
 #include "common/status_macros.h"
 
 namespace paramd {
 namespace {
 
-prometheus::MetricFamily Family(std::string name, std::string help, prometheus::MetricType type,
-                                double value,
-                                std::vector<prometheus::ClientMetric::Label> labels = {}) {
-  prometheus::MetricFamily f;
-  f.name = std::move(name);
-  f.help = std::move(help);
-  f.type = type;
+using prometheus::MetricType;
+using Labels = std::vector<prometheus::ClientMetric::Label>;
+
+prometheus::ClientMetric Metric(MetricType type, double value, Labels labels = {}) {
   prometheus::ClientMetric m;
   m.label = std::move(labels);
-  if (type == prometheus::MetricType::Counter) {
+  if (type == MetricType::Counter) {
     m.counter.value = value;
   } else {
     m.gauge.value = value;
   }
-  f.metric.push_back(std::move(m));
+  return m;
+}
+
+prometheus::MetricFamily Family(std::string name, std::string help, MetricType type,
+                                std::vector<prometheus::ClientMetric> metrics) {
+  prometheus::MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  f.metric = std::move(metrics);
   return f;
+}
+
+prometheus::MetricFamily Gauge(std::string name, std::string help, double value) {
+  return Family(std::move(name), std::move(help), MetricType::Gauge,
+                {Metric(MetricType::Gauge, value)});
+}
+
+prometheus::MetricFamily Counter(std::string name, std::string help, double value) {
+  return Family(std::move(name), std::move(help), MetricType::Counter,
+                {Metric(MetricType::Counter, value)});
+}
+
+// Resident set size of this process (host memory), from /proc.
+double HostMemoryBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0;
+  int64_t resident = 0;
+  if (!(in >> pages >> resident)) return 0;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Per (tensor, direction): the amax and scale of the cast, and the fraction
+// of sampled codes saturated / zero, summed over this daemon's pieces.
+void AppendFp8Health(const std::vector<PieceHealth>& pieces,
+                     std::vector<prometheus::MetricFamily>* out) {
+  struct Entry {
+    float amax = 0.0f;
+    float scale = 1.0f;
+    bool has_codes = false;
+    CodeCounts codes;
+  };
+  std::map<std::pair<std::string, std::string>, Entry> by_tensor;
+  for (const PieceHealth& p : pieces) {
+    if (p.format == Format::kIdentityBf16 || p.format == Format::kIdentityFp32) continue;
+    Entry& e = by_tensor[{p.tensor, p.direction == Direction::kRowwise ? "rowwise" : "columnwise"}];
+    e.amax = std::max(e.amax, p.amax);
+    e.scale = p.scale;  // per-tensor: the same on every piece
+    if (p.codes) {
+      e.has_codes = true;
+      e.codes.sampled += p.codes->sampled;
+      e.codes.saturated += p.codes->saturated;
+      e.codes.zero += p.codes->zero;
+    }
+  }
+  if (by_tensor.empty()) return;
+  std::vector<prometheus::ClientMetric> amax, scale, saturated, zero;
+  for (const auto& [key, e] : by_tensor) {
+    const Labels labels = {{"tensor", key.first}, {"direction", key.second}};
+    amax.push_back(Metric(MetricType::Gauge, e.amax, labels));
+    scale.push_back(Metric(MetricType::Gauge, e.scale, labels));
+    if (e.has_codes && e.codes.sampled > 0) {
+      const double n = static_cast<double>(e.codes.sampled);
+      saturated.push_back(Metric(MetricType::Gauge, e.codes.saturated / n, labels));
+      zero.push_back(Metric(MetricType::Gauge, e.codes.zero / n, labels));
+    }
+  }
+  out->push_back(Family("paramd_tensor_amax",
+                        "amax the latest cast of this tensor and direction used (this daemon's "
+                        "pieces; per-tensor FP8: the global amax, NVFP4: the global A)",
+                        MetricType::Gauge, std::move(amax)));
+  out->push_back(Family("paramd_tensor_scale",
+                        "per-tensor FP8 scale (multiplier) of the latest cast; 1 for block formats",
+                        MetricType::Gauge, std::move(scale)));
+  if (!saturated.empty()) {
+    out->push_back(Family("paramd_tensor_saturated_fraction",
+                          "fraction of sampled published codes at the format's largest "
+                          "magnitude (clamped by the cast, or at amax)",
+                          MetricType::Gauge, std::move(saturated)));
+    out->push_back(Family("paramd_tensor_zero_fraction",
+                          "fraction of sampled published codes that are zero (flushed to zero "
+                          "by the cast, or zero in the source)",
+                          MetricType::Gauge, std::move(zero)));
+  }
 }
 
 class Collector : public prometheus::Collectable {
  public:
-  explicit Collector(ParamdServer* server) : server_(server) {}
+  Collector(ParamdServer* server, MetricsOptions options)
+      : server_(server), options_(std::move(options)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    using prometheus::MetricType;
-    std::vector<prometheus::MetricFamily> out;
+    std::vector<prometheus::MetricFamily> out = telemetry::Registry()->Collect();
+    const BuildInfo& build = GetBuildInfo();
+    out.push_back(Family("paramd_build_info", "Version, git commit and compilation mode (1)",
+                         MetricType::Gauge,
+                         {Metric(MetricType::Gauge, 1,
+                                 {{"version", build.version},
+                                  {"commit", build.commit},
+                                  {"mode", build.mode}})}));
+    out.push_back(Gauge("paramd_host_memory_bytes", "Resident host memory of this process",
+                        HostMemoryBytes()));
+    if (const double last = telemetry::LastCheckpointUnixSeconds(); last > 0) {
+      out.push_back(Gauge("paramd_checkpoint_age_seconds",
+                          "Seconds since the last successful checkpoint",
+                          absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - last));
+    }
+    int rank = -1;
     if (Coordinator* c = server_->coordinator()) {
-      out.push_back(Family("paramd_committed_version", "Committed model version (-1: none)",
-                           MetricType::Gauge, static_cast<double>(c->committed_version())));
+      out.push_back(Gauge("paramd_committed_version", "Committed model version (-1: none)",
+                          static_cast<double>(c->committed_version())));
+      out.push_back(Gauge("paramd_daemons_joined", "Daemons that have joined",
+                          c->joined_daemons()));
+      out.push_back(Gauge("paramd_daemons_expected", "Daemons the world is waiting for",
+                          c->expected_daemons()));
       // Membership: one series per joined rank (1 = heartbeats within the
       // lease), and how many leases expired since start.
-      prometheus::MetricFamily up;
-      up.name = "paramd_daemon_up";
-      up.help = "1 if the daemon of this rank renews its lease, 0 if it is DOWN";
-      up.type = MetricType::Gauge;
+      std::vector<prometheus::ClientMetric> up;
       for (const rpc::Member& m : c->daemon_members()) {
-        prometheus::ClientMetric v;
-        v.label = {{"rank", std::to_string(m.rank())}, {"address", m.address()}};
-        v.gauge.value = m.state() == rpc::MEMBER_STATE_DOWN ? 0 : 1;
-        up.metric.push_back(std::move(v));
+        up.push_back(Metric(MetricType::Gauge, m.state() == rpc::MEMBER_STATE_DOWN ? 0 : 1,
+                            {{"rank", std::to_string(m.rank())}, {"address", m.address()}}));
       }
-      out.push_back(std::move(up));
-      out.push_back(Family("paramd_daemons_lost_total",
-                           "Daemon leases that expired (dead or stopped daemons)",
-                           MetricType::Counter, static_cast<double>(c->daemons_lost())));
+      out.push_back(Family("paramd_daemon_up",
+                           "1 if the daemon of this rank renews its lease, 0 if it is DOWN",
+                           MetricType::Gauge, std::move(up)));
+      out.push_back(Counter("paramd_daemons_lost_total",
+                            "Daemon leases that expired (dead or stopped daemons)",
+                            static_cast<double>(c->daemons_lost())));
     }
     if (Daemon* d = server_->daemon()) {
       const rpc::DaemonStats s = d->Stats(/*include_shards=*/false);
-      out.push_back(Family("paramd_daemon_rank", "Daemon rank (-1: not joined)",
-                           MetricType::Gauge, s.rank()));
-      out.push_back(Family("paramd_published_version", "Latest version published here",
-                           MetricType::Gauge, static_cast<double>(s.published_version())));
-      out.push_back(Family("paramd_steps_total", "Optimizer steps applied", MetricType::Counter,
-                           static_cast<double>(s.steps())));
-      out.push_back(Family("paramd_last_step_seconds", "Wall time of the last step",
-                           MetricType::Gauge, s.last_step_seconds()));
-      out.push_back(Family("paramd_pushers_received", "Pushes received for the current version",
-                           MetricType::Gauge, s.pushers_received()));
-      out.push_back(Family("paramd_pushed_bytes_total", "Gradient bytes accepted",
-                           MetricType::Counter, static_cast<double>(s.bytes_pushed())));
-      prometheus::MetricFamily served =
-          Family("paramd_served_bytes_total", "Quantized bytes served by fetches",
-                 MetricType::Counter, static_cast<double>(s.bytes_served_rowwise()),
-                 {{"direction", "rowwise"}});
-      prometheus::ClientMetric col;
-      col.label = {{"direction", "columnwise"}};
-      col.counter.value = static_cast<double>(s.bytes_served_columnwise());
-      served.metric.push_back(std::move(col));
-      out.push_back(std::move(served));
+      rank = s.rank();
+      out.push_back(Gauge("paramd_daemon_rank", "Daemon rank (-1: not joined)", s.rank()));
+      out.push_back(Gauge("paramd_published_version", "Latest version published here",
+                          static_cast<double>(s.published_version())));
+      out.push_back(Counter("paramd_steps_total", "Optimizer steps applied",
+                            static_cast<double>(s.steps())));
+      out.push_back(Gauge("paramd_last_step_seconds", "Wall time of the last step",
+                          s.last_step_seconds()));
+      out.push_back(Gauge("paramd_pushers_received", "Pushes received for the current version",
+                          s.pushers_received()));
+      out.push_back(Counter("paramd_pushed_bytes_total", "Gradient bytes accepted",
+                            static_cast<double>(s.bytes_pushed())));
+      out.push_back(Family(
+          "paramd_served_bytes_total", "Quantized bytes served by fetches", MetricType::Counter,
+          {Metric(MetricType::Counter, static_cast<double>(s.bytes_served_rowwise()),
+                  {{"direction", "rowwise"}}),
+           Metric(MetricType::Counter, static_cast<double>(s.bytes_served_columnwise()),
+                  {{"direction", "columnwise"}})}));
+      out.push_back(Gauge("paramd_parameters", "Parameters held by this daemon",
+                          static_cast<double>(s.parameters())));
+      out.push_back(Gauge("paramd_device_memory_bytes",
+                          "Device memory of this daemon's shard state (0: cpu backend)",
+                          static_cast<double>(s.device_bytes())));
+      AppendFp8Health(d->PublishedHealth(options_.fp8_samples_per_piece), &out);
+    }
+    // Every series names the process that serves it, unless it names a
+    // rank of its own (paramd_daemon_up: the daemon it describes).
+    const std::string rank_label = rank >= 0 ? absl::StrCat(rank) : "-";
+    for (prometheus::MetricFamily& f : out) {
+      for (prometheus::ClientMetric& m : f.metric) {
+        const bool has_rank =
+            std::any_of(m.label.begin(), m.label.end(),
+                        [](const prometheus::ClientMetric::Label& l) { return l.name == "rank"; });
+        m.label.push_back({"role", options_.role});
+        if (!has_rank) m.label.push_back({"rank", rank_label});
+      }
     }
     return out;
   }
 
  private:
   ParamdServer* const server_;
+  const MetricsOptions options_;
 };
 
 }  // namespace
@@ -135,10 +256,11 @@ absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view
 }
 
 absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
-    const std::string& listen, ParamdServer* server) {
+    const MetricsOptions& options, ParamdServer* server) {
+  const std::string& listen = options.listen;
   ASSIGN_OR_RETURN(auto host_port, ParseMetricsListen(listen));
   auto impl = std::make_unique<Impl>();
-  impl->collector = std::make_shared<Collector>(server);
+  impl->collector = std::make_shared<Collector>(server, options);
   CivetCallbacks callbacks;
   callbacks.log_message = &CaptureLog;
   std::string errors;

@@ -1,14 +1,23 @@
 // File: server/metrics.h
 //
 // A Prometheus text endpoint (http://<bind>:<port>/metrics, prometheus-cpp)
-// for one hybrid-paramd process: committed version (coordinator), published
-// version, steps, last step time, pushes and bytes served per direction
-// (daemon). Values are read from the server at scrape time.
+// for one hybrid-paramd process, every series labelled role and rank:
+//   - the instruments of common/telemetry.h (step, push, fetch, checkpoint
+//     and export latency histograms; refused requests by method and code;
+//     last checkpoint bytes, duration and time);
+//   - read at scrape time: build info, host memory (RSS), checkpoint age;
+//     coordinator: committed version, daemons joined and expected; daemon:
+//     rank, published version, steps, last step time, pushes, bytes pushed
+//     and served, parameters, device memory, and per tensor and direction
+//     the FP8 health signals (amax, scale, saturated and zero fractions of
+//     the published codes: server/fp8_health.h, sampled; the gpu backend
+//     publishes on the device, so only amax and scale there).
 //
 // Thread-safe. The server must outlive the exporter.
 #ifndef PARAMD_SERVER_METRICS_H_
 #define PARAMD_SERVER_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,12 +31,20 @@ namespace paramd {
 // otherwise.
 absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view listen);
 
+struct MetricsOptions {
+  // "HOST:PORT" (port 0: any free port, see port()).
+  std::string listen;
+  // The `role` label of every series (coordinator, daemon, both).
+  std::string role = "both";
+  // FP8 health: elements read per published piece at each scrape.
+  int64_t fp8_samples_per_piece = 65536;
+};
+
 class MetricsExporter {
  public:
-  // Serves http://<listen>/metrics; `listen` is "HOST:PORT" (port 0: any
-  // free port, see port()). InvalidArgument for a malformed address;
-  // Unavailable with civetweb's reason if it cannot be bound.
-  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen,
+  // Serves http://<listen>/metrics. InvalidArgument for a malformed
+  // address; Unavailable with civetweb's reason if it cannot be bound.
+  static absl::StatusOr<std::unique_ptr<MetricsExporter>> Start(const MetricsOptions& options,
                                                                 ParamdServer* server);
   ~MetricsExporter();
 

@@ -9,6 +9,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/async_util.h"
+#include "server/rpc_metrics.h"
 
 namespace paramd {
 
@@ -41,6 +42,9 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   // gRPC sets SO_REUSEPORT by default: a second process on this port would
   // start and take half of the connections. Refuse it instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewRpcMetricsFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   if (s->coordinator_) builder.RegisterService(s->coordinator_->service());
   if (s->daemon_) builder.RegisterService(s->daemon_->service());
   for (grpc::Service* service : options.extra_services) builder.RegisterService(service);

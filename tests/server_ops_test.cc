@@ -1,7 +1,10 @@
-// What an operator (systemd, Kubernetes, a person) sees of hybrid-paramd
-// processes: the /metrics endpoint answers a scrape, a second server on a
-// bound port exits non-zero, fatal startup errors exit non-zero with the
-// reason on stderr, and gRPC health is NOT_SERVING until joined and loaded.
+// What an operator (systemd, Kubernetes, Prometheus, a person) sees of
+// hybrid-paramd processes: /metrics answers a scrape with what
+// server/metrics.h lists (and everything deploy/grafana's dashboard
+// queries), a second server on a bound port exits non-zero, fatal startup
+// errors exit non-zero with the reason on stderr, gRPC health is
+// NOT_SERVING until joined and loaded, logs are levelled (text or JSON),
+// --version names the commit, --config files apply under the command line.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -11,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,7 @@
 #include "deploy/process.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
@@ -85,6 +90,18 @@ HealthStatus::ServingStatus Health(const std::string& address, const std::string
   HealthStatus response;
   if (!stub->Check(&context, request, &response).ok()) return HealthStatus::UNKNOWN;
   return response.status();
+}
+
+// CheckpointCoordinator.Checkpoint of the committed version.
+grpc::Status CheckpointNow(const std::string& address) {
+  auto stub = checkpoint::CheckpointCoordinator::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(20));
+  checkpoint::CheckpointRequest request;
+  request.set_version(-1);
+  checkpoint::CheckpointResponse response;
+  return stub->Checkpoint(&context, request, &response);
 }
 
 // Coordinator.Load of a safetensors file; the committed version.
@@ -171,9 +188,10 @@ TEST_F(ServerOpsTest, MetricsListenServesAScrape) {
       << ReadFile(Log("both"));
   const std::string body = HttpGet(metrics_port, "/metrics");
   EXPECT_TRUE(absl::StartsWith(body, "HTTP/1.1 200")) << body;
-  EXPECT_TRUE(absl::StrContains(body, "\nparamd_committed_version 0\n")) << body;
-  EXPECT_TRUE(absl::StrContains(body, "\nparamd_daemon_rank 0\n")) << body;
-  EXPECT_TRUE(absl::StrContains(body, "\nparamd_published_version 0\n")) << body;
+  const std::string who = "{role=\"both\",rank=\"0\"}";
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_committed_version" + who + " 0\n")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_daemon_rank" + who + " 0\n")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "\nparamd_published_version" + who + " 0\n")) << body;
   EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
 }
 
@@ -182,7 +200,9 @@ TEST_F(ServerOpsTest, MetricsPortIsAnAliasAndABoundPortIsAClearError) {
   std::string address;
   Start("first", {absl::StrCat("--metrics_port=", metrics_port)}, &address);
   ASSERT_FALSE(address.empty());
-  EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"), "paramd_committed_version -1"));
+  // (rank "-" or "0": the daemon may not have joined yet)
+  EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"),
+                                "paramd_committed_version{role=\"both\",rank="));
   // The same metrics port again: exit 1 with civetweb's reason.
   const int second = Start("second", {absl::StrCat("--metrics_port=", metrics_port)}, nullptr);
   EXPECT_EQ(ExitCode(second), 1);
@@ -254,14 +274,7 @@ TEST_F(ServerOpsTest, UnknownRestoreVersionExitsNonZero) {
     std::string address;
     const int child = Start("save", {"--model=" + model_, "--checkpoint_dir=" + store}, &address);
     ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
-    auto stub = checkpoint::CheckpointCoordinator::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(20));
-    checkpoint::CheckpointRequest request;
-    request.set_version(-1);
-    checkpoint::CheckpointResponse response;
-    const grpc::Status s = stub->Checkpoint(&context, request, &response);
+    const grpc::Status s = CheckpointNow(address);
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
   }
@@ -324,6 +337,95 @@ void StepVersions(const std::string& address, int n) {
     ASSERT_TRUE(s.ok()) << s.error_message();
     ASSERT_EQ(response.committed_version(), v + 1);
   }
+}
+
+// Daemon.Fetch of `version` at `address`, read to the end; its status.
+grpc::Status FetchAll(const std::string& address, int64_t version) {
+  auto daemon =
+      rpc::Daemon::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::FetchRequest request;
+  request.set_version(version);
+  auto reader = daemon->Fetch(&context, request);
+  rpc::FetchResponse message;
+  while (reader->Read(&message)) {
+  }
+  return reader->Finish();
+}
+
+// The value of the series `series` (name{labels}) in a scrape; -1 if absent.
+double Sample(const std::string& scrape, const std::string& series) {
+  const size_t at = scrape.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(scrape.substr(at + series.size() + 2));
+}
+
+TEST_F(ServerOpsTest, MetricsCoverLatencyRefusalsCheckpointsMembersAndFp8Health) {
+  const int metrics_port = FreePort();
+  std::string address;
+  Start("both",
+        {"--model=" + model_, "--expected_pushers=0", "--checkpoint_dir=" + dir_->path() + "/ck",
+         absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+        &address);
+  ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
+  StepVersions(address, 3);
+  ASSERT_TRUE(FetchAll(address, -1).ok());
+  const grpc::Status dropped = FetchAll(address, 0);  // versions 2 and 3 are held
+  ASSERT_EQ(dropped.error_code(), grpc::StatusCode::NOT_FOUND) << dropped.error_message();
+  ASSERT_TRUE(CheckpointNow(address).ok());
+  const std::string m = HttpGet(metrics_port, "/metrics");
+  const std::string who = "role=\"both\",rank=\"0\"";
+  EXPECT_EQ(Sample(m, "paramd_step_seconds_count{" + who + "}"), 3) << m;
+  EXPECT_GT(Sample(m, "paramd_step_seconds_sum{" + who + "}"), 0) << m;
+  // Two fetches (one refused), each timed.
+  EXPECT_EQ(Sample(m, "paramd_fetch_seconds_count{path=\"host\"," + who + "}"), 2) << m;
+  EXPECT_EQ(Sample(m, "paramd_refused_requests_total{code=\"NOT_FOUND\",method=\"Daemon/Fetch\"," +
+                          who + "}"),
+            1)
+      << m;
+  EXPECT_EQ(Sample(m, "paramd_checkpoint_seconds_count{" + who + "}"), 1) << m;
+  EXPECT_GT(Sample(m, "paramd_checkpoint_last_bytes{" + who + "}"), 64 * 32 * 4) << m;
+  const double age = Sample(m, "paramd_checkpoint_age_seconds{" + who + "}");
+  EXPECT_GE(age, 0) << m;
+  EXPECT_LT(age, 60) << m;
+  EXPECT_EQ(Sample(m, "paramd_daemons_joined{" + who + "}"), 1) << m;
+  EXPECT_EQ(Sample(m, "paramd_daemons_expected{" + who + "}"), 1) << m;
+  EXPECT_EQ(Sample(m, "paramd_committed_version{" + who + "}"), 3) << m;
+  EXPECT_GT(Sample(m, "paramd_host_memory_bytes{" + who + "}"), 1 << 20) << m;
+  EXPECT_EQ(Sample(m, "paramd_device_memory_bytes{" + who + "}"), 0) << "cpu backend\n" << m;
+  EXPECT_TRUE(absl::StrContains(m, "\nparamd_build_info{version=\"")) << m;
+  // FP8 health under the built-in recipe's FP8 current scaling: amax maps
+  // to 448, so the largest code appears and scale = 448 / amax.
+  const std::string t = "tensor=\"layers.0.mlp.weight\",direction=\"rowwise\"," + who;
+  const double amax = Sample(m, "paramd_tensor_amax{" + t + "}");
+  const double scale = Sample(m, "paramd_tensor_scale{" + t + "}");
+  EXPECT_GT(amax, 0) << m;
+  EXPECT_NEAR(scale * amax, 448, 1) << m;
+  const double saturated = Sample(m, "paramd_tensor_saturated_fraction{" + t + "}");
+  const double zero = Sample(m, "paramd_tensor_zero_fraction{" + t + "}");
+  EXPECT_GT(saturated, 0) << m;
+  EXPECT_LT(saturated, 0.01) << m;
+  EXPECT_GE(zero, 0) << m;
+  EXPECT_LT(zero, 0.05) << m;
+
+  // Every metric the Grafana dashboard queries is served.
+  const nlohmann::json dashboard =
+      nlohmann::json::parse(ReadFile("deploy/grafana/hybrid-paramd.json"));
+  const std::regex metric("paramd_[a-z_]+");
+  int queried = 0;
+  for (const nlohmann::json& panel : dashboard["panels"]) {
+    if (!panel.contains("targets")) continue;
+    for (const nlohmann::json& target : panel["targets"]) {
+      const std::string expr = target["expr"];
+      for (std::sregex_iterator it(expr.begin(), expr.end(), metric), end; it != end; ++it) {
+        ++queried;
+        const std::string name = it->str();
+        EXPECT_TRUE(absl::StrContains(m, "\n" + name + "{")) << panel["title"] << ": " << name;
+      }
+    }
+  }
+  EXPECT_GT(queried, 20);
 }
 
 TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
