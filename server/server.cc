@@ -109,7 +109,13 @@ void ParamdServer::UpdateHealth() {
   if (coordinator_) {
     const bool joined = coordinator_->joined_daemons() >= coordinator_->expected_daemons();
     health["paramd.rpc.Coordinator"] = joined;
-    ready = ready && joined && coordinator_->committed_version() >= 0;
+    // A DOWN daemon (lease expired) holds shards nobody serves until it is
+    // replaced: the process is not ready meanwhile.
+    bool all_up = true;
+    for (const rpc::Member& m : coordinator_->daemon_members()) {
+      if (m.state() == rpc::MEMBER_STATE_DOWN) all_up = false;
+    }
+    ready = ready && joined && all_up && coordinator_->committed_version() >= 0;
   }
   if (daemon_) {
     const bool serving = daemon_->rank() >= 0 && daemon_->published_version() >= 0;

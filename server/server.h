@@ -14,7 +14,8 @@
 //                             publishes a version;
 //   "" (the process)          SERVING once every role here is ready and a
 //                             version is loaded: the coordinator has
-//                             committed one, the daemon publishes one.
+//                             committed one and no daemon is DOWN, the
+//                             daemon publishes one.
 // NOT_SERVING before that and after Shutdown().
 //
 // Fatal startup errors (a refused or timed-out join, a failed startup

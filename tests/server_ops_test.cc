@@ -6,6 +6,7 @@
 // NOT_SERVING until joined and loaded, logs are levelled (text or JSON),
 // --version names the commit, --config files apply under the command line.
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -243,6 +244,22 @@ TEST_F(ServerOpsTest, HealthIsNotServingUntilJoinedAndLoaded) {
   EXPECT_EQ(Health(coordinator, "paramd.rpc.Coordinator"), HealthStatus::SERVING);
   EXPECT_TRUE(WaitForHealth(daemon, "", HealthStatus::SERVING, absl::Seconds(10)));
   EXPECT_EQ(Health(daemon, "paramd.rpc.Daemon"), HealthStatus::SERVING);
+}
+
+TEST_F(ServerOpsTest, ACoordinatorWithADownDaemonIsNotServing) {
+  std::string coordinator;
+  Start("coordinator", {"--role=coordinator", "--daemons=1", "--model=" + model_}, &coordinator);
+  ASSERT_FALSE(coordinator.empty());
+  std::string daemon;
+  const int d = Start("daemon", {"--role=daemon", "--coordinator=" + coordinator}, &daemon);
+  ASSERT_TRUE(WaitForHealth(coordinator, "", HealthStatus::SERVING, absl::Seconds(20)))
+      << ReadFile(Log("coordinator"));
+  children_.Signal(d, SIGKILL);
+  // Its lease ends (DOWN) and the coordinator stops being ready.
+  EXPECT_TRUE(WaitForHealth(coordinator, "", HealthStatus::NOT_SERVING, absl::Seconds(10)))
+      << ReadFile(Log("coordinator"));
+  EXPECT_EQ(Health(coordinator, "paramd.rpc.Coordinator"), HealthStatus::SERVING)
+      << "the world has joined; hpctl and a replacement daemon can still reach it";
 }
 
 TEST_F(ServerOpsTest, JoinedButNotLoadedIsNotServing) {
