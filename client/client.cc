@@ -263,7 +263,7 @@ class Client::Impl {
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline);
   absl::StatusOr<rpc::GetStatusResponse> Status(bool include_shards, absl::Time deadline);
   absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe,
-                               absl::Time deadline);
+                               absl::Time deadline, bool replace_model);
   absl::StatusOr<int64_t> Step(int64_t version, bool wait, absl::Time deadline);
   FetchStats fetch_stats() const {
     absl::MutexLock lock(&mu_);
@@ -279,7 +279,7 @@ class Client::Impl {
   }
   absl::StatusOr<int64_t> LoadDeclared(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-      const std::string& recipe, absl::Time deadline);
+      const std::string& recipe, absl::Time deadline, bool replace_model);
 
  private:
   // One (tensor, direction) of a fetch, resolved against the manifest.
@@ -750,10 +750,11 @@ absl::StatusOr<rpc::GetStatusResponse> Client::Impl::Status(bool include_shards,
 }
 
 absl::StatusOr<int64_t> Client::Impl::Load(const std::string& path, const std::string& recipe,
-                                           absl::Time deadline) {
+                                           absl::Time deadline, bool replace_model) {
   rpc::LoadRequest request;
   request.set_safetensors_path(path);
   request.set_recipe_text(recipe);
+  request.set_force(replace_model);
   rpc::LoadResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
@@ -766,7 +767,7 @@ absl::StatusOr<int64_t> Client::Impl::Load(const std::string& path, const std::s
 
 absl::StatusOr<int64_t> Client::Impl::LoadDeclared(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::string& recipe, absl::Time deadline) {
+    const std::string& recipe, absl::Time deadline, bool replace_model) {
   rpc::LoadRequest request;
   for (const auto& [name, shape] : tensors) {
     rpc::TensorDecl* d = request.add_tensors();
@@ -774,6 +775,7 @@ absl::StatusOr<int64_t> Client::Impl::LoadDeclared(
     for (int64_t s : shape) d->add_shape(s);
   }
   request.set_recipe_text(recipe);
+  request.set_force(replace_model);
   rpc::LoadResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
@@ -840,8 +842,9 @@ absl::StatusOr<rpc::GetStatusResponse> Client::Status(bool include_shards,
 }
 
 absl::StatusOr<int64_t> Client::Load(const std::string& safetensors_path,
-                                     const std::string& recipe_text, absl::Duration timeout) {
-  return impl_->Load(safetensors_path, recipe_text, impl_->DeadlineFor(timeout));
+                                     const std::string& recipe_text, absl::Duration timeout,
+                                     bool replace_model) {
+  return impl_->Load(safetensors_path, recipe_text, impl_->DeadlineFor(timeout), replace_model);
 }
 
 absl::StatusOr<int64_t> Client::Step(int64_t version, bool wait, absl::Duration timeout) {
@@ -850,8 +853,8 @@ absl::StatusOr<int64_t> Client::Step(int64_t version, bool wait, absl::Duration 
 
 absl::StatusOr<int64_t> Client::LoadDeclared(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::string& recipe_text, absl::Duration timeout) {
-  return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout));
+    const std::string& recipe_text, absl::Duration timeout, bool replace_model) {
+  return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout), replace_model);
 }
 
 std::shared_ptr<grpc::Channel> Client::DaemonChannel(const std::string& address) {

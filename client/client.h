@@ -292,18 +292,22 @@ class Client {
                                                 absl::Duration timeout = absl::ZeroDuration());
   // Loads a safetensors file (readable by every daemon) with an optional
   // recipe (protobuf text) and refreshes the manifest. Returns the
-  // committed version (0).
+  // committed version (0). A cluster that already holds a model refuses
+  // (FAILED_PRECONDITION) unless `replace_model`: the load discards the
+  // model's training state.
   absl::StatusOr<int64_t> Load(const std::string& safetensors_path,
                                const std::string& recipe_text = "",
-                               absl::Duration timeout = absl::ZeroDuration());
+                               absl::Duration timeout = absl::ZeroDuration(),
+                               bool replace_model = false);
   // Declares a model by its tensors' names and shapes (optional recipe):
   // the daemons then wait for the values through Daemon.PushWeights, which
   // client/weight_stream.h streams from this machine (no shared path).
   // Refreshes the manifest; returns the committed version (-1 until every
-  // daemon has all its rows).
+  // daemon has all its rows). Refused like Load unless `replace_model`.
   absl::StatusOr<int64_t> LoadDeclared(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-      const std::string& recipe_text = "", absl::Duration timeout = absl::ZeroDuration());
+      const std::string& recipe_text = "", absl::Duration timeout = absl::ZeroDuration(),
+      bool replace_model = false);
   // The gRPC channel to the daemon at `address` (cached; shared with this
   // client's own calls, so it has the client's channel settings).
   std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& address);

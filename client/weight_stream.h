@@ -50,11 +50,13 @@ struct StreamProgress {
 };
 
 // Declares `sources` (with `recipe_text`), streams them, and waits for
-// version 0. Returns the committed version.
+// version 0. Returns the committed version. A cluster that already holds a
+// model refuses (FAILED_PRECONDITION) unless `replace_model`.
 absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSource>& sources,
                                    const std::string& recipe_text,
                                    const std::function<void(const StreamProgress&)>& progress,
-                                   absl::Duration timeout = absl::Minutes(10));
+                                   absl::Duration timeout = absl::Minutes(10),
+                                   bool replace_model = false);
 
 }  // namespace client
 }  // namespace paramd

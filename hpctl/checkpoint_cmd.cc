@@ -13,9 +13,11 @@
 #include "absl/time/time.h"
 #include "checkpoint/service.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
+#include "hpctl/progress.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 
 namespace paramd {
@@ -34,6 +36,7 @@ std::string When(int64_t unix_micros) {
 template <class Request, class Response, class Call>
 absl::Status Invoke(const ClusterOptions& cluster, Call call, const Request& request,
                     Response* response, absl::Duration timeout) {
+  RETURN_IF_ERROR(cluster.Probe());
   auto stub = CheckpointCoordinator::NewStub(
       grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -78,8 +81,12 @@ int RunCheckpoint(int argc, char** argv) {
     request.set_version(version);
     request.set_keep(static_cast<int32_t>(keep));
     checkpoint::CheckpointResponse response;
+    Spinner spinner(version >= 0 ? absl::StrCat("checkpointing version ", version)
+                                 : std::string("checkpointing the committed version"),
+                    StderrIsTerminal());
     absl::Status status = Invoke(cluster, &CheckpointCoordinator::Stub::Checkpoint, request,
                                  &response, absl::Seconds(write_timeout));
+    spinner.Stop();
     if (!status.ok()) return ReportFailure("checkpoint", status);
     if (response.already_existed()) {
       std::cout << "version " << response.version() << " is already checkpointed: "

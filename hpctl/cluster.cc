@@ -1,6 +1,9 @@
 #include "hpctl/cluster.h"
 
+#include <algorithm>
 #include <iostream>
+
+#include "hpctl/address.h"
 
 namespace paramd {
 namespace hpctl {
@@ -10,8 +13,15 @@ void ClusterOptions::AddTo(OptionParser& opts) {
   opts.AddDouble("timeout", &timeout_seconds_, "seconds to wait for the cluster");
 }
 
-absl::StatusOr<std::unique_ptr<client::Client>> ClusterOptions::Connect() const {
+absl::Status ClusterOptions::Probe() const {
   if (timeout_seconds_ <= 0) return absl::InvalidArgumentError("--timeout must be positive");
+  // A refusal or a bad name is known at once; a host that does not answer
+  // at all is left to gRPC's wait (up to --timeout).
+  return ProbeAddress(address_, std::min(timeout(), absl::Seconds(2)));
+}
+
+absl::StatusOr<std::unique_ptr<client::Client>> ClusterOptions::Connect() const {
+  if (absl::Status s = Probe(); !s.ok()) return s;
   client::ClientOptions options;
   options.coordinator_address = address_;
   options.role = client::ClientOptions::Role::kObserver;

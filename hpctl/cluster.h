@@ -1,7 +1,7 @@
 // File: hpctl/cluster.h
 //
 // What the hpctl commands that talk to a running cluster (status, load,
-// fetch, step) share: the --address / --timeout options, connecting as an
+// fetch, step, checkpoint, export) share: the --address / --timeout options, connecting as an
 // observer, and reporting a failed Status the hpctl way.
 //
 // Not thread-safe (one per invocation, like OptionParser).
@@ -30,8 +30,13 @@ class ClusterOptions {
   absl::Duration timeout() const { return absl::Seconds(timeout_seconds_); }
   const std::string& address() const { return address_; }
 
-  // Connects as an observer (no rank, no pushes). UNAVAILABLE if the
-  // coordinator cannot be reached within the timeout.
+  // Fails fast (within ~2 s, see hpctl/address.h) if --address cannot
+  // work: no port (INVALID_ARGUMENT), a name that does not resolve or a
+  // refused connection (UNAVAILABLE), each with the reason.
+  absl::Status Probe() const;
+
+  // Probe(), then connects as an observer (no rank, no pushes). UNAVAILABLE
+  // if the coordinator cannot be reached within the timeout.
   absl::StatusOr<std::unique_ptr<client::Client>> Connect() const;
 
  private:

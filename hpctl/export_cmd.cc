@@ -3,8 +3,6 @@
 // FP32), streamed to this machine and written as model-0000k-of-0000n
 // shards plus model.safetensors.index.json. --direction exports the
 // dequantized published copy a trainer saw instead of the master.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +16,7 @@
 #include "checkpoint/remote_export.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
+#include "hpctl/export_dir.h"
 #include "hpctl/progress.h"
 
 namespace paramd {
@@ -33,14 +32,17 @@ int RunExport(int argc, char** argv) {
   std::string direction = "master";
   std::string checkpoint_dir;
   bool progress = true;
+  bool overwrite = false;
   OptionParser opts(
       "hpctl export --out DIR [--version V] [--max_shard_size 5GB] [--dtype bf16|fp32] "
-      "[--direction master|rowwise|columnwise]",
+      "[--direction master|rowwise|columnwise] [--overwrite]",
       "Writes version V (default: the committed one) as Hugging Face safetensors in DIR: "
       "model-0000k-of-0000n.safetensors with __metadata__ {\"format\": \"pt\"} and "
       "model.safetensors.index.json (written last). The daemons convert their FP32 master "
       "shards (BF16: round to nearest even, a NaN stays NaN) and stream them here. A version "
-      "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any.");
+      "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any. DIR must "
+      "be new or empty; --overwrite replaces an older export there (its shards and index are "
+      "removed first, other files such as config.json are kept).");
   cluster.AddTo(opts);
   opts.AddString("out", &out, "output directory (created)");
   opts.AddInt("version", &version, "version to export; -1 = the committed one");
@@ -52,6 +54,8 @@ int RunExport(int argc, char** argv) {
   opts.AddString("checkpoint_dir", &checkpoint_dir,
                  "directory below the daemons' --checkpoint_dir to read older versions from");
   opts.AddBool("progress", &progress, "progress bar on a terminal");
+  opts.AddBool("overwrite", &overwrite,
+               "replace an older export in --out (removes its shards and index first)");
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
   auto usage_error = [&](const std::string& message) {
     std::cerr << "hpctl export: " << message << "\n\n" << opts.Usage();
@@ -74,6 +78,11 @@ int RunExport(int argc, char** argv) {
     return usage_error("--direction must be master, rowwise or columnwise");
   }
 
+  if (!overwrite) {  // refuse a non-empty --out before any work
+    if (auto empty = PrepareExportDir(out, false); !empty.ok()) {
+      return ReportFailure("export", empty.status());
+    }
+  }
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("export", client.status());
   auto manifest = (*client)->RefreshManifest(cluster.timeout());
@@ -92,8 +101,18 @@ int RunExport(int argc, char** argv) {
       pieces[tensor.name].push_back({piece.row_begin, piece.row_end, piece.daemon_address});
     }
   }
+  if (overwrite) {
+    // Only now that the cluster answered, right before writing, so that an
+    // export that cannot start leaves the older one in place.
+    auto removed = PrepareExportDir(out, true);
+    if (!removed.ok()) return ReportFailure("export", removed.status());
+    if (!removed->empty()) {
+      std::cerr << "removed " << removed->size() << " file(s) of the older export in " << out
+                << "\n";
+    }
+  }
   auto source = checkpoint::NewRemoteExportSource(std::move(pieces), remote);
-  ProgressBar bar(progress && ::isatty(STDERR_FILENO));
+  ProgressBar bar(progress && StderrIsTerminal());
   checkpoint::ExportOptions options;
   options.out_dir = out;
   options.dtype = *dtype;

@@ -3,8 +3,6 @@
 // safetensors file is read by the daemons at its path; a directory, a
 // sharded Hugging Face checkpoint (model.safetensors.index.json) or
 // --stream sends the values from this machine instead (client/weight_stream.h).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -175,8 +173,10 @@ int RunLoad(int argc, char** argv) {
   std::string recipe_path;
   bool stream = false;
   bool progress = true;
+  bool force = false;
+  double load_timeout = 3600;
   OptionParser opts(
-      "hpctl load MODEL [--recipe RECIPE.textproto] [--stream] [--address HOST:PORT]",
+      "hpctl load MODEL [--recipe RECIPE.textproto] [--stream] [--force] [--address HOST:PORT]",
       "Loads a model (FP32, BF16 or F16 tensors) into the daemons and publishes it as version "
       "0. MODEL is a .safetensors file, a directory (its model.safetensors.index.json if there "
       "is one, else every *.safetensors in it) or a Hugging Face index file "
@@ -184,11 +184,16 @@ int RunLoad(int argc, char** argv) {
       "daemons at its path (it must be readable by every daemon there; it is made absolute "
       "here) unless --stream; directories and indexes are always streamed: this machine reads "
       "the files and sends the values to the daemons (no shared path needed; F16 is sent as "
-      "FP32). --recipe overrides the coordinator's recipe for this model.");
+      "FP32). --recipe overrides the coordinator's recipe for this model. A cluster that already "
+      "holds a model refuses unless --force: the load replaces the model and discards its "
+      "training state (the committed version goes back to 0).");
   cluster.AddTo(opts);
   opts.AddString("recipe", &recipe_path, "recipe file (protobuf text format)");
   opts.AddBool("stream", &stream, "send a single file's values from this machine");
-  opts.AddBool("progress", &progress, "progress bar on stderr while streaming (a terminal)");
+  opts.AddBool("progress", &progress,
+               "progress on stderr: in place on a terminal, else whole lines");
+  opts.AddBool("force", &force, "replace the model the cluster holds");
+  opts.AddDouble("load_timeout", &load_timeout, "seconds to wait for the daemons to load");
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
   if (opts.positional().size() != 1) {
     std::cerr << "hpctl load: expected exactly one MODEL\n" << opts.Usage();
@@ -209,18 +214,29 @@ int RunLoad(int argc, char** argv) {
   }
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("load", client.status());
+  const bool terminal = StderrIsTerminal();
+  const client::Manifest before = (*client)->manifest();
+  std::string replacing;
+  if (before.committed_version >= 0 && force) {
+    replacing = absl::StrFormat(", replacing the model at version %d", before.committed_version);
+  }
   absl::StatusOr<int64_t> version;
   if (single && !stream) {
-    std::cerr << "loading " << model << " ...\n";
-    version = (*client)->Load(model, recipe);
+    std::string label = absl::StrFormat("loading %s (%.1f MB)", model,
+                                        fs::file_size(model, ec) / 1e6);
+    if (before.num_daemons > 0) {
+      absl::StrAppendFormat(&label, " on %d daemon(s)", before.num_daemons);
+    }
+    Spinner spinner(label + replacing, progress && terminal);
+    version = (*client)->Load(model, recipe, absl::Seconds(load_timeout), force);
   } else {
     auto sources = Sources(*files);
     if (!sources.ok()) return ReportFailure("load", sources.status());
     std::cerr << "streaming " << sources->size() << " tensors from " << files->size()
-              << " file(s) ...\n";
-    ProgressBar bar(progress && ::isatty(STDERR_FILENO));
+              << " file(s)" << replacing << " ...\n";
+    ProgressBar bar(progress && terminal);
     int last_decile = -1;
-    const bool lines = progress && !::isatty(STDERR_FILENO);
+    const bool lines = progress && !terminal;
     version = client::StreamLoad(
         **client, *sources, recipe,
         [&](const client::StreamProgress& p) {
@@ -233,7 +249,7 @@ int RunLoad(int argc, char** argv) {
                                          p.bytes_total / 1e6);
           }
         },
-        std::max(cluster.timeout(), absl::Minutes(10)));
+        std::max(cluster.timeout(), absl::Seconds(load_timeout)), force);
   }
   if (!version.ok()) return ReportFailure("load", version.status());
   const client::Manifest m = (*client)->manifest();

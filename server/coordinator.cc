@@ -685,6 +685,18 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     int64_t checkpoint_version = -1;
     absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request, checkpoint_version);
+    if (manifest.ok() && !request.force()) {
+      // After BuildManifest, so that a bad request gets its own error; the
+      // running model is untouched either way.
+      absl::MutexLock lock(&mu_);
+      if (committed_ >= 0) {
+        manifest = absl::FailedPreconditionError(absl::StrCat(
+            "the cluster already holds a model (", manifest_.tensors_size(),
+            " tensors, committed version ", committed_,
+            "); loading another discards it and its training state: set force "
+            "(hpctl load --force) to replace it"));
+      }
+    }
     if (!manifest.ok()) {
       absl::MutexLock lock(&mu_);
       loading_ = false;

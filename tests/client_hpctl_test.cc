@@ -3,8 +3,10 @@
 // processes.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -319,6 +321,131 @@ TEST_F(HpctlTest, LoadStreamsAShardedCheckpoint) {
   HpctlRun bad = Hpctl({"load", dir_ + "/bad.index.json"});
   EXPECT_EQ(bad.exit_code, 1) << bad.out;
   EXPECT_TRUE(absl::StrContains(bad.out, "not a file beside the index")) << bad.out;
+}
+
+// A second load onto a trained cluster is refused (by the coordinator, so
+// every client gets it) unless forced; the model keeps its version.
+TEST_F(HpctlTest, LoadOntoAClusterHoldingAModelNeedsForce) {
+  Load();
+  HpctlRun step = Hpctl({"step"});
+  ASSERT_EQ(step.exit_code, 0) << step.out << cluster_->Logs();
+  const std::string model = dir_ + "/model.safetensors";
+  HpctlRun refused = Hpctl({"load", model});
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "FAILED_PRECONDITION")) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "already holds a model (2 tensors, committed version 1)"))
+      << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "--force")) << refused.out;
+  // Not only hpctl: a library client is refused the same way.
+  client::ClientOptions options;
+  options.coordinator_address = cluster_->coordinator_address();
+  options.role = client::ClientOptions::Role::kObserver;
+  auto c = client::Client::Connect(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->Load(model).status().code(), absl::StatusCode::kFailedPrecondition);
+  HpctlRun status = Hpctl({"status"});
+  EXPECT_TRUE(absl::StrContains(status.out, "committed version 1")) << status.out;
+
+  HpctlRun forced = Hpctl({"load", model, "--force"});
+  ASSERT_EQ(forced.exit_code, 0) << forced.out << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(forced.out, "replacing the model at version 1")) << forced.out;
+  EXPECT_TRUE(absl::StrContains(forced.out, "committed version 0")) << forced.out;
+  // Not a terminal: whole lines only, no carriage returns.
+  EXPECT_FALSE(absl::StrContains(forced.out, "\r")) << forced.out;
+  EXPECT_TRUE(absl::StrContains(forced.out, "loading " + model)) << forced.out;
+}
+
+std::vector<std::string> DirNames(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
+  Load();
+  const std::string out = dir_ + "/export";
+  // w.weight (192 KiB in BF16) and v.weight in separate shards.
+  HpctlRun first = Hpctl({"export", "--out=" + out, "--max_shard_size=100KB"});
+  ASSERT_EQ(first.exit_code, 0) << first.out << cluster_->Logs();
+  std::ofstream(out + "/config.json") << "{}";
+  const std::vector<std::string> before = DirNames(out);
+  EXPECT_EQ(before, (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                              "model-00002-of-00002.safetensors",
+                                              "model.safetensors.index.json"}));
+
+  HpctlRun refused = Hpctl({"export", "--out=" + out});
+  EXPECT_EQ(refused.exit_code, 1) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "is not empty")) << refused.out;
+  EXPECT_TRUE(absl::StrContains(refused.out, "--overwrite")) << refused.out;
+  EXPECT_EQ(DirNames(out), before);  // nothing touched
+
+  HpctlRun again = Hpctl({"export", "--out=" + out, "--overwrite"});
+  ASSERT_EQ(again.exit_code, 0) << again.out << cluster_->Logs();
+  EXPECT_TRUE(absl::StrContains(again.out, "removed 3 file(s) of the older export")) << again.out;
+  // One shard now; the older second shard is gone, config.json kept.
+  EXPECT_EQ(DirNames(out), (std::vector<std::string>{"config.json",
+                                                     "model-00001-of-00001.safetensors",
+                                                     "model.safetensors.index.json"}));
+  std::ifstream index_file(out + "/model.safetensors.index.json");
+  nlohmann::json index = nlohmann::json::parse(index_file, nullptr, false);
+  ASSERT_FALSE(index.is_discarded());
+  for (const auto& [tensor, file] : index["weight_map"].items()) {
+    EXPECT_EQ(file, "model-00001-of-00001.safetensors") << tensor;
+  }
+  auto shard = safetensors::SafetensorsFile::Open(out + "/model-00001-of-00001.safetensors");
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_NE(shard->Find("w.weight"), nullptr);
+  EXPECT_NE(shard->Find("v.weight"), nullptr);
+}
+
+// hpctl with an --address that cannot work, at the default --timeout (30 s):
+// the reason within a few seconds.
+HpctlRun HpctlAlone(const std::vector<std::string>& args, absl::Duration* took) {
+  demo::ChildProcesses children;
+  auto dir = demo::TempDir::Create("hpctl");
+  EXPECT_TRUE(dir.ok());
+  HpctlRun run;
+  if (!dir.ok()) return run;
+  const std::string log = dir->path() + "/out";
+  std::vector<std::string> argv = {"hpctl/hpctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const absl::Time start = absl::Now();
+  auto index = children.Start({"hpctl", argv, log, log});
+  EXPECT_TRUE(index.ok()) << index.status();
+  if (!index.ok()) return run;
+  auto status = children.Wait(*index, absl::Seconds(40));
+  *took = absl::Now() - start;
+  EXPECT_TRUE(status.ok()) << status.status();
+  if (status.ok() && WIFEXITED(*status)) run.exit_code = WEXITSTATUS(*status);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  run.out = text.str();
+  return run;
+}
+
+TEST(HpctlNoCluster, UnusableAddressesFailFastWithTheReason) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {{"status", "--address=127.0.0.1:1"}, "Connection refused"},
+      {{"load", "/etc/passwd", "--address=127.0.0.1:1"}, "Connection refused"},
+      {{"checkpoint", "list", "--address=127.0.0.1:1"}, "Connection refused"},
+      {{"status", "--address=no-such-host.invalid:7070"}, "cannot resolve host 'no-such-host.invalid'"},
+      {{"step", "--address=127.0.0.1"}, "has no port"},
+  };
+  for (const Case& c : cases) {
+    absl::Duration took;
+    HpctlRun run = HpctlAlone(c.args, &took);
+    EXPECT_EQ(run.exit_code, 1) << c.args[0] << ": " << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, c.reason)) << run.out;
+    EXPECT_LT(took, absl::Seconds(5)) << c.args[0] << " " << c.args.back();
+  }
 }
 
 TEST(HpctlNoCluster, StatusWithoutACoordinatorFailsFast) {

@@ -97,11 +97,12 @@ HybridSpec RawCluster::spec(const std::string& name) const {
 }
 
 absl::StatusOr<int64_t> RawCluster::Load(const std::string& path, const std::string& recipe_text,
-                                         absl::Duration timeout) {
+                                         absl::Duration timeout, bool force) {
   const absl::Time give_up = absl::Now() + timeout;
   rpc::LoadRequest request;
   request.set_safetensors_path(path);
   request.set_recipe_text(recipe_text);
+  request.set_force(force);
   for (;;) {
     grpc::ClientContext context;
     SetDeadline(context, give_up - absl::Now());

@@ -69,8 +69,10 @@ class RawCluster {
 
   // Coordinator.Load (retried while daemons are still joining), then
   // refreshes the manifest and daemon stubs. Returns the committed version.
+  // `force` by default: test suites reload one cluster between cases (the
+  // refusal without it is tested in tests/client_hpctl_test.cc).
   absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe_text,
-                               absl::Duration timeout = absl::Seconds(30));
+                               absl::Duration timeout = absl::Seconds(30), bool force = true);
   absl::Status RefreshManifest();
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version,
                                          absl::Duration timeout = absl::Seconds(20));

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package hybrid-paramd needs to build and test.
-# Idempotent and quiet when everything is already there. Needs root (or sudo).
+# Installs every Debian 12 package hybrid-paramd needs to build and test
+# (--build-only: to build). Idempotent and quiet when everything is already
+# there. Needs root (or sudo).
 set -euo pipefail
 
+# What the build needs (also what deploy/docker/Dockerfile installs:
+# `tools/install_deps.sh --build-only`).
 PACKAGES=(
   bazel-bootstrap
   build-essential
@@ -24,11 +27,22 @@ PACKAGES=(
   libfuzzer-14-dev
   libclang-rt-14-dev
   python3
+)
+# What the tests need besides: the Python client's, and the deploy kit's
+# checks (python3-yaml for the Kubernetes manifests, systemd-analyze,
+# a single-node Slurm).
+TEST_PACKAGES=(
   python3-numpy
   python3-torch
   python3-grpcio
   python3-protobuf
+  python3-yaml
+  systemd
+  slurm-wlm
 )
+if [ "${1:-}" != "--build-only" ]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

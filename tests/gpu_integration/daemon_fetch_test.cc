@@ -474,7 +474,9 @@ TEST_P(SplitAcrossTwoDaemons, AssembledOnDeviceEqualsReference) {
   ASSERT_NE(fetcher_, nullptr);
   ASSERT_NE(same_gpu_, nullptr);
   const std::string recipe = absl::StrCat("default_spec { ", GetParam().spec, " }");
-  absl::StatusOr<int64_t> v0 = client_->Load(model_path_, recipe, absl::Seconds(60));
+  // One cluster for every format: each case replaces the model.
+  absl::StatusOr<int64_t> v0 =
+      client_->Load(model_path_, recipe, absl::Seconds(60), /*replace_model=*/true);
   ASSERT_TRUE(v0.ok()) << v0.status();
   ASSERT_TRUE(client_->RefreshManifest().ok());
   const client::TensorMeta* w = client_->manifest().Find("w");

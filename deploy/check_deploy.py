@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Static checks of the deploy kit (deploy/systemd, deploy/k8s, deploy/slurm,
+deploy/docker), run by the //deploy:*_check tests.
+
+Every flag a file passes to hybrid-paramd must be one that
+`hybrid-paramd --helpfull` lists, so a renamed flag fails CI instead of a
+deployment. Usage:
+
+  check_deploy.py systemd HYBRID_PARAMD DIR
+  check_deploy.py k8s HYBRID_PARAMD HPCTL DIR
+  check_deploy.py slurm HYBRID_PARAMD SCRIPT
+  check_deploy.py docker HYBRID_PARAMD DOCKERFILE INSTALL_DEPS
+
+Prints one line per problem and exits 1 if there is any.
+"""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+PROBLEMS = []
+
+
+def problem(where, message):
+    PROBLEMS.append(f"{where}: {message}")
+
+
+def known_flags(binary):
+    out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True).stdout
+    flags = set(re.findall(r"^\s+--([A-Za-z0-9_]+) ", out, re.M))
+    if "role" not in flags or "coordinator" not in flags:
+        sys.exit(f"could not read the flags of {binary} --helpfull:\n{out[:2000]}")
+    return flags
+
+
+def parse_flag(arg):
+    """'--name=value' -> (name, value); '--name' -> (name, None); else None."""
+    m = re.match(r"^--([A-Za-z0-9_]+)(?:=(.*))?$", arg)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def flagfile_args(text, where):
+    """The flags of an absl flagfile: one per line, '#' comments."""
+    args = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if parse_flag(line) is None:
+            problem(f"{where}:{n}", f"not a flag: {line!r}")
+            continue
+        args.append(line)
+    return args
+
+
+def check_flags(args, flags, where):
+    values = {}
+    for a in args:
+        parsed = parse_flag(a)
+        if parsed is None:
+            continue
+        name, value = parsed
+        if name.startswith("no") and name[2:] in flags:
+            name = name[2:]
+        if name not in flags:
+            problem(where, f"hybrid-paramd has no flag --{name}")
+        values[name] = value
+    return values
+
+
+def check_role(values, where):
+    role = values.get("role", "both")
+    if role not in ("coordinator", "daemon", "both"):
+        problem(where, f"--role={role} is not coordinator, daemon or both")
+    if role == "daemon" and "coordinator" not in values:
+        problem(where, "a daemon without --coordinator connects to 127.0.0.1:7070")
+    return role
+
+
+def host_port(value):
+    m = re.match(r"^(.*):(\d+)$", value or "")
+    return (m.group(1), int(m.group(2))) if m else (None, None)
+
+
+# ---------------------------------------------------------------- systemd
+
+
+def check_systemd(binary, directory):
+    flags = known_flags(binary)
+    unit_path = os.path.join(directory, "hybrid-paramd@.service")
+    unit = open(unit_path).read()
+    m = re.search(r"^ExecStart=(\S+)", unit, re.M)
+    if not m:
+        problem(unit_path, "no ExecStart")
+        return
+    instances = sorted(f[: -len(".flags")] for f in os.listdir(directory) if f.endswith(".flags"))
+    if not instances:
+        problem(directory, "no example .flags files")
+    with tempfile.TemporaryDirectory() as tmp:
+        for instance in instances:
+            where = os.path.join(directory, instance + ".flags")
+            values = check_flags(flagfile_args(open(where).read(), where), flags, where)
+            check_role(values, where)
+            # systemd-analyze verify needs the binary to exist: point
+            # ExecStart at the one under test, one file per instance.
+            path = os.path.join(tmp, f"hybrid-paramd@{instance}.service")
+            with open(path, "w") as f:
+                f.write(unit.replace(m.group(1), os.path.abspath(binary), 1))
+            r = subprocess.run(["systemd-analyze", "verify", path], capture_output=True, text=True)
+            # Unknown keys are only warnings there: any output is a problem.
+            out = (r.stdout + r.stderr).strip()
+            if r.returncode != 0 or out:
+                problem(unit_path, f"systemd-analyze verify ({instance}): rc {r.returncode}: {out}")
+    print(f"systemd: {unit_path} verified for {', '.join(instances)}")
+
+
+# ---------------------------------------------------------------- k8s
+
+
+def load_k8s(directory):
+    import yaml  # python3-yaml
+
+    objects = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".yaml"):
+            continue
+        path = os.path.join(directory, name)
+        for doc in yaml.safe_load_all(open(path)):
+            if doc is None:
+                continue
+            for key in ("apiVersion", "kind", "metadata"):
+                if key not in doc:
+                    problem(path, f"an object without {key}")
+            doc["_file"] = path
+            objects.append(doc)
+    return objects
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def expand(value, env):
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def check_k8s(binary, hpctl, directory):
+    flags = known_flags(binary)
+    objects = load_k8s(directory)
+    by_kind = {}
+    for o in objects:
+        by_kind.setdefault(o.get("kind"), {})[o["metadata"].get("name")] = o
+    services = by_kind.get("Service", {})
+    configmaps = by_kind.get("ConfigMap", {})
+    pvcs = by_kind.get("PersistentVolumeClaim", {})
+    workloads = {**by_kind.get("StatefulSet", {}), **by_kind.get("Deployment", {})}
+    for required in ("ConfigMap", "PersistentVolumeClaim", "Service", "StatefulSet"):
+        if required not in by_kind:
+            problem(directory, f"no {required}")
+
+    roles = {}  # role -> (workload, flag values)
+    for name, w in workloads.items():
+        where = f"{w['_file']}: {w['kind']} {name}"
+        spec = w.get("spec", {})
+        template = spec.get("template", {})
+        labels = template.get("metadata", {}).get("labels", {})
+        if not matches(spec.get("selector", {}).get("matchLabels"), labels):
+            problem(where, "spec.selector.matchLabels does not select the pod template's labels")
+        if w["kind"] == "StatefulSet":
+            svc = services.get(spec.get("serviceName"))
+            if svc is None:
+                problem(where, f"serviceName {spec.get('serviceName')!r} is not a Service here")
+            elif not matches(svc["spec"].get("selector"), labels):
+                problem(where, f"Service {svc['metadata']['name']} does not select these pods")
+        pod = template.get("spec", {})
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for v in volumes.values():
+            if "configMap" in v and v["configMap"]["name"] not in configmaps:
+                problem(where, f"volume {v['name']}: no ConfigMap {v['configMap']['name']}")
+            if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in pvcs:
+                problem(where, f"volume {v['name']}: no PVC {v['persistentVolumeClaim']['claimName']}")
+        for c in pod.get("containers", []):
+            cwhere = f"{where} container {c['name']}"
+            env = {e["name"]: f"<{e['name']}>" for e in c.get("env", [])}
+            mounts = {}
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in volumes:
+                    problem(cwhere, f"volumeMount {m['name']} is not a volume of the pod")
+                else:
+                    mounts[m["mountPath"].rstrip("/")] = volumes[m["name"]]
+            for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(c.get("args", []))):
+                if ref not in env:
+                    problem(cwhere, f"args use $({ref}), which is not in env")
+            # The flags: flagfiles from mounted ConfigMaps, then the args.
+            args = []
+            for a in c.get("args", []):
+                parsed = parse_flag(a)
+                if parsed and parsed[0] == "flagfile":
+                    text = configmap_file(parsed[1], mounts, configmaps, cwhere)
+                    if text is not None:
+                        args += flagfile_args(text, f"{cwhere} {parsed[1]}")
+                else:
+                    args.append(expand(a, env))
+            values = check_flags(args, flags, cwhere)
+            role = check_role(values, cwhere)
+            roles[role] = (w, values)
+            ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            _, listen_port = host_port(values.get("listen", "0.0.0.0:7070"))
+            if listen_port not in ports.values():
+                problem(cwhere, f"--listen port {listen_port} is not a containerPort")
+            probe = c.get("readinessProbe", {}).get("grpc", {})
+            if probe and probe.get("port") != listen_port:
+                problem(cwhere, f"the gRPC readiness probe's port {probe.get('port')} is not --listen's")
+            for flag in ("recipe", "model", "restore_from", "checkpoint_dir"):
+                if values.get(flag) and not any(
+                    values[flag] == p or values[flag].startswith(p + "/") for p in mounts
+                ):
+                    problem(cwhere, f"--{flag}={values[flag]} is not under a volumeMount")
+            if values.get("recipe"):
+                recipe = configmap_file(values["recipe"], mounts, configmaps, cwhere)
+                if recipe is not None:
+                    check_recipe(hpctl, recipe, f"{cwhere} --recipe")
+            if role == "daemon":
+                limits = c.get("resources", {}).get("limits", {})
+                if values.get("backend") == "gpu" and "nvidia.com/gpu" not in limits:
+                    problem(cwhere, "--backend=gpu without resources.limits nvidia.com/gpu")
+                adv_host, adv_port = host_port(values.get("advertise_address"))
+                if adv_host is None:
+                    problem(cwhere, "a daemon in a pod needs --advertise_address (default 127.0.0.1)")
+                elif adv_port != listen_port:
+                    problem(cwhere, f"--advertise_address port {adv_port} is not --listen's {listen_port}")
+                else:
+                    parts = adv_host.split(".")
+                    svc = services.get(parts[1]) if len(parts) > 1 else None
+                    if svc is None or svc["metadata"]["name"] != w["spec"].get("serviceName"):
+                        problem(cwhere, f"--advertise_address {adv_host} is not <pod>.<its headless Service>")
+                    elif svc["spec"].get("clusterIP") != "None":
+                        problem(cwhere, f"Service {svc['metadata']['name']} is not headless")
+                    elif not svc["spec"].get("publishNotReadyAddresses"):
+                        problem(cwhere, f"Service {svc['metadata']['name']} needs publishNotReadyAddresses "
+                                "(daemons are not ready before they join)")
+
+    # Services: their selectors pick a workload and their ports exist there.
+    for name, svc in services.items():
+        where = f"{svc['_file']}: Service {name}"
+        selected = [
+            w for w in workloads.values()
+            if matches(svc["spec"].get("selector"), w["spec"]["template"]["metadata"].get("labels", {}))
+        ]
+        if not selected:
+            problem(where, "its selector matches no workload")
+        for port in svc["spec"].get("ports", []):
+            target = port.get("targetPort", port["port"])
+            for w in selected:
+                cports = [p for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+                if not any(target in (p.get("name"), p["containerPort"]) for p in cports):
+                    problem(where, f"targetPort {target} is no containerPort of {w['metadata']['name']}")
+
+    # The world: the coordinator expects as many daemons as there are, and
+    # the daemons reach it through its Service.
+    if "coordinator" not in roles or "daemon" not in roles:
+        problem(directory, f"need a coordinator and daemons, found roles {sorted(roles)}")
+    else:
+        coordinator, cvalues = roles["coordinator"]
+        daemons, dvalues = roles["daemon"]
+        expected = int(cvalues.get("daemons", "1"))
+        if expected != daemons["spec"].get("replicas", 1):
+            problem(daemons["_file"], f"replicas {daemons['spec'].get('replicas', 1)} != the coordinator's --daemons={expected}")
+        host, port = host_port(dvalues.get("coordinator"))
+        svc = services.get((host or "").split(".")[0])
+        if svc is None:
+            problem(daemons["_file"], f"--coordinator={dvalues.get('coordinator')} names no Service")
+        else:
+            if not matches(svc["spec"].get("selector"), coordinator["spec"]["template"]["metadata"]["labels"]):
+                problem(svc["_file"], f"Service {host} does not select the coordinator")
+            if port not in [p["port"] for p in svc["spec"].get("ports", [])]:
+                problem(svc["_file"], f"Service {host} has no port {port}")
+        if cvalues.get("data_plane", "host") != dvalues.get("data_plane", "host"):
+            problem(directory, "--data_plane differs between the coordinator and the daemons")
+    print(f"k8s: {len(objects)} objects in {directory} checked")
+
+
+def configmap_file(path, mounts, configmaps, where):
+    directory, name = os.path.split(path)
+    volume = mounts.get(directory)
+    if volume is None or "configMap" not in volume:
+        problem(where, f"{path} is not in a mounted ConfigMap")
+        return None
+    data = configmaps.get(volume["configMap"]["name"], {}).get("data", {})
+    if name not in data:
+        problem(where, f"ConfigMap {volume['configMap']['name']} has no key {name} for {path}")
+        return None
+    return data[name]
+
+
+def check_recipe(hpctl, recipe, where):
+    """The recipe must parse: hpctl inspect of a generated model with it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, "m.safetensors")
+        rp = os.path.join(tmp, "recipe.textproto")
+        open(rp, "w").write(recipe)
+        subprocess.run([hpctl, "generate", "--out", model, "--preset", "demo"], check=True,
+                       capture_output=True)
+        r = subprocess.run([hpctl, "inspect", model, "--recipe", rp], capture_output=True, text=True)
+        if r.returncode != 0:
+            problem(where, f"hpctl inspect refuses the recipe: {r.stderr.strip()[:500]}")
+
+
+# ---------------------------------------------------------------- slurm
+
+
+def check_slurm(binary, script):
+    flags = known_flags(binary)
+    r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
+    if r.returncode != 0:
+        problem(script, f"bash -n: {r.stderr.strip()}")
+        return
+    # A dry run in a fake 2-node allocation with 4 GPUs per node prints every
+    # srun command the launcher would run.
+    env = dict(os.environ)
+    env.update({
+        "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_JOB_NUM_NODES": "2",
+        "PARAMD_NODES": "gpu01 gpu02", "PARAMD_GPUS_PER_NODE": "4", "PARAMD_BIN": binary,
+        "PARAMD_DRY_RUN": "1", "PARAMD_MODEL": "/shared/model.safetensors",
+    })
+    r = subprocess.run(["bash", script, "--", "python3", "train.py"], capture_output=True,
+                       text=True, env=env)
+    if r.returncode != 0:
+        problem(script, f"dry run failed (rc {r.returncode}): {r.stderr.strip()[:1000]}")
+        return
+    sruns = [l for l in r.stdout.splitlines() if l.startswith("srun ")]
+    coordinators = [l for l in sruns if "--role=coordinator" in l]
+    daemons = [l for l in sruns if "--role=daemon" in l]
+    trainers = [l for l in sruns if "train.py" in l]
+    if len(coordinators) != 1 or "-w gpu01" not in coordinators[0]:
+        problem(script, f"want one coordinator on the first node, got {coordinators}")
+    if len(daemons) != 8:
+        problem(script, f"want 8 daemons (2 nodes x 4 GPUs), got {len(daemons)}")
+    for l in coordinators:
+        if "--daemons=8" not in l:
+            problem(script, f"the coordinator does not expect 8 daemons: {l}")
+    if len(trainers) != 1:
+        problem(script, f"want one trainer srun, got {trainers}")
+    for l in sruns:
+        words = shlex.split(l)
+        if binary in words:
+            check_flags(words[words.index(binary) + 1:], flags, f"{script} (dry run)")
+    for n in ("gpu01", "gpu02"):
+        gpus = sorted(re.search(r"--gpu=(\d+)", l).group(1) for l in daemons if f"-w {n}" in l)
+        if gpus != ["0", "1", "2", "3"]:
+            problem(script, f"daemons on {n} use GPUs {gpus}, want 0-3 once each")
+    print(f"slurm: {script} dry run: {len(coordinators)} coordinator, {len(daemons)} daemons, "
+          f"{len(trainers)} trainer step")
+
+
+# ---------------------------------------------------------------- docker
+
+
+def check_docker(binary, dockerfile, install_deps):
+    text = open(dockerfile).read()
+    lines = [l.strip() for l in re.sub(r"\\\n", " ", text).splitlines()]
+    froms = [l.split()[1] for l in lines if l.upper().startswith("FROM ")]
+    if not froms or any(not re.match(r"^debian:(12|bookworm)(-slim)?(@sha256:[0-9a-f]+)?$", f) for f in froms):
+        problem(dockerfile, f"every stage must be Debian 12 (debian:12 / debian:bookworm[-slim]), got {froms}")
+    if not any("tools/install_deps.sh" in l for l in lines if l.upper().startswith("RUN ")):
+        problem(dockerfile, "the build stage must install with tools/install_deps.sh")
+    if not any(re.search(r"bazel build .*//server:hybrid-paramd", l) for l in lines):
+        problem(dockerfile, "no `bazel build //server:hybrid-paramd`")
+    # Runtime stage: every shared library the binary links must come from a
+    # Debian package it installs.
+    runtime = re.split(r"^FROM ", text, flags=re.M)[-1].replace("\\\n", " ")
+    runtime_packages = set()
+    for m in re.finditer(r"apt-get install([^\n&;]*)", runtime):
+        runtime_packages |= {w for w in m.group(1).split() if re.match(r"^[a-z0-9][a-z0-9.+-]+$", w)}
+    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    # dpkg knows a library by one of its names: the path ldd prints, the
+    # symlink's target, or either without /usr (Debian 12 merges /usr).
+    names = {}
+    for lib in re.findall(r"=> (/\S+)", ldd):
+        forms = {lib, os.path.realpath(lib)}
+        forms |= {f[len("/usr"):] for f in forms if f.startswith("/usr/")}
+        names[lib] = forms
+    # One dpkg -S for all (it reads the whole file database each time).
+    r = subprocess.run(["dpkg", "-S"] + sorted(set().union(*names.values())),
+                       capture_output=True, text=True)
+    needed = set()
+    owned = set()
+    for line in r.stdout.splitlines():
+        pkgs, _, path = line.partition(": ")
+        needed |= {p.split(":")[0].strip() for p in pkgs.split(",")}
+        owned.add(path.strip())
+    for lib, forms in sorted(names.items()):
+        if not forms & owned:
+            problem(dockerfile, f"{lib} (needed by hybrid-paramd) belongs to no Debian package")
+    essential = {"libc6", "libgcc-s1", "libstdc++6"}  # in every Debian image
+    for pkg in sorted(needed - essential - runtime_packages):
+        problem(dockerfile, f"the runtime stage does not install {pkg} (hybrid-paramd links it)")
+    if not os.path.exists(install_deps):
+        problem(dockerfile, f"{install_deps} does not exist")
+    print(f"docker: {dockerfile}: stages {froms}, runtime packages cover {len(needed)} linked packages")
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    what = sys.argv[1]
+    if what == "systemd":
+        check_systemd(sys.argv[2], sys.argv[3])
+    elif what == "k8s":
+        check_k8s(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif what == "slurm":
+        check_slurm(sys.argv[2], sys.argv[3])
+    elif what == "docker":
+        check_docker(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(__doc__)
+    for p in PROBLEMS:
+        print(p)
+    sys.exit(1 if PROBLEMS else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+// File: hpctl/address.h
+//
+// A quick look at a coordinator address before hpctl waits on gRPC, so that
+// an address that cannot work fails in a second or two with the reason
+// instead of after the whole --timeout: no port, a name that does not
+// resolve, a refused connection.
+//
+// Pure functions; thread-safe. ProbeAddress blocks for at most `timeout`
+// (plus the resolver's own time).
+#ifndef PARAMD_HPCTL_ADDRESS_H_
+#define PARAMD_HPCTL_ADDRESS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace paramd {
+namespace hpctl {
+
+struct HostPort {
+  std::string host;  // without brackets for IPv6 literals
+  int port = 0;
+};
+
+// "HOST:PORT" or "[IPV6]:PORT" with PORT in 1..65535. InvalidArgument
+// naming what is wrong otherwise. Addresses with a gRPC scheme
+// ("dns:///...", "ipv4:...", "unix:...") are not parsed: NotFound, and
+// callers leave them to gRPC.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
+
+// Resolves the host and tries a TCP connection to each of its addresses for
+// up to `timeout` in all. OK if one connects, or if none answered either
+// way within the timeout (a slow network: gRPC's own wait decides).
+// UNAVAILABLE with the reason ("cannot resolve host 'x': ...", "connection
+// refused by 127.0.0.1:1", ...) if every address failed definitively;
+// InvalidArgument for a malformed address. Addresses with a gRPC scheme are
+// not probed (OK).
+absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout);
+
+}  // namespace hpctl
+}  // namespace paramd
+
+#endif  // PARAMD_HPCTL_ADDRESS_H_
