@@ -9,6 +9,8 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
@@ -261,6 +263,7 @@ class Client::Impl {
   absl::StatusOr<PushResult> PushGradients(int64_t version, absl::Span<const Gradient> gradients,
                                            absl::Time deadline);
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline);
+  absl::StatusOr<VersionInfo> WaitForVersionInfo(int64_t min_version, absl::Time deadline);
   absl::StatusOr<rpc::GetStatusResponse> Status(bool include_shards, absl::Time deadline);
   absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe,
                                absl::Time deadline, bool replace_model);
@@ -322,6 +325,8 @@ class Client::Impl {
   std::map<std::string, std::shared_ptr<rpc::Daemon::Stub>> daemons_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> daemon_channels_ ABSL_GUARDED_BY(mu_);
   FetchStats totals_ ABSL_GUARDED_BY(mu_);
+  // The coordinator's recovery epoch as last seen (-1: none seen yet).
+  int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 absl::Status Client::Impl::Connect() {
@@ -399,15 +404,47 @@ std::shared_ptr<grpc::Channel> Client::Impl::DaemonChannelLocked(const std::stri
   return channel;
 }
 
-absl::StatusOr<int64_t> Client::Impl::WaitForVersion(int64_t min_version, absl::Time deadline) {
+absl::StatusOr<VersionInfo> Client::Impl::WaitForVersionInfo(int64_t min_version,
+                                                            absl::Time deadline) {
   rpc::WaitForVersionRequest request;
   request.set_min_version(min_version);
+  {
+    absl::MutexLock lock(&mu_);
+    if (recovery_epoch_ >= 0) request.set_recovery_epoch(recovery_epoch_);
+  }
   rpc::WaitForVersionResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
   RETURN_IF_ERROR(FromGrpcStatus(coordinator_->WaitForVersion(&context, request, &response),
                                  absl::StrCat("wait for version ", min_version)));
-  return response.committed_version();
+  {
+    absl::MutexLock lock(&mu_);
+    recovery_epoch_ = std::max(recovery_epoch_, response.recovery_epoch());
+  }
+  VersionInfo info;
+  info.committed_version = response.committed_version();
+  info.recovery_epoch = response.recovery_epoch();
+  if (response.has_rewound_to_version()) {
+    info.rewound_to = response.rewound_to_version();
+    // A replacement daemon serves the lost rank at another address.
+    RETURN_IF_ERROR(RefreshManifest(deadline).status());
+  }
+  return info;
+}
+
+constexpr char kRewoundPayload[] = "type.paramd/rewound_to_version";
+
+absl::StatusOr<int64_t> Client::Impl::WaitForVersion(int64_t min_version, absl::Time deadline) {
+  ASSIGN_OR_RETURN(VersionInfo info, WaitForVersionInfo(min_version, deadline));
+  if (info.rewound_to.has_value()) {
+    absl::Status s = absl::AbortedError(absl::StrCat(
+        "wait for version ", min_version, ": the cluster rewound to version ", *info.rewound_to,
+        " (recovery ", info.recovery_epoch,
+        ": a daemon was lost and replaced); go back to that version and push for it"));
+    s.SetPayload(kRewoundPayload, absl::Cord(absl::StrCat(*info.rewound_to)));
+    return s;
+  }
+  return info.committed_version;
 }
 
 absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
@@ -834,6 +871,19 @@ absl::StatusOr<PushResult> Client::PushGradients(int64_t version,
 
 absl::StatusOr<int64_t> Client::WaitForVersion(int64_t min_version, absl::Duration timeout) {
   return impl_->WaitForVersion(min_version, absl::Now() + timeout);
+}
+
+absl::StatusOr<VersionInfo> Client::WaitForVersionInfo(int64_t min_version,
+                                                      absl::Duration timeout) {
+  return impl_->WaitForVersionInfo(min_version, absl::Now() + timeout);
+}
+
+std::optional<int64_t> RewoundTo(const absl::Status& status) {
+  if (!absl::IsAborted(status)) return std::nullopt;
+  auto payload = status.GetPayload(kRewoundPayload);
+  int64_t v = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &v)) return std::nullopt;
+  return v;
 }
 
 absl::StatusOr<rpc::GetStatusResponse> Client::Status(bool include_shards,

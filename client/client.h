@@ -58,6 +58,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,21 @@ struct PushResult {
   int pushers_expected = 0;
 };
 
+// What WaitForVersionInfo returns.
+struct VersionInfo {
+  int64_t committed_version = -1;
+  // Set when every daemon went back to an earlier version since the last
+  // wait (a daemon was lost and replaced; docs/ARCHITECTURE.md
+  // "Recovery"): committed_version is that version, possibly below the one
+  // waited for.
+  std::optional<int64_t> rewound_to;
+  int64_t recovery_epoch = 0;  // recoveries the cluster has completed
+};
+
+// The version of an ABORTED "rewound to version V" from WaitForVersion
+// (also through Fetch of kLatest), else nullopt.
+std::optional<int64_t> RewoundTo(const absl::Status& status);
+
 // The routing of a gradient push (Client::PushGradients; reused by
 // gpu_fetch::DeviceFetcher::Push for device buffers). Only tensor, dtype
 // and bytes.size() of a Gradient are read, never its bytes.
@@ -281,8 +297,15 @@ class Client {
                                            absl::Duration timeout = absl::ZeroDuration());
 
   // Blocks until the committed version is >= `min_version`; returns it.
-  // DEADLINE_EXCEEDED after `timeout`.
+  // DEADLINE_EXCEEDED after `timeout`. ABORTED if the cluster rewound
+  // meanwhile (a daemon was lost, see WaitForVersionInfo): the message
+  // says "rewound to version V" and RewoundTo(status) gives V.
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Duration timeout);
+  // The same wait, with the rewind as a result rather than an error: a
+  // trainer that finds `rewound_to` set goes back to that version (its data
+  // too) and pushes for it next. Each rewind is reported once per Client
+  // (the client remembers the recovery epoch it saw).
+  absl::StatusOr<VersionInfo> WaitForVersionInfo(int64_t min_version, absl::Duration timeout);
 
   // ---- Administration (hpctl) ----
 

@@ -21,6 +21,7 @@
 #include "server/async_util.h"
 #include "server/fan_out.h"
 #include "server/membership.h"
+#include "server/recovery.h"
 #include "server/convert.h"
 #include "sharding/balance.h"
 
@@ -49,6 +50,12 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       shut_down_ = true;
     }
     if (lease_thread_.joinable()) lease_thread_.join();
+    std::thread recovery;
+    {
+      absl::MutexLock lock(&mu_);
+      recovery = std::move(recovery_thread_);
+    }
+    if (recovery.joinable()) recovery.join();
     world_waiters_.WakeAll();
     version_waiters_.WakeAll();
   }
@@ -142,14 +149,27 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
                                            const rpc::WaitForVersionRequest* request,
                                            rpc::WaitForVersionResponse* response) override {
     const int64_t min_version = request->min_version();
-    return StartWaitingUnary(&version_waiters_,
-                             [this, min_version, response]() -> std::optional<grpc::Status> {
-                               absl::MutexLock lock(&mu_);
-                               if (shut_down_) return Unavailable("coordinator shutting down");
-                               if (committed_ < min_version || committed_ < 0) return std::nullopt;
-                               response->set_committed_version(committed_);
-                               return grpc::Status::OK;
-                             });
+    int64_t known_epoch;
+    {
+      absl::MutexLock lock(&mu_);
+      known_epoch = request->has_recovery_epoch() ? request->recovery_epoch() : recovery_epoch_;
+    }
+    return StartWaitingUnary(
+        &version_waiters_,
+        [this, min_version, known_epoch, response]() -> std::optional<grpc::Status> {
+          absl::MutexLock lock(&mu_);
+          if (shut_down_) return Unavailable("coordinator shutting down");
+          response->set_recovery_epoch(recovery_epoch_);
+          if (recovery_epoch_ > known_epoch && !recovering_) {
+            // The cluster went back to an earlier version meanwhile.
+            response->set_committed_version(committed_);
+            response->set_rewound_to_version(recovery_.rewound_to_version());
+            return grpc::Status::OK;
+          }
+          if (committed_ < min_version || committed_ < 0) return std::nullopt;
+          response->set_committed_version(committed_);
+          return grpc::Status::OK;
+        });
   }
 
   grpc::ServerWriteReactor<rpc::VersionEvent>* WatchVersion(
@@ -242,9 +262,15 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         return Done(context, absl::FailedPreconditionError(absl::StrCat(
                                  "ReportVersion from unknown daemon rank ", rank)));
       }
+      // A step that ended before a rewind reports a version of the old
+      // epoch: not part of the recovered history.
+      if (request->recovery_epoch() < recovery_epoch_) {
+        response->set_committed_version(committed_);
+        return Done(context, absl::OkStatus());
+      }
       table_.slot(rank).published = request->published_version();
       table_.slot(rank).last_step_seconds = request->step_seconds();
-      advanced = RecomputeCommittedLocked();
+      if (!recovering_) advanced = RecomputeCommittedLocked();
       response->set_committed_version(committed_);
     }
     if (advanced) {
@@ -288,6 +314,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       for (rpc::Member& m : table_.Members(now)) *response->add_members() = std::move(m);
       for (const rpc::Member& m : others_) *response->add_members() = m;
       *response->mutable_manifest() = ManifestLocked(request->include_shards());
+      *response->mutable_recovery() = recovery_;
+      response->mutable_recovery()->set_epoch(recovery_epoch_);
+      response->mutable_recovery()->set_in_progress(recovering_);
       // A DOWN daemon is not asked (a stopped one would hold the answer
       // until the call's deadline); its row says why.
       for (int r = 0; r < table_.size(); ++r) {
@@ -347,6 +376,111 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return stubs_;
   }
 
+  // Starts a recovery if a replacement waits for its state and every rank
+  // is held by a live daemon (else the next join or lease tick does).
+  void MaybeStartRecoveryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (recovering_ || shut_down_ || loading_ || !table_.all_joined()) return;
+    bool needed = false;
+    for (int r = 0; r < table_.size(); ++r) {
+      if (!table_.alive(r)) return;
+      needed = needed || table_.slot(r).needs_state;
+    }
+    if (!needed) return;
+    recovering_ = true;
+    last_recovery_attempt_ = absl::Now();
+    recovery_.set_state("rebuilding the data plane and restoring");
+    if (recovery_thread_.joinable()) recovery_thread_.join();  // the last one has ended
+    recovery_thread_ = std::thread([this, epoch = recovery_epoch_ + 1] { Recover(epoch); });
+  }
+
+  // Recovery thread: the newest complete checkpoint onto every daemon
+  // (docs/ARCHITECTURE.md "Recovery"), then the rewind is committed.
+  void Recover(int64_t epoch) {
+    RecoveryPlan plan;
+    plan.epoch = epoch;
+    plan.transport = options_.data_plane;
+    plan.expected_pushers = options_.expected_pushers;
+    plan.prepare_timeout = options_.daemon_call_timeout;
+    plan.recover_timeout = options_.load_timeout;
+    int64_t committed_before;
+    int replaced = -1;
+    bool have_model;
+    {
+      absl::MutexLock lock(&mu_);
+      plan.stubs = stubs_;
+      committed_before = committed_;
+      have_model = manifest_.tensors_size() > 0;
+      for (int r = 0; r < table_.size(); ++r) {
+        if (table_.slot(r).needs_state) replaced = r;
+      }
+    }
+    const absl::Time start = absl::Now();
+    absl::Status s;
+    std::string source = "none (no model loaded)";
+    if (have_model) {
+      if (options_.checkpoint_root.empty()) {
+        s = absl::FailedPreconditionError(
+            "nothing to recover from: the coordinator has no --checkpoint_dir");
+      } else {
+        rpc::LoadRequest request;
+        request.set_checkpoint_path(options_.checkpoint_root);
+        request.set_checkpoint_version(-1);  // the newest complete one
+        absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request, plan.checkpoint_version);
+        if (manifest.ok()) {
+          plan.manifest = *std::move(manifest);
+          plan.checkpoint_path = options_.checkpoint_root;
+          source = absl::StrCat("checkpoint ", options_.checkpoint_root, " v",
+                                plan.checkpoint_version);
+        } else {
+          s = manifest.status();
+        }
+      }
+    }
+    absl::StatusOr<RecoveryResult> result =
+        s.ok() ? RunRecovery(plan) : absl::StatusOr<RecoveryResult>(s);
+    {
+      absl::MutexLock lock(&mu_);
+      recovering_ = false;
+      if (!result.ok()) {
+        recovery_.set_error(result.status().ToString());
+        recovery_.set_state("failed; retrying");
+        Log(kTag, absl::StrCat("recovery failed (retrying in 2 s): ", result.status().ToString()));
+      } else {
+        const absl::Time now = absl::Now();
+        for (int r = 0; r < table_.size(); ++r) {
+          DaemonSlot& d = table_.slot(r);
+          d.member.set_data_plane_address(result->data_plane_addresses[r]);
+          d.needs_state = false;
+          if (d.member.state() == rpc::MEMBER_STATE_RECOVERING) {
+            d.member.set_state(rpc::MEMBER_STATE_ALIVE);
+          }
+          d.published = result->published_version;
+        }
+        if (have_model) {
+          manifest_ = plan.manifest;
+          committed_ = result->published_version;
+        }
+        recovery_epoch_ = epoch;
+        recovery_.set_replaced_rank(replaced);
+        recovery_.set_rewound_to_version(committed_);
+        recovery_.set_committed_before(committed_before);
+        recovery_.set_versions_lost(have_model ? committed_before - committed_ : 0);
+        recovery_.set_source(source);
+        const absl::Time from = lost_at_ == absl::InfinitePast() ? start : lost_at_;
+        recovery_.set_seconds(absl::ToDoubleSeconds(now - from));
+        recovery_.set_error("");
+        recovery_.set_state("done");
+        lost_at_ = absl::InfinitePast();
+        Log(kTag, absl::StrFormat(
+                      "recovery %d done: rank %d replaced, every daemon rewound to version %d "
+                      "(committed was %d: %d versions lost) from %s, %.2f s after the loss",
+                      epoch, replaced, committed_, committed_before,
+                      recovery_.versions_lost(), source, recovery_.seconds()));
+      }
+    }
+    version_waiters_.WakeAll();
+  }
+
   // Marks daemons whose lease expired DOWN (every lease/10, at most 100 ms
   // apart, so a dead daemon is seen within lease + 100 ms) and wakes the
   // waits that need them.
@@ -360,6 +494,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         if (mu_.AwaitWithTimeout(absl::Condition(&stop), tick)) return;
         const absl::Time now = absl::Now();
         expired = table_.ExpireLeases(now);
+        if (!expired.empty() && lost_at_ == absl::InfinitePast()) lost_at_ = now;
+        // A recovery that failed (say a daemon was slow) is tried again.
+        if (!recovering_ && now - last_recovery_attempt_ > absl::Seconds(2)) {
+          MaybeStartRecoveryLocked();
+        }
         for (int r : expired) {
           ++daemons_lost_;
           Log(kTag, absl::StrCat("daemon ", table_.Name(r), " is DOWN: ",
@@ -378,6 +517,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
 
   absl::StatusOr<rpc::Member> AddMember(const rpc::JoinRequest& request) {
     bool world_complete = false;
+    bool start_recovery = false;
     rpc::Member result;
     {
       absl::MutexLock lock(&mu_);
@@ -395,6 +535,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
               grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials()));
           world_complete = !was_complete && table_.all_joined();
           if (j.replaced) {
+            start_recovery = true;
             Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ", request.address(),
                                    " (", request.name(), ")",
                                    table_.slot(rank).needs_state
@@ -439,6 +580,10 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           return absl::InvalidArgumentError(
               absl::StrCat("Join with unknown role ", static_cast<int>(request.role())));
       }
+    }
+    if (start_recovery) {
+      absl::MutexLock lock(&mu_);
+      MaybeStartRecoveryLocked();
     }
     if (world_complete) {
       world_waiters_.WakeAll();
@@ -770,6 +915,13 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lease_thread_;
+  // Recovery (server/recovery.h): one at a time, on its own thread.
+  std::thread recovery_thread_ ABSL_GUARDED_BY(mu_);
+  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // recoveries completed
+  rpc::RecoveryStatus recovery_ ABSL_GUARDED_BY(mu_);  // the last one
+  absl::Time lost_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // first lease expiry
+  absl::Time last_recovery_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   DaemonTable table_ ABSL_GUARDED_BY(mu_);  // daemon ranks, leases
   // By rank; replaced when a daemon (re)joins. Shared with calls in flight.
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs_ ABSL_GUARDED_BY(mu_);

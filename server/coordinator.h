@@ -80,6 +80,11 @@ struct CoordinatorOptions {
   // UNAVAILABLE naming it until a replacement takes its rank. The daemons
   // heartbeat every DaemonOptions::heartbeat_interval (default 250 ms).
   absl::Duration daemon_lease = absl::Milliseconds(1500);
+  // The checkpoint store (--checkpoint_dir) a recovery restores from: its
+  // newest complete checkpoint, once a replacement has taken the rank of a
+  // DOWN daemon. Empty: recovery fails (FAILED_PRECONDITION) and steps stay
+  // refused.
+  std::string checkpoint_root;
   // Called (on a gRPC thread, must not block) after each newly committed
   // version, e.g. to start a periodic checkpoint.
   std::function<void(int64_t version)> on_commit;

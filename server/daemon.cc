@@ -178,7 +178,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     for (uint64_t id : channels) CloseDeviceChannel(id, "daemon shutting down");
     reaper_.Stop();
-    if (data_plane_) data_plane_->Shutdown();  // unblocks a step in the all-reduce
+    {
+      absl::MutexLock lock(&plane_mu_);
+      if (data_plane_) data_plane_->Shutdown();  // unblocks a step in the all-reduce
+    }
     worker_.Stop();
     publish_waiters_.WakeAll();
   }
@@ -195,7 +198,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
 
   absl::Status startup_error() const {
     absl::MutexLock lock(&mu_);
-    if (!join_done_ || shut_down_ || (rank_ >= 0 && all_reduce_)) return absl::OkStatus();
+    // A replacement has no data plane until the coordinator's recovery.
+    if (!join_done_ || shut_down_ || (rank_ >= 0 && (all_reduce_ || recovering_))) {
+      return absl::OkStatus();
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("daemon cannot join the cluster: ", join_error_));
   }
@@ -293,6 +299,45 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
                                }
                                return std::nullopt;
                              });
+  }
+
+  // ---- Recovery (server/recovery.h is the coordinator's side) ----
+
+  grpc::ServerUnaryReactor* PrepareRecovery(grpc::CallbackServerContext* context,
+                                            const rpc::PrepareRecoveryRequest* request,
+                                            rpc::PrepareRecoveryResponse* response) override {
+    absl::StatusOr<std::string> address = OpenNextWorld(request->epoch());
+    if (address.ok()) response->set_data_plane_address(*address);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(address.status()));
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Recover(grpc::CallbackServerContext* context,
+                                    const rpc::RecoverRequest* request,
+                                    rpc::RecoverResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    std::shared_ptr<const ModelView> view;
+    if (request->load().manifest().tensors_size() > 0) {
+      absl::StatusOr<ModelView> v;
+      {
+        absl::MutexLock lock(&mu_);
+        v = MakeModelView(request->load().manifest(), request->load().daemon_rank(),
+                          ++generation_);
+      }
+      if (!v.ok()) {
+        reactor->Finish(ToGrpcStatus(v.status()));
+        return reactor;
+      }
+      view = std::make_shared<const ModelView>(*std::move(v));
+    }
+    worker_.Post([this, request = *request, view, reactor, response] {
+      absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
+      if (v.ok()) response->set_published_version(*v);
+      if (!v.ok()) Log(kTag, absl::StrCat("recovery failed: ", v.status().ToString()));
+      reactor->Finish(ToGrpcStatus(v.status()));
+    });
+    return reactor;
   }
 
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
@@ -505,6 +550,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pusher.empty()) return absl::InvalidArgumentError("push without pusher_id");
     RETURN_IF_ERROR(CheckNotReplacedLocked());
+    if (recovering_) {
+      return absl::UnavailableError(
+          "this daemon is recovering from the loss of a daemon; wait for the version the "
+          "coordinator rewinds to (WaitForVersion) and push for it");
+    }
     if (!latest_) {
       return absl::FailedPreconditionError("no model published on this daemon yet");
     }
@@ -747,12 +797,77 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     return latest_->version;
   }
 
+  // gRPC thread: leaves the current data-plane world (a step blocked in its
+  // all-reduce fails now) and opens the endpoint of the next one. The same
+  // epoch again (a retried call) gives the same endpoint.
+  absl::StatusOr<std::string> OpenNextWorld(int64_t epoch) {
+    {
+      absl::MutexLock lock(&mu_);
+      recovering_ = true;
+    }
+    absl::MutexLock lock(&plane_mu_);
+    if (pending_plane_ != nullptr && pending_epoch_ == epoch) return pending_plane_->address();
+    if (data_plane_) data_plane_->Shutdown();
+    ASSIGN_OR_RETURN(pending_plane_,
+                     DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
+                                           options_.step_timeout));
+    pending_epoch_ = epoch;
+    Log(kTag, absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ",
+                           pending_plane_->address()));
+    return pending_plane_->address();
+  }
+
+  // Worker thread: connects the world PrepareRecovery opened and, with a
+  // model, restores this rank's shards of the checkpoint and republishes
+  // its version (LoadOnWorker); returns that version (-1: no model).
+  absl::StatusOr<int64_t> RecoverOnWorker(const rpc::RecoverRequest& request,
+                                          std::shared_ptr<const ModelView> view) {
+    const int rank = request.load().daemon_rank();
+    std::unique_ptr<DaemonDataPlane> old;
+    {
+      absl::MutexLock lock(&plane_mu_);
+      if (pending_plane_ == nullptr || pending_epoch_ != request.epoch()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
+      }
+      old = std::move(data_plane_);
+      data_plane_ = std::move(pending_plane_);
+    }
+    ASSIGN_OR_RETURN(AllReduceMaxFn all_reduce, data_plane_->Connect(request.data_plane(), rank));
+    {
+      absl::MutexLock lock(&mu_);
+      if (rank != rank_) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("Recover for daemon rank ", rank, " sent to rank ", rank_));
+      }
+      all_reduce_ = std::move(all_reduce);
+      data_plane_transport_ = data_plane_->transport();
+      recovery_epoch_ = request.epoch();
+      join_error_.clear();
+      join_done_ = true;
+    }
+    old.reset();  // its transport served only this worker's steps
+    int64_t version = -1;
+    if (view != nullptr) {
+      LoadSource source;
+      source.checkpoint_path = request.load().checkpoint_path();
+      source.checkpoint_version = request.load().checkpoint_version();
+      ASSIGN_OR_RETURN(version, LoadOnWorker(view, source, request.load().expected_pushers()));
+    }
+    absl::MutexLock lock(&mu_);
+    recovering_ = false;
+    Log(kTag, absl::StrCat("recovery ", request.epoch(), ": rank ", rank, " in the new world",
+                           version >= 0 ? absl::StrCat(", at version ", version) : ""));
+    return version;
+  }
+
   void ReportVersion(int64_t version, double seconds) {
     rpc::ReportVersionRequest request;
     {
       absl::MutexLock lock(&mu_);
       request.set_member_id(member_id_);
       request.set_daemon_rank(rank_);
+      request.set_recovery_epoch(recovery_epoch_);
     }
     request.set_published_version(version);
     request.set_step_seconds(seconds);
@@ -788,7 +903,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       LogError(kTag, join_error_);
       return;
     }
-    data_plane_ = *std::move(data_plane);
+    {
+      absl::MutexLock lock(&plane_mu_);
+      data_plane_ = *std::move(data_plane);
+    }
     rpc::JoinRequest request;
     request.set_role(rpc::ROLE_DAEMON);
     {
@@ -842,6 +960,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         absl::MutexLock lock(&mu_);
         rank_ = response.rank();
         member_id_ = response.member_id();
+        recovering_ = true;
         Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
                                response.data_plane().num_daemons(),
                                ", replacing a daemon that went down; waiting for the "
@@ -975,7 +1094,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::thread join_thread_;
   std::unique_ptr<LeaseKeeper> lease_;
-  std::unique_ptr<DaemonDataPlane> data_plane_;  // written by the join thread only
+  // The data plane of the current world, and the endpoint of the next one
+  // (PrepareRecovery) until Recover connects it. Replaced only by the join
+  // thread (before the first Connect) and by Recover on the worker, so the
+  // worker may use data_plane_ without plane_mu_.
+  absl::Mutex plane_mu_;
+  std::unique_ptr<DaemonDataPlane> data_plane_;
+  std::unique_ptr<DaemonDataPlane> pending_plane_ ABSL_GUARDED_BY(plane_mu_);
+  int64_t pending_epoch_ ABSL_GUARDED_BY(plane_mu_) = -1;
   Worker worker_;
   WaitList publish_waiters_;
   std::atomic<int64_t> bytes_served_[2] = {0, 0};
@@ -1029,6 +1155,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   absl::Status last_step_error_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  // Recovery: between PrepareRecovery and a successful Recover pushes are
+  // refused (UNAVAILABLE); recovery_epoch_ tags ReportVersion.
+  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = 0;
 
   // ---- Device channels (OpenDeviceChannel / FetchDevice) ----
   struct ChannelState {

@@ -195,6 +195,7 @@ absl::Status Run() {
   c.model_path = absl::GetFlag(FLAGS_model);
   c.restore_from = absl::GetFlag(FLAGS_restore_from);
   c.restore_version = absl::GetFlag(FLAGS_restore_version);
+  c.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_dir);
   c.daemon_lease = absl::Milliseconds(absl::GetFlag(FLAGS_daemon_lease_ms));
   c.optimizer_name = std::string(OptimizerName(opt.kind));
   if (options.run_coordinator) {

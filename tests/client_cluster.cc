@@ -13,9 +13,22 @@ namespace testing {
 
 absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
     const TestClusterOptions& options) {
+  return Start(options, nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
+    TestClusterOptions options,
+    const std::function<TestClusterFlags(const std::string& dir)>& more_flags) {
   demo::InstallCleanupSignalHandlers();
   ASSIGN_OR_RETURN(demo::TempDir dir, demo::TempDir::Create("paramd_cluster"));
   std::unique_ptr<TestCluster> c(new TestCluster(std::move(dir)));
+  if (more_flags) {
+    TestClusterFlags flags = more_flags(c->dir());
+    options.coordinator_flags.insert(options.coordinator_flags.end(), flags.coordinator.begin(),
+                                     flags.coordinator.end());
+    options.daemon_flags.insert(options.daemon_flags.end(), flags.daemons.begin(),
+                                flags.daemons.end());
+  }
   const std::string server = "server/hybrid-paramd";  // runfiles-relative (test cwd)
   const std::string d = c->dir();
   auto log = [&](const std::string& name) { return d + "/" + name + ".log"; };

@@ -10,6 +10,7 @@
 #ifndef PARAMD_TESTS_CLIENT_CLUSTER_H_
 #define PARAMD_TESTS_CLIENT_CLUSTER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,9 +36,20 @@ struct TestClusterOptions {
   std::vector<std::vector<std::string>> per_daemon_flags;
 };
 
+// Flags that name paths in the cluster's scratch directory (see Start).
+struct TestClusterFlags {
+  std::vector<std::string> coordinator;
+  std::vector<std::string> daemons;
+};
+
 class TestCluster {
  public:
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(const TestClusterOptions& options);
+  // With more flags made from the scratch directory (e.g.
+  // --checkpoint_dir=DIR/ckpt), appended to the options' flags.
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(
+      TestClusterOptions options,
+      const std::function<TestClusterFlags(const std::string& dir)>& more_flags);
 
   const std::string& coordinator_address() const { return coordinator_address_; }
   // A scratch directory removed with the cluster.

@@ -5,8 +5,15 @@
 //   2 s; steps are refused with UNAVAILABLE naming it while the survivor
 //   keeps serving fetches; a stopped daemon that continues is alive again;
 //   a process started with --rank=N takes rank N.
+//
+//   Recovery from disk: after a daemon is killed and a replacement takes
+//   its rank, every daemon goes back to the newest complete checkpoint, the
+//   trainers learn of the rewind through WaitForVersion, and the masters
+//   after K more pushed steps equal, byte for byte, those of a cluster
+//   restored from the same checkpoint and given the same pushes.
 #include <signal.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,8 +23,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
+#include "checkpoint/daemon_io.h"
+#include "checkpoint/store.h"
+#include "proto/checkpoint_service.grpc.pb.h"
 #include "safetensors/safetensors.h"
 #include "tests/client_cluster.h"
 
@@ -27,6 +38,7 @@ namespace {
 using client::Client;
 using client::ClientOptions;
 using testing::TestCluster;
+using testing::TestClusterFlags;
 using testing::TestClusterOptions;
 
 void WriteModel(const std::string& path) {
@@ -200,6 +212,203 @@ TEST_F(MembershipTest, ReplacementWithTheRankTakesItsPlace) {
       << cluster_->Logs();
   EXPECT_NE(m.state(), rpc::MEMBER_STATE_DOWN);
   EXPECT_NE(cluster_->Logs().find("replaced by"), std::string::npos);
+}
+
+// ---- Recovery from disk ----
+
+const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors = {
+    {"a.weight", {256, 64}}, {"b.weight", {128, 96}}};
+
+// The gradient every test pusher sends for `version` (deterministic).
+std::vector<std::vector<float>> GradientsFor(int64_t version) {
+  std::vector<std::vector<float>> out;
+  for (size_t t = 0; t < kTensors.size(); ++t) {
+    const int64_t n = kTensors[t].second.first * kTensors[t].second.second;
+    std::vector<float> g(n);
+    uint32_t s = static_cast<uint32_t>(version * 7919 + t * 104729 + 1);
+    for (int64_t i = 0; i < n; ++i) {
+      s = s * 1664525u + 1013904223u;
+      g[i] = (static_cast<float>(s >> 8) / 16777216.0f - 0.5f) * 0.1f;
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// A cluster with checkpoints and one pusher (this test).
+class RecoveryCluster {
+ public:
+  // `restore_version` >= 0: the coordinator restores `restore_from` at start.
+  static std::unique_ptr<RecoveryCluster> Start(const std::string& restore_from = "",
+                                                int64_t restore_version = -1) {
+    auto c = std::make_unique<RecoveryCluster>();
+    TestClusterOptions options;
+    options.daemons = 2;
+    options.expected_pushers = 1;
+    options.optimizer = "adamw";
+    options.lr = 0.01;
+    auto cluster = TestCluster::Start(options, [&](const std::string& dir) {
+      TestClusterFlags flags;
+      flags.coordinator = {"--checkpoint_dir=" + dir + "/ckpt"};
+      if (!restore_from.empty()) {
+        flags.coordinator.push_back("--restore_from=" + restore_from);
+        flags.coordinator.push_back(absl::StrCat("--restore_version=", restore_version));
+      }
+      flags.daemons = {"--checkpoint_dir=" + dir + "/ckpt"};
+      return flags;
+    });
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return nullptr;
+    c->cluster = *std::move(cluster);
+    ClientOptions co;
+    co.coordinator_address = c->cluster->coordinator_address();
+    co.expected_pushers = 1;
+    auto client = Client::Connect(co);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return nullptr;
+    c->client = *std::move(client);
+    if (restore_from.empty()) {
+      const std::string model = c->cluster->dir() + "/model.safetensors";
+      WriteModel(model);
+      absl::StatusOr<int64_t> v;
+      for (int attempt = 0; attempt < 200; ++attempt) {
+        v = c->client->Load(model, "", absl::Seconds(30));
+        if (!absl::IsUnavailable(v.status())) break;
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+      EXPECT_TRUE(v.ok()) << v.status() << c->cluster->Logs();
+    }
+    return c;
+  }
+
+  // One pushed step from `version`; returns the version it committed.
+  absl::StatusOr<int64_t> Push(int64_t version) {
+    const std::vector<std::vector<float>> g = GradientsFor(version);
+    std::vector<client::Gradient> grads;
+    for (size_t t = 0; t < kTensors.size(); ++t) {
+      grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
+    }
+    RETURN_IF_ERROR(client->PushGradients(version, grads).status());
+    return client->WaitForVersion(version + 1, absl::Seconds(30));
+  }
+
+  absl::Status Checkpoint() {
+    auto channel = grpc::CreateChannel(cluster->coordinator_address(),
+                                       grpc::InsecureChannelCredentials());
+    auto stub = checkpoint::CheckpointCoordinator::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    checkpoint::CheckpointRequest request;
+    request.set_version(-1);
+    checkpoint::CheckpointResponse response;
+    grpc::Status s = stub->Checkpoint(&context, request, &response);
+    if (!s.ok()) return absl::InternalError(s.error_message());
+    return absl::OkStatus();
+  }
+
+  rpc::GetStatusResponse Status() {
+    auto s = client->Status(false, absl::Seconds(5));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : rpc::GetStatusResponse();
+  }
+
+  int ProcessOfRank(int rank) {
+    const rpc::GetStatusResponse status = Status();
+    for (const rpc::Member& m : status.members()) {
+      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
+      for (int d = 0; d < 8; ++d) {
+        if (m.address() == absl::StrCat("127.0.0.1:", cluster->daemon_port(d))) return d;
+      }
+    }
+    return -1;
+  }
+
+  std::string ckpt() const { return cluster->dir() + "/ckpt"; }
+
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<Client> client;
+};
+
+// Every tensor's FP32 master and moments in checkpoint `version` of `root`.
+std::vector<std::vector<float>> SavedState(const std::string& root, int64_t version) {
+  std::vector<std::vector<float>> out;
+  auto store = checkpoint::CheckpointStore::Open(root, false);
+  EXPECT_TRUE(store.ok()) << store.status();
+  if (!store.ok()) return out;
+  auto reader = checkpoint::CheckpointReader::Open(*store, static_cast<uint64_t>(version));
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  if (!reader.ok()) return out;
+  std::vector<checkpoint::PieceInfo> pieces;
+  for (const auto& [name, shape] : kTensors) {
+    checkpoint::PieceInfo p;
+    p.set_tensor(name);
+    p.set_row_begin(0);
+    p.set_row_end(shape.first);
+    pieces.push_back(p);
+  }
+  auto state = checkpoint::ReadDaemonState(**reader, pieces);
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (!state.ok()) return out;
+  for (auto& p : state->pieces) {
+    out.push_back(p.master);
+    for (auto& [name, m] : p.moments) out.push_back(m);
+  }
+  return out;
+}
+
+TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForByte) {
+  auto c = RecoveryCluster::Start();
+  ASSERT_NE(c, nullptr);
+  int64_t v = 0;
+  for (; v < 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  ASSERT_TRUE(c->Checkpoint().ok());  // version 3
+  for (; v < 5; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  ASSERT_EQ(c->Status().committed_version(), 5);
+
+  const int victim = c->ProcessOfRank(1);
+  ASSERT_GE(victim, 0);
+  c->cluster->KillDaemon(victim);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(c->cluster->StartDaemon({"--rank=1", "--checkpoint_dir=" + c->ckpt()}).ok());
+
+  // The trainer learns of the rewind.
+  absl::StatusOr<client::VersionInfo> info =
+      c->client->WaitForVersionInfo(6, absl::Seconds(30));
+  ASSERT_TRUE(info.ok()) << info.status() << c->cluster->Logs();
+  ASSERT_TRUE(info->rewound_to.has_value()) << c->cluster->Logs();
+  EXPECT_EQ(*info->rewound_to, 3);
+  EXPECT_EQ(info->committed_version, 3);
+  EXPECT_EQ(info->recovery_epoch, 1);
+  const rpc::RecoveryStatus r = c->Status().recovery();
+  EXPECT_EQ(r.epoch(), 1);
+  EXPECT_EQ(r.replaced_rank(), 1);
+  EXPECT_EQ(r.rewound_to_version(), 3);
+  EXPECT_EQ(r.committed_before(), 5);
+  EXPECT_EQ(r.versions_lost(), 2);
+  EXPECT_NE(r.source().find("checkpoint"), std::string::npos);
+
+  // The cluster resumes: K = 3 pushed steps from the rewound version.
+  for (v = 3; v < 6; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  std::printf("recovery (disk): kill to first new version %.3f s\n",
+              absl::ToDoubleSeconds(absl::Now() - killed));
+  ASSERT_TRUE(c->Checkpoint().ok());  // version 6
+
+  // A cluster restored from checkpoint 3 and given the same pushes.
+  auto reference = RecoveryCluster::Start(c->ckpt(), 3);
+  ASSERT_NE(reference, nullptr);
+  ASSERT_TRUE(reference->client->WaitForVersion(3, absl::Seconds(30)).ok())
+      << reference->cluster->Logs();
+  ASSERT_TRUE(reference->client->RefreshManifest().ok());
+  for (v = 3; v < 6; ++v) ASSERT_TRUE(reference->Push(v).ok()) << reference->cluster->Logs();
+  ASSERT_TRUE(reference->Checkpoint().ok());
+  const auto got = SavedState(c->ckpt(), 6);
+  const auto want = SavedState(reference->ckpt(), 6);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(got.empty());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4), 0) << "array " << i;
+  }
 }
 
 }  // namespace
