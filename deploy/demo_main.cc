@@ -68,6 +68,12 @@ ABSL_FLAG(int32_t, timeout_s, 120, "give up (and fail) after this many seconds")
 ABSL_FLAG(std::string, workdir, "",
           "directory for the model file, port files and logs (default: a fresh temp dir, "
           "removed at exit)");
+ABSL_FLAG(int64_t, kill_daemon_at_step, -1,
+          "after step S: SIGKILL one daemon process and start a replacement with its --rank; "
+          "the cluster rewinds to its newest checkpoint (--checkpoint_every) and the trainers "
+          "resume from it (-1 = no kill)");
+ABSL_FLAG(int32_t, checkpoint_every, 5,
+          "with --kill_daemon_at_step: the coordinator checkpoints every N committed versions");
 ABSL_FLAG(bool, show_logs, false, "print the servers' and trainers' logs at the end");
 // Internal: run as a trainer.
 ABSL_FLAG(int64_t, trainer_rank, -1, "internal: run as trainer RANK");
@@ -161,6 +167,10 @@ class Demo {
   absl::Status LoadModel();
   absl::Status Train();
   absl::Status HandleLine(int rank, const std::string& line);
+  // --kill_daemon_at_step: SIGKILL daemon process 1 and start a
+  // replacement with its rank.
+  absl::Status KillAndReplaceDaemon(int64_t step);
+  std::vector<std::string> DaemonArgv(const std::string& name) const;
   void PrintStep(int64_t step);
   void PrintManifest();
   absl::Status Finish();
@@ -183,6 +193,13 @@ class Demo {
   client::Manifest manifest_;
   std::map<int64_t, StepRow> steps_;
   std::map<int64_t, FinalReport> finals_;
+  std::unique_ptr<client::Client> observer_;  // status, recovery
+  std::string server_;                        // the hybrid-paramd binary
+  // --kill_daemon_at_step: what happened.
+  int64_t killed_at_step_ = -1;
+  int killed_rank_ = -1;
+  absl::Time killed_at_;
+  double kill_to_next_version_s_ = -1;
   absl::Time train_start_, train_end_;
   int exit_code_ = 1;
 };
@@ -193,36 +210,26 @@ absl::Status Demo::StartCluster() {
     return absl::NotFoundError(absl::StrCat("no hybrid-paramd binary at ", server,
                                             " (use bazel run //deploy:demo or --server_binary)"));
   }
+  server_ = server;
   const std::string coordinator_port = workdir_ + "/coordinator.port";
-  ASSIGN_OR_RETURN(
-      int c, children_.Start({"coordinator",
-                              {server, "--role=coordinator", "--listen=127.0.0.1:0",
-                               "--port_file=" + coordinator_port,
-                               absl::StrCat("--daemons=", kNumDaemons),
-                               absl::StrCat("--expected_pushers=", kNumTrainers),
-                               "--recipe=" + recipe_path_, "--data_plane=host"},
-                              Log("coordinator"),
-                              Log("coordinator")}));
+  std::vector<std::string> coordinator_argv = {
+      server, "--role=coordinator", "--listen=127.0.0.1:0", "--port_file=" + coordinator_port,
+      absl::StrCat("--daemons=", kNumDaemons), absl::StrCat("--expected_pushers=", kNumTrainers),
+      "--recipe=" + recipe_path_, "--data_plane=host"};
+  if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
+    coordinator_argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
+    coordinator_argv.push_back(
+        absl::StrCat("--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every)));
+  }
+  ASSIGN_OR_RETURN(int c, children_.Start({"coordinator", std::move(coordinator_argv),
+                                           Log("coordinator"), Log("coordinator")}));
   servers_.push_back(c);
   log_names_.push_back("coordinator");
   ASSIGN_OR_RETURN(const int port, WaitForPortFile(coordinator_port, Remaining(), &children_, c));
   coordinator_address_ = absl::StrCat("127.0.0.1:", port);
-  const OptimizerOptions opt = DemoOptimizer();
   for (int d = 0; d < kNumDaemons; ++d) {
     const std::string name = absl::StrCat("daemon", d);
-    ASSIGN_OR_RETURN(
-        int index,
-        children_.Start({name,
-                         {server, "--role=daemon", "--listen=127.0.0.1:0",
-                          "--port_file=" + workdir_ + "/" + name + ".port",
-                          "--coordinator=" + coordinator_address_, "--data_plane=host",
-                          "--optimizer=adamw", absl::StrFormat("--lr=%.9g", opt.lr),
-                          absl::StrFormat("--beta1=%.9g", opt.beta1),
-                          absl::StrFormat("--beta2=%.9g", opt.beta2),
-                          absl::StrFormat("--adam_eps=%.9g", opt.eps),
-                          absl::StrFormat("--weight_decay=%.9g", opt.weight_decay)},
-                         Log(name),
-                         Log(name)}));
+    ASSIGN_OR_RETURN(int index, children_.Start({name, DaemonArgv(name), Log(name), Log(name)}));
     servers_.push_back(index);
     log_names_.push_back(name);
   }
@@ -233,6 +240,51 @@ absl::Status Demo::StartCluster() {
   }
   std::printf("cluster: coordinator %s, %d daemons, %d trainers (separate processes)\n",
               coordinator_address_.c_str(), kNumDaemons, kNumTrainers);
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Demo::DaemonArgv(const std::string& name) const {
+  const OptimizerOptions opt = DemoOptimizer();
+  std::vector<std::string> argv = {server_, "--role=daemon", "--listen=127.0.0.1:0",
+                                   "--port_file=" + workdir_ + "/" + name + ".port",
+                                   "--coordinator=" + coordinator_address_, "--data_plane=host",
+                                   "--optimizer=adamw", absl::StrFormat("--lr=%.9g", opt.lr),
+                                   absl::StrFormat("--beta1=%.9g", opt.beta1),
+                                   absl::StrFormat("--beta2=%.9g", opt.beta2),
+                                   absl::StrFormat("--adam_eps=%.9g", opt.eps),
+                                   absl::StrFormat("--weight_decay=%.9g", opt.weight_decay)};
+  if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
+    argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
+  }
+  return argv;
+}
+
+absl::Status Demo::KillAndReplaceDaemon(int64_t step) {
+  // Daemon process 1 (servers_[2]); its rank from the coordinator.
+  const int victim = servers_[2];
+  ASSIGN_OR_RETURN(const int port, WaitForPortFile(workdir_ + "/daemon1.port", Remaining(),
+                                                   &children_, victim));
+  ASSIGN_OR_RETURN(rpc::GetStatusResponse status, observer_->Status(false, Remaining()));
+  for (const rpc::Member& m : status.members()) {
+    if (m.role() == rpc::ROLE_DAEMON && m.address() == absl::StrCat("127.0.0.1:", port)) {
+      killed_rank_ = m.rank();
+    }
+  }
+  if (killed_rank_ < 0) return absl::InternalError("daemon1 is not a member");
+  children_.Signal(victim, SIGKILL);
+  killed_at_ = absl::Now();
+  killed_at_step_ = step;
+  (void)children_.Wait(victim, absl::Seconds(10));
+  std::vector<std::string> argv = DaemonArgv("daemon1r");
+  argv.push_back(absl::StrCat("--rank=", killed_rank_));
+  ASSIGN_OR_RETURN(const int index,
+                   children_.Start({"daemon1r", std::move(argv), Log("daemon1r"), Log("daemon1r")}));
+  servers_[2] = index;
+  log_names_.push_back("daemon1r");
+  std::printf("killed daemon rank %d (SIGKILL) after step %lld; started a replacement with "
+              "--rank=%d\n",
+              killed_rank_, static_cast<long long>(step), killed_rank_);
+  std::fflush(stdout);
   return absl::OkStatus();
 }
 
@@ -248,7 +300,8 @@ absl::Status Demo::LoadModel() {
   options.name = "demo";
   options.connect_timeout = Remaining();
   options.call_timeout = Remaining();
-  ASSIGN_OR_RETURN(std::unique_ptr<client::Client> observer, client::Client::Connect(options));
+  ASSIGN_OR_RETURN(observer_, client::Client::Connect(options));
+  client::Client* const observer = observer_.get();
   // The daemons join the coordinator in the background after binding their
   // ports: UNAVAILABLE ("waiting for daemons") means retry.
   absl::StatusOr<int64_t> version;
@@ -297,8 +350,18 @@ absl::Status Demo::HandleLine(int rank, const std::string& line) {
   const StepReport& step = std::get<StepReport>(report);
   if (step.rank != rank) return absl::InternalError("trainer reported another rank");
   StepRow& row = steps_[step.step];
+  // A step run again after a rewind replaces the first run's reports.
+  if (row.by_rank.count(rank) > 0) row = StepRow();
   row.by_rank[rank] = step;
-  if (row.by_rank.size() == static_cast<size_t>(kNumTrainers)) PrintStep(step.step);
+  if (row.by_rank.size() != static_cast<size_t>(kNumTrainers)) return absl::OkStatus();
+  PrintStep(step.step);
+  if (killed_at_step_ >= 0 && kill_to_next_version_s_ < 0) {
+    kill_to_next_version_s_ = absl::ToDoubleSeconds(absl::Now() - killed_at_);
+  }
+  const int64_t kill_at = absl::GetFlag(FLAGS_kill_daemon_at_step);
+  if (kill_at >= 0 && killed_at_step_ < 0 && step.step >= kill_at) {
+    return KillAndReplaceDaemon(step.step);
+  }
   return absl::OkStatus();
 }
 
@@ -486,8 +549,38 @@ absl::Status Demo::Finish() {
               "wall %.1f s\n",
               mean_ms, median_ms, distributed_s, baseline_s, wall_s);
 
+  nlohmann::json recovery = nullptr;
+  if (killed_at_step_ >= 0) {
+    ASSIGN_OR_RETURN(rpc::GetStatusResponse status, observer_->Status(false, Remaining()));
+    const rpc::RecoveryStatus& r = status.recovery();
+    recovery = {{"killed_after_step", killed_at_step_},
+                {"killed_rank", killed_rank_},
+                {"recovered", r.epoch() >= 1},
+                {"recoveries", r.epoch()},
+                {"rewound_to_version", r.rewound_to_version()},
+                {"committed_before", r.committed_before()},
+                {"steps_lost", r.versions_lost()},
+                {"source", r.source()},
+                {"recovery_seconds", r.seconds()},
+                {"kill_to_next_step_seconds", kill_to_next_version_s_}};
+    std::printf("recovery: daemon rank %d killed after step %lld; every daemon rewound to "
+                "version %lld (committed was %lld: %lld steps lost) from %s, %.2f s after the "
+                "lease expired; %.2f s from the kill to the next completed step\n",
+                killed_rank_, static_cast<long long>(killed_at_step_),
+                static_cast<long long>(r.rewound_to_version()),
+                static_cast<long long>(r.committed_before()),
+                static_cast<long long>(r.versions_lost()), r.source().c_str(), r.seconds(),
+                kill_to_next_version_s_);
+    if (r.epoch() < 1) {
+      std::printf("FAIL: the cluster did not recover from the killed daemon\n");
+      exit_code_ = 1;
+      return absl::OkStatus();
+    }
+  }
+
   if (!absl::GetFlag(FLAGS_summary_json).empty()) {
     nlohmann::json j;
+    j["recovery"] = recovery;
     j["steps"] = steps;
     j["batch_size"] = schedule_.batch_size;
     j["num_trainers"] = kNumTrainers;

@@ -1,6 +1,8 @@
 #include "deploy/demo_trainer.h"
 
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -164,9 +166,35 @@ absl::Status RunTrainer(const TrainerConfig& config, std::ostream& out) {
           s.cols, "] is ", meta == nullptr ? "missing" : "of another shape"));
     }
   }
+  client::Client* const c = client.get();
   Trainer trainer(config, std::move(client), std::move(shapes));
-  for (int64_t step = 0; step < config.schedule.steps; ++step) {
-    RETURN_IF_ERROR(trainer.Step(step, first + step, out));
+  // A step that fails because a daemon was lost (UNAVAILABLE from the dead
+  // one, a refused push while the cluster recovers, ABORTED "rewound to
+  // version V" from the wait) is resumed from the version the cluster
+  // rewound to, with that version's batch (the data rewinds too).
+  int rewinds = 0;
+  for (int64_t step = 0; step < config.schedule.steps;) {
+    const int64_t version = first + step;
+    absl::Status s = trainer.Step(step, version, out);
+    if (s.ok()) {
+      ++step;
+      continue;
+    }
+    std::optional<int64_t> rewound = client::RewoundTo(s);
+    if (!rewound && (absl::IsUnavailable(s) || absl::IsFailedPrecondition(s) ||
+                     absl::IsOutOfRange(s) || absl::IsNotFound(s))) {
+      ASSIGN_OR_RETURN(client::VersionInfo info,
+                       c->WaitForVersionInfo(version + 1, config.call_timeout));
+      rewound = info.rewound_to;
+      if (!rewound) {  // the step completed after all
+        ++step;
+        continue;
+      }
+    }
+    if (!rewound || *rewound < first || ++rewinds > 10) return s;
+    std::cerr << "trainer " << config.rank << ": the cluster rewound to version " << *rewound
+              << " (" << s.message() << "); resuming from it" << std::endl;
+    step = *rewound - first;
   }
   return trainer.Final(first + config.schedule.steps, out);
 }

@@ -72,6 +72,44 @@ std::vector<std::string> DemoArgs(const std::string& workdir, int steps,
   return args;
 }
 
+// --kill_daemon_at_step: one daemon process is SIGKILLed mid-run and a
+// replacement with its rank started; the cluster rewinds to its newest
+// checkpoint, the trainers resume from it, and the demo still ends OK.
+TEST(Demo, KilledDaemonIsReplacedAndTheRunStillEndsOk) {
+  const std::string workdir = TestTmp() + "/demo_kill";
+  const std::string summary = TestTmp() + "/summary_kill.json";
+  std::vector<std::string> args = DemoArgs(workdir, 12, summary);
+  args.push_back("--kill_daemon_at_step=6");
+  args.push_back("--checkpoint_every=4");
+  ChildProcesses children;
+  auto demo = children.Start({"demo", args, TestTmp() + "/demo_kill.out",
+                              TestTmp() + "/demo_kill.out"});
+  ASSERT_TRUE(demo.ok()) << demo.status();
+  auto status = children.Wait(*demo, absl::Seconds(58));
+  std::ifstream out_file(TestTmp() + "/demo_kill.out");
+  std::stringstream out;
+  out << out_file.rdbuf();
+  ASSERT_TRUE(status.ok()) << status.status() << "\n" << out.str();
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << out.str();
+  EXPECT_TRUE(Survivors(workdir).empty()) << "processes outlived the demo";
+  EXPECT_TRUE(absl::StrContains(out.str(), "OK: the loss fell")) << out.str();
+  std::ifstream in(summary);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "bad summary JSON";
+  const auto& r = j["recovery"];
+  ASSERT_TRUE(r.is_object()) << j.dump(2);
+  EXPECT_EQ(r["recovered"], true);
+  EXPECT_EQ(r["killed_after_step"], 6);
+  // Checkpoints every 4 versions: version 4 is the newest complete one
+  // when the daemon dies after step 6 (version 7 committed; the periodic
+  // checkpoint of 8 may not have run).
+  const int64_t rewound = r["rewound_to_version"].get<int64_t>();
+  EXPECT_TRUE(rewound == 4 || rewound == 8) << r.dump();
+  EXPECT_EQ(r["steps_lost"].get<int64_t>(),
+            r["committed_before"].get<int64_t>() - rewound);
+  EXPECT_EQ(j["losses"].size(), 12u);
+}
+
 TEST(Demo, TrainsWithinToleranceOfFp32AndReportsItsFigures) {
   const std::string workdir = TestTmp() + "/demo_ok";
   const std::string summary = TestTmp() + "/summary.json";
