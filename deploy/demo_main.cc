@@ -200,6 +200,7 @@ class Demo {
   int killed_rank_ = -1;
   absl::Time killed_at_;
   double kill_to_next_version_s_ = -1;
+  rpc::RecoveryStatus recovery_;  // the coordinator's, at the end of training
   absl::Time train_start_, train_end_;
   int exit_code_ = 1;
 };
@@ -551,8 +552,7 @@ absl::Status Demo::Finish() {
 
   nlohmann::json recovery = nullptr;
   if (killed_at_step_ >= 0) {
-    ASSIGN_OR_RETURN(rpc::GetStatusResponse status, observer_->Status(false, Remaining()));
-    const rpc::RecoveryStatus& r = status.recovery();
+    const rpc::RecoveryStatus& r = recovery_;
     recovery = {{"killed_after_step", killed_at_step_},
                 {"killed_rank", killed_rank_},
                 {"recovered", r.epoch() >= 1},
@@ -707,6 +707,11 @@ absl::Status Demo::Run() {
   absl::Status s = StartCluster();
   if (s.ok()) s = LoadModel();
   if (s.ok()) s = Train();
+  if (s.ok() && killed_at_step_ >= 0) {
+    absl::StatusOr<rpc::GetStatusResponse> status = observer_->Status(false, Remaining());
+    if (status.ok()) recovery_ = status->recovery();
+    s = status.status();
+  }
   // Servers are stopped before the baseline runs: it needs the CPU.
   children_.TerminateAll(absl::Seconds(3));
   if (s.ok()) s = Finish();
