@@ -1,5 +1,9 @@
 #include "checkpoint/service.h"
 
+#include <dirent.h>
+
+#include <cstdio>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -17,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/export.h"
+#include "checkpoint/file_util.h"
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -194,6 +199,11 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
   }
 
   absl::Status Stream() {
+    // Checked whether or not an older version will need it: a bad name is
+    // refused up front, not only when the export falls back to it.
+    if (!request_.checkpoint_dir().empty()) {
+      RETURN_IF_ERROR(ValidateRelativePath(request_.checkpoint_dir()));
+    }
     const int64_t cols = request_.cols();
     if (cols < 1 || request_.row_begin() < 0 || request_.row_end() <= request_.row_begin()) {
       return absl::InvalidArgumentError(absl::StrCat("bad rows [", request_.row_begin(), ", ",
@@ -274,10 +284,37 @@ grpc::ServerWriteReactor<ExportRowsChunk>* CheckpointDaemonService::Impl::Export
   return reactor;
 }
 
+// The stale temporary files of killed writers in the store `dir` and the
+// stores below it (request dirs, up to `depth` levels): a daemon's start.
+static int SweepStaleTempFiles(const std::string& dir, int depth) {
+  absl::StatusOr<CheckpointStore> store = CheckpointStore::Open(dir, /*create=*/false);
+  if (!store.ok()) return 0;
+  absl::StatusOr<int> removed = store->RemoveStaleTempFilesEverywhere();
+  int total = removed.ok() ? *removed : 0;
+  if (depth <= 0) return total;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return total;
+  std::vector<std::string> subdirs;
+  while (struct dirent* e = ::readdir(d)) {
+    const absl::string_view name = e->d_name;
+    if (name.empty() || name[0] == '.' || name[0] == 'v' || e->d_type != DT_DIR) continue;
+    subdirs.push_back(absl::StrCat(dir, "/", name));
+  }
+  ::closedir(d);
+  for (const std::string& sub : subdirs) total += SweepStaleTempFiles(sub, depth - 1);
+  return total;
+}
+
 absl::StatusOr<std::unique_ptr<CheckpointDaemonService>> CheckpointDaemonService::Create(
     CheckpointServiceOptions options, CheckpointableDaemon* daemon) {
   if (daemon == nullptr) return absl::InvalidArgumentError("no daemon");
   if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
+  if (!options.root.empty()) {
+    if (const int n = SweepStaleTempFiles(options.root, 3); n > 0) {
+      std::fprintf(stderr, "checkpoint: removed %d temporary files of killed writers under %s\n",
+                   n, options.root.c_str());
+    }
+  }
   return std::unique_ptr<CheckpointDaemonService>(
       new CheckpointDaemonService(std::make_unique<Impl>(std::move(options), daemon)));
 }

@@ -1,6 +1,8 @@
 #include "checkpoint/store.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +41,18 @@ bool ParseVersionDirName(absl::string_view name, uint64_t* version) {
 
 bool IsTempName(absl::string_view name) {
   return absl::StartsWith(name, ".") && absl::StrContains(name, ".tmp-");
+}
+
+// A temporary file whose writer is gone: the pid after ".tmp-" is not this
+// process and is not running here (kill(pid, 0) fails with ESRCH).
+bool IsStaleTempName(absl::string_view name) {
+  if (!IsTempName(name)) return false;
+  absl::string_view rest = name.substr(name.rfind(".tmp-") + 5);
+  rest = rest.substr(0, rest.find('-'));
+  int pid = 0;
+  if (!absl::SimpleAtoi(rest, &pid) || pid <= 0) return false;
+  if (pid == ::getpid()) return false;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 // Names KeepLast may delete inside a version directory.
@@ -282,6 +296,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::NewShardWriter(
         absl::StrCat("version ", version, " is already checkpointed in ", root_));
   }
   ASSIGN_OR_RETURN(std::string dir, MakeDirsUnder(root_, VersionDirName(version)));
+  RETURN_IF_ERROR(RemoveStaleTempFiles(version).status());
   return ShardWriter::Create(std::move(dir), ShardFileName(daemon_rank, world_size), version,
                              daemon_rank, world_size);
 }
@@ -431,6 +446,31 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::KeepLast(
     for (const std::string& name : names) {
       if (IsTempName(name)) RETURN_IF_ERROR(UnlinkIfPresent(absl::StrCat(dir, "/", name)));
     }
+  }
+  return removed;
+}
+
+absl::StatusOr<int> CheckpointStore::RemoveStaleTempFiles(uint64_t version) const {
+  const std::string dir = VersionDir(version);
+  absl::StatusOr<std::vector<std::string>> names = ListDir(dir);
+  if (absl::IsNotFound(names.status())) return 0;
+  RETURN_IF_ERROR(names.status());
+  int removed = 0;
+  for (const std::string& name : *names) {
+    if (!IsStaleTempName(name)) continue;
+    RETURN_IF_ERROR(UnlinkIfPresent(absl::StrCat(dir, "/", name)));
+    ++removed;
+  }
+  if (removed > 0) RETURN_IF_ERROR(FsyncDir(dir));
+  return removed;
+}
+
+absl::StatusOr<int> CheckpointStore::RemoveStaleTempFilesEverywhere() const {
+  ASSIGN_OR_RETURN(std::vector<uint64_t> versions, VersionDirs());
+  int removed = 0;
+  for (uint64_t version : versions) {
+    ASSIGN_OR_RETURN(int n, RemoveStaleTempFiles(version));
+    removed += n;
   }
   return removed;
 }

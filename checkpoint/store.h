@@ -124,6 +124,15 @@ class CheckpointStore {
   absl::StatusOr<std::vector<uint64_t>> KeepLast(int keep,
                                                  const std::set<uint64_t>& in_progress = {}) const;
 
+  // Removes the temporary files ("." name ".tmp-<pid>...") of writers that
+  // are gone -- a pid other than this process's that no longer runs on this
+  // machine -- from v<version>/ (NewShardWriter does this first, so a
+  // retried version drops what a killed attempt left), or from every
+  // version directory (a daemon does this at start). Live writers' files
+  // stay. Returns how many files were removed.
+  absl::StatusOr<int> RemoveStaleTempFiles(uint64_t version) const;
+  absl::StatusOr<int> RemoveStaleTempFilesEverywhere() const;
+
  private:
   explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
   // Version numbers of every "v<N>" directory, complete or not.

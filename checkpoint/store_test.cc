@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -412,5 +413,49 @@ TEST(ShardFileTest, NotAShardFileIsDataLoss) {
 }
 
 }  // namespace
+// The pid of a process that has exited (reaped): no writer runs under it.
+int DeadPid() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return pid;
+}
+
+// D9: a killed writer's temporary files inside a complete version are gone
+// once the version is retried (NewShardWriter) or at a daemon's start
+// (RemoveStaleTempFilesEverywhere); a live writer's file stays.
+TEST(StoreTest, StaleTempFilesOfKilledWritersAreRemovedOnRetryAndSweep) {
+  auto store = CheckpointStore::Open(MakeTempDir(), true);
+  ASSERT_TRUE(store.ok());
+  auto tensors = FakeTensors({{8, 8}});
+  ASSERT_TRUE(WriteFakeCheckpoint(*store, 4, 4, tensors, 2).ok());
+  const int dead = DeadPid();
+  const std::string stale4 =
+      absl::StrCat(store->VersionDir(4), "/.shard-00000-of-00002.ckpt.tmp-", dead, "-0");
+  const std::string stale6 =
+      absl::StrCat(store->VersionDir(6), "/.shard-00001-of-00002.ckpt.tmp-", dead, "-3");
+  const std::string live =
+      absl::StrCat(store->VersionDir(6), "/.shard-00000-of-00002.ckpt.tmp-", getpid(), "-9");
+  ASSERT_TRUE(CreateExclusive(stale4).ok());
+  ASSERT_TRUE(MakeDirsUnder(store->root(), "v6").ok());
+  ASSERT_TRUE(CreateExclusive(stale6).ok());
+  ASSERT_TRUE(CreateExclusive(live).ok());
+  // Retrying version 6: the killed attempt's file goes, the live one stays.
+  auto writer = store->NewShardWriter(6, 1, 2);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  EXPECT_FALSE(FileExists(stale6));
+  EXPECT_TRUE(FileExists(live));
+  EXPECT_TRUE(FileExists(stale4)) << "not touched by a retry of another version";
+  writer->reset();
+  // The start-of-daemon sweep.
+  auto removed = store->RemoveStaleTempFilesEverywhere();
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_FALSE(FileExists(stale4));
+  EXPECT_TRUE(FileExists(live));
+  EXPECT_TRUE(store->Verify(4).ok()) << "the complete checkpoint is intact";
+}
+
 }  // namespace checkpoint
 }  // namespace paramd

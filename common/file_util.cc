@@ -1,11 +1,14 @@
 #include "common/file_util.h"
 
+#include <cstdlib>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace paramd {
@@ -59,6 +62,28 @@ absl::Status FsyncDir(const std::string& dir) {
   absl::Status status = FsyncFd(fd, dir);
   if (::close(fd) != 0 && status.ok()) status = ErrnoStatus(errno, "close", dir);
   return status;
+}
+
+absl::StatusOr<std::string> ResolveBelow(const std::vector<std::string>& roots,
+                                         const std::string& path, absl::string_view flag) {
+  if (roots.empty()) return path;
+  auto real = [](const std::string& p) -> absl::StatusOr<std::string> {
+    char* resolved = ::realpath(p.c_str(), nullptr);
+    if (resolved == nullptr) return ErrnoStatus(errno, "cannot open", p);
+    std::string out(resolved);
+    std::free(resolved);
+    return out;
+  };
+  const std::string joined = !path.empty() && path[0] == '/' ? path : roots[0] + "/" + path;
+  absl::StatusOr<std::string> target = real(joined);
+  if (!target.ok()) return target.status();
+  for (const std::string& root : roots) {
+    absl::StatusOr<std::string> r = real(root);
+    if (!r.ok()) continue;
+    if (*target == *r || absl::StartsWith(*target, *r == "/" ? *r : *r + "/")) return *target;
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(path, " is not below ", flag, " (files are read only from there)"));
 }
 
 std::string DirectoryOf(const std::string& path) {

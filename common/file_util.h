@@ -11,8 +11,10 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace paramd {
@@ -38,6 +40,16 @@ absl::Status FsyncFd(int fd, absl::string_view path);
 // fsync() of a directory, so that a rename, create or unlink inside it is
 // durable. Opens and closes `dir` (a failed close is reported).
 absl::Status FsyncDir(const std::string& dir);
+
+// Confines a path read on a client's behalf to trusted roots. With `roots`
+// empty, returns `path` unchanged (no confinement). Otherwise `path`
+// (relative ones are taken relative to roots[0]) is resolved with
+// realpath(3) -- every "..", "." and symlink, at any depth -- and must be
+// one of the resolved roots or lie below one of them; the resolved path is
+// returned, to be opened instead of `path`. NotFound if it does not exist;
+// PermissionDenied naming `flag` if it lies outside every root.
+absl::StatusOr<std::string> ResolveBelow(const std::vector<std::string>& roots,
+                                         const std::string& path, absl::string_view flag);
 
 // The directory part of `path`: "." for a bare name, "/" for an entry of the
 // root ("a/b" -> "a", "b" -> ".", "/b" -> "/"). Pure string work.

@@ -2,10 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -71,6 +73,46 @@ TEST(FileUtilTest, DirectoryOf) {
   EXPECT_EQ(DirectoryOf("/x"), "/");
   EXPECT_EQ(DirectoryOf("x"), ".");
   EXPECT_EQ(DirectoryOf("a/b/"), "a/b");
+}
+
+TEST(FileUtilTest, ResolveBelowConfinesToTheRoots) {
+  const std::string base = MakeTempDir();
+  const std::string root = base + "/root";
+  ASSERT_EQ(::mkdir(root.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((root + "/sub").c_str(), 0755), 0);
+  for (const std::string& f : {root + "/sub/m.safetensors", base + "/outside"}) {
+    const int fd = ::open(f.c_str(), O_CREAT | O_WRONLY, 0644);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+  }
+  ASSERT_EQ(::symlink((base + "/outside").c_str(), (root + "/escape").c_str()), 0);
+  ASSERT_EQ(::symlink((root + "/sub").c_str(), (base + "/inward").c_str()), 0);
+  const std::vector<std::string> roots = {root};
+  // No roots: unchanged.
+  EXPECT_EQ(*ResolveBelow({}, "/etc/passwd", "--model_root"), "/etc/passwd");
+  absl::StatusOr<std::string> ok = ResolveBelow(roots, root + "/sub/../sub/m.safetensors", "--x");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, root + "/sub/m.safetensors");
+  EXPECT_EQ(*ResolveBelow(roots, "sub/m.safetensors", "--x"), root + "/sub/m.safetensors")
+      << "relative to the first root";
+  EXPECT_TRUE(ResolveBelow(roots, base + "/inward/m.safetensors", "--x").ok())
+      << "a symlink from outside that resolves inside is fine";
+  for (const std::string& bad : {std::string("/etc/passwd"), root + "/../outside",
+                                 root + "/escape", std::string("../outside"), root + "x"}) {
+    absl::StatusOr<std::string> r = ResolveBelow(roots, bad, "--model_root");
+    EXPECT_TRUE(r.status().code() == absl::StatusCode::kPermissionDenied ||
+                r.status().code() == absl::StatusCode::kNotFound)
+        << bad << ": " << r.status();
+    if (r.status().code() == absl::StatusCode::kPermissionDenied) {
+      EXPECT_NE(r.status().message().find("--model_root"), std::string::npos) << r.status();
+    }
+  }
+  EXPECT_EQ(ResolveBelow(roots, "/etc/passwd", "--x").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ResolveBelow(roots, root + "/missing", "--x").status().code(),
+            absl::StatusCode::kNotFound);
+  // A second root (e.g. --checkpoint_dir).
+  EXPECT_TRUE(ResolveBelow({root, base}, base + "/outside", "--x").ok());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/store.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "proto/paramd.grpc.pb.h"
@@ -249,35 +250,87 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         });
   }
 
+  // A report moves the committed version only for a version that daemon
+  // really published: a new one is confirmed by asking the daemon itself
+  // (GetStats on the address it joined with) before it counts, so a forged
+  // report (member ids are listed by GetStatus) cannot commit a version no
+  // daemon holds. Reports of versions already known change nothing.
   grpc::ServerUnaryReactor* ReportVersion(grpc::CallbackServerContext* context,
                                           const rpc::ReportVersionRequest* request,
                                           rpc::ReportVersionResponse* response) override {
-    bool advanced = false;
+    const int rank = request->daemon_rank();
+    const int64_t version = request->published_version();
+    struct Confirm {
+      grpc::ClientContext context;
+      rpc::GetStatsRequest request;
+      rpc::GetStatsResponse response;
+    };
+    auto confirm = std::make_shared<Confirm>();
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    auto finish = [reactor](const absl::Status& s) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    };
+    std::shared_ptr<rpc::Daemon::Stub> stub;
     {
       absl::MutexLock lock(&mu_);
-      const int rank = request->daemon_rank();
       if (rank < 0 || rank >= table_.size() || !table_.slot(rank).joined ||
           (!request->member_id().empty() &&
            request->member_id() != table_.slot(rank).member.member_id())) {
-        return Done(context, absl::FailedPreconditionError(absl::StrCat(
-                                 "ReportVersion from unknown daemon rank ", rank)));
+        return finish(absl::FailedPreconditionError(
+            absl::StrCat("ReportVersion from unknown daemon rank ", rank)));
       }
       // A step that ended before a rewind reports a version of the old
       // epoch: not part of the recovered history.
       if (request->recovery_epoch() < recovery_epoch_) {
         response->set_committed_version(committed_);
-        return Done(context, absl::OkStatus());
+        return finish(absl::OkStatus());
       }
-      table_.slot(rank).published = request->published_version();
-      table_.slot(rank).last_step_seconds = request->step_seconds();
-      if (!recovering_) advanced = RecomputeCommittedLocked();
-      response->set_committed_version(committed_);
+      if (version < 0) {
+        return finish(
+            absl::InvalidArgumentError(absl::StrCat("ReportVersion of version ", version)));
+      }
+      if (version == table_.slot(rank).published) {
+        response->set_committed_version(committed_);
+        return finish(absl::OkStatus());
+      }
+      stub = stubs_[rank];  // held by the callback: a rejoin may replace it
     }
-    if (advanced) {
-      version_waiters_.WakeAll();
-      if (options_.on_commit) options_.on_commit(committed_version());
-    }
-    return Done(context, absl::OkStatus());
+    confirm->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.daemon_call_timeout));
+    stub->async()->GetStats(
+          &confirm->context, &confirm->request, &confirm->response,
+          [this, confirm, stub, finish, rank, version, seconds = request->step_seconds(),
+           epoch = request->recovery_epoch(), response](grpc::Status s) {
+            bool advanced = false;
+            absl::Status result;
+            {
+              absl::MutexLock lock(&mu_);
+              const rpc::DaemonStats& stats = confirm->response.stats();
+              if (!s.ok()) {
+                result = absl::UnavailableError(absl::StrCat(
+                    "cannot confirm version ", version, " with daemon rank ", rank, ": ",
+                    s.error_message()));
+              } else if (stats.rank() != rank || stats.published_version() < version ||
+                         // Backwards (a rewind): only to what it publishes now.
+                         (version < table_.slot(rank).published &&
+                          stats.published_version() != version)) {
+                result = absl::FailedPreconditionError(absl::StrCat(
+                    "daemon rank ", rank, " has not published version ", version,
+                    " (it publishes ", stats.published_version(), "); report refused"));
+              } else if (epoch >= recovery_epoch_) {
+                table_.slot(rank).published = version;
+                table_.slot(rank).last_step_seconds = seconds;
+                if (!recovering_) advanced = RecomputeCommittedLocked();
+              }
+              response->set_committed_version(committed_);
+            }
+            if (advanced) {
+              version_waiters_.WakeAll();
+              if (options_.on_commit) options_.on_commit(committed_version());
+            }
+            finish(result);
+          });
+    return reactor;  // finished by the confirmation's callback
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
@@ -686,6 +739,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
                        safetensors::SafetensorsFile::Open(request.safetensors_path(),
                                                           options_.limits.max_tensor_name_bytes));
+      // (request.safetensors_path() is already resolved below --model_root:
+      // ConfineLoadPaths.)
       for (const safetensors::TensorInfo& t : file.tensors()) {
         rpc::TensorDecl d;
         d.set_name(t.name);
@@ -804,13 +859,35 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     manifest.set_expected_pushers(options_.expected_pushers);
     manifest.set_optimizer(options_.optimizer_name);
+    RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
     manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
     return manifest;
   }
 
   using LoadDone = std::function<void(absl::Status, const rpc::LoadResponse&)>;
 
-  void StartLoad(const rpc::LoadRequest& request, LoadDone done) {
+  // The Load's file paths resolved below the trusted roots (no "..",
+  // no symlink out); the daemons get the resolved paths.
+  absl::StatusOr<rpc::LoadRequest> ConfineLoadPaths(rpc::LoadRequest request) const {
+    const std::vector<std::string>& roots = options_.limits.file_roots;
+    if (!request.safetensors_path().empty()) {
+      ASSIGN_OR_RETURN(*request.mutable_safetensors_path(),
+                       ResolveBelow(roots, request.safetensors_path(), "--model_root"));
+    }
+    if (!request.checkpoint_path().empty()) {
+      ASSIGN_OR_RETURN(*request.mutable_checkpoint_path(),
+                       ResolveBelow(roots, request.checkpoint_path(), "--model_root"));
+    }
+    return request;
+  }
+
+  void StartLoad(const rpc::LoadRequest& original, LoadDone done) {
+    absl::StatusOr<rpc::LoadRequest> confined = ConfineLoadPaths(original);
+    if (!confined.ok()) {
+      done(confined.status(), rpc::LoadResponse());
+      return;
+    }
+    const rpc::LoadRequest& request = *confined;
     {
       absl::MutexLock lock(&mu_);
       absl::Status s;

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/telemetry.h"
@@ -249,8 +250,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     auto shared_view = std::make_shared<const ModelView>(*std::move(view));
     LoadSource source;
-    source.safetensors_path = request->safetensors_path();
-    source.checkpoint_path = request->checkpoint_path();
+    for (auto [in, out] : {std::pair{&request->safetensors_path(), &source.safetensors_path},
+                           std::pair{&request->checkpoint_path(), &source.checkpoint_path}}) {
+      if (in->empty()) continue;
+      absl::StatusOr<std::string> resolved =
+          ResolveBelow(options_.limits.file_roots, *in, "--model_root");
+      if (!resolved.ok()) {
+        reactor->Finish(ToGrpcStatus(resolved.status()));
+        return reactor;
+      }
+      *out = *std::move(resolved);
+    }
     source.checkpoint_version = request->checkpoint_version();
     worker_.Post([this, shared_view, source, pushers = request->expected_pushers(), reactor,
                   response] {
@@ -427,6 +437,21 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   WaitList* publish_waiters() { return &publish_waiters_; }
   int64_t default_chunk_bytes() const { return options_.default_chunk_bytes; }
   const RequestLimits& limits() const { return options_.limits; }
+
+  // Fetches parked (waiting for an unpublished version) per client host:
+  // false when `client` already has the limit parked here.
+  bool Park(const std::string& client) {
+    absl::MutexLock lock(&parked_mu_);
+    int64_t& n = parked_[client];
+    if (n >= options_.limits.max_parked_fetches_per_client) return false;
+    ++n;
+    return true;
+  }
+  void Unpark(const std::string& client) {
+    absl::MutexLock lock(&parked_mu_);
+    auto it = parked_.find(client);
+    if (it != parked_.end() && --it->second <= 0) parked_.erase(it);
+  }
   void AddServed(Direction d, int64_t bytes) {
     bytes_served_[d == Direction::kRowwise ? 0 : 1].fetch_add(bytes);
   }
@@ -576,6 +601,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (stepping_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "version ", version, " is being stepped; push for version ", version + 1, " later"));
+    }
+    if (static_cast<int64_t>(pushers_.size()) >= options_.limits.max_pushers_per_version) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "version ", version, " already has ", pushers_.size(),
+          " pushers on this daemon: the limit (--max_pushers_per_version)"));
     }
     if (expected_pushers_ > 0 && static_cast<int>(pushers_.size()) >= expected_pushers_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1231,6 +1261,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<ChannelState>> channels_ ABSL_GUARDED_BY(mu_);
   Worker reaper_;  // destroys closed channels
+
+  absl::Mutex parked_mu_;
+  std::map<std::string, int64_t> parked_ ABSL_GUARDED_BY(parked_mu_);
 };
 
 namespace {
@@ -1367,8 +1400,14 @@ class WeightsReactor
 // versions never changes the bytes being streamed.
 class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
  public:
-  FetchReactor(Daemon::Impl* daemon, const rpc::FetchRequest& request)
-      : WaitingWriter(daemon->publish_waiters()), daemon_(daemon), request_(request) {}
+  FetchReactor(Daemon::Impl* daemon, const rpc::FetchRequest& request, std::string client)
+      : WaitingWriter(daemon->publish_waiters()),
+        daemon_(daemon),
+        request_(request),
+        client_(std::move(client)) {}
+  ~FetchReactor() override {
+    if (parked_) daemon_->Unpark(client_);
+  }
 
  private:
   struct Segment {
@@ -1391,8 +1430,23 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     // Registers before resolving so that a publish in between still wakes us.
     RegisterLocked();
     absl::StatusOr<Daemon::Impl::FetchTarget> target = daemon_->ResolveFetch(request_.version());
-    if (target.ok() && target->version == nullptr) return;  // wait for a publish
+    if (target.ok() && target->version == nullptr) {  // wait for a publish
+      if (!parked_ && !daemon_->Park(client_)) {
+        UnregisterLocked();
+        started_ = true;
+        FinishLocked(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+            "too many fetches of unpublished versions waiting from ", client_,
+            " (--max_parked_fetches_per_client)"))));
+        return;
+      }
+      parked_ = true;
+      return;
+    }
     UnregisterLocked();
+    if (parked_) {
+      daemon_->Unpark(client_);
+      parked_ = false;
+    }
     started_ = true;
     absl::Status s = target.ok() ? BuildPlan(*target) : target.status();
     if (!s.ok()) {
@@ -1506,6 +1560,8 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
   Daemon::Impl* const daemon_;
   const rpc::FetchRequest request_;
+  const std::string client_;  // the client's host, for the parked-fetch limit
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;  // counted by Daemon::Impl::Park
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const PublishedVersion> version_ ABSL_GUARDED_BY(mu_);
   rpc::FetchResponse plan_message_ ABSL_GUARDED_BY(mu_);
@@ -1526,9 +1582,15 @@ grpc::ServerReadReactor<rpc::PushGradientsRequest>* Daemon::Impl::PushGradients(
   return reactor;
 }
 
+// "ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1": limits are per client host.
+std::string ClientHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos || colon < 5 ? peer : peer.substr(0, colon);
+}
+
 grpc::ServerWriteReactor<rpc::FetchResponse>* Daemon::Impl::Fetch(
-    grpc::CallbackServerContext* /*context*/, const rpc::FetchRequest* request) {
-  auto* reactor = new FetchReactor(this, *request);
+    grpc::CallbackServerContext* context, const rpc::FetchRequest* request) {
+  auto* reactor = new FetchReactor(this, *request, ClientHost(context->peer()));
   reactor->Begin();
   return reactor;
 }

@@ -7,6 +7,7 @@
 //
 // Flags live here only; the libraries take Options structs.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -132,6 +133,18 @@ ABSL_FLAG(int64_t, max_tensor_name_bytes, paramd::kDefaultMaxTensorNameBytes,
 ABSL_FLAG(int64_t, max_tensors, 100000, "most tensors one model may have");
 ABSL_FLAG(int64_t, min_chunk_bytes, 4096,
           "daemon: smallest Fetch max_chunk_bytes accepted (0 there = --chunk_bytes)");
+ABSL_FLAG(std::string, model_root, "",
+          "read model files (Load's safetensors and checkpoint paths, LoadShards' paths) only "
+          "from below this directory (and --checkpoint_dir), after resolving '..' and "
+          "symlinks; set the same on every process. Empty = any path the process can read");
+ABSL_FLAG(int64_t, max_pushers_per_version, 4096,
+          "daemon: most distinct pushers counted for one version");
+ABSL_FLAG(int64_t, memory_budget_bytes, 0,
+          "host bytes one daemon's shards may need (estimated: FP32 master, gradient, AdamW "
+          "state and two published versions); a Load or LoadShards over it is refused. 0 = on "
+          "a daemon, 90% of the machine's physical memory; on a coordinator, no check");
+ABSL_FLAG(int64_t, max_parked_fetches_per_client, 256,
+          "daemon: most Fetch calls of one client host waiting for an unpublished version");
 
 namespace paramd {
 namespace {
@@ -175,16 +188,38 @@ absl::Status Run() {
   limits.max_tensor_name_bytes = absl::GetFlag(FLAGS_max_tensor_name_bytes);
   limits.max_tensors = absl::GetFlag(FLAGS_max_tensors);
   limits.min_chunk_bytes = absl::GetFlag(FLAGS_min_chunk_bytes);
-  if (limits.max_tensor_name_bytes < 1 || limits.max_tensors < 1 || limits.min_chunk_bytes < 1) {
-    return absl::InvalidArgumentError(
-        "--max_tensor_name_bytes, --max_tensors and --min_chunk_bytes must be >= 1");
+  limits.max_pushers_per_version = absl::GetFlag(FLAGS_max_pushers_per_version);
+  limits.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  if (limits.memory_budget_bytes < 0) {
+    return absl::InvalidArgumentError("--memory_budget_bytes must be >= 0");
   }
+  limits.max_parked_fetches_per_client = absl::GetFlag(FLAGS_max_parked_fetches_per_client);
+  if (!absl::GetFlag(FLAGS_model_root).empty()) {
+    limits.file_roots.push_back(absl::GetFlag(FLAGS_model_root));
+    if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+      limits.file_roots.push_back(absl::GetFlag(FLAGS_checkpoint_dir));
+    }
+  }
+  if (limits.max_tensor_name_bytes < 1 || limits.max_tensors < 1 || limits.min_chunk_bytes < 1 ||
+      limits.max_pushers_per_version < 1 || limits.max_parked_fetches_per_client < 1) {
+    return absl::InvalidArgumentError(
+        "--max_tensor_name_bytes, --max_tensors, --min_chunk_bytes, --max_pushers_per_version "
+        "and --max_parked_fetches_per_client must be >= 1");
+  }
+
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < 4096 || max_message > (int64_t{1} << 31) - 1) {
     return absl::InvalidArgumentError("--max_message_bytes must be in [4096, 2^31-1]");
   }
   options.max_message_bytes = static_cast<int>(max_message);
   options.daemon.limits = limits;
+  if (options.daemon.limits.memory_budget_bytes == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) {
+      options.daemon.limits.memory_budget_bytes =
+          static_cast<int64_t>(static_cast<double>(pages) * static_cast<double>(page) * 0.9);
+    }
+  }
 
   CoordinatorOptions& c = options.coordinator;
   c.limits = limits;

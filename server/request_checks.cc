@@ -107,6 +107,77 @@ absl::Status CheckLoadShardsRequest(const rpc::LoadShardsRequest& request,
           "LoadShards: tensor ", QuoteForError(t.name(), 256), " has a bad shape"));
     }
   }
+  if (limits.memory_budget_bytes > 0) {
+    const int64_t need = EstimateDaemonBytes(m, request.daemon_rank());
+    if (need > limits.memory_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "LoadShards: the shards need about ", need, " bytes, more than this daemon's memory "
+          "budget of ", limits.memory_budget_bytes, " bytes (--memory_budget_bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Published bytes per element of one direction (rounded up, scales in).
+int64_t PublishedBytesPerElement(const rpc::QuantSpec& q) {
+  switch (q.format()) {
+    case rpc::FORMAT_IDENTITY_FP32:
+      return 4;
+    case rpc::FORMAT_IDENTITY_BF16:
+      return 2;
+    default:  // FP8 formats, MXFP8, NVFP4 (with their scales): at most ~1.07
+      return 2;
+  }
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+
+}  // namespace
+
+int64_t EstimateDaemonBytes(const rpc::Manifest& manifest, int rank) {
+  int64_t total = 0;
+  for (const rpc::ShardPiece& p : manifest.pieces()) {
+    if (p.daemon_rank() != rank || p.tensor_index() < 0 ||
+        p.tensor_index() >= manifest.tensors_size()) {
+      continue;
+    }
+    const rpc::TensorInfo& t = manifest.tensors(p.tensor_index());
+    const rpc::HybridSpec& spec = t.spec();
+    int64_t per_element = 16;  // master + gradient + two AdamW moments
+    if (!spec.has_rowwise_usage() || spec.rowwise_usage()) {
+      per_element += 2 * PublishedBytesPerElement(spec.rowwise());
+    }
+    if (!spec.has_columnwise_usage() || spec.columnwise_usage()) {
+      per_element += 2 * PublishedBytesPerElement(spec.columnwise());
+    }
+    const int64_t rows = p.row_end() - p.row_begin();
+    if (rows <= 0 || t.cols() <= 0) continue;
+    const int64_t limit = std::numeric_limits<int64_t>::max() / per_element;
+    const int64_t elements =
+        rows > limit / t.cols() ? limit : rows * t.cols();
+    total = SaturatingAdd(total, elements >= limit ? std::numeric_limits<int64_t>::max()
+                                                   : elements * per_element);
+  }
+  return total;
+}
+
+absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimits& limits) {
+  if (limits.memory_budget_bytes <= 0) return absl::OkStatus();
+  std::set<int> ranks;
+  for (const rpc::ShardPiece& p : manifest.pieces()) ranks.insert(p.daemon_rank());
+  for (int rank : ranks) {
+    const int64_t need = EstimateDaemonBytes(manifest, rank);
+    if (need > limits.memory_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the model needs about ", need, " bytes on daemon rank ", rank,
+          ", more than its memory budget of ", limits.memory_budget_bytes,
+          " bytes (--memory_budget_bytes)"));
+    }
+  }
   return absl::OkStatus();
 }
 

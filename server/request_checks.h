@@ -14,6 +14,7 @@
 #define PARAMD_SERVER_REQUEST_CHECKS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,7 +33,32 @@ struct RequestLimits {
   // --min_chunk_bytes: the smallest FetchRequest.max_chunk_bytes accepted
   // (0 still means the server's default).
   int64_t min_chunk_bytes = 4096;
+  // Files a request may name (a Load's safetensors or checkpoint path,
+  // LoadShards' paths) are read only from below one of these
+  // (common/file_util.h ResolveBelow; --model_root, plus --checkpoint_dir).
+  // Empty: no confinement (--model_root unset).
+  std::vector<std::string> file_roots;
+  // --max_pushers_per_version: distinct pushers one daemon counts for one
+  // version (matters with --expected_pushers=0, which sets no bound).
+  int64_t max_pushers_per_version = 4096;
+  // --max_parked_fetches_per_client: Fetch calls of one client address
+  // waiting on one daemon for a version not yet published.
+  int64_t max_parked_fetches_per_client = 256;
+  // --memory_budget_bytes: what one daemon's shards may need (estimated by
+  // EstimateDaemonBytes); 0 = no check.
+  int64_t memory_budget_bytes = 0;
 };
+
+// The host bytes daemon `rank` needs for its shards of `manifest`, by a
+// conservative estimate per parameter: FP32 master, gradient accumulator
+// and optimizer state (16 bytes, AdamW), plus two published versions of
+// each used direction (4 bytes FP32, 2 BF16, 1 FP8/MXFP8 and blockwise,
+// 1 NVFP4, scales included). Saturates instead of overflowing.
+int64_t EstimateDaemonBytes(const rpc::Manifest& manifest, int rank);
+
+// ResourceExhausted if some daemon of `manifest` (each rank that owns a
+// piece) would need more than limits.memory_budget_bytes.
+absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimits& limits);
 
 // Declared tensors (LoadRequest.tensors, or the header of the safetensors
 // file a Load names): count, names (unique, CheckTensorName), shapes (0 to

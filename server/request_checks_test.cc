@@ -1,5 +1,6 @@
 #include "server/request_checks.h"
 
+#include <limits>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -94,6 +95,39 @@ TEST(RequestChecks, DaemonStepFromANegativeVersionIsRefused) {
   EXPECT_TRUE(CheckDaemonStepRequest(r).ok());
   r.set_version(-1);
   EXPECT_EQ(CheckDaemonStepRequest(r).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestChecks, MemoryBudget) {
+  rpc::Manifest m;
+  rpc::TensorInfo* t = m.add_tensors();
+  t->set_name("w");
+  t->set_rows(1000);
+  t->set_cols(100);
+  t->mutable_spec()->mutable_rowwise()->set_format(rpc::FORMAT_IDENTITY_FP32);
+  t->mutable_spec()->mutable_columnwise()->set_format(rpc::FORMAT_FP8_CURRENT);
+  for (int rank = 0; rank < 2; ++rank) {
+    rpc::ShardPiece* p = m.add_pieces();
+    p->set_tensor("w");
+    p->set_row_begin(rank * 500);
+    p->set_row_end(rank * 500 + 500);
+    p->set_daemon_rank(rank);
+  }
+  // 50000 elements x (16 + 2 x 4 + 2 x 2) bytes each.
+  EXPECT_EQ(EstimateDaemonBytes(m, 0), 50000 * 28);
+  EXPECT_EQ(EstimateDaemonBytes(m, 2), 0);
+  RequestLimits limits;
+  EXPECT_TRUE(CheckMemoryBudget(m, limits).ok()) << "0 = no check";
+  limits.memory_budget_bytes = 50000 * 28;
+  EXPECT_TRUE(CheckMemoryBudget(m, limits).ok());
+  limits.memory_budget_bytes -= 1;
+  const absl::Status s = CheckMemoryBudget(m, limits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(s.message(), "--memory_budget_bytes")) << s;
+  // Overflow saturates instead of wrapping to a small number.
+  t->set_rows(int64_t{1} << 40);
+  t->set_cols(int64_t{1} << 40);
+  m.mutable_pieces(0)->set_row_end(int64_t{1} << 40);
+  EXPECT_EQ(EstimateDaemonBytes(m, 0), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace

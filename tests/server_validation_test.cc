@@ -2,7 +2,11 @@
 // coordinator + two daemon processes (issue 12, D1-D3) are refused with a
 // clear status, change nothing, and the cluster keeps serving. Each test
 // ends with a valid step whose result proves nothing refused was summed.
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -13,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -235,6 +240,332 @@ TEST_F(ServerValidationTest, StreamsWithoutAValidEndMarkerCountNothing) {
   EXPECT_EQ(Pushers(1), 0);
   EXPECT_EQ(Masters(0), before);
   ExpectValidStep(0, before);
+}
+
+
+// ---- D4: LoadShards ----
+
+TEST_F(ServerValidationTest, EmptyOrInvalidManifestLeavesTheModelLoaded) {
+  const Tensors before = Masters(0);
+  for (int rank = 0; rank < 2; ++rank) {
+    rpc::LoadShardsRequest request;  // empty manifest: used to wipe the model
+    request.set_daemon_rank(rank);
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::LoadShardsResponse response;
+    const grpc::Status s = cluster_->daemon(rank).LoadShards(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  EXPECT_EQ(Masters(0), before);
+  ExpectValidStep(0, before);
+}
+
+// ---- D5: ReportVersion ----
+
+TEST_F(ServerValidationTest, ForgedReportVersionIsRefusedAndCommitsNothing) {
+  for (int rank = 0; rank < 2; ++rank) {
+    rpc::ReportVersionRequest request;
+    request.set_member_id(absl::StrCat("daemon-", rank));
+    request.set_daemon_rank(rank);
+    request.set_published_version(1);  // not published by anyone
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::ReportVersionResponse response;
+    const grpc::Status s = cluster_->coordinator().ReportVersion(&context, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
+  ASSERT_TRUE(cluster_->RefreshManifest().ok());
+  EXPECT_EQ(cluster_->manifest().committed_version(), 0) << "the committed version did not move";
+  for (const rpc::DaemonInfo& d : cluster_->manifest().daemons()) {
+    EXPECT_EQ(d.published_version(), 0);
+  }
+  ExpectValidStep(0, Masters(0));  // real reports still commit
+}
+
+// ---- D8: negative versions, tiny chunks, ExportRows, GetStatus ----
+
+TEST_F(ServerValidationTest, NegativeVersionsAndTinyChunksAreRefused) {
+  const Tensors before = Masters(0);
+  FetchedPieces got;
+  rpc::FetchRequest fetch;
+  fetch.set_version(-7);
+  grpc::Status s = cluster_->FetchFrom(0, fetch, absl::Seconds(5), &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  fetch.set_version(-1);  // the documented "latest"
+  EXPECT_TRUE(cluster_->FetchFrom(0, fetch, absl::Seconds(5), &got).ok());
+  fetch.set_version(0);
+  fetch.set_max_chunk_bytes(1);
+  s = cluster_->FetchFrom(0, fetch, absl::Seconds(5), &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--min_chunk_bytes")) << s.error_message();
+  {
+    rpc::DaemonStepRequest step;
+    step.set_version(-1);
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    rpc::DaemonStepResponse response;
+    s = cluster_->daemon(0).Step(&context, step, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  {  // A bad checkpoint_dir is refused even when the daemon holds the version.
+    auto stub = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
+        cluster_->manifest().daemons(0).address(), grpc::InsecureChannelCredentials()));
+    checkpoint::ExportRowsRequest request;
+    request.set_version(0);
+    request.set_tensor("w");
+    request.set_row_begin(0);
+    request.set_row_end(1);
+    request.set_cols(kCols);
+    request.set_checkpoint_dir("../../etc");
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    auto reader = stub->ExportRows(&context, request);
+    checkpoint::ExportRowsChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  EXPECT_EQ(Pushers(0), 0);
+  EXPECT_EQ(Masters(0), before);
+  ExpectValidStep(0, before);
+}
+
+TEST_F(ServerValidationTest, GetStatusAnswersQuicklyWithAStoppedDaemon) {
+  // The process started first; find its rank by port.
+  const std::string address = absl::StrCat("127.0.0.1:", cluster_->cluster().daemon_port(0));
+  int stopped = -1;
+  for (const rpc::DaemonInfo& d : cluster_->manifest().daemons()) {
+    if (d.address() == address) stopped = d.rank();
+  }
+  ASSERT_GE(stopped, 0);
+  cluster_->cluster().SignalDaemon(0, SIGSTOP);
+  const absl::Time start = absl::Now();
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(20));
+  rpc::GetStatusResponse response;
+  const grpc::Status s =
+      cluster_->coordinator().GetStatus(&context, rpc::GetStatusRequest(), &response);
+  const absl::Duration took = absl::Now() - start;
+  cluster_->cluster().SignalDaemon(0, SIGCONT);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(took, absl::Seconds(4)) << "the daemon call timeout is 10 s";
+  ASSERT_EQ(response.daemons_size(), 2);
+  EXPECT_TRUE(absl::StrContains(response.daemons(stopped).error(), "unreachable"))
+      << response.daemons(stopped).DebugString();
+  EXPECT_TRUE(response.daemons(1 - stopped).error().empty())
+      << response.daemons(1 - stopped).DebugString();
+}
+
+// ---- D6: Load without --model_root never echoes file contents ----
+
+TEST_F(ServerValidationTest, LoadOfANonModelFileDoesNotShowItsBytes) {
+  const std::string secret = cluster_->cluster().dir() + "/passwd";
+  {
+    std::ofstream f(secret);
+    f << "root:x:0:0:root:/root:/bin/bash\nsecret-token-123\n";
+  }
+  absl::StatusOr<int64_t> v = cluster_->Load(secret, kRecipe);
+  ASSERT_FALSE(v.ok());
+  EXPECT_EQ(v.status().message().find("root:x"), absl::string_view::npos) << v.status();
+  uint64_t as_number = 0;
+  std::memcpy(&as_number, "root:x:0", 8);
+  EXPECT_EQ(v.status().message().find(absl::StrCat(as_number)), absl::string_view::npos)
+      << v.status();
+  ASSERT_TRUE(cluster_->Load(model_, kRecipe).ok());
+}
+
+// ---- D6 + D4 paths: --model_root confines every file a request names ----
+
+TEST(ModelRootTest, LoadAndLoadShardsReadOnlyBelowTheRoot) {
+  const std::string base = absl::StrCat(::testing::TempDir(), "/model_root_test_", getpid());
+  const std::string root = base + "/models";
+  std::filesystem::create_directories(root);
+  TestClusterOptions options = TwoDaemonSgd(kLr);
+  options.coordinator_flags = {"--model_root=" + root};
+  options.daemon_flags = {"--model_root=" + root};
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& cluster = **c;
+  const std::vector<TestTensor> tensors = {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 1)}};
+  ASSERT_TRUE(WriteModel(root + "/m.safetensors", tensors).ok());
+  ASSERT_TRUE(WriteModel(base + "/outside.safetensors", tensors).ok());
+  std::filesystem::create_symlink(base + "/outside.safetensors", root + "/link.safetensors");
+  ASSERT_TRUE(cluster.Load(root + "/m.safetensors", kRecipe).ok()) << cluster.cluster().Logs();
+  ASSERT_TRUE(cluster.Load("m.safetensors", kRecipe).ok()) << "relative to the root";
+  for (const std::string& path :
+       {std::string("/etc/passwd"), base + "/outside.safetensors",
+        root + "/../outside.safetensors", root + "/link.safetensors"}) {
+    absl::StatusOr<int64_t> v = cluster.Load(path, kRecipe);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kPermissionDenied) << path << ": " << v.status();
+    EXPECT_TRUE(absl::StrContains(v.status().message(), "--model_root")) << v.status();
+    EXPECT_EQ(v.status().message().find("root:x"), absl::string_view::npos) << v.status();
+  }
+  // Straight to a daemon: its own --model_root.
+  rpc::LoadShardsRequest request;
+  *request.mutable_manifest() = cluster.manifest();
+  request.set_daemon_rank(0);
+  request.set_safetensors_path("/etc/passwd");
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::LoadShardsResponse response;
+  const grpc::Status s = cluster.daemon(0).LoadShards(&context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  // Still serving the loaded model.
+  EXPECT_TRUE(cluster.Fp32Masters(0, {"w"}).ok());
+  std::filesystem::remove_all(base);
+}
+
+// ---- Limits ----
+
+class LimitsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    TestClusterOptions options = TwoDaemonSgd(kLr);
+    options.expected_pushers = 0;  // admin steps only: no bound from expected_pushers
+    options.coordinator_flags = {"--max_tensors=3", "--max_tensor_name_bytes=16",
+                                 "--memory_budget_bytes=67108864"};
+    options.daemon_flags = {"--max_pushers_per_version=2", "--max_parked_fetches_per_client=2",
+                            "--memory_budget_bytes=67108864"};
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+    const std::string model = cluster_->cluster().dir() + "/model.safetensors";
+    ASSERT_TRUE(WriteModel(model, {{"w", {kRows, kCols}, RandomValues(kRows * kCols, 1)}}).ok());
+    ASSERT_TRUE(cluster_->Load(model, kRecipe).ok()) << cluster_->cluster().Logs();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void TearDown() override {
+    if (HasFailure() && cluster_ != nullptr) ADD_FAILURE() << cluster_->cluster().Logs();
+  }
+  static int64_t Version() {
+    absl::StatusOr<rpc::DaemonStats> stats = cluster_->Stats(0);
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? stats->published_version() : -1;
+  }
+  // Admin step from the committed version; returns the new one.
+  static int64_t AdminStep() {
+    const int64_t from = Version();
+    rpc::StepRequest request;
+    request.set_version(from);
+    request.set_wait(true);
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(20));
+    rpc::StepResponse response;
+    const grpc::Status s = cluster_->coordinator().Step(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.committed_version();
+  }
+  static RawCluster* cluster_;
+};
+
+RawCluster* LimitsTest::cluster_ = nullptr;
+
+TEST_F(LimitsTest, TensorCountAndNameLength) {
+  rpc::LoadRequest request;
+  for (const char* name : {"a", "b", "c", "d"}) {
+    rpc::TensorDecl* d = request.add_tensors();
+    d->set_name(name);
+    d->add_shape(4);
+  }
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::LoadResponse response;
+  grpc::Status s = cluster_->coordinator().Load(&context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max_tensors")) << s.error_message();
+  request.clear_tensors();
+  rpc::TensorDecl* d = request.add_tensors();
+  d->set_name(std::string(17, 'n'));
+  d->add_shape(4);
+  grpc::ClientContext context2;
+  SetDeadline(context2, absl::Seconds(10));
+  s = cluster_->coordinator().Load(&context2, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "limit of 16 bytes")) << s.error_message();
+  EXPECT_GT(AdminStep(), 0) << "the loaded model still steps";
+}
+
+// The audit's 32768 x 4096 declared tensor (RSS 175 -> 700 MB per daemon).
+TEST_F(LimitsTest, DeclaredModelOverTheMemoryBudget) {
+  rpc::LoadRequest request;
+  rpc::TensorDecl* d = request.add_tensors();
+  d->set_name("huge");
+  d->add_shape(32768);
+  d->add_shape(4096);
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::LoadResponse response;
+  grpc::Status s = cluster_->coordinator().Load(&context, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--memory_budget_bytes")) << s.error_message();
+  // Straight to a daemon (its own budget).
+  rpc::LoadShardsRequest shards;
+  rpc::TensorInfo* t = shards.mutable_manifest()->add_tensors();
+  t->set_name("huge");
+  t->set_rows(32768);
+  t->set_cols(4096);
+  rpc::ShardPiece* p = shards.mutable_manifest()->add_pieces();
+  p->set_tensor("huge");
+  p->set_row_begin(0);
+  p->set_row_end(32768);
+  grpc::ClientContext context2;
+  SetDeadline(context2, absl::Seconds(10));
+  rpc::LoadShardsResponse shards_response;
+  s = cluster_->daemon(0).LoadShards(&context2, shards, &shards_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_GT(AdminStep(), 0) << "the loaded model still steps";
+}
+
+TEST_F(LimitsTest, PushersPerVersion) {
+  const int64_t v = Version();
+  const std::vector<float> g(kRows * kCols, 0.25f);
+  for (const char* pusher : {"p1", "p2"}) {
+    ASSERT_TRUE(cluster_->PushAll(v, pusher, {{"w", g}}).ok()) << pusher;
+  }
+  const absl::Status third = cluster_->PushAll(v, "p3", {{"w", g}});
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_TRUE(absl::StrContains(third.message(), "--max_pushers_per_version")) << third;
+  EXPECT_EQ(AdminStep(), v + 1) << "the daemon keeps serving";
+  ASSERT_TRUE(cluster_->PushAll(v + 1, "p3", {{"w", g}}).ok()) << "a new version starts afresh";
+}
+
+TEST_F(LimitsTest, ParkedFetchesPerClient) {
+  const int64_t ahead = Version() + 5;  // not published for a while
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<rpc::FetchResponse>>> parked;
+  rpc::FetchRequest request;
+  request.set_version(ahead);
+  for (int i = 0; i < 2; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(*contexts.back(), absl::Seconds(20));
+    parked.push_back(cluster_->daemon(0).Fetch(contexts.back().get(), request));
+  }
+  // The third waits for nothing: refused at once (the first two park).
+  absl::Time give_up = absl::Now() + absl::Seconds(10);
+  grpc::Status s;
+  for (;;) {
+    FetchedPieces got;
+    s = cluster_->FetchFrom(0, request, absl::Seconds(3), &got);
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED || absl::Now() > give_up) break;
+  }
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--max_parked_fetches_per_client"))
+      << s.error_message();
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& r : parked) r->Finish();
+  absl::SleepFor(absl::Milliseconds(300));  // the cancelled calls finish on the daemon
+  // Cancelled fetches no longer count: a fetch of the latest version works
+  // and one more may park again (answered by the deadline).
+  FetchedPieces got;
+  rpc::FetchRequest latest;
+  latest.set_version(-1);
+  EXPECT_TRUE(cluster_->FetchFrom(0, latest, absl::Seconds(5), &got).ok());
+  s = cluster_->FetchFrom(0, request, absl::Milliseconds(300), &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, runs every test that
-# needs no GPU, and (where nvcc exists) compiles the CUDA build too.
+# needs no GPU, runs each fuzz target for a few seconds (tools/fuzz.sh;
+# FUZZ_SECONDS=0 skips), and (where nvcc exists) compiles the CUDA build too.
 # Prints "N passed, N failed" last; exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,14 @@ source tools/bazel_quiet.sh
 log=$(mktemp)
 bazel_quiet test //... | tee "$log"
 rc=${PIPESTATUS[0]}
+
+fuzz_rc=0
+fuzz_seconds=${FUZZ_SECONDS:-5}
+if [ "$fuzz_seconds" -gt 0 ]; then
+  echo "== fuzz targets, ${fuzz_seconds}s each: tools/fuzz.sh"
+  bash tools/fuzz.sh --seconds "$fuzz_seconds"
+  fuzz_rc=$?
+fi
 
 cuda_rc=0
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
@@ -21,6 +30,7 @@ fi
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 [ "$cuda_rc" -ne 0 ] && failed=$((failed + 1)) && echo "CUDA build failed"
+[ "$fuzz_rc" -ne 0 ] && failed=$((failed + 1)) && echo "fuzzing failed"
 rm -f "$log"
 echo "$passed passed, $failed failed"
-[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ]
