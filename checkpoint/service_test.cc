@@ -4,6 +4,7 @@
 #include "checkpoint/service.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,7 +16,9 @@
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/export.h"
 #include "checkpoint/fake_daemon.h"
+#include "checkpoint/file_util.h"
 #include "checkpoint/remote_export.h"
+#include "checkpoint/store.h"
 #include "checkpoint/test_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -375,6 +378,41 @@ TEST_F(ServiceTest, ExportOfDequantizedDirection) {
   ASSERT_TRUE(bytes.ok());
   const auto want = testing::FakeRows(5, tensors_[2], "columnwise", 0, 129);
   EXPECT_EQ(std::memcmp(bytes->data(), want.data(), want.size() * 4), 0);
+}
+
+// D9: a daemon's start removes the temporary files killed writers left in
+// complete checkpoints, at the root and in request dirs below it.
+TEST(ServiceOptionsTest, StartRemovesStaleTempFilesOfKilledWriters) {
+  const std::string root = testing::MakeTestDir("sweep");
+  auto tensors = testing::FakeTensors({{8, 8}});
+  auto top = CheckpointStore::Open(root, true);
+  auto below = CheckpointStore::OpenUnder(root, "run1", true);
+  ASSERT_TRUE(top.ok() && below.ok());
+  ASSERT_TRUE(testing::WriteFakeCheckpoint(*top, 2, 2, tensors, 1).ok());
+  ASSERT_TRUE(testing::WriteFakeCheckpoint(*below, 3, 3, tensors, 1).ok());
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  int status = 0;
+  waitpid(dead, &status, 0);
+  const std::string stale_top =
+      absl::StrCat(top->VersionDir(2), "/.shard-00000-of-00001.ckpt.tmp-", dead, "-0");
+  const std::string stale_below =
+      absl::StrCat(below->VersionDir(3), "/.shard-00000-of-00001.ckpt.tmp-", dead, "-1");
+  const std::string live =
+      absl::StrCat(below->VersionDir(3), "/.shard-00000-of-00001.ckpt.tmp-", getpid(), "-2");
+  for (const std::string& f : {stale_top, stale_below, live}) {
+    ASSERT_TRUE(CreateExclusive(f).ok()) << f;
+  }
+  FakeDaemon daemon(tensors, testing::SimplePlan(tensors, 1)[0], 1);
+  CheckpointServiceOptions options;
+  options.root = root;
+  auto service = CheckpointDaemonService::Create(options, &daemon);
+  ASSERT_TRUE(service.ok()) << service.status();
+  EXPECT_FALSE(Exists(stale_top));
+  EXPECT_FALSE(Exists(stale_below));
+  EXPECT_TRUE(Exists(live)) << "a live writer's file stays";
+  EXPECT_TRUE(top->Verify(2).ok());
+  EXPECT_TRUE(below->Verify(3).ok());
 }
 
 TEST(ServiceOptionsTest, NoRootMeansRefused) {
