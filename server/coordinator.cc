@@ -360,12 +360,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     std::vector<int> ranks;  // of `stubs`: joined daemons that are not DOWN
     {
       absl::MutexLock lock(&mu_);
-      const absl::Time now = absl::Now();
       response->set_committed_version(committed_);
       response->set_expected_daemons(options_.expected_daemons);
       response->set_expected_pushers(options_.expected_pushers);
-      for (rpc::Member& m : table_.Members(now)) *response->add_members() = std::move(m);
-      for (const rpc::Member& m : others_) *response->add_members() = m;
       *response->mutable_manifest() = ManifestLocked(request->include_shards());
       *response->mutable_recovery() = recovery_;
       response->mutable_recovery()->set_epoch(recovery_epoch_);
@@ -391,6 +388,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         },
         [this, reactor, response, ranks](auto& calls) {
           absl::MutexLock lock(&mu_);
+          // Members as of the answer (a lease may have expired meanwhile).
+          for (rpc::Member& m : table_.Members(absl::Now())) {
+            *response->add_members() = std::move(m);
+          }
+          for (const rpc::Member& m : others_) *response->add_members() = m;
           size_t next = 0;
           for (int r = 0; r < table_.size(); ++r) {
             const DaemonSlot& slot = table_.slot(r);

@@ -13,7 +13,12 @@
 //   restored from the same checkpoint and given the same pushes.
 #include <signal.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <random>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -356,6 +361,29 @@ std::vector<std::vector<float>> SavedState(const std::string& root, int64_t vers
   return out;
 }
 
+// Checkpoint 6 in `root` (3 pushed steps after the rewind to 3) against a
+// cluster restored from checkpoint 3 of `root` and given the same pushes:
+// every master and moment byte for byte.
+void ExpectSameAsRestoredReplay(const std::string& root) {
+  auto reference = RecoveryCluster::Start(root, 3);
+  ASSERT_NE(reference, nullptr);
+  ASSERT_TRUE(reference->client->WaitForVersion(3, absl::Seconds(30)).ok())
+      << reference->cluster->Logs();
+  ASSERT_TRUE(reference->client->RefreshManifest().ok());
+  for (int64_t v = 3; v < 6; ++v) {
+    ASSERT_TRUE(reference->Push(v).ok()) << reference->cluster->Logs();
+  }
+  ASSERT_TRUE(reference->Checkpoint().ok());
+  const auto got = SavedState(root, 6);
+  const auto want = SavedState(reference->ckpt(), 6);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_FALSE(got.empty());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), want[i].size());
+    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4), 0) << "array " << i;
+  }
+}
+
 TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForByte) {
   auto c = RecoveryCluster::Start();
   ASSERT_NE(c, nullptr);
@@ -393,21 +421,65 @@ TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForBy
               absl::ToDoubleSeconds(absl::Now() - killed));
   ASSERT_TRUE(c->Checkpoint().ok());  // version 6
 
-  // A cluster restored from checkpoint 3 and given the same pushes.
-  auto reference = RecoveryCluster::Start(c->ckpt(), 3);
-  ASSERT_NE(reference, nullptr);
-  ASSERT_TRUE(reference->client->WaitForVersion(3, absl::Seconds(30)).ok())
-      << reference->cluster->Logs();
-  ASSERT_TRUE(reference->client->RefreshManifest().ok());
-  for (v = 3; v < 6; ++v) ASSERT_TRUE(reference->Push(v).ok()) << reference->cluster->Logs();
-  ASSERT_TRUE(reference->Checkpoint().ok());
-  const auto got = SavedState(c->ckpt(), 6);
-  const auto want = SavedState(reference->ckpt(), 6);
-  ASSERT_EQ(got.size(), want.size());
-  ASSERT_FALSE(got.empty());
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].size(), want[i].size());
-    EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4), 0) << "array " << i;
+  ExpectSameAsRestoredReplay(c->ckpt());
+}
+
+int EnvInt(const char* name, int fallback) {
+  const char* value = getenv(name);
+  return value != nullptr ? atoi(value) : fallback;
+}
+
+// RECOVERY_KILL_TRIALS (default 2; `RECOVERY_KILL_TRIALS=20 bazel test
+// //tests:recovery_test --test_env=RECOVERY_KILL_TRIALS` for the full run)
+// trials: a pusher steps the cluster continuously from checkpoint 3 while
+// rank 1 is SIGKILLed after a random delay (0-400 ms: during a push, a
+// step or a fetch of the published version); a replacement joins, the
+// cluster rewinds to 3, and 3 pushed steps from it give the masters of a
+// cluster restored from checkpoint 3 and given the same pushes.
+TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
+  const int trials = EnvInt("RECOVERY_KILL_TRIALS", 2);
+  std::mt19937 rng(static_cast<uint32_t>(EnvInt("RECOVERY_KILL_SEED", time(nullptr))));
+  for (int trial = 0; trial < trials; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    auto c = RecoveryCluster::Start();
+    ASSERT_NE(c, nullptr);
+    for (int64_t v = 0; v < 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+    ASSERT_TRUE(c->Checkpoint().ok());
+    std::atomic<bool> stop{false};
+    std::thread pusher([&] {
+      // Pushes and fetches until the kill makes a call fail.
+      for (int64_t v = 3; !stop.load(); ++v) {
+        if (!c->client->Fetch(v, client::AllTargets(c->client->manifest(),
+                                                    {Direction::kRowwise}))
+                 .ok()) {
+          return;
+        }
+        if (!c->Push(v).ok()) return;
+      }
+    });
+    const int delay_ms = std::uniform_int_distribution<int>(0, 400)(rng);
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    const int victim = c->ProcessOfRank(1);
+    ASSERT_GE(victim, 0);
+    c->cluster->KillDaemon(victim);
+    ASSERT_TRUE(c->cluster->StartDaemon({"--rank=1", "--checkpoint_dir=" + c->ckpt()}).ok());
+    stop = true;
+    pusher.join();
+    const absl::Time start = absl::Now();
+    while (c->Status().recovery().epoch() < 1 && absl::Now() - start < absl::Seconds(30)) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    const rpc::GetStatusResponse status = c->Status();
+    ASSERT_EQ(status.recovery().epoch(), 1) << c->cluster->Logs();
+    ASSERT_EQ(status.committed_version(), 3) << "killed after " << delay_ms << " ms";
+    absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(3, absl::Seconds(10));
+    ASSERT_TRUE(info.ok()) << info.status();
+    ASSERT_TRUE(c->client->RefreshManifest().ok());
+    for (int64_t v = 3; v < 6; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+    ASSERT_TRUE(c->Checkpoint().ok());
+
+    SCOPED_TRACE(absl::StrCat("killed after ", delay_ms, " ms"));
+    ExpectSameAsRestoredReplay(c->ckpt());
   }
 }
 
