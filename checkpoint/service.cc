@@ -1,6 +1,7 @@
 #include "checkpoint/service.h"
 
 #include <dirent.h>
+#include <google/protobuf/text_format.h>
 
 #include <cstdio>
 
@@ -485,6 +486,21 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
           {"optimizer", manifest.optimizer()},
           {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
           {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
+      // The optimizer config and per-tensor overrides the model steps with
+      // (a restore steps on with them: server/coordinator.cc).
+      if (manifest.has_optimizer_config()) {
+        std::string config, tensors;
+        rpc::Manifest overrides;
+        for (const rpc::TensorInfo& t : manifest.tensors()) {
+          rpc::TensorInfo* o = overrides.add_tensors();
+          o->set_name(t.name());
+          *o->mutable_optimizer() = t.optimizer();
+        }
+        google::protobuf::TextFormat::PrintToString(manifest.optimizer_config(), &config);
+        google::protobuf::TextFormat::PrintToString(overrides, &tensors);
+        metadata["optimizer_config"] = config;
+        metadata["optimizer_tensors"] = tensors;
+      }
       Manifest written = BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards),
                                        metadata);
       for (const ShardFileInfo& shard : written.shards()) {

@@ -216,7 +216,12 @@ absl::Status Demo::StartCluster() {
   std::vector<std::string> coordinator_argv = {
       server, "--role=coordinator", "--listen=127.0.0.1:0", "--port_file=" + coordinator_port,
       absl::StrCat("--daemons=", kNumDaemons), absl::StrCat("--expected_pushers=", kNumTrainers),
-      "--recipe=" + recipe_path_, "--data_plane=host"};
+      "--recipe=" + recipe_path_, "--data_plane=host",
+      "--optimizer=adamw", absl::StrFormat("--lr=%.9g", DemoOptimizer().lr),
+      absl::StrFormat("--beta1=%.9g", DemoOptimizer().beta1),
+      absl::StrFormat("--beta2=%.9g", DemoOptimizer().beta2),
+      absl::StrFormat("--adam_eps=%.9g", DemoOptimizer().eps),
+      absl::StrFormat("--weight_decay=%.9g", DemoOptimizer().weight_decay)};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
     coordinator_argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
     coordinator_argv.push_back(

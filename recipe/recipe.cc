@@ -282,13 +282,28 @@ struct Parts {
   std::string name;
   std::vector<RecipeRule> rules;
   HybridSpec default_spec;
+  std::optional<recipe::OptimizerConfig> optimizer;
 };
+
+// Rule.optimizer: multipliers and decays must be finite and >= 0.
+absl::Status CheckRuleOptimizer(const recipe::RuleOptimizer& o, const Context& ctx) {
+  if (o.has_lr_multiplier() && !(o.lr_multiplier() >= 0 && std::isfinite(o.lr_multiplier()))) {
+    return ctx.Error("optimizer", absl::StrCat("lr_multiplier must be finite and >= 0, got ",
+                                               o.lr_multiplier()));
+  }
+  if (o.has_weight_decay() && !(o.weight_decay() >= 0 && std::isfinite(o.weight_decay()))) {
+    return ctx.Error("optimizer", absl::StrCat("weight_decay must be finite and >= 0, got ",
+                                               o.weight_decay()));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<Parts> BuildParts(const recipe::Recipe& proto, absl::string_view source,
                                  const Tree* tree) {
   Context root(source, tree, recipe::Recipe::descriptor(), "", Location());
   Parts parts;
   parts.name = proto.name();
+  if (proto.has_optimizer()) parts.optimizer = proto.optimizer();
   if (proto.has_default_spec()) {
     ASSIGN_OR_RETURN(
         parts.default_spec,
@@ -324,6 +339,10 @@ absl::StatusOr<Parts> BuildParts(const recipe::Recipe& proto, absl::string_view 
     if (r.has_spec()) {
       ASSIGN_OR_RETURN(rule.spec, ResolveHybridSpec(r.spec(), ctx.Nested("spec", -1, "spec"),
                                                     parts.default_spec));
+    }
+    if (r.has_optimizer()) {
+      RETURN_IF_ERROR(CheckRuleOptimizer(r.optimizer(), ctx));
+      rule.optimizer = r.optimizer();
     }
     parts.rules.push_back(std::move(rule));
   }
@@ -365,12 +384,16 @@ absl::StatusOr<Recipe> Recipe::Parse(absl::string_view text, absl::string_view s
         errors.first().empty() ? absl::StrCat(source, ": cannot parse recipe") : errors.first());
   }
   ASSIGN_OR_RETURN(Parts parts, BuildParts(proto, source, &tree));
-  return Recipe(std::move(parts.name), std::move(parts.rules), parts.default_spec);
+  Recipe r(std::move(parts.name), std::move(parts.rules), parts.default_spec);
+  r.optimizer_ = std::move(parts.optimizer);
+  return r;
 }
 
 absl::StatusOr<Recipe> Recipe::FromProto(const recipe::Recipe& proto, absl::string_view source) {
   ASSIGN_OR_RETURN(Parts parts, BuildParts(proto, source, nullptr));
-  return Recipe(std::move(parts.name), std::move(parts.rules), parts.default_spec);
+  Recipe r(std::move(parts.name), std::move(parts.rules), parts.default_spec);
+  r.optimizer_ = std::move(parts.optimizer);
+  return r;
 }
 
 absl::StatusOr<Recipe> Recipe::Load(const std::string& path) {

@@ -22,6 +22,7 @@
 #define PARAMD_RECIPE_RECIPE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,8 @@ struct RecipeRule {
   std::string name;     // as written; may be empty
   std::string pattern;  // RE2 regex, matched against the whole name
   HybridSpec spec;
+  // Optimizer overrides of the tensors this rule matches (all unset: none).
+  recipe::RuleOptimizer optimizer;
   int line = 0;  // 1-based line of the rule in the text; 0 if unknown
   std::shared_ptr<const RE2> regex;
 };
@@ -81,6 +84,14 @@ class Recipe {
   const std::string& name() const { return name_; }
   const std::vector<RecipeRule>& rules() const { return rules_; }
   const HybridSpec& default_spec() const { return default_spec_; }
+  // The recipe's `optimizer` section (validated by its user:
+  // server/optimizer_config.h), if it has one.
+  const std::optional<recipe::OptimizerConfig>& optimizer() const { return optimizer_; }
+  // The optimizer overrides of the rule `match` names (none for default).
+  const recipe::RuleOptimizer& OptimizerFor(const Match& match) const {
+    return match.rule < 0 ? recipe::RuleOptimizer::default_instance()
+                          : rules_[match.rule].optimizer;
+  }
 
  private:
   Recipe(std::string name, std::vector<RecipeRule> rules, HybridSpec default_spec)
@@ -89,6 +100,7 @@ class Recipe {
   std::string name_;
   std::vector<RecipeRule> rules_;
   HybridSpec default_spec_;
+  std::optional<recipe::OptimizerConfig> optimizer_;
 };
 
 // Short human-readable forms, e.g. "fp8_delayed(e5m2,L=16,most_recent,margin=1)"

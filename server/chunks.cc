@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "server/convert.h"
+#include "server/optimizer_config.h"
 
 namespace paramd {
 
@@ -41,10 +42,14 @@ absl::StatusOr<ModelView> MakeModelView(const rpc::Manifest& manifest, int rank,
                                                      "): bad name or shape"));
     }
     ASSIGN_OR_RETURN(d.spec, HybridSpecFromProto(t.spec()));
+    if (t.has_optimizer()) d.optimizer = TensorOptimizerFromProto(t.optimizer());
     if (!v.index.emplace(d.name, i).second) {
       return absl::InvalidArgumentError(absl::StrCat("duplicate tensor ", d.name));
     }
     v.tensors.push_back(std::move(d));
+  }
+  if (manifest.has_optimizer_config()) {
+    ASSIGN_OR_RETURN(v.optimizer, OptimizerFromProto(manifest.optimizer_config()));
   }
   for (const rpc::ShardPiece& p : manifest.pieces()) {
     if (p.daemon_rank() != rank) continue;

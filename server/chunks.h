@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct ModelView {
   std::vector<ShardDef> shards;  // sorted by (tensor, row_begin), as ShardSet
   std::map<std::string, int> index;  // tensor name -> index
   rpc::Manifest manifest;
+  // manifest.optimizer_config, if the coordinator sent one.
+  std::optional<OptimizerOptions> optimizer;
 
   // Index of `name` or -1.
   int Find(const std::string& name) const;

@@ -1,6 +1,9 @@
 #include "server/coordinator.h"
 
+#include <google/protobuf/text_format.h>
+
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -24,12 +27,42 @@
 #include "server/membership.h"
 #include "server/recovery.h"
 #include "server/convert.h"
+#include "server/optimizer_config.h"
 #include "sharding/balance.h"
 
 namespace paramd {
 namespace {
 
 constexpr char kTag[] = "coordinator";
+
+// The optimizer a checkpoint was written with (checkpoint/service.cc
+// metadata "optimizer_config" and "optimizer_tensors", protobuf text);
+// no config for checkpoints written before these existed.
+struct SavedOptimizer {
+  std::optional<OptimizerOptions> config;
+  std::map<std::string, TensorOptimizer> tensors;
+};
+
+absl::StatusOr<SavedOptimizer> ReadSavedOptimizer(const checkpoint::Manifest& manifest) {
+  SavedOptimizer saved;
+  auto it = manifest.metadata().find("optimizer_config");
+  if (it == manifest.metadata().end()) return saved;
+  absl::StatusOr<OptimizerOptions> config =
+      ParseOptimizerConfig(it->second, "checkpoint metadata optimizer_config");
+  if (!config.ok()) return absl::DataLossError(config.status().message());
+  saved.config = *config;
+  auto t = manifest.metadata().find("optimizer_tensors");
+  if (t != manifest.metadata().end()) {
+    rpc::Manifest tensors;
+    if (!google::protobuf::TextFormat::ParseFromString(t->second, &tensors)) {
+      return absl::DataLossError("checkpoint metadata optimizer_tensors does not parse");
+    }
+    for (const rpc::TensorInfo& info : tensors.tensors()) {
+      saved.tensors[info.name()] = TensorOptimizerFromProto(info.optimizer());
+    }
+  }
+  return saved;
+}
 
 }  // namespace
 
@@ -41,6 +74,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       : options_(std::move(options)),
         table_(options_.expected_daemons, options_.daemon_lease),
         stubs_(options_.expected_daemons) {
+    optimizer_ = options_.optimizer;
     lease_thread_ = std::thread([this] { LeaseLoop(); });
   }
 
@@ -353,6 +387,45 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     return Done(context, absl::OkStatus());
   }
 
+  grpc::ServerUnaryReactor* SetOptimizerSchedule(
+      grpc::CallbackServerContext* context, const rpc::SetOptimizerScheduleRequest* request,
+      rpc::SetOptimizerScheduleResponse* response) override {
+    recipe::OptimizerConfig proto;
+    std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
+    {
+      absl::MutexLock lock(&mu_);
+      proto = OptimizerToProto(optimizer_);
+      if (manifest_.tensors_size() > 0) stubs = StubsLocked();
+    }
+    *proto.mutable_schedule() = request->schedule();
+    if (request->has_lr()) proto.set_lr(request->lr());
+    absl::StatusOr<OptimizerOptions> next = OptimizerFromProto(proto);
+    if (!next.ok()) return Done(context, next.status());
+    proto = OptimizerToProto(*next);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    FanOut<rpc::SetOptimizerRequest, rpc::SetOptimizerResponse>(
+        stubs, options_.daemon_call_timeout,
+        [&proto](int, rpc::SetOptimizerRequest* r) { *r->mutable_optimizer() = proto; },
+        [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::SetOptimizerRequest* req,
+           rpc::SetOptimizerResponse* resp, std::function<void(grpc::Status)> cb) {
+          stub->async()->SetOptimizer(c, req, resp, std::move(cb));
+        },
+        [this, reactor, response, next = *next, proto](auto& calls) {
+          absl::Status s = FirstError(calls, "SetOptimizer");
+          if (s.ok()) {
+            absl::MutexLock lock(&mu_);
+            optimizer_ = next;
+            if (manifest_.tensors_size() > 0) *manifest_.mutable_optimizer_config() = proto;
+            *response->mutable_optimizer() = proto;
+            Log(kTag, absl::StrCat("optimizer schedule changed: ", DescribeOptimizer(next)));
+          } else {
+            s = absl::FailedPreconditionError(s.message());
+          }
+          reactor->Finish(ToGrpcStatus(s));
+        });
+    return reactor;
+  }
+
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const rpc::GetStatusRequest* request,
                                       rpc::GetStatusResponse* response) override {
@@ -367,6 +440,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       *response->mutable_recovery() = recovery_;
       response->mutable_recovery()->set_epoch(recovery_epoch_);
       response->mutable_recovery()->set_in_progress(recovering_);
+      *response->mutable_optimizer() = OptimizerToProto(optimizer_);
       // A DOWN daemon is not asked (a stopped one would hold the answer
       // until the call's deadline); its row says why.
       for (int r = 0; r < table_.size(); ++r) {
@@ -579,6 +653,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       if (shut_down_) return absl::UnavailableError("coordinator shutting down");
       switch (request.role()) {
         case rpc::ROLE_DAEMON: {
+          // The config is the coordinator's: a daemon told otherwise on its
+          // command line is refused, both values named.
+          RETURN_IF_ERROR(CheckOptimizerFlags(request.optimizer_flags(), optimizer_));
           const bool was_complete = table_.all_joined();
           const int joined_before = table_.joined();
           ASSIGN_OR_RETURN(DaemonTable::Joined j,
@@ -675,6 +752,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     response->set_expected_pushers(options_.expected_pushers);
     response->set_committed_version(committed_);
+    *response->mutable_optimizer() = OptimizerToProto(optimizer_);
     rpc::DataPlane* dp = response->mutable_data_plane();
     dp->set_transport(options_.data_plane);
     dp->set_num_daemons(options_.expected_daemons);
@@ -698,7 +776,6 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     if (!with_pieces) m.clear_pieces();
     m.set_committed_version(committed_);
     m.set_expected_pushers(options_.expected_pushers);
-    m.set_optimizer(options_.optimizer_name);
     m.clear_daemons();
     for (int r = 0; r < table_.size(); ++r) {
       const DaemonSlot& d = table_.slot(r);
@@ -760,12 +837,13 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // A checkpoint's tensors and their saved specs; `version` becomes the
   // resolved version (-1 = newest complete). Verifies every checksum.
   absl::StatusOr<std::vector<std::pair<rpc::TensorDecl, HybridSpec>>> CheckpointTensors(
-      const std::string& path, int64_t& version) {
+      const std::string& path, int64_t& version, SavedOptimizer* saved_optimizer) {
     ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
                      checkpoint::CheckpointStore::Open(path, /*create=*/false));
     ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
                      checkpoint::OpenForRestore(store, version, /*verify=*/true));
     version = static_cast<int64_t>(reader->manifest().version());
+    ASSIGN_OR_RETURN(*saved_optimizer, ReadSavedOptimizer(reader->manifest()));
     std::vector<std::pair<rpc::TensorDecl, HybridSpec>> out;
     for (const checkpoint::TensorInfo& t : reader->manifest().tensors()) {
       rpc::TensorDecl d;
@@ -788,6 +866,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     RETURN_IF_ERROR(CheckLoadRequest(request, options_.limits));
     std::vector<rpc::TensorDecl> decls;
     std::vector<HybridSpec> saved_specs;
+    SavedOptimizer saved_optimizer;
     if (!request.checkpoint_path().empty()) {
       if (!request.safetensors_path().empty() || request.tensors_size() > 0 ||
           !request.recipe_text().empty()) {
@@ -795,7 +874,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
             "Load: a checkpoint restore takes no safetensors path, tensors or recipe");
       }
       checkpoint_version = request.checkpoint_version();
-      ASSIGN_OR_RETURN(auto saved, CheckpointTensors(request.checkpoint_path(), checkpoint_version));
+      ASSIGN_OR_RETURN(auto saved, CheckpointTensors(request.checkpoint_path(), checkpoint_version,
+                                                     &saved_optimizer));
       for (auto& [decl, spec] : saved) {
         decls.push_back(std::move(decl));
         saved_specs.push_back(spec);
@@ -804,6 +884,12 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       ASSIGN_OR_RETURN(decls, LoadTensors(request));
     }
     SpecResolver resolver = options_.resolver;
+    OptimizerResolver optimizer_resolver = options_.optimizer_resolver;
+    OptimizerOptions optimizer;
+    {
+      absl::MutexLock lock(&mu_);
+      optimizer = optimizer_;
+    }
     if (!saved_specs.empty()) {
       resolver = [&](const std::string& name,
                      absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
@@ -817,7 +903,27 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       if (!options_.recipe_parser) {
         return absl::UnimplementedError("this coordinator cannot parse recipes");
       }
-      ASSIGN_OR_RETURN(resolver, options_.recipe_parser(request.recipe_text()));
+      ASSIGN_OR_RETURN(ParsedRecipe parsed, options_.recipe_parser(request.recipe_text()));
+      resolver = parsed.resolver;
+      optimizer_resolver = parsed.optimizer_resolver;
+      if (parsed.optimizer.has_value()) optimizer = *parsed.optimizer;
+    }
+    // A restore steps on with the checkpoint's optimizer config and
+    // overrides, unless this coordinator was given a config: that one is
+    // an override, logged here and recorded by the next checkpoint.
+    if (!request.checkpoint_path().empty() && saved_optimizer.config.has_value()) {
+      if (!options_.optimizer_explicit) {
+        optimizer = *saved_optimizer.config;
+        optimizer_resolver = [tensors = saved_optimizer.tensors](const std::string& name) {
+          auto it = tensors.find(name);
+          return it == tensors.end() ? TensorOptimizer() : it->second;
+        };
+      } else if (DescribeOptimizer(optimizer) != DescribeOptimizer(*saved_optimizer.config)) {
+        Log(kTag, absl::StrCat("restore of checkpoint ", checkpoint_version,
+                               ": optimizer config override: the checkpoint has ",
+                               DescribeOptimizer(*saved_optimizer.config), "; stepping with ",
+                               DescribeOptimizer(optimizer)));
+      }
     }
     rpc::Manifest manifest;
     std::vector<sharding::ManifestTensor> entries;
@@ -844,6 +950,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       t->set_cols(cols);
       *t->mutable_spec() = HybridSpecToProto(spec);
       t->set_index(static_cast<int>(i));
+      *t->mutable_optimizer() = TensorOptimizerToProto(
+          optimizer_resolver ? optimizer_resolver(d.name()) : TensorOptimizer(), optimizer);
       ASSIGN_OR_RETURN(sharding::ManifestTensor e, sharding::ManifestEntry(d.name(), rows, cols, spec));
       entries.push_back(std::move(e));
     }
@@ -860,9 +968,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       sp->set_daemon_address(table_.slot(p.daemon).member.address());
     }
     manifest.set_expected_pushers(options_.expected_pushers);
-    manifest.set_optimizer(options_.optimizer_name);
+    manifest.set_optimizer(std::string(OptimizerName(optimizer.kind)));
+    *manifest.mutable_optimizer_config() = OptimizerToProto(optimizer);
     RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
     manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
+    if (DescribeOptimizer(optimizer) != DescribeOptimizer(optimizer_)) {
+      Log(kTag, absl::StrCat("optimizer for this model: ", DescribeOptimizer(optimizer)));
+    }
+    optimizer_ = optimizer;
     return manifest;
   }
 
@@ -1009,6 +1122,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   int next_member_ ABSL_GUARDED_BY(mu_) = 0;
   int next_trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
   rpc::Manifest manifest_ ABSL_GUARDED_BY(mu_);
+  // The config of the next load and of joins; the loaded model's is
+  // manifest_.optimizer_config (the same once a model is loaded).
+  OptimizerOptions optimizer_ ABSL_GUARDED_BY(mu_);
   bool loading_ ABSL_GUARDED_BY(mu_) = false;
   int64_t committed_ ABSL_GUARDED_BY(mu_) = -1;
   // The startup load (model_path / restore_from) failed: fatal.

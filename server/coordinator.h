@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,7 @@
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
 #include "server/request_checks.h"
+#include "server/optimizer.h"
 #include "sharding/plan.h"
 
 namespace paramd {
@@ -44,8 +46,17 @@ namespace paramd {
 // The HybridSpec of a tensor (name, shape as in the model file): a recipe.
 using SpecResolver = std::function<absl::StatusOr<HybridSpec>(
     const std::string& name, absl::Span<const int64_t> shape)>;
-// Parses recipe text (LoadRequest.recipe_text) into a resolver.
-using RecipeParser = std::function<absl::StatusOr<SpecResolver>(const std::string& text)>;
+// A tensor's optimizer overrides (the recipe rule that gives its spec).
+using OptimizerResolver = std::function<TensorOptimizer(const std::string& name)>;
+// What recipe text (LoadRequest.recipe_text) gives: specs, optimizer
+// overrides and, if the recipe has an `optimizer` section, a config that
+// replaces the coordinator's.
+struct ParsedRecipe {
+  SpecResolver resolver;
+  OptimizerResolver optimizer_resolver;
+  std::optional<OptimizerOptions> optimizer;
+};
+using RecipeParser = std::function<absl::StatusOr<ParsedRecipe>(const std::string& text)>;
 
 struct CoordinatorOptions {
   int expected_daemons = 1;
@@ -65,8 +76,15 @@ struct CoordinatorOptions {
   // soon as every daemon has joined (takes precedence over model_path).
   std::string restore_from;
   int64_t restore_version = -1;
-  // Informative (manifest.optimizer).
-  std::string optimizer_name = "adamw";
+  // The cluster's optimizer config: given to every daemon at join and with
+  // every manifest. `optimizer_explicit`: it was given (recipe section,
+  // --optimizer file or flags), so a restore uses it instead of the
+  // checkpoint's (and logs the override); otherwise a restore takes the
+  // checkpoint's config.
+  OptimizerOptions optimizer;
+  bool optimizer_explicit = false;
+  // Per-tensor overrides; null = none.
+  OptimizerResolver optimizer_resolver;
   sharding::PlanOptions plan;
   // Deadline of LoadShards calls (reading + quantizing a model) and of
   // other calls to daemons.

@@ -30,6 +30,7 @@
 #include "server/data_plane.h"
 #include "server/device_channel.h"
 #include "server/lease_keeper.h"
+#include "server/optimizer_config.h"
 #include "server/restore.h"
 #include "server/shard_backend.h"
 
@@ -359,6 +360,32 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     return reactor;
   }
 
+  // The coordinator's SetOptimizerSchedule: applied on the worker, between
+  // steps (a running step finishes with the old config).
+  grpc::ServerUnaryReactor* SetOptimizer(grpc::CallbackServerContext* context,
+                                         const rpc::SetOptimizerRequest* request,
+                                         rpc::SetOptimizerResponse* /*response*/) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(request->optimizer());
+    if (!o.ok()) {
+      reactor->Finish(ToGrpcStatus(o.status()));
+      return reactor;
+    }
+    worker_.Post([this, o = *o, reactor] {
+      absl::Status s;
+      {
+        // Under mu_: pushes read the config while they add (CommitPush).
+        absl::MutexLock lock(&mu_);
+        s = shards_ == nullptr ? absl::FailedPreconditionError("no model loaded on this daemon")
+                               : shards_->SetOptimizer(o);
+      }
+      Log(kTag, s.ok() ? absl::StrCat("optimizer now ", DescribeOptimizer(o))
+                       : absl::StrCat("SetOptimizer refused: ", s.ToString()));
+      reactor->Finish(ToGrpcStatus(s));
+    });
+    return reactor;
+  }
+
   absl::Status WithStableState(const Daemon::StableStateFn& fn, absl::Duration timeout) {
     struct Gate {
       absl::Notification entered;
@@ -474,12 +501,16 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (view.generation != view_->generation) {
       return absl::FailedPreconditionError("the model was reloaded during the push");
     }
+    // The push that completes the version: the backend takes the gradient
+    // norm's row sums while it adds it.
+    const bool last = expected_pushers_ > 0 &&
+                      static_cast<int>(pushers_.size()) + 1 >= expected_pushers_;
     for (StagedPiece& p : pieces) {
       // gpu backend: summed on the device (ShardBackend::AccumulateGradient).
       const ShardDef& shard = shards_->shards()[p.shard];
       const int64_t cols = view.tensors[p.tensor].cols;
       RETURN_IF_ERROR(shards_->AccumulateGradient(p.shard, (p.row_begin - shard.row_begin) * cols,
-                                                  p.values));
+                                                  p.values, last));
     }
     CountPushLocked(version, pusher, bytes, response);
     return absl::OkStatus();
@@ -748,7 +779,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
                                        const LoadSource& source, int expected_pushers) {
     ShardBackendOptions backend_options;
-    backend_options.optimizer = options_.optimizer;
+    // The coordinator's config (every manifest it sends has one).
+    backend_options.optimizer = view->optimizer.value_or(options_.optimizer);
     backend_options.step_timeout = options_.step_timeout;
     const bool restore = !source.checkpoint_path.empty();
     absl::StatusOr<std::unique_ptr<ShardBackend>> created =
@@ -950,6 +982,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     request.set_incarnation(incarnation_);
     if (options_.rank >= 0) request.set_rank(options_.rank);
     bool unavailable_logged = false;
+    *request.mutable_optimizer_flags() = options_.optimizer_flags;
     while (absl::Now() < give_up) {
       // Until the coordinator answers, say so every few seconds (a daemon
       // started before its coordinator is not silent).
@@ -1009,6 +1042,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
           data_plane_transport_ = data_plane_->transport();
         } else {
           join_error_ = all_reduce.status().ToString();
+        }
+        if (response.has_optimizer()) {
+          absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(response.optimizer());
+          Log(kTag, o.ok() ? absl::StrCat("coordinator's optimizer: ", DescribeOptimizer(*o))
+                           : absl::StrCat("coordinator's optimizer config: ", o.status().ToString()));
         }
         Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
                                response.data_plane().num_daemons(), "; backend ",
@@ -1083,6 +1121,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     stats->set_bytes_pushed(bytes_pushed_.load());
     stats->set_steps(steps_);
     stats->set_last_step_seconds(last_step_seconds_);
+    if (latest_) {
+      const StepReport& r = latest_->report;
+      stats->set_optimizer_steps(r.optimizer_steps);
+      stats->set_skipped_steps(r.skipped_steps);
+      stats->set_lr(r.lr);
+      stats->set_grad_norm(r.grad_norm);
+      stats->set_clip_factor(r.clip_factor);
+    }
     if (shards_ != nullptr) {  // replaced only under mu_ (LoadOnWorker)
       const BackendMemory memory = shards_->memory();
       stats->set_backend(std::string(shards_->name()));
@@ -1330,7 +1376,10 @@ class PushReactor
       version_ = request.version();
       pusher_ = request.pusher_id();
       ASSIGN_OR_RETURN(view_, daemon_->BeginPush(version_, pusher_));
-      assembler_.emplace(view_.get(), /*allow_non_finite=*/false);
+      // non_finite: SKIP_STEP takes NaN/Inf; the step then skips.
+      assembler_.emplace(view_.get(), view_->optimizer.has_value() &&
+                                          view_->optimizer->non_finite ==
+                                              NonFinitePolicy::kSkipStep);
     } else if ((request.version() != 0 && request.version() != version_) ||
                (!request.pusher_id().empty() && request.pusher_id() != pusher_)) {
       return absl::InvalidArgumentError("version/pusher_id changed inside a push stream");

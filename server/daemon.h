@@ -42,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/optimizer.pb.h"
 #include "proto/paramd.pb.h"
 #include "server/fp8_health.h"
 #include "server/optimizer.h"
@@ -51,8 +52,13 @@
 namespace paramd {
 
 struct DaemonOptions {
-  // Used when no checkpoint sets them.
+  // Used only for a manifest without an optimizer config (every coordinator
+  // sends one; the config is the coordinator's).
   OptimizerOptions optimizer;
+  // The optimizer settings given on this daemon's command line (only those
+  // fields set): sent at join, where the coordinator refuses any that
+  // disagree with its config (JoinRequest.optimizer_flags).
+  recipe::OptimizerConfig optimizer_flags;
   // Upper bound of a fetch chunk when the request gives none.
   int64_t default_chunk_bytes = int64_t{1} << 20;
   // How long to keep trying to join the coordinator before giving up

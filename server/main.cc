@@ -13,13 +13,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/private_handle_accessor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +37,7 @@
 #include "server/config.h"
 #include "server/metrics.h"
 #include "server/optimizer.h"
+#include "server/optimizer_config.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -87,14 +91,22 @@ ABSL_FLAG(int32_t, heartbeat_interval_ms, 250,
 ABSL_FLAG(int32_t, daemon_lease_ms, 1500,
           "coordinator: a daemon without a heartbeat for this long is DOWN (steps needing it "
           "are refused until a replacement with its --rank joins)");
-ABSL_FLAG(std::string, optimizer, "adamw", "daemon: adamw | sgd");
-ABSL_FLAG(double, lr, 1e-3, "daemon: learning rate");
-ABSL_FLAG(double, beta1, 0.9, "daemon: AdamW beta1");
-ABSL_FLAG(double, beta2, 0.999, "daemon: AdamW beta2");
-ABSL_FLAG(double, adam_eps, 1e-8, "daemon: AdamW epsilon");
+// The optimizer config is the coordinator's (proto/optimizer.proto): its
+// recipe's `optimizer` section, else --optimizer=FILE, else these flags on
+// the coordinator. A daemon needs none of them; a daemon flag given
+// explicitly must agree with the coordinator's config (else its join is
+// refused, both values named).
+ABSL_FLAG(std::string, optimizer, "adamw",
+          "adamw | sgd | FILE: coordinator: the optimizer config in protobuf text "
+          "(proto/optimizer.proto: kind, lr, betas, eps, weight_decay, schedule, max_grad_norm, "
+          "non_finite) or just the kind; daemon: the kind it expects (checked at join)");
+ABSL_FLAG(double, lr, 1e-3, "learning rate (peak of the schedule); daemons: checked at join");
+ABSL_FLAG(double, beta1, 0.9, "AdamW beta1; daemons: checked at join");
+ABSL_FLAG(double, beta2, 0.999, "AdamW beta2; daemons: checked at join");
+ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon; daemons: checked at join");
 ABSL_FLAG(double, weight_decay, 0.0,
-          "daemon: weight decay (AdamW: decoupled; SGD: added to the gradient)");
-ABSL_FLAG(double, momentum, 0.0, "daemon: SGD momentum");
+          "weight decay (AdamW: decoupled; SGD: added to the gradient); daemons: checked at join");
+ABSL_FLAG(double, momentum, 0.0, "SGD momentum; daemons: checked at join");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
 ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
 ABSL_FLAG(std::string, checkpoint_dir, "",
@@ -164,14 +176,33 @@ absl::Status Run() {
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
 
-  OptimizerOptions& opt = options.daemon.optimizer;
-  ASSIGN_OR_RETURN(opt.kind, ParseOptimizerKind(absl::GetFlag(FLAGS_optimizer)));
-  opt.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  opt.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
-  opt.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
-  opt.eps = static_cast<float>(absl::GetFlag(FLAGS_adam_eps));
-  opt.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
-  opt.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  // The optimizer flags given on the command line (a default is no opinion).
+  const std::string optimizer_flag = absl::GetFlag(FLAGS_optimizer);
+  const bool optimizer_file = optimizer_flag != "adamw" && optimizer_flag != "sgd";
+  recipe::OptimizerConfig& pins = options.daemon.optimizer_flags;
+  // Given on the command line or in the --config file.
+  auto given = [](const auto& flag) {
+    const absl::CommandLineFlag& h = absl::GetFlagReflectionHandle(flag);
+    return absl::flags_internal::PrivateHandleAccessor::IsSpecifiedOnCommandLine(h) ||
+           h.CurrentValue() != h.DefaultValue();
+  };
+  if (given(FLAGS_optimizer) && !optimizer_file) {
+    pins.set_kind(optimizer_flag == "sgd" ? recipe::SGD : recipe::ADAMW);
+  }
+  if (given(FLAGS_lr)) pins.set_lr(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+  if (given(FLAGS_beta1)) pins.set_beta1(static_cast<float>(absl::GetFlag(FLAGS_beta1)));
+  if (given(FLAGS_beta2)) pins.set_beta2(static_cast<float>(absl::GetFlag(FLAGS_beta2)));
+  if (given(FLAGS_adam_eps)) pins.set_eps(static_cast<float>(absl::GetFlag(FLAGS_adam_eps)));
+  if (given(FLAGS_weight_decay)) {
+    pins.set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
+  }
+  if (given(FLAGS_momentum)) pins.set_momentum(static_cast<float>(absl::GetFlag(FLAGS_momentum)));
+  if (options.run_daemon && optimizer_file && !options.run_coordinator) {
+    return absl::InvalidArgumentError(
+        "--optimizer=FILE is the coordinator's; a daemon takes the coordinator's config");
+  }
+  // Flags alone (no file, no recipe section) make the coordinator's config.
+  ASSIGN_OR_RETURN(options.daemon.optimizer, OptimizerFromProto(pins));
   options.daemon.default_chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.daemon.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.daemon.data_plane_listen = absl::GetFlag(FLAGS_data_plane_listen);
@@ -232,23 +263,56 @@ absl::Status Run() {
   c.restore_version = absl::GetFlag(FLAGS_restore_version);
   c.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_dir);
   c.daemon_lease = absl::Milliseconds(absl::GetFlag(FLAGS_daemon_lease_ms));
-  c.optimizer_name = std::string(OptimizerName(opt.kind));
   if (options.run_coordinator) {
     auto recipe = std::make_shared<Recipe>(Recipe::Builtin());
     if (!absl::GetFlag(FLAGS_recipe).empty()) {
       ASSIGN_OR_RETURN(*recipe, Recipe::Load(absl::GetFlag(FLAGS_recipe)));
     }
+    c.optimizer = options.daemon.optimizer;
+    c.optimizer_explicit = pins.ByteSizeLong() > 0;
+    if (recipe->optimizer().has_value() && optimizer_file) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the recipe ", absl::GetFlag(FLAGS_recipe), " has an optimizer section and --optimizer=",
+          optimizer_flag, " gives another; keep one"));
+    }
+    if (recipe->optimizer().has_value()) {
+      absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(*recipe->optimizer());
+      if (!o.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(absl::GetFlag(FLAGS_recipe), ": ", o.status().message()));
+      }
+      c.optimizer = *o;
+      c.optimizer_explicit = true;
+    } else if (optimizer_file) {
+      ASSIGN_OR_RETURN(c.optimizer, LoadOptimizerConfig(optimizer_flag));
+      c.optimizer_explicit = true;
+    }
+    // Flags beside a config file or recipe section must agree with it.
+    if (absl::Status s = CheckOptimizerFlags(pins, c.optimizer); !s.ok()) return s;
+    options.daemon.optimizer = c.optimizer;
+    Log("hybrid-paramd", absl::StrCat("optimizer: ", DescribeOptimizer(c.optimizer)));
     c.resolver = [recipe](const std::string& name,
                           absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
       return recipe->SpecFor(name);
     };
-    c.recipe_parser = [](const std::string& text) -> absl::StatusOr<SpecResolver> {
+    c.optimizer_resolver = [recipe](const std::string& name) {
+      return TensorOptimizerFromRule(recipe->OptimizerFor(recipe->Resolve(name)));
+    };
+    c.recipe_parser = [](const std::string& text) -> absl::StatusOr<ParsedRecipe> {
       ASSIGN_OR_RETURN(Recipe r, Recipe::Parse(text, "LoadRequest.recipe_text"));
       auto shared = std::make_shared<Recipe>(std::move(r));
-      return SpecResolver([shared](const std::string& name,
-                                   absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
+      ParsedRecipe parsed;
+      parsed.resolver = [shared](const std::string& name,
+                                 absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
         return shared->SpecFor(name);
-      });
+      };
+      parsed.optimizer_resolver = [shared](const std::string& name) {
+        return TensorOptimizerFromRule(shared->OptimizerFor(shared->Resolve(name)));
+      };
+      if (shared->optimizer().has_value()) {
+        ASSIGN_OR_RETURN(parsed.optimizer, OptimizerFromProto(*shared->optimizer()));
+      }
+      return parsed;
     };
   }
 

@@ -17,6 +17,13 @@ class CpuShardBackend : public ShardBackend {
   const std::vector<ShardDef>& shards() const override { return set_->shards(); }
   absl::Span<float> load_master(int i) override { return set_->master(i); }
   absl::Span<float> gradient(int i) override { return set_->gradient(i); }
+  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
+                                  bool last_pusher) override {
+    return set_->AccumulateGradient(i, offset, values, last_pusher);
+  }
+  absl::Status SetOptimizer(const OptimizerOptions& optimizer) override {
+    return set_->SetOptimizer(optimizer);
+  }
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
                                                                bool apply_optimizer,
                                                                const AllReduceMaxFn& all_reduce,

@@ -94,15 +94,16 @@ class ShardBackend {
   // backend does exactly that); the gpu backend adds on the device (upload
   // + FP32 add, bit-identical), so a step uploads no host accumulator.
   // Same threading as gradient(): never beside Step.
-  virtual absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values) {
-    absl::Span<float> g = gradient(i);
-    if (offset < 0 || offset + values.size() > g.size()) {
-      return absl::InvalidArgumentError("gradient piece outside its shard");
-    }
-    float* dst = g.data() + offset;
-    for (size_t k = 0; k < values.size(); ++k) dst[k] += values[k];
-    return absl::OkStatus();
-  }
+  // `last_pusher`: this is the push that completes the version (the daemon
+  // knows it at commit); the backend may then take the gradient norm's row
+  // sums of the rows it adds in the same pass (ShardSet::AccumulateGradient)
+  // instead of a pass of its own in Step.
+  virtual absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
+                                          bool last_pusher) = 0;
+
+  // A new optimizer config for the next steps (Daemon.SetOptimizer; the
+  // kind stays): ShardSet::SetOptimizer. Same threading as Step.
+  virtual absl::Status SetOptimizer(const OptimizerOptions& optimizer) = 0;
 
   // ShardSet::Step (server/shard_set.h). Every daemon of a world must run
   // the same backend: the all-reduce calls differ between backends.

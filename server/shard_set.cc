@@ -1,12 +1,14 @@
 #include "server/shard_set.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/reference.h"
+#include "server/grad_norm.h"
 
 namespace paramd {
 namespace {
@@ -59,6 +61,42 @@ TensorScaling DirectionScaling(const QuantSpec& spec, const DelayedScalingState&
 
 }  // namespace
 
+absl::StatusOr<double> GlobalGradSumSq(const std::vector<TensorDef>& tensors,
+                                       const std::vector<ShardDef>& shards,
+                                       const std::vector<std::vector<double>>& row_sum_sq,
+                                       const AllReduceMaxFn& all_reduce) {
+  std::vector<int64_t> rows;
+  std::vector<bool> frozen;
+  for (const TensorDef& t : tensors) {
+    rows.push_back(t.rows);
+    frozen.push_back(t.optimizer.frozen);
+  }
+  const GradNormSlots slots = MakeGradNormSlots(rows, frozen);
+  std::vector<float> encoded(kGradNormFloatsPerSlot * slots.num_slots, 0.0f);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardDef& d = shards[i];
+    if (tensors[d.tensor].optimizer.frozen) continue;
+    if (d.row_begin % kGradNormBlockRows != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient norm: shard of ", tensors[d.tensor].name, " starts at row ",
+                       d.row_begin, ", not a multiple of ", kGradNormBlockRows));
+    }
+    const std::vector<double>& r = row_sum_sq[i];
+    for (int64_t b0 = 0; b0 < d.rows(); b0 += kGradNormBlockRows) {
+      double block = 0.0;
+      const int64_t b1 = std::min(d.rows(), b0 + kGradNormBlockRows);
+      for (int64_t row = b0; row < b1; ++row) block += r[row];
+      const int64_t slot = slots.slot_begin[d.tensor] + (d.row_begin + b0) / kGradNormBlockRows;
+      EncodeGradNormSlot(block, &encoded[kGradNormFloatsPerSlot * slot]);
+    }
+  }
+  absl::Status s = all_reduce(absl::MakeSpan(encoded));
+  if (!s.ok()) {
+    return absl::AbortedError(absl::StrCat("gradient norm all-reduce failed: ", s.message()));
+  }
+  return SumGradNormSlots(encoded);
+}
+
 absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(std::vector<TensorDef> tensors,
                                                            std::vector<ShardDef> shards,
                                                            const OptimizerOptions& optimizer) {
@@ -94,6 +132,8 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(std::vector<TensorDef
     s->masters_.emplace_back(n, 0.0f);
     s->grads_.emplace_back(n, 0.0f);
     s->opt_.emplace_back();
+    s->row_sum_sq_.emplace_back(d.rows(), 0.0);
+    s->fresh_rows_.push_back(0);
   }
   for (const TensorDef& t : s->tensors_) {
     s->delayed_.push_back({InitialDelayed(t.spec.rowwise), InitialDelayed(t.spec.columnwise)});
@@ -127,6 +167,41 @@ absl::Status ShardSet::SetOptimizerState(int shard, OptimizerState state) {
   return absl::OkStatus();
 }
 
+absl::Status ShardSet::AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
+                                          bool last_pusher) {
+  absl::Span<float> g = gradient(i);
+  if (offset < 0 || offset + values.size() > g.size()) {
+    return absl::InvalidArgumentError("gradient piece outside its shard");
+  }
+  const int64_t cols = tensors_[shards_[i].tensor].cols;
+  const int64_t n = static_cast<int64_t>(values.size());
+  float* dst = g.data() + offset;
+  if (!last_pusher || !optimizer_.needs_grad_norm() || offset % cols != 0 || n % cols != 0) {
+    for (int64_t k = 0; k < n; ++k) dst[k] += values[k];
+    return absl::OkStatus();
+  }
+  // Row by row: the row sum reads the row just written (still in cache).
+  for (int64_t r = 0; r < n / cols; ++r) {
+    float* row = dst + r * cols;
+    const float* add = values.data() + r * cols;
+    for (int64_t k = 0; k < cols; ++k) row[k] += add[k];
+    row_sum_sq_[i][offset / cols + r] = RowSumSq(row, cols);
+  }
+  fresh_rows_[i] += n / cols;
+  return absl::OkStatus();
+}
+
+absl::Status ShardSet::SetOptimizer(const OptimizerOptions& optimizer) {
+  RETURN_IF_ERROR(ValidateOptimizerOptions(optimizer));
+  if (optimizer.kind != optimizer_.kind) {
+    return absl::InvalidArgumentError(absl::StrCat("the loaded model steps with ",
+                                                   OptimizerName(optimizer_.kind), ", not ",
+                                                   OptimizerName(optimizer.kind)));
+  }
+  optimizer_ = optimizer;
+  return absl::OkStatus();
+}
+
 void ShardSet::SetDelayedState(int tensor, Direction d, DelayedScalingState state) {
   delayed_.at(tensor)[d == Direction::kRowwise ? kRow : kCol] = std::move(state);
 }
@@ -137,14 +212,36 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   const int num_tensors = static_cast<int>(tensors_.size());
   const int num_shards = static_cast<int>(shards_.size());
 
-  // 1. Optimizer, into copies (committed at the end).
+  // 1. Optimizer, into copies (committed at the end); first the global
+  // gradient norm if the config needs it.
+  StepReport report = last_report_;
+  bool skip = false;
+  if (apply_optimizer && optimizer_.needs_grad_norm()) {
+    for (int i = 0; i < num_shards; ++i) {
+      if (fresh_rows_[i] == shards_[i].rows()) continue;
+      const int64_t cols = tensors_[shards_[i].tensor].cols;
+      for (int64_t r = 0; r < shards_[i].rows(); ++r) {
+        row_sum_sq_[i][r] = RowSumSq(grads_[i].data() + r * cols, cols);
+      }
+      fresh_rows_[i] = shards_[i].rows();
+    }
+    ASSIGN_OR_RETURN(const double sum_sq,
+                     GlobalGradSumSq(tensors_, shards_, row_sum_sq_, all_reduce));
+    report.grad_norm = std::sqrt(sum_sq);
+    report.clip_factor = ClipFactor(optimizer_, sum_sq);
+    skip = !std::isfinite(sum_sq) && optimizer_.non_finite == NonFinitePolicy::kSkipStep;
+  }
   std::vector<std::vector<float>> masters = masters_;
   std::vector<OptimizerState> opt = opt_;
-  if (apply_optimizer) {
+  if (apply_optimizer && !skip) {
+    const int64_t step = optimizer_steps_ + 1;
     for (int i = 0; i < num_shards; ++i) {
-      ApplyOptimizer(optimizer_, optimizer_steps_ + 1, absl::MakeSpan(masters[i]), grads_[i],
-                     opt[i]);
+      const TensorOptimizer& t = tensors_[shards_[i].tensor].optimizer;
+      if (t.frozen) continue;
+      ApplyOptimizerStep(optimizer_, TensorStepHyper(optimizer_, t, step, report.clip_factor),
+                         step, absl::MakeSpan(masters[i]), grads_[i], opt[i]);
     }
+    report.lr = ScheduledLr(optimizer_, step);
   }
 
   // 2. Partial amaxes, packed as [tensor][direction]; tensors without a
@@ -222,6 +319,9 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   // 4. Quantize every shard with the global scaling.
   auto published = std::make_shared<PublishedVersion>();
   published->version = new_version;
+  report.optimizer_steps = optimizer_steps_ + (apply_optimizer && !skip ? 1 : 0);
+  report.skipped_steps = skipped_steps_ + (skip ? 1 : 0);
+  published->report = report;
   published->tensors.resize(num_tensors);
   for (int i = 0; i < num_shards; ++i) {
     const ShardDef& d = shards_[i];
@@ -273,9 +373,12 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   opt_ = std::move(opt);
   delayed_ = std::move(delayed);
   if (apply_optimizer) {
-    ++optimizer_steps_;
+    optimizer_steps_ = report.optimizer_steps;
+    skipped_steps_ = report.skipped_steps;
     for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
+    std::fill(fresh_rows_.begin(), fresh_rows_.end(), 0);
   }
+  last_report_ = report;
   return std::shared_ptr<const PublishedVersion>(std::move(published));
 }
 

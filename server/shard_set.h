@@ -45,6 +45,7 @@ struct TensorDef {
   int64_t rows = 0;
   int64_t cols = 0;
   HybridSpec spec;
+  TensorOptimizer optimizer;  // the recipe rule's overrides (none by default)
 };
 
 // Rows [row_begin, row_end) of manifest tensor `tensor`.
@@ -80,12 +81,31 @@ struct TensorScalingInfo {
   float columnwise_amax = 0.0f;
 };
 
+// The optimizer's side of the step that produced a version (DaemonStats).
+struct StepReport {
+  int64_t optimizer_steps = 0;  // applied so far, this version's included
+  int64_t skipped_steps = 0;    // skipped for a non-finite norm (skip_step)
+  double lr = 0.0;              // base lr(t) of the last applied step
+  double grad_norm = -1.0;      // global norm of the last step; -1: not computed
+  float clip_factor = 1.0f;     // applied to the last step's gradients
+};
+
 // The quantized buffers of one version. Immutable.
 struct PublishedVersion {
   int64_t version = -1;
   std::vector<PublishedPiece> pieces;  // by (shard, direction)
   std::vector<TensorScalingInfo> tensors;  // by manifest index
+  StepReport report;
 };
+
+// The global gradient norm^2 of the step about to run (server/grad_norm.h)
+// from `row_sum_sq[i]`, the row sums of every row of shard i: this daemon's
+// slots, gathered by one `all_reduce` call (every daemon makes it).
+// InvalidArgument for a non-frozen shard not aligned to 128 rows.
+absl::StatusOr<double> GlobalGradSumSq(const std::vector<TensorDef>& tensors,
+                                       const std::vector<ShardDef>& shards,
+                                       const std::vector<std::vector<double>>& row_sum_sq,
+                                       const AllReduceMaxFn& all_reduce);
 
 class ShardSet {
  public:
@@ -106,6 +126,12 @@ class ShardSet {
   absl::Span<const float> master(int i) const { return masters_[i]; }
   // The gradient accumulator of shard `i` (zeroed by every successful step).
   absl::Span<float> gradient(int i) { return absl::MakeSpan(grads_[i]); }
+  // Adds `values` into gradient(i) from element `offset` on. With
+  // `last_pusher` (the push that completes the version) and a config that
+  // needs the gradient norm, the row sums of the rows it covers are taken in
+  // the same pass (server/grad_norm.h); Step computes the others.
+  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
+                                  bool last_pusher);
   const OptimizerState& optimizer_state(int i) const { return opt_[i]; }
   // Delayed-scaling state of tensor `t`, per direction (meaningful only for
   // FP8 delayed formats of tensors held here).
@@ -113,15 +139,25 @@ class ShardSet {
   // Number of optimizer steps applied so far.
   int64_t optimizer_steps() const { return optimizer_steps_; }
   const OptimizerOptions& optimizer() const { return optimizer_; }
+  // Steps skipped for a non-finite gradient norm (non_finite: SKIP_STEP).
+  int64_t skipped_steps() const { return skipped_steps_; }
+  // A new config for the next steps (SetOptimizerSchedule): the kind must
+  // stay (InvalidArgument otherwise; the moments belong to it).
+  absl::Status SetOptimizer(const OptimizerOptions& optimizer);
 
   // Restore (checkpoint/): state saved by an earlier run. Shapes must match
   // (the optimizer moments may also be empty).
   absl::Status SetOptimizerState(int shard, OptimizerState state);
   void SetDelayedState(int tensor, Direction d, DelayedScalingState state);
   void SetOptimizerSteps(int64_t steps) { optimizer_steps_ = steps; }
+  void SetSkippedSteps(int64_t steps) { skipped_steps_ = steps; }
 
   // Produces version `new_version`: if `apply_optimizer`, one optimizer step
-  // with the accumulated gradients first (then the accumulators are zeroed);
+  // with the accumulated gradients first (then the accumulators are zeroed):
+  // lr from the schedule and each tensor's overrides, frozen tensors left
+  // alone, the gradients clipped by the global norm (one all_reduce call
+  // before the optimizer when the config needs the norm), or no update at
+  // all (skip_step) when that norm is not finite;
   // then partial amaxes, `all_reduce` (once, or twice when a
   // rowwise_dequantized columnwise copy needs the global rowwise scale of a
   // current-scaling/NVFP4 rowwise copy), scaling update and quantization.
@@ -144,6 +180,12 @@ class ShardSet {
   // [tensor][direction]
   std::vector<std::array<DelayedScalingState, 2>> delayed_;
   int64_t optimizer_steps_ = 0;
+  int64_t skipped_steps_ = 0;
+  // Per shard: the row sums of squares taken by the last pusher's adds,
+  // and how many rows they cover (== rows: Step needs no pass of its own).
+  std::vector<std::vector<double>> row_sum_sq_;
+  std::vector<int64_t> fresh_rows_;
+  StepReport last_report_;
 };
 
 }  // namespace paramd

@@ -11,43 +11,11 @@
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "server/reference_step.h"
+#include "server/thread_all_reduce.h"
 #include "sharding/assemble.h"
 
 namespace paramd {
 namespace {
-
-// MAX all-reduce between the threads of one test (a stand-in for the
-// transport; the multi-process tests use the real one).
-class ThreadAllReduce {
- public:
-  explicit ThreadAllReduce(int n) : n_(n) {}
-  AllReduceMaxFn Member() {
-    return [this](absl::Span<float> v) {
-      std::unique_lock<std::mutex> lock(mu_);
-      const int gen = generation_;
-      if (arrived_ == 0) acc_.assign(v.begin(), v.end());
-      for (size_t i = 0; i < v.size(); ++i) acc_[i] = std::fmax(acc_[i], v[i]);
-      if (++arrived_ == n_) {
-        result_ = acc_;
-        arrived_ = 0;
-        ++generation_;
-        cv_.notify_all();
-      } else {
-        cv_.wait(lock, [&] { return generation_ != gen; });
-      }
-      std::copy(result_.begin(), result_.end(), v.begin());
-      return absl::OkStatus();
-    };
-  }
-
- private:
-  const int n_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  int generation_ = 0;
-  std::vector<float> acc_, result_;
-};
 
 std::vector<float> RandomValues(int64_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

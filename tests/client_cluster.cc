@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -36,6 +37,20 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
       server, "--role=coordinator", "--listen=127.0.0.1:0",
       "--port_file=" + d + "/coordinator.port", absl::StrCat("--daemons=", options.daemons),
       absl::StrCat("--expected_pushers=", options.expected_pushers)};
+  // The config is the coordinator's; the daemons' same flags are checked
+  // against it at join.
+  std::vector<std::string> optimizer_flags;
+  if (options.optimizer_flags) {
+    optimizer_flags = {"--optimizer=" + options.optimizer,
+                       absl::StrFormat("--lr=%.9g", options.lr),
+                       absl::StrFormat("--momentum=%.9g", options.momentum)};
+  }
+  coordinator_argv.insert(coordinator_argv.end(), optimizer_flags.begin(), optimizer_flags.end());
+  for (const std::string& flag : options.daemon_flags) {
+    for (const char* name : {"--weight_decay=", "--beta1=", "--beta2=", "--adam_eps="}) {
+      if (absl::StartsWith(flag, name)) coordinator_argv.push_back(flag);
+    }
+  }
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_flags.begin(),
                           options.coordinator_flags.end());
   ASSIGN_OR_RETURN(const int coordinator,
@@ -69,10 +84,12 @@ absl::StatusOr<int> TestCluster::SpawnDaemon(const std::vector<std::string>& ext
                                    "--role=daemon",
                                    "--listen=127.0.0.1:0",
                                    "--port_file=" + d + "/" + name + ".port",
-                                   "--coordinator=" + coordinator_address_,
-                                   "--optimizer=" + options_.optimizer,
-                                   absl::StrFormat("--lr=%.9g", options_.lr),
-                                   absl::StrFormat("--momentum=%.9g", options_.momentum)};
+                                   "--coordinator=" + coordinator_address_};
+  if (options_.optimizer_flags) {
+    argv.push_back("--optimizer=" + options_.optimizer);
+    argv.push_back(absl::StrFormat("--lr=%.9g", options_.lr));
+    argv.push_back(absl::StrFormat("--momentum=%.9g", options_.momentum));
+  }
   argv.insert(argv.end(), options_.daemon_flags.begin(), options_.daemon_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   const std::string log = d + "/" + name + ".log";

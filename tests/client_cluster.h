@@ -24,13 +24,20 @@ namespace testing {
 struct TestClusterOptions {
   int daemons = 2;
   int expected_pushers = 2;
-  // Daemon optimizer flags (hybrid-paramd --optimizer/--lr/...).
+  // Optimizer flags (hybrid-paramd --optimizer/--lr/...) of the coordinator
+  // (its config) and of every daemon (checked against it at join).
+  // false: no optimizer flags at all (the coordinator's config then comes
+  // from its --recipe / --optimizer file in coordinator_flags, or a restored
+  // checkpoint, or the defaults).
+  bool optimizer_flags = true;
   std::string optimizer = "sgd";
   double lr = 0.5;
   double momentum = 0.0;
   // Further flags of the coordinator / of every daemon (e.g. --recipe,
   // --model, --data_plane).
   std::vector<std::string> coordinator_flags;
+  // Optimizer flags among daemon_flags (--weight_decay, --beta1, ...) are
+  // given to the coordinator too.
   std::vector<std::string> daemon_flags;
   // Further flags of daemon process i only (e.g. --gpu=i); may be shorter.
   std::vector<std::vector<std::string>> per_daemon_flags;

@@ -239,7 +239,8 @@ class GpuShardBackend : public ShardBackend {
     host_grads_used_ = true;
     return absl::MakeSpan(grads_[i]);
   }
-  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values) override {
+  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
+                                  bool /*last_pusher*/) override {
     if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
     device_grads_used_ = true;
     return AccumulateInPieces(i, offset, values.data(), static_cast<int64_t>(values.size()));
@@ -270,6 +271,15 @@ class GpuShardBackend : public ShardBackend {
   // A host ShardSet mirroring the device state (masters, moments, step
   // count, delayed scaling), downloaded now. The caller may change it
   // (restore): it is uploaded again before the next Step.
+  absl::Status SetOptimizer(const OptimizerOptions& optimizer) override {
+    if (optimizer.kind != optimizer_.kind || optimizer.needs_grad_norm() ||
+        optimizer.schedule.warmup_steps > 0 || optimizer.schedule.decay != LrDecay::kConstant) {
+      return absl::UnimplementedError(
+          "the gpu daemon backend does not run lr schedules or gradient clipping yet");
+    }
+    return absl::UnimplementedError("the gpu daemon backend cannot change its optimizer");
+  }
+
   ShardSet* host_state() override {
     absl::Status s = DownloadMirror();
     if (!s.ok()) {
@@ -666,6 +676,20 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     const ShardBackendOptions& options) {
   (void)kRegistered;
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  {
+    const OptimizerOptions& o = options.optimizer;
+    bool overrides = false;
+    for (const TensorDef& t : tensors) {
+      overrides |= t.optimizer.frozen || t.optimizer.lr_multiplier != 1.0f ||
+                   t.optimizer.weight_decay.has_value();
+    }
+    if (o.needs_grad_norm() || o.schedule.warmup_steps > 0 ||
+        o.schedule.decay != LrDecay::kConstant || overrides) {
+      return absl::UnimplementedError(
+          "the gpu daemon backend does not run lr schedules, gradient clipping, skip_step or "
+          "per-rule optimizer overrides yet");
+    }
+  }
   std::vector<GpuShardDef> defs;
   bool second_round = false;
   for (const TensorDef& t : tensors) second_round |= SecondRound(t.spec);

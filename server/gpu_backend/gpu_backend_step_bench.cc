@@ -102,7 +102,7 @@ int Run() {
     for (int s = 0; s < absl::GetFlag(FLAGS_steps); ++s) {
       const absl::Time t0 = absl::Now();
       for (int i = 0; i < n; ++i) {
-        absl::Status a = backend.AccumulateGradient(i, 0, push);
+        absl::Status a = backend.AccumulateGradient(i, 0, push, /*last_pusher=*/i + 1 == n);
         if (!a.ok()) {
           std::fprintf(stderr, "%s\n", a.ToString().c_str());
           return 1;

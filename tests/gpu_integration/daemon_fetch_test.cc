@@ -377,7 +377,7 @@ class OwnCluster {
         {"coordinator",
          {server, "--role=coordinator", "--listen=127.0.0.1:0",
           "--port_file=" + d + "/coordinator.port", absl::StrCat("--daemons=", gpus.size()),
-          "--expected_pushers=1"},
+          "--expected_pushers=1", "--optimizer=adamw", "--lr=0.01"},
          d + "/coordinator.log",
          d + "/coordinator.log"});
     if (!coordinator.ok()) return coordinator.status();

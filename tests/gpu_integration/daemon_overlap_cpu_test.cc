@@ -71,9 +71,11 @@ class FakeGpuBackend : public ShardBackend {
   const std::vector<ShardDef>& shards() const override { return inner_->shards(); }
   absl::Span<float> load_master(int i) override { return inner_->load_master(i); }
   absl::Span<float> gradient(int i) override { return inner_->gradient(i); }
-  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> v) override {
-    return inner_->AccumulateGradient(i, offset, v);
+  absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> v,
+                                  bool last_pusher) override {
+    return inner_->AccumulateGradient(i, offset, v, last_pusher);
   }
+  absl::Status SetOptimizer(const OptimizerOptions& o) override { return inner_->SetOptimizer(o); }
   ShardSet* host_state() override { return inner_->host_state(); }
   void set_step_enqueued(StepEnqueuedFn fn) override { enqueued_ = std::move(fn); }
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(

@@ -1,0 +1,340 @@
+// The cluster-owned optimizer config against real processes: a daemon flag
+// that disagrees with the coordinator's config is refused at join (both
+// values named); non_finite: SKIP_STEP publishes the next version with the
+// masters unchanged and counts the skip; a restore steps on with the
+// checkpoint's config and step counter, or with an explicitly given config
+// (logged, and recorded by the next checkpoint); SetOptimizerSchedule
+// changes the lr between steps.
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/store.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "server/optimizer.h"
+#include "server/optimizer_config.h"
+#include "tests/server_test_util.h"
+
+namespace paramd {
+namespace testing {
+namespace {
+
+constexpr char kRecipe[] = R"pb(
+  rule {
+    pattern: "b"
+    optimizer { weight_decay: 0 lr_multiplier: 2 }
+  }
+  default_spec {
+    rowwise { format: IDENTITY_FP32 }
+    columnwise { format: IDENTITY_FP32 }
+    source_dtype: FP32
+  })pb";
+
+const std::vector<TestTensor>& Model() {
+  static const auto* model = new std::vector<TestTensor>{
+      {"w", {256, 16}, RandomValues(256 * 16, 1)}, {"b", {16}, RandomValues(16, 2)}};
+  return *model;
+}
+
+std::map<std::string, std::vector<float>> Gradient(int64_t version, float scale = 0.1f) {
+  std::map<std::string, std::vector<float>> g;
+  for (const TestTensor& t : Model()) g[t.name] = RandomValues(t.values.size(), 50 + version, scale);
+  return g;
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TestClusterOptions Options(int daemons) {
+  TestClusterOptions o;
+  o.daemons = daemons;
+  o.expected_pushers = 1;
+  o.optimizer_flags = false;
+  return o;
+}
+
+// The FP32 rowwise copy of `w` at `version` (the masters, bit for bit).
+std::vector<uint8_t> Weights(RawCluster& c, int64_t version) {
+  absl::StatusOr<QuantizedTensor> q = c.FetchAssembled(version, "w", Direction::kRowwise);
+  EXPECT_TRUE(q.ok()) << q.status();
+  return q.ok() ? q->data : std::vector<uint8_t>();
+}
+
+TEST(OptimizerClusterTest, MismatchedDaemonFlagIsRefusedAtJoin) {
+  TestClusterOptions o = Options(1);
+  o.coordinator_flags = {"--optimizer=adamw", "--lr=0.01"};
+  o.daemon_flags = {"--lr=0.5"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto stub = rpc::Daemon::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*c)->daemon_port(0)), grpc::InsecureChannelCredentials()));
+  std::string error;
+  for (int i = 0; i < 200 && error.empty(); ++i) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    rpc::GetStatsResponse response;
+    ASSERT_TRUE(stub->GetStats(&context, rpc::GetStatsRequest(), &response).ok());
+    error = response.stats().error();
+    if (error.empty()) absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_NE(error.find("join refused"), std::string::npos) << error;
+  EXPECT_NE(error.find("--lr=0.5"), std::string::npos) << error;
+  EXPECT_NE(error.find("lr: 0.00999999978"), std::string::npos) << error;
+}
+
+TEST(OptimizerClusterTest, DaemonWithoutFlagsTakesTheConfig) {
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
+  ASSERT_TRUE(dir.ok());
+  TestClusterOptions o = Options(2);
+  o.coordinator_flags = {"--optimizer=" + WriteFile(dir->path(), "opt.textproto",
+                                                    "kind: SGD lr: 0.25 max_grad_norm: 1e9")};
+  o.daemon_flags = {"--optimizer=sgd"};  // agrees (kind only)
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& a = **c;
+  const std::string model = a.cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, Model()).ok());
+  ASSERT_TRUE(a.Load(model, kRecipe).ok()) << a.cluster().Logs();
+  EXPECT_EQ(a.manifest().optimizer_config().kind(), recipe::SGD);
+  EXPECT_EQ(a.tensor("b").optimizer().lr_multiplier(), 2.0f);
+  // SGD at lr 0.25 (x2 for b, no momentum): w1 = w0 - 0.25 * g exactly.
+  const std::vector<uint8_t> w0 = Weights(a, 0);
+  ASSERT_TRUE(a.PushAll(0, "t", Gradient(0)).ok());
+  ASSERT_TRUE(a.WaitForVersion(1).ok());
+  const std::vector<uint8_t> w1 = Weights(a, 1);
+  ASSERT_EQ(w1.size(), w0.size());
+  const std::vector<float> g = Gradient(0)["w"];
+  for (size_t k = 0; k < g.size(); ++k) {
+    float before, after;
+    std::memcpy(&before, w0.data() + 4 * k, 4);
+    std::memcpy(&after, w1.data() + 4 * k, 4);
+    ASSERT_EQ(after, std::fma(-0.25f, g[k], before)) << k;
+  }
+  absl::StatusOr<rpc::DaemonStats> s = a.Stats(0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->optimizer_steps(), 1);
+  EXPECT_DOUBLE_EQ(s->lr(), 0.25);
+  EXPECT_GT(s->grad_norm(), 0.0);  // clipping is on (with a huge bound)
+  EXPECT_EQ(s->clip_factor(), 1.0f);
+}
+
+TEST(OptimizerClusterTest, SkipStepOnNan) {
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
+  ASSERT_TRUE(dir.ok());
+  TestClusterOptions o = Options(2);
+  o.coordinator_flags = {"--optimizer=" + WriteFile(dir->path(), "opt.textproto",
+                                                    "lr: 0.01 non_finite: SKIP_STEP")};
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& a = **c;
+  const std::string model = a.cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, Model()).ok());
+  ASSERT_TRUE(a.Load(model, kRecipe).ok()) << a.cluster().Logs();
+  ASSERT_TRUE(a.PushAll(0, "t", Gradient(0)).ok());
+  ASSERT_TRUE(a.WaitForVersion(1).ok());
+  const std::vector<uint8_t> w1 = Weights(a, 1);
+  auto nan = Gradient(1);
+  nan["w"][200 * 16 + 3] = std::nanf("");  // rows 128+ are on the other daemon
+  const absl::Status pushed = a.PushAll(1, "t", nan);
+  ASSERT_TRUE(pushed.ok()) << pushed;  // accepted under SKIP_STEP
+  ASSERT_TRUE(a.WaitForVersion(2).ok());
+  EXPECT_EQ(Weights(a, 2), w1);  // masters unchanged
+  for (int d = 0; d < 2; ++d) {
+    absl::StatusOr<rpc::DaemonStats> s = a.Stats(d);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->skipped_steps(), 1) << d;
+    EXPECT_EQ(s->optimizer_steps(), 1) << d;
+    EXPECT_TRUE(std::isnan(s->grad_norm())) << d;
+  }
+  ASSERT_TRUE(a.PushAll(2, "t", Gradient(2)).ok());
+  ASSERT_TRUE(a.WaitForVersion(3).ok());
+  EXPECT_NE(Weights(a, 3), w1);
+  absl::StatusOr<rpc::DaemonStats> s = a.Stats(0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->optimizer_steps(), 2);
+  EXPECT_EQ(s->skipped_steps(), 1);
+}
+
+grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
+  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
+      cluster.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(30));
+  checkpoint::CheckpointRequest request;
+  request.set_version(version);
+  checkpoint::CheckpointResponse response;
+  return stub->Checkpoint(&context, request, &response);
+}
+
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
+  rpc::LoadRequest request;
+  request.set_checkpoint_path(path);
+  request.set_checkpoint_version(-1);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(30));
+    rpc::LoadResponse response;
+    const grpc::Status s = cluster.coordinator().Load(&context, request, &response);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < 200) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    if (!s.ok()) return FromGrpcStatus(s, "restore");
+    RETURN_IF_ERROR(cluster.RefreshManifest());
+    return response.committed_version();
+  }
+}
+
+// The optimizer config a checkpoint recorded.
+OptimizerOptions SavedConfig(const std::string& root, uint64_t version) {
+  absl::StatusOr<checkpoint::CheckpointStore> store =
+      checkpoint::CheckpointStore::Open(root, /*create=*/false);
+  EXPECT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<checkpoint::Manifest> m = store->ReadManifest(version);
+  EXPECT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<OptimizerOptions> o =
+      ParseOptimizerConfig(m->metadata().at("optimizer_config"), "checkpoint");
+  EXPECT_TRUE(o.ok()) << o.status();
+  return *o;
+}
+
+constexpr char kConfigA[] =
+    "lr: 0.01 schedule { warmup_steps: 2 decay: COSINE decay_steps: 10 min_lr: 0.001 } "
+    "max_grad_norm: 0.5";
+constexpr char kConfigB[] = "lr: 0.002 schedule { decay: LINEAR decay_steps: 4 }";
+
+TEST(OptimizerClusterTest, RestoreUsesTheCheckpointsConfigOrAnExplicitOverride) {
+  absl::StatusOr<demo::TempDir> ckpt = demo::TempDir::Create("paramd_opt_ckpt");
+  ASSERT_TRUE(ckpt.ok());
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
+  ASSERT_TRUE(dir.ok());
+  const std::string a_file = WriteFile(dir->path(), "a.textproto", kConfigA);
+  const std::string b_file = WriteFile(dir->path(), "b.textproto", kConfigB);
+  absl::StatusOr<OptimizerOptions> config_a = ParseOptimizerConfig(kConfigA, "a");
+  absl::StatusOr<OptimizerOptions> config_b = ParseOptimizerConfig(kConfigB, "b");
+  ASSERT_TRUE(config_a.ok() && config_b.ok());
+  {
+    TestClusterOptions o = Options(2);
+    o.coordinator_flags = {"--optimizer=" + a_file, "--checkpoint_dir=" + ckpt->path()};
+    o.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RawCluster& a = **c;
+    const std::string model = a.cluster().dir() + "/model.safetensors";
+    ASSERT_TRUE(WriteModel(model, Model()).ok());
+    ASSERT_TRUE(a.Load(model, kRecipe).ok()) << a.cluster().Logs();
+    for (int64_t v = 0; v < 3; ++v) {
+      ASSERT_TRUE(a.PushAll(v, "t", Gradient(v)).ok());
+      ASSERT_TRUE(a.WaitForVersion(v + 1).ok());
+    }
+    ASSERT_TRUE(Checkpoint(a, 3).ok()) << a.cluster().Logs();
+    EXPECT_EQ(DescribeOptimizer(SavedConfig(ckpt->path(), 3)), DescribeOptimizer(*config_a));
+  }
+  {
+    // No config given: the checkpoint's, with its step counter (step 4 of
+    // the schedule next).
+    TestClusterOptions o = Options(1);
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RawCluster& b = **c;
+    absl::StatusOr<int64_t> v = Restore(b, ckpt->path());
+    ASSERT_TRUE(v.ok()) << v.status() << b.cluster().Logs();
+    ASSERT_EQ(*v, 3);
+    absl::StatusOr<OptimizerOptions> got = OptimizerFromProto(b.manifest().optimizer_config());
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(DescribeOptimizer(*got), DescribeOptimizer(*config_a));
+    EXPECT_EQ(b.tensor("b").optimizer().lr_multiplier(), 2.0f);
+    ASSERT_TRUE(b.PushAll(3, "t", Gradient(3)).ok());
+    ASSERT_TRUE(b.WaitForVersion(4).ok());
+    absl::StatusOr<rpc::DaemonStats> s = b.Stats(0);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->optimizer_steps(), 4);
+    EXPECT_DOUBLE_EQ(s->lr(), ScheduledLr(*config_a, 4));
+    EXPECT_GT(s->grad_norm(), 0.0);
+  }
+  {
+    // An explicit config overrides the checkpoint's: logged, used, and
+    // recorded by the next checkpoint.
+    TestClusterOptions o = Options(2);
+    o.coordinator_flags = {"--optimizer=" + b_file, "--checkpoint_dir=" + ckpt->path()};
+    o.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RawCluster& b = **c;
+    absl::StatusOr<int64_t> v = Restore(b, ckpt->path());
+    ASSERT_TRUE(v.ok()) << v.status() << b.cluster().Logs();
+    absl::StatusOr<OptimizerOptions> got = OptimizerFromProto(b.manifest().optimizer_config());
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(DescribeOptimizer(*got), DescribeOptimizer(*config_b));
+    EXPECT_NE(b.cluster().Logs().find("optimizer config override"), std::string::npos)
+        << b.cluster().Logs();
+    ASSERT_TRUE(b.PushAll(3, "t", Gradient(3)).ok());
+    ASSERT_TRUE(b.WaitForVersion(4).ok());
+    absl::StatusOr<rpc::DaemonStats> s = b.Stats(0);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->optimizer_steps(), 4);  // the counter is the checkpoint's
+    EXPECT_DOUBLE_EQ(s->lr(), ScheduledLr(*config_b, 4));
+    EXPECT_EQ(s->grad_norm(), -1.0);  // B needs no norm
+    ASSERT_TRUE(Checkpoint(b, 4).ok()) << b.cluster().Logs();
+    EXPECT_EQ(DescribeOptimizer(SavedConfig(ckpt->path(), 4)), DescribeOptimizer(*config_b));
+  }
+}
+
+TEST(OptimizerClusterTest, SetOptimizerScheduleBetweenSteps) {
+  TestClusterOptions o = Options(2);
+  o.coordinator_flags = {"--lr=0.01"};
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& a = **c;
+  const std::string model = a.cluster().dir() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(model, Model()).ok());
+  ASSERT_TRUE(a.Load(model, kRecipe).ok()) << a.cluster().Logs();
+  ASSERT_TRUE(a.PushAll(0, "t", Gradient(0)).ok());
+  ASSERT_TRUE(a.WaitForVersion(1).ok());
+  rpc::SetOptimizerScheduleRequest request;
+  request.mutable_schedule()->set_decay(recipe::LINEAR);
+  request.mutable_schedule()->set_decay_steps(4);
+  request.set_lr(0.04f);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::SetOptimizerScheduleResponse response;
+    const grpc::Status s = a.coordinator().SetOptimizerSchedule(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.optimizer().lr(), 0.04f);
+  }
+  ASSERT_TRUE(a.PushAll(1, "t", Gradient(1)).ok());
+  ASSERT_TRUE(a.WaitForVersion(2).ok());
+  OptimizerOptions want;
+  want.lr = 0.04f;
+  want.schedule.decay = LrDecay::kLinear;
+  want.schedule.decay_steps = 4;
+  for (int d = 0; d < 2; ++d) {
+    absl::StatusOr<rpc::DaemonStats> s = a.Stats(d);
+    ASSERT_TRUE(s.ok());
+    EXPECT_DOUBLE_EQ(s->lr(), ScheduledLr(want, 2)) << d;
+  }
+  // A bad schedule is refused and changes nothing.
+  request.mutable_schedule()->set_decay_steps(0);
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::SetOptimizerScheduleResponse response;
+  EXPECT_EQ(a.coordinator().SetOptimizerSchedule(&context, request, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace paramd
