@@ -284,7 +284,14 @@ absl::Status Run() {
       c.optimizer = *o;
       c.optimizer_explicit = true;
     } else if (optimizer_file) {
-      ASSIGN_OR_RETURN(c.optimizer, LoadOptimizerConfig(optimizer_flag));
+      absl::StatusOr<OptimizerOptions> o = LoadOptimizerConfig(optimizer_flag);
+      if (absl::IsNotFound(o.status())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown optimizer \"", optimizer_flag,
+            "\" (want adamw, sgd or an optimizer config FILE: ", o.status().message(), ")"));
+      }
+      RETURN_IF_ERROR(o.status());
+      c.optimizer = *o;
       c.optimizer_explicit = true;
     }
     // Flags beside a config file or recipe section must agree with it.

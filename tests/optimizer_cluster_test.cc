@@ -7,10 +7,13 @@
 // changes the lr between steps.
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <sys/wait.h>
 
 #include <google/protobuf/text_format.h>
 
@@ -75,23 +78,23 @@ std::vector<uint8_t> Weights(RawCluster& c, int64_t version) {
 TEST(OptimizerClusterTest, MismatchedDaemonFlagIsRefusedAtJoin) {
   TestClusterOptions o = Options(1);
   o.coordinator_flags = {"--optimizer=adamw", "--lr=0.01"};
-  o.daemon_flags = {"--lr=0.5"};
   absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  auto stub = rpc::Daemon::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*c)->daemon_port(0)), grpc::InsecureChannelCredentials()));
-  std::string error;
-  for (int i = 0; i < 200 && error.empty(); ++i) {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(5));
-    rpc::GetStatsResponse response;
-    ASSERT_TRUE(stub->GetStats(&context, rpc::GetStatsRequest(), &response).ok());
-    error = response.stats().error();
-    if (error.empty()) absl::SleepFor(absl::Milliseconds(50));
-  }
-  EXPECT_NE(error.find("join refused"), std::string::npos) << error;
-  EXPECT_NE(error.find("--lr=0.5"), std::string::npos) << error;
-  EXPECT_NE(error.find("lr: 0.00999999978"), std::string::npos) << error;
+  // A daemon told --lr=0.5: its join is refused, it exits 1 naming both.
+  demo::ChildProcesses children;
+  const std::string log = (*c)->dir() + "/refused.log";
+  absl::StatusOr<int> child = children.Start(
+      {"daemon", {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
+                  "--coordinator=" + (*c)->coordinator_address(), "--lr=0.5"},
+       log, log});
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<int> status = children.Wait(*child, absl::Seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1);
+  std::ifstream in(log);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("--lr=0.5"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr: 0.00999999978"), std::string::npos) << out;
 }
 
 TEST(OptimizerClusterTest, DaemonWithoutFlagsTakesTheConfig) {

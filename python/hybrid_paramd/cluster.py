@@ -19,6 +19,10 @@ import tempfile
 import time
 
 
+_OPTIMIZER_FLAGS = ("--optimizer=", "--lr=", "--beta1=", "--beta2=", "--adam_eps=",
+                    "--weight_decay=", "--momentum=")
+
+
 def _wait_port(path, proc, log, timeout):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -55,11 +59,15 @@ class LocalCluster:
         self.logs = []
         self._env = dict(os.environ if env is None else env)
         atexit.register(self.stop)
+        # The optimizer config is the coordinator's (daemons' optimizer
+        # flags are checked against it at join): optimizer flags among
+        # daemon_flags are given to the coordinator too.
+        mirrored = [f for f in daemon_flags if f.startswith(_OPTIMIZER_FLAGS)]
         try:
             port = self._start("coordinator", [
                 server_binary, "--role=coordinator", "--listen=127.0.0.1:0",
                 "--daemons=%d" % daemons, "--expected_pushers=%d" % expected_pushers
-            ] + list(coordinator_flags), start_timeout)
+            ] + mirrored + list(coordinator_flags), start_timeout)
             self.address = "127.0.0.1:%d" % port
             self.daemon_ports = []
             for i in range(daemons):
