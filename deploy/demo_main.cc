@@ -24,6 +24,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+
+#include <google/protobuf/text_format.h>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -51,6 +53,7 @@
 #include "nlohmann/json.hpp"
 #include "safetensors/safetensors.h"
 #include "server/optimizer.h"
+#include "server/optimizer_config.h"
 
 ABSL_FLAG(int64_t, steps, 30, "training steps");
 ABSL_FLAG(int64_t, batch_size, 256, "global batch per step (split between the two trainers)");
@@ -63,6 +66,9 @@ ABSL_FLAG(double, tolerance, 0.05,
           "max relative difference of the final held-out loss from the FP32 baseline's");
 ABSL_FLAG(double, lr, 2e-3, "AdamW learning rate (daemons and baseline)");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay (daemons and baseline)");
+ABSL_FLAG(double, warmup_fraction, 0.1,
+          "linear lr warmup over this fraction of the steps, then cosine decay to lr / 10");
+ABSL_FLAG(double, max_grad_norm, 1.0, "global-norm gradient clipping (0 = off)");
 ABSL_FLAG(bool, push_bf16, false, "push gradients as BF16 instead of FP32");
 ABSL_FLAG(int32_t, timeout_s, 120, "give up (and fail) after this many seconds");
 ABSL_FLAG(std::string, workdir, "",
@@ -122,6 +128,13 @@ OptimizerOptions DemoOptimizer() {
   o.kind = OptimizerKind::kAdamW;
   o.lr = static_cast<float>(absl::GetFlag(FLAGS_lr));
   o.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  o.schedule.warmup_steps =
+      static_cast<int64_t>(absl::GetFlag(FLAGS_warmup_fraction) * static_cast<double>(steps));
+  o.schedule.decay = LrDecay::kCosine;
+  o.schedule.decay_steps = std::max<int64_t>(1, steps - o.schedule.warmup_steps);
+  o.schedule.min_lr = o.lr / 10;
+  o.max_grad_norm = static_cast<float>(absl::GetFlag(FLAGS_max_grad_norm));
   return o;
 }
 
@@ -213,15 +226,19 @@ absl::Status Demo::StartCluster() {
   }
   server_ = server;
   const std::string coordinator_port = workdir_ + "/coordinator.port";
+  // The coordinator's optimizer config (warmup + cosine, clipping); the
+  // daemons take it at join.
+  const std::string optimizer_path = workdir_ + "/optimizer.textproto";
+  {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(OptimizerToProto(DemoOptimizer()), &text);
+    std::ofstream(optimizer_path) << text;
+  }
+  std::printf("optimizer: %s\n", DescribeOptimizer(DemoOptimizer()).c_str());
   std::vector<std::string> coordinator_argv = {
       server, "--role=coordinator", "--listen=127.0.0.1:0", "--port_file=" + coordinator_port,
       absl::StrCat("--daemons=", kNumDaemons), absl::StrCat("--expected_pushers=", kNumTrainers),
-      "--recipe=" + recipe_path_, "--data_plane=host",
-      "--optimizer=adamw", absl::StrFormat("--lr=%.9g", DemoOptimizer().lr),
-      absl::StrFormat("--beta1=%.9g", DemoOptimizer().beta1),
-      absl::StrFormat("--beta2=%.9g", DemoOptimizer().beta2),
-      absl::StrFormat("--adam_eps=%.9g", DemoOptimizer().eps),
-      absl::StrFormat("--weight_decay=%.9g", DemoOptimizer().weight_decay)};
+      "--recipe=" + recipe_path_, "--data_plane=host", "--optimizer=" + optimizer_path};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
     coordinator_argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
     coordinator_argv.push_back(
@@ -250,15 +267,10 @@ absl::Status Demo::StartCluster() {
 }
 
 std::vector<std::string> Demo::DaemonArgv(const std::string& name) const {
-  const OptimizerOptions opt = DemoOptimizer();
+  // No optimizer flags: the daemon takes the coordinator's config at join.
   std::vector<std::string> argv = {server_, "--role=daemon", "--listen=127.0.0.1:0",
                                    "--port_file=" + workdir_ + "/" + name + ".port",
-                                   "--coordinator=" + coordinator_address_, "--data_plane=host",
-                                   "--optimizer=adamw", absl::StrFormat("--lr=%.9g", opt.lr),
-                                   absl::StrFormat("--beta1=%.9g", opt.beta1),
-                                   absl::StrFormat("--beta2=%.9g", opt.beta2),
-                                   absl::StrFormat("--adam_eps=%.9g", opt.eps),
-                                   absl::StrFormat("--weight_decay=%.9g", opt.weight_decay)};
+                                   "--coordinator=" + coordinator_address_, "--data_plane=host"};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
     argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
   }

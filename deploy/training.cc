@@ -42,8 +42,16 @@ absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model,
       }
     }
     run.losses.push_back(loss_sum / schedule.batch_size);
+    // Schedule and global-norm clipping as the daemons apply them (the
+    // norm in float64 over every weight's summed gradient).
+    double sum_sq = 0;
+    for (const std::vector<float>& g : sum) {
+      for (float x : g) sum_sq += static_cast<double>(x) * x;
+    }
+    const float clip = ClipFactor(optimizer, sum_sq);
     for (size_t l = 0; l < shapes.size(); ++l) {
-      ApplyOptimizer(optimizer, step + 1, absl::MakeSpan(run.weights[l]), sum[l], states[l]);
+      ApplyOptimizerStep(optimizer, TensorStepHyper(optimizer, TensorOptimizer(), step + 1, clip),
+                         step + 1, absl::MakeSpan(run.weights[l]), sum[l], states[l]);
     }
   }
   ASSIGN_OR_RETURN(run.eval_loss, MeanLoss(model, ViewsOf(run.weights),

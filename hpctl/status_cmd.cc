@@ -11,6 +11,7 @@
 #include "hpctl/command.h"
 #include "kernels/format.h"
 #include "server/convert.h"
+#include "server/optimizer_config.h"
 
 namespace paramd {
 namespace hpctl {
@@ -104,6 +105,24 @@ void PrintMemory(const rpc::GetStatusResponse& s) {
           : "-");
 }
 
+// The loaded model's optimizer config (else the coordinator's), and per
+// daemon the step counter, lr, last gradient norm and clip factor.
+void PrintOptimizer(const rpc::GetStatusResponse& s) {
+  const recipe::OptimizerConfig& proto =
+      s.manifest().has_optimizer_config() ? s.manifest().optimizer_config() : s.optimizer();
+  absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(proto);
+  std::cout << "\nOPTIMIZER " << (o.ok() ? DescribeOptimizer(*o) : o.status().ToString()) << "\n"
+            << absl::StrFormat("  %4s  %7s %7s %12s %12s %8s\n", "rank", "step", "skipped", "lr",
+                               "grad norm", "clip");
+  for (const rpc::DaemonStats& d : s.daemons()) {
+    if (!d.error().empty() && d.published_version() < 0) continue;
+    std::cout << absl::StrFormat(
+        "  %4d  %7d %7d %12.6g %12s %8.4g\n", d.rank(), d.optimizer_steps(), d.skipped_steps(),
+        d.lr(), d.grad_norm() < 0 ? std::string("-") : absl::StrFormat("%.6g", d.grad_norm()),
+        d.clip_factor() == 0 ? 1.0f : d.clip_factor());
+  }
+}
+
 void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
   std::cout << absl::StrFormat("coordinator %s: committed version %d, %d daemons expected, "
                                "%d pushers expected\n",
@@ -130,6 +149,7 @@ void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
     if (!d.error().empty()) std::cout << "        error: " << d.error() << "\n";
   }
   PrintMemory(s);
+  PrintOptimizer(s);
   const rpc::Manifest& m = s.manifest();
   if (m.tensors_size() == 0) {
     std::cout << "\nno model loaded\n";

@@ -177,6 +177,19 @@ class Collector : public prometheus::Collectable {
                             static_cast<double>(s.steps())));
       out.push_back(Gauge("paramd_last_step_seconds", "Wall time of the last step",
                           s.last_step_seconds()));
+      out.push_back(Gauge("paramd_optimizer_lr", "Base lr (schedule) of the last optimizer step",
+                          s.lr()));
+      out.push_back(Gauge("paramd_grad_norm",
+                          "Global gradient norm of the last step (-1: not computed)",
+                          s.grad_norm()));
+      out.push_back(Gauge("paramd_grad_clip_factor", "Clip factor applied to the last step",
+                          s.clip_factor()));
+      out.push_back(Gauge("paramd_optimizer_steps",
+                          "Optimizer step counter (bias correction, schedule)",
+                          static_cast<double>(s.optimizer_steps())));
+      out.push_back(Counter("paramd_skipped_steps_total",
+                            "Steps skipped for a non-finite gradient norm (non_finite: SKIP_STEP)",
+                            static_cast<double>(s.skipped_steps())));
       out.push_back(Gauge("paramd_pushers_received", "Pushes received for the current version",
                           s.pushers_received()));
       out.push_back(Counter("paramd_pushed_bytes_total", "Gradient bytes accepted",

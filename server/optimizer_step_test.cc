@@ -15,6 +15,7 @@
 #include "kernels/format.h"
 #include "server/optimizer.h"
 #include "server/shard_set.h"
+#include "server/optimizer_test_model.h"
 #include "server/thread_all_reduce.h"
 
 namespace paramd {
@@ -23,45 +24,23 @@ namespace {
 constexpr int kPushers = 3;
 constexpr int kSteps = 20;
 
-// The model: a split weight, a bias with its own lr and no decay, a wide
-// tensor (cols > 256 lanes) split across two daemons, a frozen tensor.
+using testing::OptimizerTestLayout;
+
 std::vector<TensorDef> Model() {
   HybridSpec fp32;
   fp32.rowwise = DefaultQuantSpec(Format::kIdentityFp32);
   fp32.columnwise = DefaultQuantSpec(Format::kIdentityFp32);
-  std::vector<TensorDef> t(4);
-  t[0] = {"layers.0.weight", 384, 40, fp32, {}};
-  t[1] = {"layers.0.bias", 1, 40, fp32, {}};
-  t[1].optimizer.lr_multiplier = 2.0f;
-  t[1].optimizer.weight_decay = 0.0f;
-  t[2] = {"embed.weight", 256, 300, fp32, {}};
-  t[2].optimizer.weight_decay = 0.5f;
-  t[3] = {"frozen.weight", 130, 8, fp32, {}};
-  t[3].optimizer.frozen = true;
-  return t;
+  return testing::OptimizerTestModel(fp32);
 }
 
-// Daemon d's shards in the 3-daemon layout (128-row aligned, as the planner).
-std::vector<ShardDef> ThreeDaemonShards(int d) {
-  switch (d) {
-    case 0:
-      return {{0, 0, 128}, {1, 0, 1}, {3, 0, 130}};
-    case 1:
-      return {{0, 128, 256}, {2, 0, 128}};
-    default:
-      return {{0, 256, 384}, {2, 128, 256}};
-  }
-}
+std::vector<ShardDef> ThreeDaemonShards(int d) { return OptimizerTestLayout(3)[d]; }
 
 std::vector<std::vector<float>> Random(const std::vector<TensorDef>& model, uint32_t seed,
                                        float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
   std::vector<std::vector<float>> out;
-  for (const TensorDef& t : model) {
-    std::vector<float> v(t.rows * t.cols);
-    for (float& x : v) x = dist(rng);
-    out.push_back(std::move(v));
+  for (size_t t = 0; t < model.size(); ++t) {
+    out.push_back(testing::RandomGradient(model[t].rows * model[t].cols,
+                                          seed + 7919 * static_cast<uint32_t>(t), scale));
   }
   return out;
 }
@@ -241,9 +220,7 @@ TEST_P(OptimizerStepTest, MatchesFloat64ReferenceAndOneVsThreeDaemons) {
   const OptimizerOptions o = GetParam().options;
   const std::vector<TensorDef> model = Model();
   const auto init = Random(model, 1, 0.5f);
-  std::vector<std::vector<ShardDef>> one(1);
-  for (int t = 0; t < static_cast<int>(model.size()); ++t) one[0].push_back({t, 0, model[t].rows});
-  World single(model, one, o, init);
+  World single(model, OptimizerTestLayout(1), o, init);
   World three(model, {ThreeDaemonShards(0), ThreeDaemonShards(1), ThreeDaemonShards(2)}, o,
               init);
   Reference ref{o, model, {}, {}, {}};
