@@ -95,6 +95,16 @@ TEST(ServerSingleTest, OneProcessLoadsServesAndSteps) {
     }
     EXPECT_TRUE(reader->Finish().ok());
   }
+  {  // The daemon has published 1; the coordinator commits it once its report
+     // is checked, which can land just after the fetch above: wait for it.
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::WaitForVersionRequest request;
+    request.set_min_version(1);
+    rpc::WaitForVersionResponse response;
+    ASSERT_TRUE(coordinator->WaitForVersion(&context, request, &response).ok());
+    EXPECT_EQ(response.committed_version(), 1);
+  }
   {
     grpc::ClientContext context;
     SetDeadline(context, absl::Seconds(5));
