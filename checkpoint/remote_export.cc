@@ -94,8 +94,7 @@ class RemoteExportSource : public ExportSource {
     if (stub == nullptr) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(-1);
-      stub = CheckpointDaemon::NewStub(
-          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      stub = CheckpointDaemon::NewStub(auth::CreateChannel(address, options_.security, args));
     }
     return stub.get();
   }

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/daemon_state.h"
 #include "checkpoint/export.h"
+#include "auth/security.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -40,6 +41,8 @@ struct RemoteExportOptions {
   // Deadline of the stream of one piece.
   absl::Duration piece_timeout = absl::Minutes(10);
   int64_t max_chunk_bytes = 0;  // 0: the daemon's default (4 MiB)
+  // TLS and token of the channels to the daemons (auth/security.h).
+  auth::ChannelSecurity security;
 };
 
 // `pieces`: for every tensor to export, its pieces in row order covering

@@ -103,6 +103,11 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
   grpc::ServerUnaryReactor* WriteShard(grpc::CallbackServerContext* context,
                                        const WriteShardRequest* request,
                                        WriteShardResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.checkpoint.CheckpointDaemon/WriteShard");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     threads_.Run([this, reactor, request, response] {
       const auto start = std::chrono::steady_clock::now();
@@ -279,7 +284,12 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
 }  // namespace
 
 grpc::ServerWriteReactor<ExportRowsChunk>* CheckpointDaemonService::Impl::ExportRows(
-    grpc::CallbackServerContext*, const ExportRowsRequest* request) {
+    grpc::CallbackServerContext* context, const ExportRowsRequest* request) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.checkpoint.CheckpointDaemon/ExportRows");
+      !s.ok()) {
+    return auth::RefusedWriter<ExportRowsChunk>(s);
+  }
   auto* reactor = new ExportReactor(this, request);
   reactor->Begin();
   return reactor;
@@ -387,6 +397,11 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const CheckpointRequest* request,
                                        CheckpointResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.checkpoint.CheckpointCoordinator/Checkpoint");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     return RunOnThread(context, [this, request, response] {
       const absl::Time start = absl::Now();
       absl::StatusOr<CheckpointResponse> r = DoCheckpoint(*request);
@@ -412,6 +427,11 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
                                             const ListCheckpointsRequest* request,
                                             ListCheckpointsResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.checkpoint.CheckpointCoordinator/ListCheckpoints");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     return RunOnThread(context, [this, request, response]() -> absl::Status {
       ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request->dir(), /*create=*/false));
       ASSIGN_OR_RETURN(std::vector<CheckpointSummary> list, store.List());
@@ -431,6 +451,11 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   grpc::ServerUnaryReactor* DescribeCheckpoint(grpc::CallbackServerContext* context,
                                                const DescribeCheckpointRequest* request,
                                                DescribeCheckpointResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.checkpoint.CheckpointCoordinator/DescribeCheckpoint");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     return RunOnThread(context, [this, request, response]() -> absl::Status {
       ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request->dir(), /*create=*/false));
       uint64_t version = static_cast<uint64_t>(request->version());
@@ -547,7 +572,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
     absl::MutexLock lock(&stubs_mu_);
     DaemonChannel& c = stubs_[address];
     if (c.stub == nullptr) {
-      c.channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+      c.channel = auth::CreateChannel(address, options_.daemon_channel);
       c.stub = CheckpointDaemon::NewStub(c.channel);
     }
     return &c;

@@ -34,6 +34,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/checkpoint_service.pb.h"
 #include "proto/paramd.pb.h"
+#include "auth/security.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -52,6 +53,11 @@ struct CheckpointServiceOptions {
   int version_retries = 3;
   // Daemon: bytes per ExportRows message (default when the request says 0).
   int64_t export_chunk_bytes = 4 << 20;
+  // Who may call the service (auth/security.h; null = no checks).
+  std::shared_ptr<auth::Authenticator> authenticator;
+  // Coordinator: how its channels to the daemons authenticate (TLS, the
+  // cluster secret).
+  auth::ChannelSecurity daemon_channel;
 };
 
 class CheckpointDaemonService {

@@ -34,14 +34,15 @@ std::string DefaultName() {
   return absl::StrCat(host, ":", getpid());
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                          const auth::ChannelSecurity& security) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a daemon restarts; fail fast while it is down.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return auth::CreateChannel(address, security, args);
 }
 
 absl::StatusOr<Manifest> ManifestFromProto(const rpc::Manifest& m) {
@@ -317,6 +318,7 @@ class Client::Impl {
                             absl::Mutex& result_mu, CallGroup& group, absl::Time deadline);
 
   ClientOptions options_;
+  auth::ChannelSecurity security_;  // set by Connect, then read-only
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
 
@@ -334,13 +336,18 @@ absl::Status Client::Impl::Connect() {
     return absl::InvalidArgumentError("ClientOptions::coordinator_address is empty");
   }
   if (options_.name.empty()) options_.name = DefaultName();
-  coordinator_channel_ = MakeChannel(options_.coordinator_address);
+  ASSIGN_OR_RETURN(security_.tls, auth::LoadTls(options_.tls));
+  security_.token = std::make_shared<auth::BearerToken>(options_.token);
+  coordinator_channel_ = MakeChannel(options_.coordinator_address, security_);
   coordinator_ = rpc::Coordinator::NewStub(coordinator_channel_);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   if (!coordinator_channel_->WaitForConnected(ToChrono(deadline))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ",
-                                               options_.coordinator_address, " within ",
-                                               absl::FormatDuration(options_.connect_timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the coordinator at ", options_.coordinator_address, " within ",
+        absl::FormatDuration(options_.connect_timeout),
+        security_.tls.enabled() ? " over TLS (is its certificate signed by the given CA and "
+                                  "issued for that address?)"
+                                : " over plaintext (a TLS server refuses plaintext clients)"));
   }
   rpc::JoinRequest request;
   request.set_role(options_.role == ClientOptions::Role::kTrainer ? rpc::ROLE_TRAINER
@@ -400,7 +407,7 @@ std::shared_ptr<rpc::Daemon::Stub> Client::Impl::DaemonStub(const std::string& a
 
 std::shared_ptr<grpc::Channel> Client::Impl::DaemonChannelLocked(const std::string& address) {
   auto& channel = daemon_channels_[address];
-  if (channel == nullptr) channel = MakeChannel(address);
+  if (channel == nullptr) channel = MakeChannel(address, security_);
   return channel;
 }
 

@@ -66,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "auth/security.h"
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
 
@@ -97,6 +98,15 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(30);
   // Largest chunk asked of a daemon's fetch stream (0 = server default).
   int64_t max_chunk_bytes = 0;
+  // Security (docs/SECURITY.md). TLS: `tls.ca` (PEM roots that signed the
+  // servers' certificates) turns TLS on; `tls.cert`/`tls.key` add a client
+  // certificate (mutual TLS); `tls.server_name` overrides the name checked
+  // in the servers' certificates. Empty = plaintext.
+  auth::TlsFiles tls;
+  // Bearer token presented on every call (`authorization: Bearer ...`) to
+  // a cluster started with --auth_token_file; "" = none. A trainer's token
+  // has role trainer; hpctl's role operator.
+  std::string token;
 };
 
 // Where rows [row_begin, row_end) of a tensor live.

@@ -37,8 +37,8 @@ template <class Request, class Response, class Call>
 absl::Status Invoke(const ClusterOptions& cluster, Call call, const Request& request,
                     Response* response, absl::Duration timeout) {
   RETURN_IF_ERROR(cluster.Probe());
-  auto stub = CheckpointCoordinator::NewStub(
-      grpc::CreateChannel(cluster.address(), grpc::InsecureChannelCredentials()));
+  ASSIGN_OR_RETURN(auth::ChannelSecurity security, cluster.Security());
+  auto stub = CheckpointCoordinator::NewStub(auth::CreateChannel(cluster.address(), security));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   return FromGrpcStatus((stub.get()->*call)(&context, request, response),

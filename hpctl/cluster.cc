@@ -1,16 +1,50 @@
 #include "hpctl/cluster.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 
+#include "common/status_macros.h"
 #include "hpctl/address.h"
 
 namespace paramd {
 namespace hpctl {
 
 void ClusterOptions::AddTo(OptionParser& opts) {
-  opts.AddString("address", &address_, "coordinator address HOST:PORT");
+  if (const char* env = std::getenv("HPCTL_ADDRESS"); env != nullptr && *env != 0) {
+    address_ = env;
+  }
+  if (const char* env = std::getenv("HPCTL_TOKEN_FILE"); env != nullptr && *env != 0) {
+    token_file_ = env;
+  }
+  opts.AddString("address", &address_, "coordinator address HOST:PORT (default $HPCTL_ADDRESS)");
   opts.AddDouble("timeout", &timeout_seconds_, "seconds to wait for the cluster");
+  opts.AddString("tls_ca", &tls_.ca,
+                 "PEM CA that signed the servers' certificates: talk TLS (docs/SECURITY.md)");
+  opts.AddString("tls_cert", &tls_.cert, "PEM client certificate (servers requiring mutual TLS)");
+  opts.AddString("tls_key", &tls_.key, "PEM private key of --tls_cert");
+  opts.AddString("tls_server_name", &tls_.server_name,
+                 "name the servers' certificates carry (default: the host of the address)");
+  opts.AddString("auth_token_file", &token_file_,
+                 "file with the bearer token (a bare token, or `ROLE TOKEN` lines: the operator "
+                 "one is used); default $HPCTL_TOKEN_FILE");
+}
+
+absl::Status ClusterOptions::ApplySecurity(client::ClientOptions* options) const {
+  options->tls = tls_;
+  if (!token_file_.empty()) {
+    ASSIGN_OR_RETURN(options->token, auth::LoadClientToken(token_file_, auth::Role::kOperator));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<auth::ChannelSecurity> ClusterOptions::Security() const {
+  client::ClientOptions options;
+  RETURN_IF_ERROR(ApplySecurity(&options));
+  auth::ChannelSecurity security;
+  ASSIGN_OR_RETURN(security.tls, auth::LoadTls(options.tls));
+  security.token = std::make_shared<auth::BearerToken>(options.token);
+  return security;
 }
 
 absl::Status ClusterOptions::Probe() const {
@@ -29,6 +63,7 @@ absl::StatusOr<std::unique_ptr<client::Client>> ClusterOptions::Connect() const 
   options.name = "hpctl";
   options.connect_timeout = timeout();
   options.call_timeout = timeout();
+  RETURN_IF_ERROR(ApplySecurity(&options));
   return client::Client::Connect(options);
 }
 

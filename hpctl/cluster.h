@@ -1,7 +1,10 @@
 // File: hpctl/cluster.h
 //
 // What the hpctl commands that talk to a running cluster (status, load,
-// fetch, step, checkpoint, export) share: the --address / --timeout options, connecting as an
+// fetch, step, checkpoint, export) share: the --address / --timeout
+// options, the security options (--tls_ca, --tls_cert, --tls_key,
+// --tls_server_name, --auth_token_file; docs/SECURITY.md), the
+// environment defaults HPCTL_ADDRESS and HPCTL_TOKEN_FILE, connecting as an
 // observer, and reporting a failed Status the hpctl way.
 //
 // Not thread-safe (one per invocation, like OptionParser).
@@ -15,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "auth/security.h"
 #include "client/client.h"
 #include "hpctl/command.h"
 
@@ -23,8 +27,9 @@ namespace hpctl {
 
 class ClusterOptions {
  public:
-  // Adds --address and --timeout to `opts`; the values are read after
-  // opts.Parse().
+  // Adds --address, --timeout and the security options to `opts`; the
+  // values are read after opts.Parse(). Defaults of --address and
+  // --auth_token_file come from $HPCTL_ADDRESS and $HPCTL_TOKEN_FILE.
   void AddTo(OptionParser& opts);
 
   absl::Duration timeout() const { return absl::Seconds(timeout_seconds_); }
@@ -35,6 +40,13 @@ class ClusterOptions {
   // refused connection (UNAVAILABLE), each with the reason.
   absl::Status Probe() const;
 
+  // The client options of the security flags: TLS files and the token
+  // (read from --auth_token_file: a bare token, or the `operator` line of
+  // a `ROLE TOKEN` file). Errors name the flag's file.
+  absl::Status ApplySecurity(client::ClientOptions* options) const;
+  // The same for a raw channel (checkpoint, export).
+  absl::StatusOr<auth::ChannelSecurity> Security() const;
+
   // Probe(), then connects as an observer (no rank, no pushes). UNAVAILABLE
   // if the coordinator cannot be reached within the timeout.
   absl::StatusOr<std::unique_ptr<client::Client>> Connect() const;
@@ -42,6 +54,8 @@ class ClusterOptions {
  private:
   std::string address_ = "127.0.0.1:7070";
   double timeout_seconds_ = 30;
+  auth::TlsFiles tls_;
+  std::string token_file_;
 };
 
 // Prints "hpctl <command>: <status>" to stderr and returns kExitFailure.

@@ -83,6 +83,9 @@ int RunExport(int argc, char** argv) {
       return ReportFailure("export", empty.status());
     }
   }
+  auto security = cluster.Security();
+  if (!security.ok()) return ReportFailure("export", security.status());
+  remote.security = *security;
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("export", client.status());
   auto manifest = (*client)->RefreshManifest(cluster.timeout());

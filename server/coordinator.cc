@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <openssl/crypto.h>
+
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -72,11 +74,18 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
  public:
   explicit Impl(CoordinatorOptions options)
       : options_(std::move(options)),
+        cluster_secret_configured_(!options_.cluster_secret.empty()),
+        cluster_secret_(cluster_secret_configured_ ? options_.cluster_secret
+                                                   : auth::RandomSecret()),
         table_(options_.expected_daemons, options_.daemon_lease),
-        stubs_(options_.expected_daemons) {
+        stubs_(options_.expected_daemons),
+        member_secrets_(options_.expected_daemons) {
+    if (options_.authenticator) options_.authenticator->AddClusterSecret(cluster_secret_);
     optimizer_ = options_.optimizer;
     lease_thread_ = std::thread([this] { LeaseLoop(); });
   }
+
+  const std::string& cluster_secret() const { return cluster_secret_; }
 
   void Shutdown() {
     {
@@ -138,7 +147,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const rpc::JoinRequest* request,
                                  rpc::JoinResponse* response) override {
-    absl::StatusOr<rpc::Member> member = AddMember(*request);
+    bool may_take_rank = true;
+    if (grpc::Status s = AuthorizeJoin(*context, *request, &may_take_rank); !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
+    absl::StatusOr<rpc::Member> member = AddMember(*request, may_take_rank);
     if (!member.ok()) return Done(context, member.status());
     if (!request->wait_for_world()) {
       absl::MutexLock lock(&mu_);
@@ -158,6 +171,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const rpc::LeaveRequest* request,
                                   rpc::LeaveResponse* /*response*/) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/Leave");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     absl::MutexLock lock(&mu_);
     auto it = std::find_if(others_.begin(), others_.end(), [&](const rpc::Member& m) {
       return m.member_id() == request->member_id();
@@ -175,14 +193,24 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetManifest(grpc::CallbackServerContext* context,
                                         const rpc::GetManifestRequest* /*request*/,
                                         rpc::GetManifestResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/GetManifest");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     absl::MutexLock lock(&mu_);
     *response->mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
     return Done(context, absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* WaitForVersion(grpc::CallbackServerContext* /*context*/,
+  grpc::ServerUnaryReactor* WaitForVersion(grpc::CallbackServerContext* context,
                                            const rpc::WaitForVersionRequest* request,
                                            rpc::WaitForVersionResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/WaitForVersion");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     const int64_t min_version = request->min_version();
     int64_t known_epoch;
     {
@@ -213,6 +241,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
                                  const rpc::LoadRequest* request,
                                  rpc::LoadResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/Load");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     StartLoad(*request, [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
       if (s.ok()) *response = r;
@@ -224,6 +257,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
                                  const rpc::StepRequest* request,
                                  rpc::StepResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/Step");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     const int64_t from = request->version();
     std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
     {
@@ -292,6 +330,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ReportVersion(grpc::CallbackServerContext* context,
                                           const rpc::ReportVersionRequest* request,
                                           rpc::ReportVersionResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/ReportVersion");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     const int rank = request->daemon_rank();
     const int64_t version = request->published_version();
     struct Confirm {
@@ -370,6 +413,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const rpc::HeartbeatRequest* request,
                                       rpc::HeartbeatResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/Heartbeat");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
@@ -429,6 +477,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const rpc::GetStatusRequest* request,
                                       rpc::GetStatusResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/GetStatus");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
     std::vector<int> ranks;  // of `stubs`: joined daemons that are not DOWN
     {
@@ -644,7 +697,64 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
   }
 
-  absl::StatusOr<rpc::Member> AddMember(const rpc::JoinRequest& request) {
+  // The Join policies of auth/method_policy.cc. `may_take_rank`: whether a
+  // daemon join may take over a rank that already has a daemon (a rejoin):
+  // only with a cluster credential, since the reply carries the cluster
+  // secret and the coordinator's calls then go to the joiner's secret.
+  grpc::Status AuthorizeJoin(const grpc::CallbackServerContext& context,
+                             const rpc::JoinRequest& request, bool* may_take_rank) const {
+    const auth::Authenticator* a = options_.authenticator.get();
+    *may_take_rank = true;
+    if (a == nullptr) return grpc::Status::OK;
+    const auth::Caller caller = a->Identify(context);
+    constexpr absl::string_view kJoin = "/paramd.rpc.Coordinator/Join";
+    if (grpc::Status s = a->AuthorizeCaller(caller, kJoin); !s.ok()) return s;
+    if (request.role() == rpc::ROLE_DAEMON) {
+      if (caller.role == auth::Role::kCluster) return grpc::Status::OK;
+      if (a->tokens_required()) return a->AuthorizeCaller(caller, auth::kJoinAsDaemon);
+      if (cluster_secret_configured_) {
+        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                            "joining as a daemon needs the cluster secret (--cluster_secret_file)");
+      }
+      *may_take_rank = false;  // open: CheckOpenDaemonJoinLocked decides
+      return grpc::Status::OK;
+    }
+    if (request.role() == rpc::ROLE_TRAINER && request.pusher()) {
+      return a->AuthorizeCaller(caller, auth::kJoinAsPusher);
+    }
+    return grpc::Status::OK;
+  }
+
+  // The daemon joins allowed without credentials (see AddMember): not a
+  // live daemon's address, and a retry (same incarnation) only with the
+  // member secret that incarnation gave.
+  absl::Status CheckOpenDaemonJoinLocked(const rpc::JoinRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int rank = 0; rank < table_.size(); ++rank) {
+      const DaemonSlot& slot = table_.slot(rank);
+      if (!slot.joined) continue;
+      const bool same_incarnation =
+          !request.incarnation().empty() && slot.member.incarnation() == request.incarnation();
+      if (same_incarnation) {
+        const std::string& known = member_secrets_[rank];
+        if (known.size() == request.member_secret().size() &&
+            CRYPTO_memcmp(known.data(), request.member_secret().data(), known.size()) == 0) {
+          return absl::OkStatus();
+        }
+        return absl::UnauthenticatedError(absl::StrCat(
+            "a Join as daemon rank ", rank, "'s incarnation needs its member secret"));
+      }
+      if (table_.alive(rank) && slot.member.address() == request.address()) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            "daemon rank ", rank, " (", slot.member.member_id(), ") is alive at ",
+            request.address(), "; replacing it needs the cluster secret "
+            "(--cluster_secret_file) or a cluster token"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<rpc::Member> AddMember(const rpc::JoinRequest& request, bool may_take_rank) {
     bool world_complete = false;
     bool start_recovery = false;
     rpc::Member result;
@@ -656,6 +766,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           // The config is the coordinator's: a daemon told otherwise on its
           // command line is refused, both values named.
           RETURN_IF_ERROR(CheckOptimizerFlags(request.optimizer_flags(), optimizer_));
+          if (!may_take_rank) {
+            // No credentials (no token file, no configured secret): a new
+            // rank, a DOWN rank, or a retry of this process's own Join
+            // (same incarnation and member secret), but not the place of
+            // a live daemon (by its address): that would hand a stranger
+            // the cluster secret and the live daemon's calls.
+            RETURN_IF_ERROR(CheckOpenDaemonJoinLocked(request));
+          }
           const bool was_complete = table_.all_joined();
           const int joined_before = table_.joined();
           ASSIGN_OR_RETURN(DaemonTable::Joined j,
@@ -663,8 +781,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           result = j.member;
           if (j.retry) break;
           const int rank = j.member.rank();
-          stubs_[rank] = rpc::Daemon::NewStub(
-              grpc::CreateChannel(request.address(), grpc::InsecureChannelCredentials()));
+          // Calls to this daemon present its own member secret: it accepts
+          // that from the start, whereas it learns the cluster secret only
+          // from the Join reply, which LoadShards may overtake.
+          member_secrets_[rank] =
+              request.member_secret().empty() ? cluster_secret_ : request.member_secret();
+          stubs_[rank] = rpc::Daemon::NewStub(auth::CreateChannel(
+              request.address(),
+              {options_.tls, std::make_shared<auth::BearerToken>(member_secrets_[rank])}));
           world_complete = !was_complete && table_.all_joined();
           if (j.replaced) {
             start_recovery = true;
@@ -750,6 +874,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     if (m.role() == rpc::ROLE_DAEMON && m.rank() >= 0 && m.rank() < table_.size()) {
       response->set_replacement(table_.slot(m.rank()).needs_state);
     }
+    if (m.role() == rpc::ROLE_DAEMON) response->set_cluster_secret(cluster_secret_);
     response->set_expected_pushers(options_.expected_pushers);
     response->set_committed_version(committed_);
     *response->mutable_optimizer() = OptimizerToProto(optimizer_);
@@ -1101,6 +1226,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   }
 
   const CoordinatorOptions options_;
+  const bool cluster_secret_configured_;
+  const std::string cluster_secret_;
   WaitList world_waiters_;
   WaitList version_waiters_;
 
@@ -1117,6 +1244,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   DaemonTable table_ ABSL_GUARDED_BY(mu_);  // daemon ranks, leases
   // By rank; replaced when a daemon (re)joins. Shared with calls in flight.
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // By rank: the member secret the rank's daemon gave at Join (what the
+  // coordinator's calls to it present).
+  std::vector<std::string> member_secrets_ ABSL_GUARDED_BY(mu_);
   int64_t daemons_lost_ ABSL_GUARDED_BY(mu_) = 0;  // leases that expired
   std::vector<rpc::Member> others_ ABSL_GUARDED_BY(mu_);   // trainers, observers
   int next_member_ ABSL_GUARDED_BY(mu_) = 0;
@@ -1163,7 +1293,12 @@ class WatchReactor : public WaitingWriter<rpc::VersionEvent> {
 };
 
 grpc::ServerWriteReactor<rpc::VersionEvent>* Coordinator::Impl::WatchVersion(
-    grpc::CallbackServerContext* /*context*/, const rpc::WatchVersionRequest* request) {
+    grpc::CallbackServerContext* context, const rpc::WatchVersionRequest* request) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Coordinator/WatchVersion");
+      !s.ok()) {
+    return auth::RefusedWriter<rpc::VersionEvent>(s);
+  }
   auto* reactor = new WatchReactor(this, request->min_version());
   reactor->Begin();
   return reactor;
@@ -1202,5 +1337,6 @@ int Coordinator::expected_daemons() const { return impl_->options().expected_dae
 absl::Status Coordinator::startup_error() const { return impl_->startup_error(); }
 std::vector<rpc::Member> Coordinator::daemon_members() const { return impl_->daemon_members(); }
 int64_t Coordinator::daemons_lost() const { return impl_->daemons_lost(); }
+const std::string& Coordinator::cluster_secret() const { return impl_->cluster_secret(); }
 
 }  // namespace paramd

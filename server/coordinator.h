@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "auth/security.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
@@ -109,6 +110,18 @@ struct CoordinatorOptions {
   // Limits on what a Load may declare (server/request_checks.h); the names
   // and count of a safetensors file's tensors are checked the same way.
   RequestLimits limits;
+
+  // Security (auth/security.h, docs/SECURITY.md). Who may call this
+  // service (null: no checks; ParamdServer always sets one).
+  std::shared_ptr<auth::Authenticator> authenticator;
+  // TLS of the channels to the daemons (client side).
+  auth::TlsConfig tls;
+  // The cluster secret handed to daemons in their Join reply and carried
+  // by their internal calls. "" = a random one, generated at Create (then,
+  // without a token file, a new daemon may join without credentials while
+  // the world is incomplete). Set = every daemon join must present it (or
+  // a `cluster` token).
+  std::string cluster_secret;
 };
 
 class Coordinator {
@@ -142,6 +155,9 @@ class Coordinator {
   std::vector<rpc::Member> daemon_members() const;
   // Leases that expired since start (daemons seen dead or stopped).
   int64_t daemons_lost() const;
+  // The cluster secret (CoordinatorOptions::cluster_secret or the generated
+  // one): what this process's other channels to the daemons present.
+  const std::string& cluster_secret() const;
 
   class Impl;
 

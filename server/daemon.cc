@@ -138,13 +138,18 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       address_ = address;
     }
     coordinator_address_ = coordinator;
+    if (options_.member_secret.empty()) options_.member_secret = auth::RandomSecret();
+    if (options_.authenticator) options_.authenticator->AddClusterSecret(options_.member_secret);
     // Reconnect within a second of a coordinator that starts late (gRPC's
     // default backoff grows to two minutes).
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args);
+    // The Join presents join_token; once joined, every call presents the
+    // cluster secret from the reply.
+    coordinator_token_ = std::make_shared<auth::BearerToken>(options_.join_token);
+    channel_ = auth::CreateChannel(coordinator, {options_.tls, coordinator_token_}, args);
     coordinator_ = rpc::Coordinator::NewStub(channel_);
     join_thread_ = std::thread([this] { JoinLoop(); });
     lease_ = std::make_unique<LeaseKeeper>(
@@ -234,6 +239,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* LoadShards(grpc::CallbackServerContext* context,
                                        const rpc::LoadShardsRequest* request,
                                        rpc::LoadShardsResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/LoadShards");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     // Refused before anything changes: the loaded model stays.
     if (absl::Status s = CheckLoadShardsRequest(*request, options_.limits); !s.ok()) {
@@ -279,6 +289,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* context,
                                  const rpc::DaemonStepRequest* request,
                                  rpc::DaemonStepResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/Step");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     const int64_t from = request->version();
     if (absl::Status s = CheckDaemonStepRequest(*request); !s.ok()) {
       grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -354,6 +369,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const rpc::GetStatsRequest* request,
                                      rpc::GetStatsResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/GetStats");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     FillStats(request->include_shards(), response->mutable_stats());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -958,7 +978,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     const absl::Time give_up = absl::Now() + options_.join_timeout;
     absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
         DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
-                              options_.step_timeout);
+                              options_.step_timeout, options_.authenticator,
+                              std::make_shared<const auth::ChannelSecurity>(
+                                  auth::ChannelSecurity{options_.tls, coordinator_token_}));
     if (!data_plane.ok()) {
       absl::MutexLock lock(&mu_);
       join_error_ = absl::StrCat("data plane: ", data_plane.status().ToString());
@@ -983,6 +1005,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     if (options_.rank >= 0) request.set_rank(options_.rank);
     bool unavailable_logged = false;
     *request.mutable_optimizer_flags() = options_.optimizer_flags;
+    request.set_member_secret(options_.member_secret);
     while (absl::Now() < give_up) {
       // Until the coordinator answers, say so every few seconds (a daemon
       // started before its coordinator is not silent).
@@ -1031,6 +1054,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         return;
       }
       if (s.ok()) {
+        if (!response.cluster_secret().empty()) {
+          if (options_.authenticator) {
+            options_.authenticator->AddClusterSecret(response.cluster_secret());
+          }
+          coordinator_token_->Set(response.cluster_secret());
+        }
         absl::StatusOr<AllReduceMaxFn> all_reduce =
             data_plane_->Connect(response.data_plane(), response.rank());
         absl::MutexLock lock(&mu_);
@@ -1166,6 +1195,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
 
   DaemonOptions options_;
   std::string coordinator_address_;  // set by Start()
+  std::shared_ptr<auth::BearerToken> coordinator_token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::thread join_thread_;
@@ -1626,6 +1656,11 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
 grpc::ServerReadReactor<rpc::PushGradientsRequest>* Daemon::Impl::PushGradients(
     grpc::CallbackServerContext* context, rpc::PushGradientsResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/PushGradients");
+      !s.ok()) {
+    return auth::RefusedReader<rpc::PushGradientsRequest>(s);
+  }
   auto* reactor = new PushReactor(this, context, response);
   reactor->Begin();
   return reactor;
@@ -1639,6 +1674,11 @@ std::string ClientHost(const std::string& peer) {
 
 grpc::ServerWriteReactor<rpc::FetchResponse>* Daemon::Impl::Fetch(
     grpc::CallbackServerContext* context, const rpc::FetchRequest* request) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/Fetch");
+      !s.ok()) {
+    return auth::RefusedWriter<rpc::FetchResponse>(s);
+  }
   auto* reactor = new FetchReactor(this, *request, ClientHost(context->peer()));
   reactor->Begin();
   return reactor;
@@ -1646,6 +1686,11 @@ grpc::ServerWriteReactor<rpc::FetchResponse>* Daemon::Impl::Fetch(
 
 grpc::ServerReadReactor<rpc::PushWeightsRequest>* Daemon::Impl::PushWeights(
     grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/PushWeights");
+      !s.ok()) {
+    return auth::RefusedReader<rpc::PushWeightsRequest>(s);
+  }
   auto* reactor = new WeightsReactor(this, context, response);
   reactor->Begin();
   return reactor;
@@ -1757,7 +1802,12 @@ class DeviceChannelReactor : public grpc::ServerWriteReactor<rpc::DeviceChannelE
 };
 
 grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChannel(
-    grpc::CallbackServerContext* /*context*/, const rpc::OpenDeviceChannelRequest* request) {
+    grpc::CallbackServerContext* context, const rpc::OpenDeviceChannelRequest* request) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/OpenDeviceChannel");
+      !s.ok()) {
+    return auth::RefusedWriter<rpc::DeviceChannelEvent>(s);
+  }
   auto* reactor = new DeviceChannelReactor(this);
   const std::string trainer =
       request->name().empty() ? request->trainer_address() : request->name();
@@ -2046,6 +2096,11 @@ absl::Time DeviceCallDeadline(const grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext* context,
                                                     const rpc::FetchDeviceRequest* request,
                                                     rpc::FetchDeviceResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/FetchDevice");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
   // The send is bounded by the call's deadline (no deadline: step_timeout).
   const absl::Time deadline = DeviceCallDeadline(context, options_.step_timeout);
   // reply_after_send: the answer waits for the send (and the publish of a
@@ -2195,6 +2250,11 @@ void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
 grpc::ServerUnaryReactor* Daemon::Impl::PushGradientsDevice(
     grpc::CallbackServerContext* context, const rpc::PushGradientsDeviceRequest* request,
     rpc::PushGradientsResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/PushGradientsDevice");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   DevicePush push;
   push.deadline = DeviceCallDeadline(context, options_.step_timeout);

@@ -2,8 +2,10 @@
 //
 //   hybrid-paramd                      # single node: coordinator + daemon on :7070
 //   hybrid-paramd --model=m.safetensors --recipe=r.textproto
-//   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070
-//   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071
+//   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070 \
+//                 --tls_cert=server.pem --tls_key=server.key --tls_ca=ca.pem \
+//                 --auth_token_file=tokens
+//   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071 (same TLS/token flags)
 //
 // Flags live here only; the libraries take Options structs.
 #include <signal.h>
@@ -31,6 +33,7 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
+#include "auth/security.h"
 #include "checkpoint/service.h"
 #include "server/async_util.h"
 #include "server/checkpointing.h"
@@ -44,7 +47,34 @@ ABSL_FLAG(std::string, config, "",
           "configuration file (protobuf text, proto/server_config.proto: the flags below by "
           "name); flags given on the command line override it");
 ABSL_FLAG(std::string, role, "both", "coordinator | daemon | both (one process, one port)");
-ABSL_FLAG(std::string, listen, "0.0.0.0:7070", "gRPC listen address (port 0 = any free port)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "gRPC listen address (port 0 = any free port); without --tls_cert only a loopback "
+          "address unless --insecure_listen_anywhere");
+ABSL_FLAG(bool, insecure_listen_anywhere, false,
+          "allow a non-loopback --listen / --data_plane_listen without TLS (plaintext: anyone "
+          "on the network can read the traffic and, without --auth_token_file, call it)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of this process: served on its gRPC ports (TLS) and presented "
+          "as client certificate on its own channels (docs/SECURITY.md)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificates: check the certificates of the coordinator/daemons this process "
+          "calls and of clients that present one; with TLS, this process's channels use TLS");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "mutual TLS: refuse clients without a certificate signed by --tls_ca");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name the peers' certificates must carry (default: the host of their address)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "bearer tokens with roles, one `ROLE TOKEN` per line (ROLE = trainer | operator | "
+          "cluster; '#' comments); every RPC then needs `authorization: Bearer TOKEN` of a role "
+          "allowed to call it (docs/SECURITY.md). Give every process of the cluster the same "
+          "file. Empty = no tokens: only the cluster-internal RPCs are authenticated (by the "
+          "cluster secret)");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "file whose first line is the secret shared by the coordinator and its daemons; "
+          "daemons must present it to join. Default: the first `cluster` token of "
+          "--auth_token_file, else the coordinator generates one at start and new daemons "
+          "join without credentials (rejoining a rank then needs it)");
 ABSL_FLAG(std::string, advertise_address, "",
           "address other processes use to reach this one (default 127.0.0.1:<port>)");
 ABSL_FLAG(std::string, port_file, "",
@@ -173,6 +203,42 @@ absl::Status Run() {
   options.run_coordinator = role != "daemon";
   options.run_daemon = role != "coordinator";
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.insecure_listen_anywhere = absl::GetFlag(FLAGS_insecure_listen_anywhere);
+  ASSIGN_OR_RETURN(options.tls, auth::LoadTls({
+                                    .cert = absl::GetFlag(FLAGS_tls_cert),
+                                    .key = absl::GetFlag(FLAGS_tls_key),
+                                    .ca = absl::GetFlag(FLAGS_tls_ca),
+                                    .require_client_cert =
+                                        absl::GetFlag(FLAGS_tls_require_client_cert),
+                                    .server_name = absl::GetFlag(FLAGS_tls_server_name),
+                                }));
+  if (options.tls.enabled() && options.tls.cert_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_ca without --tls_cert/--tls_key: a TLS server needs its own certificate");
+  }
+  std::vector<auth::TokenEntry> tokens;
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    ASSIGN_OR_RETURN(tokens, auth::LoadTokenFile(absl::GetFlag(FLAGS_auth_token_file)));
+  }
+  options.authenticator = std::make_shared<auth::Authenticator>(tokens);
+  if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
+    ASSIGN_OR_RETURN(options.cluster_secret,
+                     auth::LoadClientToken(absl::GetFlag(FLAGS_cluster_secret_file),
+                                           auth::Role::kCluster));
+  } else {
+    for (const auth::TokenEntry& t : tokens) {
+      if (t.role == auth::Role::kCluster) {
+        options.cluster_secret = t.token;
+        break;
+      }
+    }
+  }
+  RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_data_plane_listen).empty()
+                                               ? "127.0.0.1:0"
+                                               : absl::GetFlag(FLAGS_data_plane_listen),
+                                           options.tls.enabled(),
+                                           options.insecure_listen_anywhere,
+                                           "--data_plane_listen"));
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
 
@@ -327,6 +393,7 @@ absl::Status Run() {
   checkpoint::CheckpointServiceOptions checkpoint_options;
   checkpoint_options.root = absl::GetFlag(FLAGS_checkpoint_dir);
   checkpoint_options.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  checkpoint_options.authenticator = options.authenticator;
   std::unique_ptr<checkpoint::CheckpointableDaemon> checkpointable;
   std::unique_ptr<checkpoint::CheckpointDaemonService> checkpoint_daemon;
   std::unique_ptr<checkpoint::CheckpointCoordinatorService> checkpoint_coordinator;
@@ -339,6 +406,10 @@ absl::Status Run() {
       services->push_back(checkpoint_daemon->service());
     }
     if (coordinator != nullptr) {
+      // WriteShard is cluster-internal: the coordinator's calls present the
+      // cluster secret, which every joined daemon accepts.
+      checkpoint_options.daemon_channel = {
+          options.tls, std::make_shared<auth::BearerToken>(coordinator->cluster_secret())};
       ASSIGN_OR_RETURN(checkpoint_coordinator,
                        checkpoint::CheckpointCoordinatorService::Create(
                            checkpoint_options, NewInProcessClusterView(coordinator)));

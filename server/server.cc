@@ -17,6 +17,19 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   if (!options.run_coordinator && !options.run_daemon) {
     return absl::InvalidArgumentError("nothing to run: neither coordinator nor daemon role");
   }
+  RETURN_IF_ERROR(auth::CheckListenAddress(options.listen, options.tls.enabled(),
+                                            options.insecure_listen_anywhere));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   auth::ServerCredentials(options.tls));
+  if (options.authenticator == nullptr) {
+    options.authenticator = std::make_shared<auth::Authenticator>(std::vector<auth::TokenEntry>());
+  }
+  options.coordinator.authenticator = options.authenticator;
+  options.coordinator.tls = options.tls;
+  options.coordinator.cluster_secret = options.cluster_secret;
+  options.daemon.authenticator = options.authenticator;
+  options.daemon.tls = options.tls;
+  options.daemon.join_token = options.cluster_secret;
   std::unique_ptr<ParamdServer> s(new ParamdServer());
   if (options.run_coordinator) {
     ASSIGN_OR_RETURN(s->coordinator_, Coordinator::Create(options.coordinator));
@@ -36,7 +49,8 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, credentials, &s->port_);
+  auth::AddKeepalive(&builder);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   // gRPC sets SO_REUSEPORT by default: a second process on this port would
@@ -66,7 +80,12 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   Log("server", absl::StrCat("serving ", s->coordinator_ ? "coordinator" : "",
                              s->coordinator_ && s->daemon_ ? "+" : "",
                              s->daemon_ ? "daemon" : "", " on ", options.listen, " (",
-                             s->address_, ")"));
+                             s->address_, "; ", options.tls.enabled() ? "TLS" : "plaintext",
+                             options.tls.require_client_cert ? ", client certificates required"
+                                                             : "",
+                             options.authenticator->tokens_required() ? ", bearer tokens required"
+                                                                      : ", no token file",
+                             ")"));
   s->monitor_ = std::thread([p = s.get()] { p->Monitor(); });
   return s;
 }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "auth/security.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator.h"
 #include "server/daemon.h"
@@ -45,7 +46,9 @@ namespace paramd {
 
 struct ServerOptions {
   // "host:port"; port 0 picks a free port (see ParamdServer::port()).
-  std::string listen = "0.0.0.0:7070";
+  // Without TLS only a loopback address is accepted unless
+  // insecure_listen_anywhere (auth::CheckListenAddress).
+  std::string listen = "127.0.0.1:7070";
   // The address other processes use to reach this one. Empty:
   // "127.0.0.1:<bound port>" (single machine).
   std::string advertise_address;
@@ -67,6 +70,20 @@ struct ServerOptions {
       add_services;
   // Largest gRPC message accepted or sent.
   int max_message_bytes = 64 << 20;
+
+  // Security (auth/security.h, docs/SECURITY.md). TLS of the server (its
+  // certificate; with a CA, client certificates are checked) and of this
+  // process's own channels (the same CA checks the peers' certificates,
+  // the same certificate is presented to them).
+  auth::TlsConfig tls;
+  bool insecure_listen_anywhere = false;
+  // Who may call what; null = no token file (auth::Authenticator({})).
+  std::shared_ptr<auth::Authenticator> authenticator;
+  // The cluster secret shared by the coordinator and its daemons
+  // (--cluster_secret_file, else a `cluster` token of the token file);
+  // "" = the coordinator generates one (CoordinatorOptions::cluster_secret)
+  // and daemons join without credentials.
+  std::string cluster_secret;
 };
 
 class ParamdServer {

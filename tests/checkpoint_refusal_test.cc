@@ -23,6 +23,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "auth/security.h"
 #include "checkpoint/store.h"
 #include "checkpoint/test_util.h"
 #include "gtest/gtest.h"
@@ -42,6 +43,8 @@ const std::vector<TestTensor>& Model() {
   return *model;
 }
 
+constexpr char kClusterSecret[] = "checkpoint-refusal-test-cluster-secret";
+
 TestClusterOptions Options(const std::string& root, const std::vector<std::string>& extra = {}) {
   TestClusterOptions o;
   o.daemons = 2;
@@ -51,6 +54,8 @@ TestClusterOptions Options(const std::string& root, const std::vector<std::strin
   o.coordinator_flags = {"--checkpoint_dir=" + root};
   o.coordinator_flags.insert(o.coordinator_flags.end(), extra.begin(), extra.end());
   o.daemon_flags = {"--checkpoint_dir=" + root};
+  // ConfinementTest calls WriteShard as a rogue cluster member would.
+  o.cluster_secret = kClusterSecret;
   return o;
 }
 
@@ -178,8 +183,11 @@ class ConfinementTest : public ::testing::Test {
     fs::create_directory_symlink(outside_ + "/v1", root_ + "/v9");
     coordinator_ = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
         cluster_->cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
-    daemon_ = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
-        cluster_->manifest().daemons(0).address(), grpc::InsecureChannelCredentials()));
+    // With the cluster secret: past authentication, so that the refusals
+    // below are the daemon's own checks of the directories.
+    daemon_ = checkpoint::CheckpointDaemon::NewStub(auth::CreateChannel(
+        cluster_->manifest().daemons(0).address(),
+        {{}, std::make_shared<auth::BearerToken>(kClusterSecret)}));
     before_ = Tree(outside_);
   }
 

@@ -51,6 +51,15 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
       if (absl::StartsWith(flag, name)) coordinator_argv.push_back(flag);
     }
   }
+  std::vector<std::string> secret_flag;
+  if (!options.cluster_secret.empty()) {
+    const std::string path = d + "/cluster_secret";
+    std::ofstream out(path);
+    out << options.cluster_secret << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+    secret_flag.push_back("--cluster_secret_file=" + path);
+  }
+  coordinator_argv.insert(coordinator_argv.end(), secret_flag.begin(), secret_flag.end());
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_flags.begin(),
                           options.coordinator_flags.end());
   ASSIGN_OR_RETURN(const int coordinator,
@@ -89,6 +98,9 @@ absl::StatusOr<int> TestCluster::SpawnDaemon(const std::vector<std::string>& ext
     argv.push_back("--optimizer=" + options_.optimizer);
     argv.push_back(absl::StrFormat("--lr=%.9g", options_.lr));
     argv.push_back(absl::StrFormat("--momentum=%.9g", options_.momentum));
+  }
+  if (!options_.cluster_secret.empty()) {
+    argv.push_back("--cluster_secret_file=" + d + "/cluster_secret");
   }
   argv.insert(argv.end(), options_.daemon_flags.begin(), options_.daemon_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());

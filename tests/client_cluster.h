@@ -41,6 +41,10 @@ struct TestClusterOptions {
   std::vector<std::string> daemon_flags;
   // Further flags of daemon process i only (e.g. --gpu=i); may be shorter.
   std::vector<std::vector<std::string>> per_daemon_flags;
+  // Non-empty: every process gets it as --cluster_secret_file, so that a
+  // test can call the cluster-internal RPCs as a member would (e.g. a
+  // rogue coordinator's WriteShard). Empty: the coordinator generates one.
+  std::string cluster_secret;
 };
 
 // Flags that name paths in the cluster's scratch directory (see Start).

@@ -1,6 +1,7 @@
 #include "transport/host_transport.h"
 
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "auth/security.h"
 #include "proto/transport.grpc.pb.h"
 #include "transport/conformance_test_lib.h"
 #include "transport/transport.h"
@@ -166,6 +168,91 @@ TEST(HostTransportTest, ServerValidatesStreams) {
   EXPECT_EQ(*got, 2u);
   EXPECT_EQ((*t)->Recv(0, 1, absl::MakeSpan(buffer), absl::Now()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// With an authenticator, the DataPlane service is cluster-internal: a
+// stranger's Deliver/Ping/Goodbye are refused (UNAUTHENTICATED) and queue
+// nothing; peers presenting the cluster secret are served, even when the
+// receiving endpoint learns the secret only after the send started (a
+// daemon still reading its Join reply): the refused send is retried.
+TEST(HostTransportTest, StrangersAreRefusedAndPeersRetryUntilTheSecretIsKnown) {
+  const std::string secret = auth::RandomSecret();
+  auto a0 = std::make_shared<auth::Authenticator>(std::vector<auth::TokenEntry>());
+  auto a1 = std::make_shared<auth::Authenticator>(std::vector<auth::TokenEntry>());
+  a0->AddClusterSecret(secret);  // a1 learns it late
+  auto security = std::make_shared<const auth::ChannelSecurity>(
+      auth::ChannelSecurity{{}, std::make_shared<auth::BearerToken>(secret)});
+  TransportOptions o0, o1;
+  o0.authenticator = a0;
+  o1.authenticator = a1;
+  o0.security = o1.security = security;
+  std::unique_ptr<TransportEndpoint> e0 = Open(o0), e1 = Open(o1);
+  ASSERT_NE(e0, nullptr);
+  ASSERT_NE(e1, nullptr);
+
+  for (const std::string& token : {std::string(), std::string("wrong-secret-0123456789")}) {
+    auto stub = transport::DataPlane::NewStub(auth::CreateChannel(
+        e0->address(), {{}, std::make_shared<auth::BearerToken>(token)}));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    transport::DeliverResponse response;
+    auto writer = stub->Deliver(&context, &response);
+    transport::DeliverChunk forged;
+    forged.mutable_header()->set_src_rank(1);
+    forged.mutable_header()->set_tag(7);
+    forged.mutable_header()->set_total_bytes(2);
+    forged.set_data("xx");
+    writer->Write(forged);
+    writer->WritesDone();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    grpc::ClientContext ping_context;
+    transport::PingResponse pong;
+    EXPECT_EQ(stub->Ping(&ping_context, transport::PingRequest(), &pong).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    grpc::ClientContext bye_context;
+    transport::GoodbyeRequest bye;
+    bye.set_src_rank(1);
+    transport::GoodbyeResponse gone;
+    EXPECT_EQ(stub->Goodbye(&bye_context, bye, &gone).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+
+  const std::vector<std::string> book = {e0->address(), e1->address()};
+  absl::StatusOr<std::unique_ptr<Transport>> t0 = e0->Connect(0, book);
+  absl::StatusOr<std::unique_ptr<Transport>> t1 = e1->Connect(1, book);
+  ASSERT_TRUE(t0.ok() && t1.ok());
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    a1->AddClusterSecret(secret);
+  });
+  const absl::Time start = absl::Now();
+  const std::vector<uint8_t> message = {1, 2, 3};
+  const absl::Status sent = (*t0)->Send(1, 5, message, absl::Now() + absl::Seconds(10));
+  late.join();
+  ASSERT_TRUE(sent.ok()) << sent;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));  // it was refused first
+  std::vector<uint8_t> buffer(3);
+  absl::StatusOr<size_t> got =
+      (*t1)->Recv(0, 5, absl::MakeSpan(buffer), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, message);
+  // The stranger's forged message (tag 7 from "rank 1") never arrived.
+  EXPECT_EQ((*t0)->Recv(1, 7, absl::MakeSpan(buffer), absl::Now()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A peer without the secret fails at its deadline with UNAUTHENTICATED.
+  auto a2 = std::make_shared<auth::Authenticator>(std::vector<auth::TokenEntry>());
+  TransportOptions o2;
+  o2.authenticator = a2;
+  o2.security = security;
+  std::unique_ptr<TransportEndpoint> e2 = Open(o2);
+  ASSERT_NE(e2, nullptr);
+  TransportOptions unauthenticated;
+  std::unique_ptr<TransportEndpoint> e3 = Open(unauthenticated);
+  ASSERT_NE(e3, nullptr);
+  absl::StatusOr<std::unique_ptr<Transport>> t3 = e3->Connect(1, {e2->address(), e3->address()});
+  ASSERT_TRUE(t3.ok());
+  const absl::Status refused = (*t3)->Send(0, 1, message, absl::Now() + absl::Milliseconds(400));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "auth/security.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/transport.grpc.pb.h"
@@ -28,11 +29,17 @@ using transport_internal::MessageTransport;
 constexpr int64_t kMaxChunkBytes = int64_t{3} << 20;
 constexpr absl::Duration kGoodbyeTimeout = absl::Milliseconds(500);
 constexpr absl::Duration kServerDrain = absl::Seconds(1);
+// Between retries of a call a peer refused as UNAUTHENTICATED (it has not
+// learned the cluster secret yet).
+constexpr absl::Duration kUnauthenticatedRetry = absl::Milliseconds(50);
 
 // What the server's handlers and the transport share; outlives both.
 struct HostNode {
   std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
   std::atomic<int> rank{-1};
+  // TransportOptions::authenticator / security (null: open, plaintext).
+  std::shared_ptr<auth::Authenticator> authenticator;
+  std::shared_ptr<const auth::ChannelSecurity> security;
 };
 
 // Receives one message: the first chunk names it, the rest append bytes.
@@ -101,12 +108,22 @@ class DataPlaneService final : public transport::DataPlane::CallbackService {
 
   grpc::ServerReadReactor<transport::DeliverChunk>* Deliver(
       grpc::CallbackServerContext* context, transport::DeliverResponse* /*response*/) override {
+    if (grpc::Status s = auth::Authorize(node_->authenticator.get(), *context,
+                                         "/paramd.transport.DataPlane/Deliver");
+        !s.ok()) {
+      return auth::RefusedReader<transport::DeliverChunk>(s);
+    }
     return new DeliverReactor(context, node_);
   }
 
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
                                  const transport::PingRequest* /*request*/,
                                  transport::PingResponse* response) override {
+    if (grpc::Status s = auth::Authorize(node_->authenticator.get(), *context,
+                                         "/paramd.transport.DataPlane/Ping");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     response->set_rank(node_->rank.load());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -116,6 +133,11 @@ class DataPlaneService final : public transport::DataPlane::CallbackService {
   grpc::ServerUnaryReactor* Goodbye(grpc::CallbackServerContext* context,
                                     const transport::GoodbyeRequest* request,
                                     transport::GoodbyeResponse* /*response*/) override {
+    if (grpc::Status s = auth::Authorize(node_->authenticator.get(), *context,
+                                         "/paramd.transport.DataPlane/Goodbye");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     node_->mailbox->MarkGone(request->src_rank());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
@@ -138,10 +160,18 @@ class HostServer {
       return absl::InvalidArgumentError(
           absl::StrCat("listen address '", listen_address, "' is not host:port"));
     }
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+    if (node->security != nullptr) {
+      absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> c =
+          auth::ServerCredentials(node->security->tls);
+      if (!c.ok()) return c.status();
+      credentials = *c;
+    }
     auto server = std::unique_ptr<HostServer>(new HostServer(std::move(node)));
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(listen_address, credentials, &port);
+    auth::AddKeepalive(&builder);
     builder.RegisterService(&server->service_);
     builder.SetMaxReceiveMessageSize(static_cast<int>(kMaxChunkBytes + (int64_t{64} << 10)));
     // A fixed port that is taken must fail here, not be shared.
@@ -173,7 +203,8 @@ class HostServer {
   std::string address_;
 };
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                          const auth::ChannelSecurity* security) {
   grpc::ChannelArguments args;
   // A peer that was down is retried soon after it comes up.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -181,7 +212,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Transports in one process (tests) do not share connections or backoff.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return auth::CreateChannel(address, security != nullptr ? *security : auth::ChannelSecurity(),
+                             args);
 }
 
 class HostTransport final : public MessageTransport {
@@ -194,7 +226,7 @@ class HostTransport final : public MessageTransport {
         server_(std::move(server)),
         chunk_bytes_(chunk_bytes) {
     for (const std::string& address : addresses_) {
-      stubs_.push_back(transport::DataPlane::NewStub(MakeChannel(address)));
+      stubs_.push_back(transport::DataPlane::NewStub(MakeChannel(address, node_->security.get())));
     }
     node_->rank.store(rank);
   }
@@ -205,12 +237,15 @@ class HostTransport final : public MessageTransport {
 
   absl::Status CanConnect(int peer, absl::Time deadline) override {
     if (absl::Status s = CheckPeer(peer); !s.ok()) return s;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
     transport::PingRequest request;
     request.set_src_rank(rank());
     transport::PingResponse response;
-    const grpc::Status status = stubs_[peer]->Ping(&context, request, &response);
+    grpc::Status status;
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      status = stubs_[peer]->Ping(&context, request, &response);
+    } while (RetryUnauthenticated(status, deadline));
     if (!status.ok()) return PeerError(peer, status, "ping");
     if (response.rank() != -1 && response.rank() != peer) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -234,23 +269,40 @@ class HostTransport final : public MessageTransport {
  protected:
   absl::Status DoSend(int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
                       absl::Time deadline) override {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(deadline));
-    {
-      absl::MutexLock lock(&mu_);
-      if (shut_down()) return absl::FailedPreconditionError("transport is shut down");
-      in_flight_.insert(&context);
-    }
-    const grpc::Status status = Stream(peer, tag, bytes, context);
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.erase(&context);
-    }
+    grpc::Status status;
+    // A refused stream delivered nothing (the check precedes the first
+    // read), so resending after UNAUTHENTICATED cannot duplicate.
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      {
+        absl::MutexLock lock(&mu_);
+        if (shut_down()) return absl::FailedPreconditionError("transport is shut down");
+        in_flight_.insert(&context);
+      }
+      status = Stream(peer, tag, bytes, context);
+      {
+        absl::MutexLock lock(&mu_);
+        in_flight_.erase(&context);
+      }
+    } while (RetryUnauthenticated(status, deadline));
     if (status.ok()) return absl::OkStatus();
     return PeerError(peer, status, "send");
   }
 
  private:
+  // Whether to call again after `status`: an UNAUTHENTICATED peer may
+  // still be reading its Join reply (TransportOptions::authenticator);
+  // sleeps kUnauthenticatedRetry first. False once the deadline is near.
+  bool RetryUnauthenticated(const grpc::Status& status, absl::Time deadline) {
+    if (status.error_code() != grpc::StatusCode::UNAUTHENTICATED || shut_down() ||
+        absl::Now() + kUnauthenticatedRetry >= deadline) {
+      return false;
+    }
+    absl::SleepFor(kUnauthenticatedRetry);
+    return true;
+  }
+
   grpc::Status Stream(int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
                       grpc::ClientContext& context) {
     transport::DeliverResponse response;
@@ -374,6 +426,8 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenHostEndpoint(
         absl::StrCat("chunk_bytes ", options.chunk_bytes, " is outside 1 .. ", kMaxChunkBytes));
   }
   auto node = std::make_shared<HostNode>();
+  node->authenticator = options.authenticator;
+  node->security = options.security;
   absl::StatusOr<std::unique_ptr<HostServer>> server = HostServer::Start(
       options.listen_address.empty() ? "127.0.0.1:0" : options.listen_address, node);
   if (!server.ok()) return server.status();

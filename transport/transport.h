@@ -40,6 +40,10 @@
 #include "absl/types/span.h"
 
 namespace paramd {
+namespace auth {  // auth/security.h (kept out of this header: no gRPC here)
+class Authenticator;
+struct ChannelSecurity;
+}  // namespace auth
 
 // Tags above this are reserved for the transports' own collectives.
 inline constexpr uint64_t kMaxUserTag = (uint64_t{1} << 63) - 1;
@@ -132,6 +136,14 @@ struct TransportOptions {
   std::string listen_address;
   // host: bytes per streamed chunk, 1 .. 3 MiB.
   int64_t chunk_bytes = int64_t{1} << 20;
+  // host: who may call the endpoint's DataPlane service (auth/security.h:
+  // cluster-internal, so a cluster secret; null = anyone) and how its
+  // channels to the peers authenticate (TLS, bearer token: the cluster
+  // secret, which a daemon sets once it has joined). A peer's UNAUTHENTICATED
+  // is retried until the call's deadline: it may not have read its own Join
+  // reply yet.
+  std::shared_ptr<auth::Authenticator> authenticator;
+  std::shared_ptr<const auth::ChannelSecurity> security;  // null = plaintext, no token
 };
 
 // A process's presence on the data plane before it knows its rank.

@@ -1,0 +1,157 @@
+#include "auth/security.h"
+
+#include <set>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "gtest/gtest.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/paramd.grpc.pb.h"
+#include "proto/transport.grpc.pb.h"
+
+namespace paramd {
+namespace auth {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TokenFile, ParsesRolesCommentsAndBlankLines) {
+  auto tokens = ParseTokenFile(
+      "# tokens\n\ntrainer  aaaaaaaaaaaaaaaa1\n operator\tbbbbbbbbbbbbbbbb2 \ncluster cccccccccccccccc3\n",
+      "f");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(tokens->size(), 3u);
+  EXPECT_EQ((*tokens)[0].role, Role::kTrainer);
+  EXPECT_EQ((*tokens)[0].token, "aaaaaaaaaaaaaaaa1");
+  EXPECT_EQ((*tokens)[1].role, Role::kOperator);
+  EXPECT_EQ((*tokens)[1].token, "bbbbbbbbbbbbbbbb2");
+  EXPECT_EQ((*tokens)[2].role, Role::kCluster);
+}
+
+TEST(TokenFile, RefusesBadLinesWithoutEchoingTokens) {
+  auto unknown = ParseTokenFile("admin aaaaaaaaaaaaaaaaaaaa\n", "f");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("f:1"));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("trainer, operator or cluster"));
+  auto short_token = ParseTokenFile("\ntrainer sekrit\n", "f");
+  EXPECT_EQ(short_token.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_token.status().message(), HasSubstr("f:2"));
+  EXPECT_THAT(short_token.status().message(), ::testing::Not(HasSubstr("sekrit")));
+  EXPECT_FALSE(ParseTokenFile("trainer a b c d e f g h i j k l m n o p\n", "f").ok());
+  EXPECT_FALSE(ParseTokenFile("# nothing\n", "f").ok());
+}
+
+TEST(Authenticator, RolesOfTokensAndClusterSecrets) {
+  Authenticator a({{Role::kTrainer, "tttttttttttttttt"}, {Role::kOperator, "oooooooooooooooo"}});
+  EXPECT_TRUE(a.tokens_required());
+  EXPECT_EQ(a.RoleOf("tttttttttttttttt"), Role::kTrainer);
+  EXPECT_EQ(a.RoleOf("oooooooooooooooo"), Role::kOperator);
+  EXPECT_EQ(a.RoleOf("ttttttttttttttt"), std::nullopt);  // a prefix is not the token
+  EXPECT_EQ(a.RoleOf(""), std::nullopt);
+  const std::string secret = RandomSecret();
+  EXPECT_EQ(secret.size(), 64u);
+  EXPECT_NE(secret, RandomSecret());
+  EXPECT_EQ(a.RoleOf(secret), std::nullopt);
+  a.AddClusterSecret(secret);
+  EXPECT_EQ(a.RoleOf(secret), Role::kCluster);
+}
+
+TEST(Authenticator, WithTokensEachRoleGetsExactlyItsMethods) {
+  Authenticator a({{Role::kTrainer, "tttttttttttttttt"}});
+  EXPECT_EQ(a.AuthorizeCaller({}, "/paramd.rpc.Daemon/Fetch").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(a.AuthorizeCaller({std::nullopt, true}, "/paramd.rpc.Daemon/Fetch").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  for (const MethodPolicy& p : AllPolicies()) {
+    for (Role r : {Role::kTrainer, Role::kOperator, Role::kCluster}) {
+      const grpc::Status s = a.AuthorizeCaller({r, true}, p.method);
+      EXPECT_EQ(s.ok(), p.roles.contains(r)) << p.method << " as " << RoleName(r);
+      if (!s.ok()) {
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+        EXPECT_THAT(s.error_message(), HasSubstr(p.method));
+      }
+    }
+  }
+  EXPECT_EQ(a.AuthorizeCaller({Role::kCluster, true}, "/paramd.rpc.Daemon/NoSuch").error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST(Authenticator, WithoutTokensOnlyInternalMethodsNeedTheClusterSecret) {
+  Authenticator a({});
+  EXPECT_FALSE(a.tokens_required());
+  int internal = 0;
+  for (const MethodPolicy& p : AllPolicies()) {
+    EXPECT_TRUE(a.AuthorizeCaller({Role::kCluster, true}, p.method).ok()) << p.method;
+    const grpc::Status stranger = a.AuthorizeCaller({std::nullopt, true}, p.method);
+    EXPECT_EQ(stranger.ok(), !p.internal) << p.method;
+    if (p.internal) {
+      ++internal;
+      EXPECT_TRUE(p.roles.contains(Role::kCluster));
+      EXPECT_EQ(stranger.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_THAT(stranger.error_message(), HasSubstr("cluster-internal"));
+    }
+  }
+  for (absl::string_view m : {"/paramd.rpc.Daemon/LoadShards", "/paramd.rpc.Daemon/Step",
+                              "/paramd.rpc.Coordinator/ReportVersion",
+                              "/paramd.checkpoint.CheckpointDaemon/WriteShard"}) {
+    ASSERT_NE(FindPolicy(m), nullptr) << m;
+    EXPECT_TRUE(FindPolicy(m)->internal) << m;
+  }
+  EXPECT_GE(internal, 4);
+}
+
+TEST(MethodTable, CoversEveryMethodOfEveryService) {
+  const google::protobuf::DescriptorPool* pool =
+      google::protobuf::DescriptorPool::generated_pool();
+  std::set<std::string> listed;
+  for (const MethodPolicy& p : AllPolicies()) {
+    EXPECT_TRUE(listed.insert(std::string(p.method)).second) << "twice: " << p.method;
+  }
+  int methods = 0;
+  for (const char* service : {rpc::Coordinator::service_full_name(),
+                              rpc::Daemon::service_full_name(),
+                              checkpoint::CheckpointCoordinator::service_full_name(),
+                              checkpoint::CheckpointDaemon::service_full_name(),
+                              transport::DataPlane::service_full_name()}) {
+    const google::protobuf::ServiceDescriptor* s = pool->FindServiceByName(service);
+    ASSERT_NE(s, nullptr) << service;
+    for (int i = 0; i < s->method_count(); ++i, ++methods) {
+      const std::string name = absl::StrCat("/", service, "/", s->method(i)->name());
+      EXPECT_NE(FindPolicy(name), nullptr) << "no policy for " << name;
+      listed.erase(name);
+    }
+  }
+  listed.erase(std::string(kJoinAsDaemon));
+  listed.erase(std::string(kJoinAsPusher));
+  EXPECT_TRUE(listed.empty()) << "policy for a method that does not exist: " << *listed.begin();
+  EXPECT_GT(methods, 20);
+}
+
+TEST(ListenAddress, PlaintextOnlyOnLoopback) {
+  for (const char* ok : {"127.0.0.1:7070", "127.9.0.1:0", "localhost:7070", "[::1]:7070",
+                         "unix:/tmp/s"}) {
+    EXPECT_TRUE(CheckListenAddress(ok, false, false).ok()) << ok;
+  }
+  for (const char* bad : {"0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", ":7070", "host:1"}) {
+    const absl::Status s = CheckListenAddress(bad, false, false);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(s.message(), HasSubstr("--insecure_listen_anywhere"));
+    EXPECT_TRUE(CheckListenAddress(bad, true, false).ok()) << bad;
+    EXPECT_TRUE(CheckListenAddress(bad, false, true).ok()) << bad;
+  }
+}
+
+TEST(Tls, InconsistentFlagsAreRefused) {
+  EXPECT_EQ(LoadTls({.cert = "/x.pem"}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadTls({.require_client_cert = true}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadTls({.ca = "/nonexistent/ca.pem"}).status().code(), absl::StatusCode::kNotFound);
+  auto none = LoadTls({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->enabled());
+  EXPECT_FALSE(ServerCredentials(TlsConfig{.ca_pem = "-----BEGIN x"}).ok());
+}
+
+}  // namespace
+}  // namespace auth
+}  // namespace paramd
