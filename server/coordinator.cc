@@ -726,23 +726,28 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   }
 
   // The daemon joins allowed without credentials (see AddMember): not a
-  // live daemon's address, and a retry (same incarnation) only with the
-  // member secret that incarnation gave.
+  // live daemon's address, and what DaemonTable::Join takes for a retry
+  // of a registered process only with the member secret it gave.
   absl::Status CheckOpenDaemonJoinLocked(const rpc::JoinRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int rank = 0; rank < table_.size(); ++rank) {
       const DaemonSlot& slot = table_.slot(rank);
       if (!slot.joined) continue;
-      const bool same_incarnation =
-          !request.incarnation().empty() && slot.member.incarnation() == request.incarnation();
-      if (same_incarnation) {
+      // What DaemonTable::Join takes for a retry of the same process.
+      const bool same_process =
+          !request.incarnation().empty()
+              ? slot.member.incarnation() == request.incarnation()
+              : (!request.member_id().empty() && slot.member.member_id() == request.member_id()) ||
+                    slot.member.address() == request.address();
+      if (same_process) {
         const std::string& known = member_secrets_[rank];
         if (known.size() == request.member_secret().size() &&
             CRYPTO_memcmp(known.data(), request.member_secret().data(), known.size()) == 0) {
           return absl::OkStatus();
         }
         return absl::UnauthenticatedError(absl::StrCat(
-            "a Join as daemon rank ", rank, "'s incarnation needs its member secret"));
+            "a Join as daemon rank ", rank, " (", slot.member.member_id(),
+            ") again needs that daemon's member secret"));
       }
       if (table_.alive(rank) && slot.member.address() == request.address()) {
         return absl::UnauthenticatedError(absl::StrCat(

@@ -79,6 +79,12 @@ TEST(StrangerTest, ClusterInternalRpcsNeedTheClusterSecret) {
                       absl::Seconds(5))
                   .error_code(),
               grpc::StatusCode::UNAUTHENTICATED);
+    rpc::HeartbeatRequest beat;  // would keep a dead daemon's lease alive
+    beat.set_member_id("daemon-0");
+    beat.set_rank(0);
+    EXPECT_EQ(CallRaw(coordinator, "/paramd.rpc.Coordinator/Heartbeat", beat, absl::Seconds(5))
+                  .error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
     // Taking over daemon 0's rank would hand out the cluster secret.
     rpc::JoinRequest join;
     join.set_role(rpc::ROLE_DAEMON);
@@ -269,7 +275,7 @@ TEST_F(TlsTokenTest, EachRoleIsAllowedExactlyItsRpcs) {
     }
     ++probed;
   }
-  EXPECT_GE(probed, 23);  // 9 Coordinator + 9 Daemon + 5 checkpoint methods
+  EXPECT_GE(probed, 24);  // 10 Coordinator + 9 Daemon + 5 checkpoint methods
   // The rows that matter most, spelled out.
   EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Coordinator/Load")->roles.contains(
       auth::Role::kTrainer));

@@ -16,6 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "auth/security.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -1326,8 +1327,14 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
   const char* mode = std::getenv("PARAMD_NCCL_CONTROL");
   if (mode == nullptr || std::string(mode) != "grpc") {
     const std::string& listen = options.listen_address;
-    absl::StatusOr<std::unique_ptr<SocketChannel>> c =
-        SocketChannel::Listen(listen.empty() ? "" : listen.substr(0, listen.rfind(':')));
+    // Connections prove the token of the world's channels (the daemons'
+    // cluster secret), read when they are made: it is set after the join.
+    SocketChannelOptions control_options;
+    if (options.security != nullptr && options.security->token != nullptr) {
+      control_options.secret = [token = options.security->token] { return token->Get(); };
+    }
+    absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen(
+        listen.empty() ? "" : listen.substr(0, listen.rfind(':')), control_options);
     if (c.ok()) control = *std::move(c);
   }
   return std::unique_ptr<TransportEndpoint>(

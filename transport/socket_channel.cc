@@ -8,7 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -23,14 +29,29 @@ namespace paramd {
 namespace transport_internal {
 namespace {
 
-constexpr uint32_t kHelloMagic = 0x4F4C4548;  // "HELO"
+constexpr uint32_t kHelloMagic = 0x324C4548;  // "HEL2": nonce + proof
 constexpr uint32_t kFrameMagic = 0x4D415246;  // "FRAM"
 constexpr absl::Duration kConnectTimeout = absl::Seconds(2);
 
+using Nonce = std::array<uint8_t, 32>;
+
+// The connector's answer to the acceptor's nonce.
 struct Hello {
   uint32_t magic = kHelloMagic;
   int32_t rank = -1;
+  uint8_t proof[32] = {};  // HMAC-SHA256(secret, nonce || rank)
 };
+
+void Prove(const std::string& secret, const Nonce& nonce, int32_t rank, uint8_t out[32]) {
+  uint8_t message[sizeof(Nonce) + sizeof(rank)];
+  std::memcpy(message, nonce.data(), nonce.size());
+  std::memcpy(message + nonce.size(), &rank, sizeof(rank));
+  unsigned int len = 32;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message, sizeof(message),
+       out, &len);
+}
+
+std::string SecretOf(const SocketChannelOptions& o) { return o.secret ? o.secret() : ""; }
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -56,6 +77,29 @@ int ReadFull(int fd, void* data, size_t size) {
       p += n;
       size -= static_cast<size_t>(n);
     } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return n == 0 ? 0 : -errno;
+    }
+  }
+  return 1;
+}
+
+// ReadFull bounded by `deadline` (blocking or non-blocking `fd`): 1 when
+// all was read, 0 for EOF, -errno for an error, -ETIMEDOUT at the deadline.
+int ReadFullBy(int fd, void* data, size_t size, absl::Time deadline) {
+  uint8_t* p = static_cast<uint8_t*>(data);
+  while (size > 0) {
+    pollfd pf = {fd, POLLIN, 0};
+    const int timeout = PollTimeoutMs(deadline);
+    const int ready = timeout == 0 ? 0 : poll(&pf, 1, timeout);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return -ETIMEDOUT;
+    const ssize_t n = read(fd, p, size);
+    if (n > 0) {
+      p += n;
+      size -= static_cast<size_t>(n);
+    } else if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) {
       continue;
     } else {
       return n == 0 ? 0 : -errno;
@@ -336,10 +380,27 @@ void SocketChannel::AcceptLoop() {
 }
 
 void SocketChannel::ReadLoop(int fd) {
+  // The challenge: a fresh nonce (32 bytes always fit the new socket's
+  // buffer), answered by the connector's rank and proof of the secret.
+  Nonce nonce;
+  if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1 ||
+      send(fd, nonce.data(), nonce.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(nonce.size())) {
+    return;
+  }
   Hello hello;
-  if (ReadFull(fd, &hello, sizeof(hello)) != 1 || hello.magic != kHelloMagic || hello.rank < 0 ||
+  if (ReadFullBy(fd, &hello, sizeof(hello), absl::Now() + kSocketHelloTimeout) != 1 ||
+      hello.magic != kHelloMagic || hello.rank < 0 ||
       hello.rank >= static_cast<int>(addresses_.size())) {
+    shutdown(fd, SHUT_RDWR);
     return;  // a stranger: nobody to mark
+  }
+  if (const std::string secret = SecretOf(options_); !secret.empty()) {
+    uint8_t want[32];
+    Prove(secret, nonce, hello.rank, want);
+    if (CRYPTO_memcmp(want, hello.proof, sizeof(want)) != 0) {
+      shutdown(fd, SHUT_RDWR);
+      return;  // no proof of the secret: a stranger claiming a rank
+    }
   }
   std::string why;
   for (;;) {
@@ -414,7 +475,16 @@ absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline
     status = TuneConnection(fd, options_);
     Hello hello;
     hello.rank = rank_;
+    Nonce nonce;
     if (status.ok()) {
+      const int r = ReadFullBy(fd, nonce.data(), nonce.size(), deadline);
+      if (r != 1) {
+        status = r == -ETIMEDOUT ? absl::DeadlineExceededError("no challenge from the peer in time")
+                                 : absl::UnavailableError("the peer closed before its challenge");
+      }
+    }
+    if (status.ok()) {
+      Prove(SecretOf(options_), nonce, rank_, hello.proof);
       status = WriteFull(
           fd, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&hello), sizeof(hello)),
           deadline, options_);

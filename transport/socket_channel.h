@@ -36,6 +36,14 @@
 // whose connection could not be opened (refused: Sends give UNAVAILABLE,
 // nothing is marked).
 //
+// Authentication: every connection proves the world's secret
+// (SocketChannelOptions::secret) before the acceptor takes any frame from
+// it: the acceptor sends a random nonce, the connector answers with its rank
+// and HMAC-SHA256(secret, nonce || rank). A connection that does not prove
+// it within kSocketHelloTimeout (a stranger, a wrong secret, garbage) is
+// closed and marks nobody dead: the channel's own connections are not
+// disturbed. The frames themselves are not encrypted.
+//
 // What it does NOT do (its user keeps a gRPC channel for these):
 // acknowledge delivery (Send returns once the frame is in the kernel's
 // socket buffer), or carry large messages efficiently.
@@ -49,6 +57,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -68,6 +77,8 @@ namespace transport_internal {
 // Frames larger than this are refused by Send (INVALID_ARGUMENT) and by the
 // reader (which drops the connection).
 inline constexpr size_t kSocketMaxFrameBytes = size_t{1} << 20;
+// How long an accepted connection has to prove the secret.
+inline constexpr absl::Duration kSocketHelloTimeout = absl::Seconds(5);
 
 // How a channel notices a peer host that went silent, set on every
 // connection it opens or accepts (SO_KEEPALIVE with TCP_KEEPIDLE /
@@ -106,6 +117,11 @@ struct SocketChannelOptions {
   // shut included) fails the connection. Zero: the kernel's default (~15
   // min of retransmissions). In [0, 24h].
   absl::Duration user_timeout = absl::Seconds(15);
+  // The secret every rank of the world shares (see the file comment),
+  // read when a connection is opened or accepted, so it may be set after
+  // Listen (a daemon learns its cluster secret when it joins). Null or
+  // returning "": connections prove nothing and any is accepted.
+  std::function<std::string()> secret;
 };
 
 class SocketChannel {

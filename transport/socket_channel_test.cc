@@ -129,6 +129,68 @@ TEST(SocketChannelTest, GarbageFromAStrangerIsDropped) {
   EXPECT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "ok");
 }
 
+SocketChannelOptions WithSecret(const std::string& secret) {
+  SocketChannelOptions o;
+  o.secret = [secret] { return secret; };
+  return o;
+}
+
+// With a secret, a connection that does not prove it is dropped before
+// any frame is taken and marks nobody dead: a stranger with the wrong
+// secret claiming rank 0 (who then hangs up), a raw TCP connection that
+// sends a well-formed hello for rank 0 with a made-up proof, and one that
+// never answers the challenge. The ranks' own traffic flows throughout.
+TEST(SocketChannelTest, ConnectionsWithoutTheSecretAreDroppedWithoutMarkingAnyone) {
+  Pair pair(WithSecret("the-world-secret-0123456789"));
+  const std::vector<std::string> addresses = {pair.channels[0]->address(),
+                                              pair.channels[1]->address()};
+  {
+    auto stranger = SocketChannel::Listen("", WithSecret("a-guessed-secret-0123456789"));
+    ASSERT_TRUE(stranger.ok());
+    std::vector<std::shared_ptr<Mailbox>> none = {std::make_shared<Mailbox>()};
+    (*stranger)->Start(0, addresses, none);  // claims rank 0
+    // Its frame may sit in the kernel's buffer (OK) or find the
+    // connection dropped; either way it never reaches rank 1's mailbox.
+    (void)(*stranger)->Send(1, 0, 3, Bytes("forged"), In(absl::Seconds(10)));
+    absl::SleepFor(absl::Milliseconds(200));
+  }  // the stranger hangs up
+  // A hand-made hello: right magic and rank, wrong proof.
+  const int raw = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to = {};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(std::stoi(addresses[1].substr(addresses[1].rfind(':') + 1)));
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(raw, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  uint8_t nonce[32];
+  ASSERT_EQ(recv(raw, nonce, sizeof(nonce), MSG_WAITALL), 32);  // the challenge
+  struct {
+    uint32_t magic = 0x324C4548;
+    int32_t rank = 0;
+    uint8_t proof[32] = {};
+  } hello;
+  ASSERT_EQ(send(raw, &hello, sizeof(hello), 0), static_cast<ssize_t>(sizeof(hello)));
+  char byte;
+  EXPECT_EQ(recv(raw, &byte, 1, 0), 0);  // dropped at once
+  close(raw);
+  // One that connects and never answers holds nothing for long.
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(silent, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+
+  EXPECT_FALSE(pair.channels[1]->PeerGone(0));
+  EXPECT_FALSE(pair.channels[0]->PeerGone(1));
+  EXPECT_EQ(pair.Take(1, 0, 0, 3, absl::Milliseconds(100)).substr(0, 17), "DEADLINE_EXCEEDED");
+  ASSERT_TRUE(pair.channels[0]->Send(1, 0, 1, Bytes("ok"), In(absl::Seconds(10))).ok());
+  EXPECT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "ok");
+  ASSERT_TRUE(pair.channels[1]->Send(0, 0, 2, Bytes("back"), In(absl::Seconds(10))).ok());
+  EXPECT_EQ(pair.Take(0, 0, 1, 2, absl::Seconds(10)), "back");
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(recv(silent, nonce, sizeof(nonce), MSG_WAITALL), 32);
+  EXPECT_EQ(recv(silent, &byte, 1, 0), 0);  // closed after the hello timeout
+  EXPECT_LE(absl::Now() - start, kSocketHelloTimeout + absl::Seconds(2));
+  close(silent);
+  EXPECT_FALSE(pair.channels[1]->PeerGone(0));
+}
+
 // A receive waiting on a peer fails at once when that peer's channel closes,
 // not at its deadline; what the peer sent before is still received; sends
 // to it fail at once; both sides agree.
