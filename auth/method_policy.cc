@@ -51,6 +51,9 @@ const std::vector<MethodPolicy>& Table() {
       {"/paramd.rpc.Daemon/GetStats", {kO, kC}},
       {"/paramd.rpc.Daemon/LoadShards", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Step", {kC}, /*internal=*/true},
+      // The coordinator's recovery of a replaced daemon (server/recovery.h).
+      {"/paramd.rpc.Daemon/PrepareRecovery", {kC}, /*internal=*/true},
+      {"/paramd.rpc.Daemon/Recover", {kC}, /*internal=*/true},
       // ---- paramd.checkpoint.CheckpointCoordinator
       {"/paramd.checkpoint.CheckpointCoordinator/Checkpoint", {kO}},
       {"/paramd.checkpoint.CheckpointCoordinator/ListCheckpoints", {kO}},

@@ -332,6 +332,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* PrepareRecovery(grpc::CallbackServerContext* context,
                                             const rpc::PrepareRecoveryRequest* request,
                                             rpc::PrepareRecoveryResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/PrepareRecovery");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     absl::StatusOr<std::string> address = OpenNextWorld(request->epoch());
     if (address.ok()) response->set_data_plane_address(*address);
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -342,6 +347,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* Recover(grpc::CallbackServerContext* context,
                                     const rpc::RecoverRequest* request,
                                     rpc::RecoverResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/Recover");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     std::shared_ptr<const ModelView> view;
     if (request->load().manifest().tensors_size() > 0) {
@@ -1040,6 +1050,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         join_context_ = nullptr;
         if (shut_down_) return;
       }
+      if (s.ok() && !response.cluster_secret().empty()) {
+        if (options_.authenticator) {
+          options_.authenticator->AddClusterSecret(response.cluster_secret());
+        }
+        coordinator_token_->Set(response.cluster_secret());
+      }
       if (s.ok() && response.replacement()) {
         // The world's data plane is rebuilt by the coordinator's recovery,
         // which also gives this daemon the rank's state.
@@ -1054,12 +1070,6 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         return;
       }
       if (s.ok()) {
-        if (!response.cluster_secret().empty()) {
-          if (options_.authenticator) {
-            options_.authenticator->AddClusterSecret(response.cluster_secret());
-          }
-          coordinator_token_->Set(response.cluster_secret());
-        }
         absl::StatusOr<AllReduceMaxFn> all_reduce =
             data_plane_->Connect(response.data_plane(), response.rank());
         absl::MutexLock lock(&mu_);

@@ -257,6 +257,9 @@ TEST_F(TlsTokenTest, EachRoleIsAllowedExactlyItsRpcs) {
     if (absl::StrContains(method, "#") || absl::StartsWith(method, "/paramd.transport.")) {
       continue;
     }
+    // A cluster-role probe of the recovery RPCs would open a new world on
+    // the shared test cluster; their row is checked by //auth:security_test.
+    if (absl::StrContains(method, "Recover")) continue;
     std::unique_ptr<google::protobuf::Message> probe = ProbeFor(method);
     for (const auto& [role, token] : tokens) {
       auto channel = Channel(AddressOf(method), token, certs_);
