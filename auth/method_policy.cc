@@ -36,6 +36,7 @@ const std::vector<MethodPolicy>& Table() {
       {"/paramd.rpc.Coordinator/Load", {kO}},
       {"/paramd.rpc.Coordinator/Step", {kO}},
       {"/paramd.rpc.Coordinator/GetStatus", {kO}},
+      {"/paramd.rpc.Coordinator/SetOptimizerSchedule", {kO}},
       {"/paramd.rpc.Coordinator/ReportVersion", {kC}, /*internal=*/true},
       // A daemon's lease renewal (a forged one would keep a dead daemon
       // "alive" or learn whether a rank was replaced).
@@ -51,6 +52,8 @@ const std::vector<MethodPolicy>& Table() {
       {"/paramd.rpc.Daemon/GetStats", {kO, kC}},
       {"/paramd.rpc.Daemon/LoadShards", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Step", {kC}, /*internal=*/true},
+      // The coordinator's optimizer config, pushed to every daemon.
+      {"/paramd.rpc.Daemon/SetOptimizer", {kC}, /*internal=*/true},
       // The coordinator's recovery of a replaced daemon (server/recovery.h).
       {"/paramd.rpc.Daemon/PrepareRecovery", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Recover", {kC}, /*internal=*/true},

@@ -438,6 +438,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* SetOptimizerSchedule(
       grpc::CallbackServerContext* context, const rpc::SetOptimizerScheduleRequest* request,
       rpc::SetOptimizerScheduleResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Coordinator/SetOptimizerSchedule");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     recipe::OptimizerConfig proto;
     std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
     {

@@ -395,6 +395,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
   grpc::ServerUnaryReactor* SetOptimizer(grpc::CallbackServerContext* context,
                                          const rpc::SetOptimizerRequest* request,
                                          rpc::SetOptimizerResponse* /*response*/) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/SetOptimizer");
+        !s.ok()) {
+      return auth::RefusedUnary(context, s);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(request->optimizer());
     if (!o.ok()) {
