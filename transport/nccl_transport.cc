@@ -1329,7 +1329,7 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
     const std::string& listen = options.listen_address;
     // Connections prove the token of the world's channels (the daemons'
     // cluster secret), read when they are made: it is set after the join.
-    SocketChannelOptions control_options;
+    transport_internal::SocketChannelOptions control_options;
     if (options.security != nullptr && options.security->token != nullptr) {
       control_options.secret = [token = options.security->token] { return token->Get(); };
     }
