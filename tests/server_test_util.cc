@@ -1,5 +1,7 @@
 #include "tests/server_test_util.h"
 
+#include "auth/security.h"
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "auth/security.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "safetensors/safetensors.h"
@@ -76,10 +79,8 @@ rpc::PushGradientsRequest GradientMessage(int64_t version, const std::string& pu
 absl::StatusOr<std::unique_ptr<RawCluster>> RawCluster::Start(const TestClusterOptions& options) {
   auto c = std::make_unique<RawCluster>();
   ASSIGN_OR_RETURN(c->cluster_, TestCluster::Start(options));
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  c->coordinator_channel_ = grpc::CreateCustomChannel(
-      c->cluster_->coordinator_address(), grpc::InsecureChannelCredentials(), args);
+  c->cluster_secret_ = options.cluster_secret;
+  c->coordinator_channel_ = c->Channel(c->cluster_->coordinator_address());
   c->coordinator_ = rpc::Coordinator::NewStub(c->coordinator_channel_);
   return c;
 }
@@ -119,6 +120,14 @@ absl::StatusOr<int64_t> RawCluster::Load(const std::string& path, const std::str
   }
 }
 
+std::shared_ptr<grpc::Channel> RawCluster::Channel(const std::string& address) const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auth::ChannelSecurity security;
+  if (!cluster_secret_.empty()) security.token = std::make_shared<auth::BearerToken>(cluster_secret_);
+  return auth::CreateChannel(address, security, args);
+}
+
 absl::Status RawCluster::RefreshManifest() {
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(10));
@@ -128,11 +137,8 @@ absl::Status RawCluster::RefreshManifest() {
                      "GetManifest"));
   manifest_ = response.manifest();
   daemons_.clear();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
   for (const rpc::DaemonInfo& d : manifest_.daemons()) {
-    daemons_.push_back(rpc::Daemon::NewStub(
-        grpc::CreateCustomChannel(d.address(), grpc::InsecureChannelCredentials(), args)));
+    daemons_.push_back(rpc::Daemon::NewStub(Channel(d.address())));
   }
   return absl::OkStatus();
 }

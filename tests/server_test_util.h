@@ -110,8 +110,14 @@ class RawCluster {
   absl::StatusOr<std::map<std::string, std::vector<float>>> Fp32Masters(
       int64_t version, const std::vector<std::string>& names);
 
+  // Insecure channel; with the options' cluster secret as its bearer token
+  // when one was given, so that tests can call cluster-internal RPCs as a
+  // member would and reach the checks behind authentication.
+  std::shared_ptr<grpc::Channel> Channel(const std::string& address) const;
+
  private:
   std::unique_ptr<TestCluster> cluster_;
+  std::string cluster_secret_;
   std::shared_ptr<grpc::Channel> coordinator_channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::vector<std::unique_ptr<rpc::Daemon::Stub>> daemons_;

@@ -32,12 +32,19 @@ constexpr int64_t kMaxMessage = 1 << 20;
 
 constexpr const char* kRecipe = kFp32PassthroughRecipe;
 
+// The tests call cluster-internal RPCs (LoadShards, ReportVersion, Step,
+// ExportRows) as a rogue or buggy member would: with the cluster secret, so
+// that what they reach is the validation behind authentication
+// (//tests:auth_cluster_test covers strangers without it).
+constexpr char kClusterSecret[] = "server-validation-test-cluster-secret";
+
 using Tensors = std::map<std::string, std::vector<float>>;
 
 class ServerValidationTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     TestClusterOptions options = TwoDaemonSgd(kLr);
+    options.cluster_secret = kClusterSecret;
     options.daemon_flags = {absl::StrCat("--max_message_bytes=", kMaxMessage)};
     absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -308,8 +315,8 @@ TEST_F(ServerValidationTest, NegativeVersionsAndTinyChunksAreRefused) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   }
   {  // A bad checkpoint_dir is refused even when the daemon holds the version.
-    auto stub = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
-        cluster_->manifest().daemons(0).address(), grpc::InsecureChannelCredentials()));
+    auto stub = checkpoint::CheckpointDaemon::NewStub(
+        cluster_->Channel(cluster_->manifest().daemons(0).address()));
     checkpoint::ExportRowsRequest request;
     request.set_version(0);
     request.set_tensor("w");
@@ -382,6 +389,7 @@ TEST(ModelRootTest, LoadAndLoadShardsReadOnlyBelowTheRoot) {
   const std::string root = base + "/models";
   std::filesystem::create_directories(root);
   TestClusterOptions options = TwoDaemonSgd(kLr);
+    options.cluster_secret = kClusterSecret;
   options.coordinator_flags = {"--model_root=" + root};
   options.daemon_flags = {"--model_root=" + root};
   absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
@@ -422,6 +430,7 @@ class LimitsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     TestClusterOptions options = TwoDaemonSgd(kLr);
+    options.cluster_secret = kClusterSecret;
     options.expected_pushers = 0;  // admin steps only: no bound from expected_pushers
     options.coordinator_flags = {"--max_tensors=3", "--max_tensor_name_bytes=16",
                                  "--memory_budget_bytes=67108864"};
