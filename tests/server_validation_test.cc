@@ -347,6 +347,10 @@ TEST_F(ServerValidationTest, GetStatusAnswersQuicklyWithAStoppedDaemon) {
   }
   ASSERT_GE(stopped, 0);
   cluster_->cluster().SignalDaemon(0, SIGSTOP);
+  // The stop is delivered asynchronously: in one CI run the "stopped" daemon
+  // still answered a call made at once. Let it take effect (well inside the
+  // 1.5 s lease, so the daemon is not yet DOWN and must be asked).
+  absl::SleepFor(absl::Milliseconds(200));
   const absl::Time start = absl::Now();
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(20));
