@@ -680,8 +680,12 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     const OptimizerOptions& o = options.optimizer;
     bool overrides = false;
     for (const TensorDef& t : tensors) {
+      // The manifest carries every tensor's resolved weight decay (the
+      // config's value where no rule overrides it): only a different value
+      // is an override.
       overrides |= t.optimizer.frozen || t.optimizer.lr_multiplier != 1.0f ||
-                   t.optimizer.weight_decay.has_value();
+                   (t.optimizer.weight_decay.has_value() &&
+                    *t.optimizer.weight_decay != o.weight_decay);
     }
     if (o.needs_grad_norm() || o.schedule.warmup_steps > 0 ||
         o.schedule.decay != LrDecay::kConstant || overrides) {
