@@ -99,6 +99,7 @@ DaemonStateView MakeDaemonStateView(const ShardSet& set, const PublishedVersion&
     if (view.tensor_states.count(tensor.name) > 0) continue;
     TensorState& ts = view.tensor_states[tensor.name];
     ts.set_optimizer_step(set.optimizer_steps());
+    ts.set_skipped_steps(set.skipped_steps());
     TensorScalingInfo scaling;
     if (static_cast<size_t>(shard.tensor) < published.tensors.size()) {
       scaling = published.tensors[shard.tensor];

@@ -56,11 +56,13 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
   }
   std::vector<SavedDelayedState> next;
   int64_t steps = -1;
+  int64_t skipped = -1;
   for (size_t t = 0; t < shards.tensors().size(); ++t) {
     const TensorDef& def = shards.tensors()[t];
     auto it = saved.tensor_states.find(def.name);
     if (it == saved.tensor_states.end()) continue;  // no piece of it here
     steps = it->second.optimizer_step();
+    skipped = it->second.skipped_steps();
     for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
       const checkpoint::DirectionScaling& ds =
           d == Direction::kRowwise ? it->second.rowwise() : it->second.columnwise();
@@ -80,6 +82,7 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
     }
   }
   if (steps >= 0) shards.SetOptimizerSteps(steps);
+  if (skipped >= 0) shards.SetSkippedSteps(skipped);
   return next;
 }
 

@@ -4,7 +4,7 @@
 // masters unchanged and counts the skip; a restore steps on with the
 // checkpoint's config and step counter, or with an explicitly given config
 // (logged, and recorded by the next checkpoint); SetOptimizerSchedule
-// changes the lr between steps.
+// changes the lr between steps; the skipped-step count survives a restore.
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -200,6 +200,15 @@ absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
   }
 }
 
+// A cluster of `o` with Model() loaded under kRecipe.
+absl::StatusOr<std::unique_ptr<RawCluster>> StartLoaded(const TestClusterOptions& o) {
+  ASSIGN_OR_RETURN(std::unique_ptr<RawCluster> c, RawCluster::Start(o));
+  const std::string model = c->cluster().dir() + "/model.safetensors";
+  RETURN_IF_ERROR(WriteModel(model, Model()));
+  RETURN_IF_ERROR(c->Load(model, kRecipe).status());
+  return c;
+}
+
 // The optimizer config a checkpoint recorded.
 OptimizerOptions SavedConfig(const std::string& root, uint64_t version) {
   absl::StatusOr<checkpoint::CheckpointStore> store =
@@ -232,12 +241,9 @@ TEST(OptimizerClusterTest, RestoreUsesTheCheckpointsConfigOrAnExplicitOverride) 
     TestClusterOptions o = Options(2);
     o.coordinator_flags = {"--optimizer=" + a_file, "--checkpoint_dir=" + ckpt->path()};
     o.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
-    absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = StartLoaded(o);
     ASSERT_TRUE(c.ok()) << c.status();
     RawCluster& a = **c;
-    const std::string model = a.cluster().dir() + "/model.safetensors";
-    ASSERT_TRUE(WriteModel(model, Model()).ok());
-    ASSERT_TRUE(a.Load(model, kRecipe).ok()) << a.cluster().Logs();
     for (int64_t v = 0; v < 3; ++v) {
       ASSERT_TRUE(a.PushAll(v, "t", Gradient(v)).ok());
       ASSERT_TRUE(a.WaitForVersion(v + 1).ok());
@@ -293,6 +299,54 @@ TEST(OptimizerClusterTest, RestoreUsesTheCheckpointsConfigOrAnExplicitOverride) 
     ASSERT_TRUE(Checkpoint(b, 4).ok()) << b.cluster().Logs();
     EXPECT_EQ(DescribeOptimizer(SavedConfig(ckpt->path(), 4)), DescribeOptimizer(*config_b));
   }
+}
+
+// skip_step's counter is saved with the optimizer step and continues after
+// a restore (one daemon holding both halves).
+TEST(OptimizerClusterTest, RestoreKeepsTheSkippedStepCount) {
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
+  ASSERT_TRUE(dir.ok());
+  absl::StatusOr<demo::TempDir> ckpt = demo::TempDir::Create("paramd_opt_skip_ckpt");
+  ASSERT_TRUE(ckpt.ok());
+  {
+    TestClusterOptions o = Options(2);
+    o.coordinator_flags = {"--optimizer=" + WriteFile(dir->path(), "opt.textproto",
+                                                      "lr: 0.01 non_finite: SKIP_STEP"),
+                           "--checkpoint_dir=" + ckpt->path()};
+    o.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
+    absl::StatusOr<std::unique_ptr<RawCluster>> c = StartLoaded(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    RawCluster& a = **c;
+    for (int64_t v = 0; v < 3; ++v) {
+      auto g = Gradient(v);
+      if (v == 1) g["w"][7] = std::nanf("");
+      ASSERT_TRUE(a.PushAll(v, "t", g).ok());
+      ASSERT_TRUE(a.WaitForVersion(v + 1).ok());
+    }
+    absl::StatusOr<rpc::DaemonStats> s = a.Stats(1);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->optimizer_steps(), 2);
+    EXPECT_EQ(s->skipped_steps(), 1);
+    ASSERT_TRUE(Checkpoint(a, 3).ok()) << a.cluster().Logs();
+  }
+  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(Options(1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  RawCluster& b = **c;
+  absl::StatusOr<int64_t> v = Restore(b, ckpt->path());
+  ASSERT_TRUE(v.ok()) << v.status() << b.cluster().Logs();
+  ASSERT_EQ(*v, 3);
+  absl::StatusOr<rpc::DaemonStats> s = b.Stats(0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->optimizer_steps(), 2);
+  EXPECT_EQ(s->skipped_steps(), 1);
+  auto nan = Gradient(3);
+  nan["b"][5] = std::nanf("");
+  ASSERT_TRUE(b.PushAll(3, "t", nan).ok());
+  ASSERT_TRUE(b.WaitForVersion(4).ok());
+  s = b.Stats(0);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->optimizer_steps(), 2);
+  EXPECT_EQ(s->skipped_steps(), 2);
 }
 
 TEST(OptimizerClusterTest, SetOptimizerScheduleBetweenSteps) {
