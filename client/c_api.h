@@ -94,7 +94,7 @@ extern "C" {
 #define HPD_ROWWISE 0
 #define HPD_COLUMNWISE 1
 
-/* Formats (kernels/format.h Format, ../shared/FORMATS.md). */
+/* Formats (kernels/format.h Format, docs/FORMATS.md). */
 #define HPD_FORMAT_IDENTITY_BF16 0
 #define HPD_FORMAT_IDENTITY_FP32 1
 #define HPD_FORMAT_FP8_DELAYED 2

@@ -15,7 +15,7 @@
 //
 // What a fetch returns: for each (tensor, direction) asked for, one
 // QuantizedTensor (kernels/format.h) of the WHOLE tensor in exactly the
-// layout of ../shared/FORMATS.md (ComputeLayout(spec, direction, M, K)),
+// layout of docs/FORMATS.md (ComputeLayout(spec, direction, M, K)),
 // quantized with the tensor's global scaling, whatever the number of
 // daemons holding pieces of it: pieces are assembled with //sharding:assemble
 // (columnwise layouts that are stored transposed, [K][M], arrive as column

@@ -1,7 +1,7 @@
 // File: kernels/format.h
 //
 // The vocabulary shared by every part of hybrid-paramd that touches quantized
-// weights: the formats of ../shared/FORMATS.md, a tensor's hybrid spec, the
+// weights: the formats of docs/FORMATS.md, a tensor's hybrid spec, the
 // exact byte layout of each published buffer, and the per-tensor scaling
 // parameters that must be agreed across daemons before quantizing.
 //

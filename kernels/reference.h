@@ -1,6 +1,6 @@
 // File: kernels/reference.h
 //
-// The CPU reference of every format in ../shared/FORMATS.md. This is the
+// The CPU reference of every format in docs/FORMATS.md. This is the
 // definition the GPU kernels are tested against byte for byte, and what the
 // daemons run on machines without a GPU (host data plane, CI, demo).
 //

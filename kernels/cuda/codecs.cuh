@@ -1,6 +1,6 @@
 // File: kernels/cuda/codecs.cuh
 //
-// Device-side element codecs and scale rules of ../shared/FORMATS.md, written
+// Device-side element codecs and scale rules of docs/FORMATS.md, written
 // to give the same bits as the CPU reference (kernels/codecs.cc,
 // kernels/scalars.cc): every float operation is a single IEEE op with an
 // explicit rounding intrinsic (__fmul_rn, __fdiv_rn, __frcp_rn), so neither

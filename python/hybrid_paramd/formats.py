@@ -1,4 +1,4 @@
-"""The formats of ../shared/FORMATS.md as seen from torch: names, the dtype
+"""The formats of docs/FORMATS.md as seen from torch: names, the dtype
 of each published buffer, and dequantization to float (on any device)."""
 
 import torch
