@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "kernels/reference.h"
 #include "server/grad_norm.h"
+#include "server/step_scaling.h"
 
 namespace paramd {
 namespace {
@@ -16,48 +17,11 @@ namespace {
 constexpr int kRow = 0;
 constexpr int kCol = 1;
 
-bool IsDelayed(const QuantSpec& s) { return s.format == Format::kFp8Delayed; }
-
-// Whether the rowwise copy is computed at all (published, or as the
-// temporary source of a rowwise_dequantized columnwise copy).
-bool RowwiseComputed(const HybridSpec& s) {
-  return s.rowwise_usage ||
-         (s.columnwise_usage && s.columnwise_source == ColumnwiseSource::kRowwiseDequantized);
-}
-
-bool RowwiseNeedsReduce(const HybridSpec& s) {
-  return RowwiseComputed(s) && NeedsGlobalAmax(s.rowwise.format);
-}
-
-bool ColumnwiseNeedsReduce(const HybridSpec& s) {
-  return s.columnwise_usage && NeedsGlobalAmax(s.columnwise.format);
-}
-
-// The columnwise amax can only be taken after the rowwise scale is global:
-// rowwise_dequantized from a current-scaling or NVFP4 rowwise copy.
-bool ColumnwiseNeedsSecondRound(const HybridSpec& s) {
-  return ColumnwiseNeedsReduce(s) &&
-         s.columnwise_source == ColumnwiseSource::kRowwiseDequantized &&
-         NeedsGlobalAmax(s.rowwise.format) && !IsDelayed(s.rowwise);
-}
-
-DelayedScalingState InitialDelayed(const QuantSpec& spec) {
-  DelayedScalingState d;
-  d.amax_history.assign(std::max(spec.amax_history_len, 1), 0.0f);
-  return d;
-}
-
-// The TensorScaling of one direction from its (global) amax and state.
-TensorScaling DirectionScaling(const QuantSpec& spec, const DelayedScalingState& delayed,
-                               float global_amax) {
-  if (IsDelayed(spec)) {
-    TensorScaling t;
-    t.scale = delayed.scale;
-    t.global_amax = global_amax;
-    return t;
-  }
-  return ref::ScalingFromAmax(spec, global_amax);
-}
+using step_scaling::ColumnwiseNeedsReduce;
+using step_scaling::ColumnwiseNeedsSecondRound;
+using step_scaling::DirectionScaling;
+using step_scaling::InitialDelayed;
+using step_scaling::RowwiseNeedsReduce;
 
 }  // namespace
 
@@ -256,28 +220,10 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   }
   std::vector<std::array<DelayedScalingState, 2>> delayed = delayed_;
   for (int i = 0; i < num_shards; ++i) {
-    const ShardDef& d = shards_[i];
-    const TensorDef& t = tensors_[d.tensor];
-    const HybridSpec& spec = t.spec;
-    const bool row = RowwiseNeedsReduce(spec);
-    const bool col = ColumnwiseNeedsReduce(spec) && !ColumnwiseNeedsSecondRound(spec);
-    if (!row && !col) continue;
-    const std::vector<float> source = ref::RoundToSource(masters[i], spec.source_dtype);
-    const float source_amax = ref::Amax(source);
-    if (row) amax[2 * d.tensor + kRow] = std::max(amax[2 * d.tensor + kRow], source_amax);
-    if (col) {
-      float a = source_amax;
-      if (spec.columnwise_source == ColumnwiseSource::kRowwiseDequantized) {
-        // The rowwise scale is known locally here (delayed, or block-local).
-        const TensorScaling row_scaling =
-            DirectionScaling(spec.rowwise, delayed[d.tensor][kRow], 0.0f);
-        ASSIGN_OR_RETURN(std::vector<float> values,
-                         ref::ColumnwiseSourceValues(masters[i], d.rows(), t.cols, spec,
-                                                     row_scaling));
-        a = ref::Amax(values);
-      }
-      amax[2 * d.tensor + kCol] = std::max(amax[2 * d.tensor + kCol], a);
-    }
+    const int t = shards_[i].tensor;
+    RETURN_IF_ERROR(step_scaling::AddPartialAmaxes(tensors_[t], shards_[i], masters[i],
+                                                   delayed[t][kRow], &amax[2 * t + kRow],
+                                                   &amax[2 * t + kCol]));
   }
   if (round1) {
     absl::Status s = all_reduce(absl::MakeSpan(amax));
@@ -298,10 +244,9 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
       const ShardDef& d = shards_[i];
       const TensorDef& t = tensors_[d.tensor];
       if (!ColumnwiseNeedsSecondRound(t.spec)) continue;
-      ASSIGN_OR_RETURN(std::vector<float> values,
-                       ref::ColumnwiseSourceValues(masters[i], d.rows(), t.cols, t.spec,
-                                                   scaling[d.tensor].rowwise));
-      amax2[d.tensor] = std::max(amax2[d.tensor], ref::Amax(values));
+      ASSIGN_OR_RETURN(const float a, step_scaling::SecondRoundAmax(t, d, masters[i],
+                                                                     scaling[d.tensor].rowwise));
+      amax2[d.tensor] = std::max(amax2[d.tensor], a);
     }
     absl::Status s = all_reduce(absl::MakeSpan(amax2));
     if (!s.ok()) {
@@ -326,24 +271,10 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   for (int i = 0; i < num_shards; ++i) {
     const ShardDef& d = shards_[i];
     const TensorDef& t = tensors_[d.tensor];
-    ASSIGN_OR_RETURN(ref::HybridResult r, ref::QuantizeHybrid(masters[i], d.rows(), t.cols,
-                                                               t.spec, scaling[d.tensor]));
-    for (int dir = kRow; dir <= kCol; ++dir) {
-      std::optional<QuantizedTensor>& q = dir == kRow ? r.rowwise : r.columnwise;
-      if (!q.has_value()) continue;
-      const QuantSpec& qs = dir == kRow ? t.spec.rowwise : t.spec.columnwise;
-      PublishedPiece p;
-      p.shard = i;
-      p.tensor = d.tensor;
-      p.row_begin = d.row_begin;
-      p.row_end = d.row_end;
-      p.direction = dir == kRow ? Direction::kRowwise : Direction::kColumnwise;
-      ASSIGN_OR_RETURN(p.layout, ComputeLayout(qs, p.direction, d.rows(), t.cols));
-      p.q = std::move(*q);
-      if (NeedsGlobalAmax(qs.format)) p.q.amax = amax[2 * d.tensor + dir];
-      p.scale = dir == kRow ? scaling[d.tensor].rowwise.scale : scaling[d.tensor].columnwise.scale;
-      published->pieces.push_back(std::move(p));
-    }
+    RETURN_IF_ERROR(step_scaling::QuantizeShard(
+        i, d, t, masters[i], scaling[d.tensor], amax[2 * d.tensor + kRow],
+        amax[2 * d.tensor + kCol],
+        [&] { return &published->pieces.emplace_back(); }));
     published->tensors[d.tensor].held = true;
   }
 
@@ -352,20 +283,9 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
   // (FORMATS.md §1). Tensors not held here are updated too, harmlessly:
   // their state is never used by this daemon.
   for (int t = 0; t < num_tensors; ++t) {
-    const HybridSpec& spec = tensors_[t].spec;
-    if (IsDelayed(spec.rowwise) && spec.rowwise_usage && update_delayed) {
-      ref::DelayedRecordAmax(delayed[t][kRow], amax[2 * t + kRow]);
-      ref::DelayedUpdate(delayed[t][kRow], delayed[t][kRow].amax_history[0], spec.rowwise);
-    }
-    if (IsDelayed(spec.columnwise) && spec.columnwise_usage && update_delayed) {
-      ref::DelayedRecordAmax(delayed[t][kCol], amax[2 * t + kCol]);
-      ref::DelayedUpdate(delayed[t][kCol], delayed[t][kCol].amax_history[0], spec.columnwise);
-    }
-    TensorScalingInfo& info = published->tensors[t];
-    info.rowwise_scale = scaling[t].rowwise.scale;
-    info.rowwise_amax = amax[2 * t + kRow];
-    info.columnwise_scale = scaling[t].columnwise.scale;
-    info.columnwise_amax = amax[2 * t + kCol];
+    step_scaling::FinishTensorScaling(tensors_[t].spec, update_delayed, amax[2 * t + kRow],
+                                      amax[2 * t + kCol], scaling[t], delayed[t],
+                                      &published->tensors[t]);
   }
 
   // 6. Commit.

@@ -169,6 +169,9 @@ class ShardSet {
                                                                bool update_delayed = true);
 
  private:
+  // The per-bucket step of server/step_pipeline.h reads and commits this
+  // state the way Step does.
+  friend class PipelinedStepper;
   ShardSet() = default;
 
   std::vector<TensorDef> tensors_;

@@ -1,0 +1,106 @@
+// File: server/step_pipeline.h
+//
+// The step of ShardSet::Step (server/shard_set.h) run bucket by bucket, so
+// that the gradients of bucket b+1 can still be arriving while the
+// optimizer steps bucket b and the quantized copies of bucket b-1 are
+// already being sent (docs/ARCHITECTURE.md "Pipelined step").
+//
+// A bucket is a run of consecutive manifest tensors of about
+// `bucket_elements` parameters (a larger tensor is a bucket of its own).
+// Buckets depend on the manifest only, so every daemon cuts the same ones
+// and makes the same all-reduce calls in the same order. Per bucket:
+//
+//   1. hooks.await_bucket(b): blocks until the bucket's gradients are
+//      complete (every pusher's share arrived) and may hand over the
+//      gradient to step with;
+//   2. optimizer on the bucket's shards (into copies);
+//   3. the bucket's partial amaxes, ONE all-reduce MAX (plus a second one
+//      for the bucket's tensors whose rowwise_dequantized columnwise copy
+//      needs the global rowwise scale), scaling and quantization;
+//   4. hooks.on_bucket_ready(b): the bucket's pieces of the version are
+//      final for this attempt (not yet published: a later bucket may fail).
+//
+// Then one more all-reduce (the commit barrier) and the commit. Every
+// all-reduce carries one extra "abandon" slot: a daemon whose await or
+// before_commit failed sets it, so every daemon leaves the step at the same
+// call (their collective sequences stay aligned) and none commits.
+//
+// Gradient clipping / skip_step need the global norm before any optimizer
+// step: with a config that needs it (OptimizerOptions::needs_grad_norm) the
+// pipeline first awaits EVERY bucket, all-reduces the norm slots
+// (server/grad_norm.h), and only then steps and quantizes bucket by bucket.
+// Pushes then do not overlap the optimizer; quantization and sends still do.
+//
+// Equal bytes: for the same gradients, the published version (pieces in the
+// same order, scaling, delayed state, report) and the committed state are
+// those of ShardSet::Step (//server:step_pipeline_test checks every format).
+// A failure at any point commits nothing, as ShardSet::Step.
+//
+// Threading: RunPipelinedStep runs on the caller's thread (the daemon's
+// worker) with the ShardSet's usual rule (nothing else touches it, except
+// through the hooks' own synchronisation). The hooks are called on that
+// thread. `out` may be read by other threads: piece k once the
+// on_bucket_ready of its bucket has been called (and only pieces of ready
+// buckets); its other fields only after the call returned OK.
+#ifndef PARAMD_SERVER_STEP_PIPELINE_H_
+#define PARAMD_SERVER_STEP_PIPELINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/shard_set.h"
+
+namespace paramd {
+
+// Default bucket size: 4 Mi parameters (16 MiB of FP32 masters).
+constexpr int64_t kDefaultStepBucketElements = int64_t{1} << 22;
+
+struct StepBucket {
+  int tensor_begin = 0;     // manifest tensors [tensor_begin, tensor_end)
+  int tensor_end = 0;
+  std::vector<int> shards;  // this daemon's shards of them (ShardSet order)
+  int piece_begin = 0;      // their pieces in PublishedVersion::pieces
+  int piece_end = 0;
+};
+
+// The buckets of `set`'s manifest (every tensor in exactly one, in order).
+// `bucket_elements` < 1: one bucket per tensor.
+std::vector<StepBucket> PlanStepBuckets(const ShardSet& set, int64_t bucket_elements);
+
+// Bucket gradients handed over by await_bucket: per shard of the bucket (in
+// StepBucket::shards order) rows*cols FP32 values. Left empty, the step
+// uses the ShardSet's own accumulators (ShardSet::gradient).
+using BucketGradients = std::vector<std::vector<float>>;
+
+struct PipelinedStepHooks {
+  // Null: every bucket is ready at once (the accumulators hold everything).
+  // An error abandons the step on every daemon; RunPipelinedStep returns it.
+  std::function<absl::Status(const StepBucket& bucket, BucketGradients* gradients)> await_bucket;
+  // Null: nobody listens. Must not block long or touch the ShardSet.
+  std::function<void(int bucket)> on_bucket_ready;
+  // Called after the last bucket, before the commit barrier; an error
+  // abandons the step on every daemon (e.g. a push used by the step failed
+  // after its bucket). Null: OK.
+  std::function<absl::Status()> before_commit;
+};
+
+// What a step returns when another daemon abandoned it (its await or
+// before_commit failed): ABORTED, nothing committed, retry the step.
+bool IsStepAbandoned(const absl::Status& status);
+
+// One pipelined step of `set` producing `new_version` (ShardSet::Step's
+// arguments) into `out`, which is reset and sized first (its pieces before
+// the first on_bucket_ready). Returns `out` on success. `buckets` from
+// PlanStepBuckets(set, ...).
+absl::StatusOr<std::shared_ptr<const PublishedVersion>> RunPipelinedStep(
+    ShardSet& set, int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
+    bool update_delayed, const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
+    std::shared_ptr<PublishedVersion> out);
+
+}  // namespace paramd
+
+#endif  // PARAMD_SERVER_STEP_PIPELINE_H_
