@@ -5,8 +5,12 @@
 #define HPD_BUILDING_LIBRARY 1
 #include "client/c_api.h"
 
+#include <cctype>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,8 +24,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "auth/security.h"
 #include "client/client.h"
+#include "client/model_source.h"
+#include "client/weight_stream.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/format.h"
 
@@ -111,6 +120,52 @@ absl::StatusOr<client::Gradient::DType> ParseGradDtype(int32_t d) {
 }
 
 bool Set(const char* s) { return s != nullptr && s[0] != '\0'; }
+
+// hpd_connect_options as API version 1000 knew it (up to `token`): callers
+// built against that header pass this struct_size.
+constexpr size_t kConnectOptionsV1000 = offsetof(hpd_connect_options, tls_server_name);
+
+// A field appended after 1000, or NULL when the caller's struct is older.
+const char* Appended(const hpd_connect_options* o, const char* const* field) {
+  const size_t end = reinterpret_cast<const char*>(field + 1) - reinterpret_cast<const char*>(o);
+  return o->struct_size >= end ? *field : nullptr;
+}
+
+absl::Status ToClientOptions(const hpd_connect_options& in, client::ClientOptions* o) {
+  if (in.struct_size < kConnectOptionsV1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.struct_size is ", in.struct_size, ", expected ", sizeof(hpd_connect_options),
+        ": call hpd_connect_options_init first"));
+  }
+  if (!Set(in.address)) return absl::InvalidArgumentError("address is empty");
+  if (in.expected_pushers < 0) return absl::InvalidArgumentError("expected_pushers < 0");
+  o->coordinator_address = in.address;
+  o->role = in.observer ? client::ClientOptions::Role::kObserver
+                        : client::ClientOptions::Role::kTrainer;
+  o->pusher = in.pusher != 0;
+  o->expected_pushers = in.expected_pushers;
+  if (Set(in.name)) o->name = in.name;
+  if (in.connect_timeout_ms > 0) o->connect_timeout = absl::Milliseconds(in.connect_timeout_ms);
+  if (in.call_timeout_ms > 0) o->call_timeout = absl::Milliseconds(in.call_timeout_ms);
+  o->max_chunk_bytes = in.max_chunk_bytes;
+  if (Set(in.tls_root_certs_path)) o->tls.ca = in.tls_root_certs_path;
+  if (Set(in.tls_cert_chain_path)) o->tls.cert = in.tls_cert_chain_path;
+  if (Set(in.tls_private_key_path)) o->tls.key = in.tls_private_key_path;
+  if (const char* name = Appended(&in, &in.tls_server_name); Set(name)) {
+    o->tls.server_name = name;
+  }
+  const char* token_file = Appended(&in, &in.token_file);
+  if (Set(in.token) && Set(token_file)) {
+    return absl::InvalidArgumentError("give token or token_file, not both");
+  }
+  if (Set(in.token)) o->token = in.token;
+  if (Set(token_file)) {
+    ASSIGN_OR_RETURN(o->token, auth::LoadClientToken(token_file, in.observer
+                                                                     ? auth::Role::kOperator
+                                                                     : auth::Role::kTrainer));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 }  // namespace paramd
@@ -354,6 +409,83 @@ absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients,
   return absl::OkStatus();
 }
 
+absl::Status LoadModel(hpd_client* c, const hpd_load_options& o, int64_t* version) {
+  if (o.struct_size < sizeof(hpd_load_options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_load_options),
+        ": call hpd_load_options_init first"));
+  }
+  if (!Set(o.model)) return absl::InvalidArgumentError("options.model is empty");
+  const absl::Duration timeout =
+      o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::Hours(1);
+  const std::string recipe = o.recipe_text != nullptr ? o.recipe_text : "";
+  std::error_code ec;
+  const std::string model = std::filesystem::absolute(o.model, ec).string();
+  ASSIGN_OR_RETURN(std::vector<std::string> files, client::ModelFiles(model));
+  int64_t v = 0;
+  if (files.size() == 1 && files[0] == model && !o.stream) {
+    ASSIGN_OR_RETURN(v, c->client->Load(model, recipe, timeout, o.force != 0));
+  } else {
+    ASSIGN_OR_RETURN(std::vector<client::WeightSource> sources, client::WeightSources(files));
+    std::function<void(const client::StreamProgress&)> progress = [](const auto&) {};
+    if (o.progress != nullptr) {
+      progress = [&o](const client::StreamProgress& p) {
+        o.progress(o.progress_arg, p.bytes_sent, p.bytes_total);
+      };
+    }
+    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources, recipe, progress, timeout,
+                                           o.force != 0));
+  }
+  if (version != nullptr) *version = v;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  const auto s = google::protobuf::util::MessageToJsonString(m, &out, options);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("to JSON: ", s.ToString()));
+  return out;
+}
+
+// A malloc'ed copy for hpd_free_string.
+absl::Status ReturnString(const std::string& s, char** out) {
+  char* copy = static_cast<char*>(std::malloc(s.size() + 1));
+  if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
+  std::memcpy(copy, s.c_str(), s.size() + 1);
+  *out = copy;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<recipe::LrSchedule> ParseSchedule(const char* text) {
+  recipe::LrSchedule schedule;
+  absl::string_view t(text);
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.remove_prefix(1);
+  if (!t.empty() && t.front() == '{') {
+    const auto s = google::protobuf::util::JsonStringToMessage(std::string(t), &schedule);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("schedule JSON: ", s.ToString()));
+    }
+    return schedule;
+  }
+  // Parse errors are collected rather than logged to stderr.
+  class Collector : public google::protobuf::io::ErrorCollector {
+   public:
+    void AddError(int line, int column, const std::string& message) override {
+      if (first.empty()) first = absl::StrCat(line + 1, ":", column + 1, ": ", message);
+    }
+    std::string first;
+  } errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(t), &schedule)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule (paramd.recipe.LrSchedule text): ", errors.first));
+  }
+  return schedule;
+}
+
 }  // namespace
 }  // namespace paramd
 
@@ -397,32 +529,8 @@ int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client,
     if (client == nullptr) return NullArgument("client");
     *client = nullptr;
     if (options == nullptr) return NullArgument("options");
-    if (options->struct_size < sizeof(hpd_connect_options)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "options.struct_size is ", options->struct_size, ", expected ",
-          sizeof(hpd_connect_options), ": call hpd_connect_options_init first"));
-    }
-    if (!paramd::Set(options->address)) return absl::InvalidArgumentError("address is empty");
-    if (paramd::Set(options->tls_root_certs_path) || paramd::Set(options->tls_cert_chain_path) ||
-        paramd::Set(options->tls_private_key_path) || paramd::Set(options->token)) {
-      return absl::UnimplementedError(
-          "TLS and token options are not yet supported by this client library");
-    }
-    if (options->expected_pushers < 0) {
-      return absl::InvalidArgumentError("expected_pushers < 0");
-    }
     paramd::client::ClientOptions o;
-    o.coordinator_address = options->address;
-    o.role = options->observer ? paramd::client::ClientOptions::Role::kObserver
-                               : paramd::client::ClientOptions::Role::kTrainer;
-    o.pusher = options->pusher != 0;
-    o.expected_pushers = options->expected_pushers;
-    if (paramd::Set(options->name)) o.name = options->name;
-    if (options->connect_timeout_ms > 0) {
-      o.connect_timeout = absl::Milliseconds(options->connect_timeout_ms);
-    }
-    if (options->call_timeout_ms > 0) o.call_timeout = absl::Milliseconds(options->call_timeout_ms);
-    o.max_chunk_bytes = options->max_chunk_bytes;
+    RETURN_IF_ERROR(paramd::ToClientOptions(*options, &o));
     ASSIGN_OR_RETURN(std::unique_ptr<paramd::client::Client> c,
                      paramd::client::Client::Connect(o));
     auto handle = std::make_unique<hpd_client>();
@@ -548,6 +656,24 @@ int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version, int64_t ti
   });
 }
 
+int32_t hpd_wait_for_version_info(hpd_client* client, int64_t min_version, int64_t timeout_ms,
+                                  hpd_version_info* info, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (info == nullptr) return NullArgument("info");
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    absl::Duration timeout = paramd::Timeout(timeout_ms);
+    if (timeout == absl::ZeroDuration()) timeout = absl::Seconds(30);
+    ASSIGN_OR_RETURN(const paramd::client::VersionInfo v,
+                     c->client->WaitForVersionInfo(min_version, timeout));
+    *info = hpd_version_info{};
+    info->committed_version = v.committed_version;
+    info->rewound = v.rewound_to.has_value() ? 1 : 0;
+    info->rewound_to_version = v.rewound_to.value_or(-1);
+    info->recovery_epoch = v.recovery_epoch;
+    return absl::OkStatus();
+  });
+}
+
 int32_t hpd_fetch(hpd_client* client, int64_t version, const hpd_fetch_target* targets,
                   size_t count, int64_t timeout_ms, hpd_fetch_output* outputs,
                   hpd_fetch_stats* stats, hpd_status* status) {
@@ -584,16 +710,8 @@ int32_t hpd_status_json(hpd_client* client, int32_t include_shards, int64_t time
     ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
     ASSIGN_OR_RETURN(paramd::rpc::GetStatusResponse r,
                      c->client->Status(include_shards != 0, paramd::Timeout(timeout_ms)));
-    std::string out;
-    google::protobuf::util::JsonPrintOptions options;
-    options.preserve_proto_field_names = true;
-    const auto s = google::protobuf::util::MessageToJsonString(r, &out, options);
-    if (!s.ok()) return absl::InternalError(absl::StrCat("status to JSON: ", s.ToString()));
-    char* copy = static_cast<char*>(std::malloc(out.size() + 1));
-    if (copy == nullptr) return absl::ResourceExhaustedError("out of host memory");
-    std::memcpy(copy, out.c_str(), out.size() + 1);
-    *json = copy;
-    return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::string out, paramd::ToJson(r));
+    return paramd::ReturnString(out, json);
   });
 }
 
@@ -607,6 +725,39 @@ int32_t hpd_load(hpd_client* client, const char* safetensors_path, const char* r
                                      paramd::Timeout(timeout_ms)));
     if (version != nullptr) *version = v;
     return absl::OkStatus();
+  });
+}
+
+void hpd_load_options_init(hpd_load_options* options) {
+  if (options == nullptr) return;
+  *options = hpd_load_options{};
+  options->struct_size = sizeof(hpd_load_options);
+}
+
+int32_t hpd_load_model(hpd_client* client, const hpd_load_options* options, int64_t* version,
+                       hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (options == nullptr) return NullArgument("options");
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    return paramd::LoadModel(c, *options, version);
+  });
+}
+
+int32_t hpd_set_optimizer_schedule(hpd_client* client, const char* schedule, int32_t has_lr,
+                                   float lr, int64_t timeout_ms, char** optimizer_json,
+                                   hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (optimizer_json != nullptr) *optimizer_json = nullptr;
+    if (schedule == nullptr) return NullArgument("schedule");
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    ASSIGN_OR_RETURN(const paramd::recipe::LrSchedule s, paramd::ParseSchedule(schedule));
+    ASSIGN_OR_RETURN(const paramd::recipe::OptimizerConfig config,
+                     c->client->SetOptimizerSchedule(
+                         s, has_lr ? std::optional<float>(lr) : std::nullopt,
+                         paramd::Timeout(timeout_ms)));
+    if (optimizer_json == nullptr) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const std::string out, paramd::ToJson(config));
+    return paramd::ReturnString(out, optimizer_json);
   });
 }
 

@@ -69,8 +69,10 @@ extern "C" {
 #define HPD_EXPORT
 #endif
 
-/* major * 1000 + minor. */
-#define HPD_API_VERSION 1000
+/* major * 1000 + minor. 1001 added TLS / token connect options
+ * (tls_server_name, token_file appended), hpd_load_model, hpd_wait_for_version_info,
+ * hpd_set_optimizer_schedule. */
+#define HPD_API_VERSION 1001
 
 /* Status codes (gRPC / absl numbering). */
 #define HPD_OK 0
@@ -140,12 +142,24 @@ typedef struct hpd_connect_options {
   int64_t connect_timeout_ms; /* 0: 10 s */
   int64_t call_timeout_ms;    /* 0: 30 s */
   int64_t max_chunk_bytes;    /* 0: server default */
-  /* Reserved for TLS and bearer tokens. Not yet supported by the client:
-   * hpd_connect returns UNIMPLEMENTED if any is set (non-NULL, non-empty). */
-  const char* tls_root_certs_path;
-  const char* tls_cert_chain_path;
-  const char* tls_private_key_path;
+  /* Security (docs/SECURITY.md); NULL or "" = unset. A CA turns TLS on: the
+   * PEM roots that signed the servers' certificates. A client certificate
+   * and its key (both or neither) are for servers that require mutual TLS.
+   * Unreadable or inconsistent files are INVALID_ARGUMENT / NOT_FOUND. */
+  const char* tls_root_certs_path; /* --tls_ca */
+  const char* tls_cert_chain_path; /* --tls_cert */
+  const char* tls_private_key_path; /* --tls_key */
+  /* The bearer token presented on every call to a cluster started with
+   * --auth_token_file (trainers: a `trainer` token; tools that load or
+   * step: `operator`). Give `token` or `token_file`, not both. */
   const char* token;
+  /* ---- since 1001 (read only when struct_size covers them) ---- */
+  /* The name the servers' certificates must carry instead of the host of
+   * the address called. */
+  const char* tls_server_name;
+  /* A file holding the token: one bare token, or `ROLE TOKEN` lines (then
+   * the `trainer` line for trainers, the `operator` line for observers). */
+  const char* token_file;
 } hpd_connect_options;
 
 /* Fills `options` with the defaults above (address NULL). */
@@ -216,10 +230,31 @@ HPD_EXPORT int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* n
 /* ---- Versions ---- */
 
 /* Blocks until the committed version is >= min_version; `*version` gets it.
- * DEADLINE_EXCEEDED after timeout_ms (0: the call timeout). */
+ * DEADLINE_EXCEEDED after timeout_ms (0: 30 s). ABORTED if the cluster
+ * rewound meanwhile (a daemon was lost and replaced): the message says
+ * "rewound to version V"; hpd_wait_for_version_info returns V instead. */
 HPD_EXPORT int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version,
                                         int64_t timeout_ms, int64_t* version,
                                         hpd_status* status);
+
+typedef struct hpd_version_info {
+  int64_t committed_version;
+  /* 1 when every daemon went back to an earlier version since this
+   * client's last wait (docs/ARCHITECTURE.md "Recovery"): committed_version
+   * is then rewound_to_version, possibly below min_version, and the trainer
+   * goes back to it (its data too) and pushes for it next. Each rewind is
+   * reported once per client. */
+  int32_t rewound;
+  int64_t rewound_to_version; /* valid when rewound */
+  int64_t recovery_epoch;     /* recoveries the cluster has completed */
+} hpd_version_info;
+
+/* The same wait, with a rewind reported in `*info` (OK) rather than as
+ * ABORTED. The client's manifest is refreshed after a rewind (a
+ * replacement daemon serves the lost rank at another address). */
+HPD_EXPORT int32_t hpd_wait_for_version_info(hpd_client* client, int64_t min_version,
+                                             int64_t timeout_ms, hpd_version_info* info,
+                                             hpd_status* status);
 
 /* ---- Fetch ---- */
 
@@ -320,6 +355,53 @@ HPD_EXPORT int32_t hpd_status_json(hpd_client* client, int32_t include_shards,
 HPD_EXPORT int32_t hpd_load(hpd_client* client, const char* safetensors_path,
                             const char* recipe_text, int64_t timeout_ms, int64_t* version,
                             hpd_status* status);
+/* Progress of a streamed load: payload bytes sent of the total. Called
+ * from the library's threads, one call at a time. */
+typedef void (*hpd_progress_fn)(void* arg, int64_t bytes_sent, int64_t bytes_total);
+
+typedef struct hpd_load_options {
+  uint32_t struct_size; /* sizeof(hpd_load_options): set by _init */
+  /* A .safetensors file, a directory (its model.safetensors.index.json if
+   * there is one, else every *.safetensors in it) or a Hugging Face index
+   * file (model.safetensors.index.json of a sharded checkpoint). */
+  const char* model;
+  const char* recipe_text; /* protobuf text; NULL: the coordinator's recipe */
+  /* 1: replace a model the cluster holds (its training state is discarded,
+   * the committed version goes back to 0); 0: FAILED_PRECONDITION then. */
+  int32_t force;
+  /* 1: this process reads the files and streams the values to the daemons
+   * (Daemon.PushWeights; no path shared with them; F32, BF16, F16 tensors).
+   * 0: a single file is read by the daemons at its path (made absolute
+   * here); directories and indexes are always streamed. */
+  int32_t stream;
+  int64_t timeout_ms; /* 0: 1 hour */
+  hpd_progress_fn progress; /* streamed loads; may be NULL */
+  void* progress_arg;
+} hpd_load_options;
+
+/* Fills `options` with the defaults above (model NULL). */
+HPD_EXPORT void hpd_load_options_init(hpd_load_options* options);
+/* Loads a model as hpctl load does and refreshes the manifest; `*version`
+ * gets the committed version (0). NOT_FOUND for a missing path,
+ * INVALID_ARGUMENT for a bad index, recipe or tensor dtype,
+ * FAILED_PRECONDITION for a cluster that holds a model without force,
+ * PERMISSION_DENIED for a path outside the servers' --model_root. */
+HPD_EXPORT int32_t hpd_load_model(hpd_client* client, const hpd_load_options* options,
+                                  int64_t* version, hpd_status* status);
+
+/* Replaces the learning-rate schedule of the cluster's optimizer between
+ * steps (Coordinator.SetOptimizerSchedule, an operator call): `schedule`
+ * is a paramd.recipe.LrSchedule (proto/optimizer.proto) in protobuf text
+ * ("warmup_steps: 10 decay: COSINE decay_steps: 100 min_lr: 1e-5") or as
+ * JSON (when it starts with '{'); has_lr != 0 also sets the peak lr. The
+ * optimizer config now in force is returned as JSON in `*optimizer_json`
+ * (may be NULL; free with hpd_free_string). INVALID_ARGUMENT for a
+ * schedule that does not parse or that the optimizer refuses;
+ * FAILED_PRECONDITION while a daemon is unreachable (retry). */
+HPD_EXPORT int32_t hpd_set_optimizer_schedule(hpd_client* client, const char* schedule,
+                                              int32_t has_lr, float lr, int64_t timeout_ms,
+                                              char** optimizer_json, hpd_status* status);
+
 /* Admin step from the committed `version`; wait != 0: `*new_version` is the
  * newly committed version. */
 HPD_EXPORT int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait,

@@ -269,6 +269,9 @@ class Client::Impl {
   absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe,
                                absl::Time deadline, bool replace_model);
   absl::StatusOr<int64_t> Step(int64_t version, bool wait, absl::Time deadline);
+  absl::StatusOr<recipe::OptimizerConfig> SetOptimizerSchedule(const recipe::LrSchedule& schedule,
+                                                               std::optional<float> lr,
+                                                               absl::Time deadline);
   FetchStats fetch_stats() const {
     absl::MutexLock lock(&mu_);
     return totals_;
@@ -842,6 +845,19 @@ absl::StatusOr<int64_t> Client::Impl::Step(int64_t version, bool wait, absl::Tim
   return response.committed_version();
 }
 
+absl::StatusOr<recipe::OptimizerConfig> Client::Impl::SetOptimizerSchedule(
+    const recipe::LrSchedule& schedule, std::optional<float> lr, absl::Time deadline) {
+  rpc::SetOptimizerScheduleRequest request;
+  *request.mutable_schedule() = schedule;
+  if (lr.has_value()) request.set_lr(*lr);
+  rpc::SetOptimizerScheduleResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(ToChrono(deadline));
+  RETURN_IF_ERROR(FromGrpcStatus(
+      coordinator_->SetOptimizerSchedule(&context, request, &response), "SetOptimizerSchedule"));
+  return response.optimizer();
+}
+
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
@@ -912,6 +928,11 @@ absl::StatusOr<int64_t> Client::LoadDeclared(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
     const std::string& recipe_text, absl::Duration timeout, bool replace_model) {
   return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout), replace_model);
+}
+
+absl::StatusOr<recipe::OptimizerConfig> Client::SetOptimizerSchedule(
+    const recipe::LrSchedule& schedule, std::optional<float> lr, absl::Duration timeout) {
+  return impl_->SetOptimizerSchedule(schedule, lr, impl_->DeadlineFor(timeout));
 }
 
 std::shared_ptr<grpc::Channel> Client::DaemonChannel(const std::string& address) {

@@ -348,6 +348,14 @@ class Client {
   // newly committed version.
   absl::StatusOr<int64_t> Step(int64_t version, bool wait,
                                absl::Duration timeout = absl::ZeroDuration());
+  // Replaces the learning-rate schedule (and, if `lr` is set, the peak lr)
+  // of the cluster's optimizer between steps (Coordinator.
+  // SetOptimizerSchedule); returns the optimizer config now in force.
+  // INVALID_ARGUMENT for a schedule the optimizer refuses;
+  // FAILED_PRECONDITION while a daemon is unreachable (retry).
+  absl::StatusOr<recipe::OptimizerConfig> SetOptimizerSchedule(
+      const recipe::LrSchedule& schedule, std::optional<float> lr = std::nullopt,
+      absl::Duration timeout = absl::ZeroDuration());
 
   // Totals of every successful Fetch since Connect.
   FetchStats fetch_stats() const;

@@ -6,15 +6,16 @@ API and _capi.py for how the library is found ($HYBRID_PARAMD_LIB).
 """
 
 from .client import (Client, DirectionInfo, Fetched, FetchResult, Manifest, TensorInfo,
-                     has_cuda, library_path)
+                     VersionInfo, has_cuda, library_path)
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
                      FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
-                     PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
-                     Unimplemented, Unknown)
+                     PermissionDenied, ResourceExhausted, RewoundError, Unauthenticated,
+                     Unavailable, Unimplemented, Unknown)
 from .formats import (COLUMNWISE, ROWWISE, HAS_FP8_DTYPES, dequantize)
 
 __all__ = [
-    "Client", "DirectionInfo", "Fetched", "FetchResult", "Manifest", "TensorInfo", "has_cuda",
+    "Client", "DirectionInfo", "Fetched", "FetchResult", "Manifest", "TensorInfo", "VersionInfo",
+    "has_cuda", "RewoundError",
     "library_path", "Error", "Aborted", "AlreadyExists", "Cancelled", "DataLoss",
     "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "NotFound",
     "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",

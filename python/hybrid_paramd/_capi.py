@@ -13,7 +13,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1000  # HPD_API_VERSION this module was written against
+API_VERSION = 1001  # HPD_API_VERSION this module was written against
 MAX_RANK = 8
 
 
@@ -36,6 +36,8 @@ class ConnectOptions(ctypes.Structure):
         ("tls_cert_chain_path", ctypes.c_char_p),
         ("tls_private_key_path", ctypes.c_char_p),
         ("token", ctypes.c_char_p),
+        ("tls_server_name", ctypes.c_char_p),
+        ("token_file", ctypes.c_char_p),
     ]
 
 
@@ -113,6 +115,31 @@ class PushResult(ctypes.Structure):
     ]
 
 
+class VersionInfo(ctypes.Structure):
+    _fields_ = [
+        ("committed_version", ctypes.c_int64),
+        ("rewound", ctypes.c_int32),
+        ("rewound_to_version", ctypes.c_int64),
+        ("recovery_epoch", ctypes.c_int64),
+    ]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+class LoadOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("model", ctypes.c_char_p),
+        ("recipe_text", ctypes.c_char_p),
+        ("force", ctypes.c_int32),
+        ("stream", ctypes.c_int32),
+        ("timeout_ms", ctypes.c_int64),
+        ("progress", PROGRESS_FN),
+        ("progress_arg", ctypes.c_void_p),
+    ]
+
+
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
 _i32 = ctypes.c_int32
@@ -144,6 +171,11 @@ _SIGNATURES = {
     "hpd_status_json": (_i32, [_vp, _i32, _i64, _P(_vp), _st]),
     "hpd_load": (_i32, [_vp, ctypes.c_char_p, ctypes.c_char_p, _i64, _P(_i64), _st]),
     "hpd_step": (_i32, [_vp, _i64, _i32, _i64, _P(_i64), _st]),
+    "hpd_wait_for_version_info": (_i32, [_vp, _i64, _i64, _P(VersionInfo), _st]),
+    "hpd_load_options_init": (None, [_P(LoadOptions)]),
+    "hpd_load_model": (_i32, [_vp, _P(LoadOptions), _P(_i64), _st]),
+    "hpd_set_optimizer_schedule": (_i32, [_vp, ctypes.c_char_p, _i32, ctypes.c_float, _i64,
+                                          _P(_vp), _st]),
     "hpd_free_string": (None, [_vp]),
 }
 

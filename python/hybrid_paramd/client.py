@@ -9,14 +9,18 @@
     c.push_gradients(v, {"fc1.weight": grad})       # CPU or CUDA tensors, numpy on CPU
 
 Every failed call raises hybrid_paramd.Error (a subclass per gRPC code,
-e.g. hybrid_paramd.Unavailable) with `.code` / `.code_name`.
+e.g. hybrid_paramd.Unavailable) with `.code` / `.code_name`; a rewind of
+the cluster (recovery) raises hybrid_paramd.RewoundError (an Aborted) with
+`.version`.
 
 Threading: a Client may be used from several threads (the library releases
 the GIL during calls); close() must not race with other calls.
 """
 
+import collections
 import ctypes
 import json
+import sys
 import time
 
 import torch
@@ -38,6 +42,14 @@ def _raise_for(code, status):
 
 def _ms(seconds):
     return 0 if seconds is None else max(1, int(seconds * 1000))
+
+
+VersionInfo = collections.namedtuple("VersionInfo",
+                                     ["committed_version", "rewound_to", "recovery_epoch"])
+VersionInfo.__doc__ = """What Client.wait_for_version_info returns: the committed version;
+rewound_to, None or the version the cluster went back to (then equal to
+committed_version: go back to it and push for it next); recovery_epoch, the
+recoveries the cluster has completed."""
 
 
 class DirectionInfo:
@@ -284,17 +296,29 @@ class Client:
 
     Client(address, name=None, observer=False, pusher=True, expected_pushers=0,
            connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
-           tls_root_certs=None, tls_cert_chain=None, tls_private_key=None, token=None)
+           tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
+           token=None, token_file=None)
 
     Times are seconds. observer=True joins without a rank (tools, tests);
     a trainer with pusher=True is counted among the pushers every step waits
-    for. The TLS / token options are reserved: the library answers
-    UNIMPLEMENTED while the client has no TLS support.
+    for.
+
+    Security (docs/SECURITY.md), as hpctl's flags of the same names:
+    tls_ca (PEM file of the CA that signed the servers' certificates) turns
+    TLS on; tls_cert / tls_key a client certificate for servers that
+    require mutual TLS; tls_server_name the name the servers' certificates
+    carry if not the address's host. token (a string) or token_file (a
+    file with one bare token or `ROLE TOKEN` lines: the `trainer` line for
+    trainers, the `operator` line for observers) for a cluster started with
+    --auth_token_file. A TLS server refuses a plaintext client
+    (Unavailable); a missing token is Unauthenticated, a token of the wrong
+    role PermissionDenied.
     """
 
     def __init__(self, address, name=None, observer=False, pusher=True, expected_pushers=0,
                  connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
-                 tls_root_certs=None, tls_cert_chain=None, tls_private_key=None, token=None):
+                 tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None,
+                 token_file=None):
         self._lib = _capi.lib()
         self._h = None
         self._status = _capi.Status()
@@ -311,10 +335,12 @@ class Client:
         o.connect_timeout_ms = _ms(connect_timeout)
         o.call_timeout_ms = _ms(call_timeout)
         o.max_chunk_bytes = int(max_chunk_bytes)
-        o.tls_root_certs_path = enc(tls_root_certs)
-        o.tls_cert_chain_path = enc(tls_cert_chain)
-        o.tls_private_key_path = enc(tls_private_key)
+        o.tls_root_certs_path = enc(tls_ca)
+        o.tls_cert_chain_path = enc(tls_cert)
+        o.tls_private_key_path = enc(tls_key)
+        o.tls_server_name = enc(tls_server_name)
         o.token = enc(token)
+        o.token_file = enc(token_file)
         h = ctypes.c_void_p()
         st = _capi.Status()
         _raise_for(self._lib.hpd_connect(ctypes.byref(o), ctypes.byref(h), ctypes.byref(st)), st)
@@ -383,14 +409,32 @@ class Client:
         self._plans.clear()
         return self._manifest
 
+    def wait_for_version_info(self, min_version, timeout=30.0):
+        """Blocks until the committed version is >= min_version or the
+        cluster rewinds; returns a VersionInfo (DeadlineExceeded after
+        `timeout` seconds). Each rewind is reported once per Client."""
+        info = _capi.VersionInfo()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_wait_for_version_info(self._handle(), int(min_version),
+                                                       _ms(timeout), ctypes.byref(info),
+                                                       ctypes.byref(st)), st)
+        return VersionInfo(info.committed_version,
+                           info.rewound_to_version if info.rewound else None,
+                           info.recovery_epoch)
+
     def wait_for_version(self, min_version, timeout=30.0):
         """Blocks until the committed version is >= min_version; returns it
-        (DeadlineExceeded after `timeout` seconds)."""
-        v = ctypes.c_int64()
-        st = _capi.Status()
-        _raise_for(self._lib.hpd_wait_for_version(self._handle(), int(min_version), _ms(timeout),
-                                                  ctypes.byref(v), ctypes.byref(st)), st)
-        return v.value
+        (DeadlineExceeded after `timeout` seconds). RewoundError (with
+        .version) if the cluster rewound meanwhile: go back to that
+        version."""
+        info = self.wait_for_version_info(min_version, timeout)
+        if info.rewound_to is not None:
+            raise errors.RewoundError(
+                info.rewound_to, info.recovery_epoch,
+                "wait for version %d: the cluster rewound to version %d (recovery %d: a daemon "
+                "was lost and replaced); go back to that version and push for it" %
+                (min_version, info.rewound_to, info.recovery_epoch))
+        return info.committed_version
 
     # ---- fetch ----
 
@@ -425,8 +469,13 @@ class Client:
         targets: instead of names x directions, an explicit list of
         (name, direction) pairs. out: a previous FetchResult of the same
         targets and device whose memory is reused (overwritten) instead of
-        allocating. Returns a FetchResult."""
+        allocating. Returns a FetchResult. RewoundError when the latest
+        version is asked for and the cluster rewound since the last wait."""
         start = time.perf_counter()
+        if version < 0:
+            # Resolved here (one WaitForVersion, as the library would do)
+            # so that a rewind raises RewoundError.
+            version = self.wait_for_version(0, timeout=30.0 if timeout is None else timeout)
         dev = torch.device(device)
         if dev.type == "cuda":
             _check_cuda()
@@ -544,16 +593,71 @@ class Client:
         finally:
             self._lib.hpd_free_string(p)
 
-    def load(self, safetensors_path, recipe_text=None, timeout=None):
-        """Loads a safetensors file readable by every daemon (with a recipe
-        in protobuf text) and refreshes the manifest; returns version 0."""
+    def load(self, model, recipe_text=None, force=False, stream=False, progress=None,
+             timeout=None):
+        """Loads a model, as `hpctl load`, and refreshes the manifest;
+        returns the committed version (0).
+
+        model: a .safetensors file, a directory (its
+        model.safetensors.index.json if it has one, else every
+        *.safetensors in it) or a Hugging Face index file (a sharded
+        checkpoint). A single file is read by the daemons at its path
+        unless stream=True; directories and indexes are always streamed:
+        this process reads the files and sends the values (F32, BF16, F16)
+        to the daemons, so no path need be shared with them. recipe_text:
+        a recipe in protobuf text (None: the coordinator's). force=True
+        replaces a model the cluster holds (its training state is
+        discarded); without it that is FailedPrecondition. progress:
+        callable(bytes_sent, bytes_total), called during a streamed load
+        (from the library's threads, one call at a time). timeout: seconds
+        (None: one hour)."""
+        o = _capi.LoadOptions()
+        self._lib.hpd_load_options_init(ctypes.byref(o))
+        o.model = str(model).encode()
+        o.recipe_text = None if recipe_text is None else recipe_text.encode()
+        o.force = 1 if force else 0
+        o.stream = 1 if stream else 0
+        o.timeout_ms = 0 if timeout is None else _ms(timeout)
+        failure = []
+        if progress is not None:
+            def call(_, sent, total):
+                try:
+                    progress(sent, total)
+                except Exception as e:  # must not unwind into C
+                    if not failure:
+                        failure.append(e)
+            o.progress = _capi.PROGRESS_FN(call)
         v = ctypes.c_int64()
         st = _capi.Status()
-        _raise_for(self._lib.hpd_load(self._handle(), str(safetensors_path).encode(),
-                                      None if recipe_text is None else recipe_text.encode(),
-                                      _ms(timeout), ctypes.byref(v), ctypes.byref(st)), st)
+        _raise_for(self._lib.hpd_load_model(self._handle(), ctypes.byref(o), ctypes.byref(v),
+                                            ctypes.byref(st)), st)
         self.manifest(refresh=True)
+        if failure:
+            print("hybrid_paramd: the progress callback raised %r" % (failure[0],),
+                  file=sys.stderr)
         return v.value
+
+    def set_optimizer_schedule(self, schedule, lr=None, timeout=None):
+        """Replaces the learning-rate schedule of the cluster's optimizer
+        between steps (an operator call; Coordinator.SetOptimizerSchedule).
+        schedule: a dict of paramd.recipe.LrSchedule fields
+        (proto/optimizer.proto), e.g. {"warmup_steps": 10, "decay":
+        "COSINE", "decay_steps": 100, "min_lr": 1e-5}, or the same in
+        protobuf text. lr: also set the peak learning rate. Returns the
+        optimizer config now in force as a dict (proto field names).
+        InvalidArgument for a schedule the optimizer refuses;
+        FailedPrecondition while a daemon is unreachable."""
+        text = json.dumps(schedule) if isinstance(schedule, dict) else str(schedule)
+        p = ctypes.c_void_p()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_set_optimizer_schedule(
+            self._handle(), text.encode(), 0 if lr is None else 1,
+            0.0 if lr is None else float(lr), _ms(timeout), ctypes.byref(p),
+            ctypes.byref(st)), st)
+        try:
+            return json.loads(ctypes.string_at(p.value).decode())
+        finally:
+            self._lib.hpd_free_string(p)
 
     def step(self, version, wait=True, timeout=None):
         """Admin step from the committed `version` (no pushers needed)."""

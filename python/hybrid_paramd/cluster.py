@@ -63,6 +63,8 @@ class LocalCluster:
         # flags are checked against it at join): optimizer flags among
         # daemon_flags are given to the coordinator too.
         mirrored = [f for f in daemon_flags if f.startswith(_OPTIMIZER_FLAGS)]
+        self._server = server_binary
+        self._daemon_flags = list(daemon_flags)
         try:
             port = self._start("coordinator", [
                 server_binary, "--role=coordinator", "--listen=127.0.0.1:0",
@@ -90,6 +92,18 @@ class LocalCluster:
         self.procs.append(proc)
         self.logs.append(log)
         return _wait_port(port_file, proc, log, timeout)
+
+    def start_daemon(self, flags=(), timeout=30.0):
+        """Starts one more daemon (e.g. a replacement: flags=["--rank=1"])
+        with the cluster's daemon flags; returns its index."""
+        i = len(self.procs) - 1
+        self.daemon_ports.append(self._start("daemon%d" % i, [
+            self._server, "--role=daemon", "--listen=127.0.0.1:0", "--coordinator=" + self.address
+        ] + self._daemon_flags + list(flags), timeout))
+        return i
+
+    def daemon_pid(self, i):
+        return self.procs[1 + i].pid
 
     def kill_daemon(self, i):
         p = self.procs[1 + i]
@@ -122,14 +136,14 @@ class LocalCluster:
         self.stop()
 
 
-def load_when_ready(client, path, recipe_text=None, timeout=30.0):
-    """client.load(...), retried while the daemons are still joining
-    (UNAVAILABLE)."""
+def load_when_ready(client, path, recipe_text=None, timeout=30.0, **load_args):
+    """client.load(path, recipe_text, **load_args), retried while the
+    daemons are still joining (UNAVAILABLE)."""
     from .errors import Unavailable
     deadline = time.time() + timeout
     while True:
         try:
-            return client.load(path, recipe_text)
+            return client.load(path, recipe_text, **load_args)
         except Unavailable:
             if time.time() > deadline:
                 raise

@@ -54,5 +54,20 @@ _BY_CODE = {c.code: c for c in (Cancelled, Unknown, InvalidArgument, DeadlineExc
                                Unavailable, DataLoss, Unauthenticated)}
 
 
+class RewoundError(Aborted):
+    """The cluster rewound (a daemon was lost and replaced; every daemon went
+    back to the newest complete checkpoint): `version` is the version it is
+    at now, `recovery_epoch` the recoveries completed. A trainer goes back
+    to `version` (its data loader too) and pushes for it next. Raised by
+    Client.wait_for_version and fetch of the latest version, once per
+    rewind; Client.wait_for_version_info returns the rewind instead. A
+    subclass of Aborted (code 10)."""
+
+    def __init__(self, version, recovery_epoch, message):
+        super().__init__(10, message)
+        self.version = version
+        self.recovery_epoch = recovery_epoch
+
+
 def from_code(code, message):
     return _BY_CODE.get(code, Error)(code, message)

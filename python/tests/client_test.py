@@ -185,8 +185,14 @@ class ClientTest(unittest.TestCase):
             hp.Client("127.0.0.1:1", connect_timeout=0.5)
         self.assertEqual(e.exception.code, 14)
         self.assertLess(time.time() - start, 5)
-        with self.assertRaises(hp.Unimplemented):
-            hp.Client(self.cluster.address, observer=True, token="secret")
+        with self.assertRaises(hp.InvalidArgument):
+            hp.Client(self.cluster.address, observer=True, token="t" * 20,
+                      token_file=os.path.join(self.tmp, "tokens"))
+        with self.assertRaises(hp.NotFound):
+            hp.Client(self.cluster.address, observer=True, tls_ca="/nonexistent/ca.pem")
+        with self.assertRaises(hp.InvalidArgument):  # a client certificate without its key
+            hp.Client(self.cluster.address, observer=True, tls_ca=self.model_path,
+                      tls_cert=self.model_path)
         t = hp.Client(self.cluster.address, observer=True)
         with self.assertRaises(hp.InvalidArgument) as e:
             t.push_gradients(0, {"bias": torch.zeros(63)})  # 63 of 64 values
@@ -236,6 +242,82 @@ class ClientTest(unittest.TestCase):
         grpc.channel_ready_future(ch).result(timeout=10)
         ch.close()
         self.assertEqual(len(self.admin.fetch(0, names=["bf16"])), 1)
+
+
+class LoadTest(unittest.TestCase):
+    """Client.load as hpctl load: streamed directories and indexes with
+    progress, force, and the optimizer schedule."""
+
+    def test_streamed_sharded_load_force_and_schedule(self):
+        tmp = tempfile.mkdtemp(prefix="hp_pyload_")
+        m = model()
+        names = sorted(m)
+        # A sharded checkpoint: two files and an index beside them.
+        shards = {"model-00001-of-00002.safetensors": names[:7],
+                  "model-00002-of-00002.safetensors": names[7:]}
+        weight_map = {}
+        for f, ns in shards.items():
+            safetensors_io.save({n: m[n] for n in ns}, os.path.join(tmp, f))
+            weight_map.update({n: f for n in ns})
+        with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        single = os.path.join(tmp, "one", "model.safetensors")
+        os.makedirs(os.path.dirname(single))
+        safetensors_io.save(m, single)
+        with start_cluster() as cl:
+            admin = hp.Client(cl.address, observer=True)
+            seen = []
+            v = hpc.load_when_ready(admin, tmp, RECIPE,
+                                    progress=lambda sent, total: seen.append((sent, total)))
+            self.assertEqual(v, 0)
+            self.assertEqual(sorted(admin.manifest().names()), names)
+            total = sum(t.numel() * 4 for t in m.values())
+            self.assertTrue(seen)
+            self.assertEqual(seen[-1], (total, total))
+            self.assertTrue(all(a[0] <= b[0] for a, b in zip(seen, seen[1:])))
+            # The streamed values are the model's: BF16 identity copies.
+            r = admin.fetch(0, names=["bf16"])
+            torch.testing.assert_close(r["bf16"].data.float(), m["bf16"].to(torch.bfloat16).float(),
+                                       rtol=0, atol=0)
+            # A cluster holding a model refuses another without force.
+            with self.assertRaises(hp.FailedPrecondition):
+                admin.load(single, RECIPE)
+            with self.assertRaises(hp.FailedPrecondition):
+                admin.load(os.path.join(tmp, "model.safetensors.index.json"), RECIPE)
+            with self.assertRaises(hp.NotFound):
+                admin.load(os.path.join(tmp, "missing"), RECIPE, force=True)
+            # Train a step, then replace the model: back to version 0.
+            with hp.Client(cl.address) as t:
+                t.push_gradients(0, {"bf16": torch.ones(40, 24)})
+                self.assertEqual(t.wait_for_version(1), 1)
+            self.assertEqual(admin.load(single, RECIPE, force=True, stream=True), 0)
+            self.assertEqual(admin.wait_for_version(0), 0)
+            r = admin.fetch(-1, names=["bf16"])
+            self.assertEqual(r.version, 0)
+            torch.testing.assert_close(r["bf16"].data.float(), m["bf16"].to(torch.bfloat16).float(),
+                                       rtol=0, atol=0)
+            self.assertEqual(admin.load(single, RECIPE, force=True), 0)  # read by the daemons
+
+            # The lr schedule, as a dict and as protobuf text.
+            cfg = admin.set_optimizer_schedule(
+                {"warmup_steps": 10, "decay": "COSINE", "decay_steps": 100, "min_lr": 0.01},
+                lr=0.25)
+            self.assertEqual(cfg["kind"], "SGD")
+            self.assertAlmostEqual(cfg["lr"], 0.25)
+            self.assertEqual(cfg["schedule"]["decay"], "COSINE")
+            self.assertEqual(int(cfg["schedule"]["warmup_steps"]), 10)
+            cfg = admin.set_optimizer_schedule("decay: LINEAR decay_steps: 5")
+            self.assertEqual(cfg["schedule"]["decay"], "LINEAR")
+            self.assertNotIn("warmup_steps", cfg["schedule"])
+            self.assertAlmostEqual(cfg["lr"], 0.25)
+            for bad in ("decay: COSINE", "warmup_steps: -1", "no_such_field: 1", '{"decay": 7.5}'):
+                with self.assertRaises(hp.InvalidArgument, msg=bad):
+                    admin.set_optimizer_schedule(bad)
+            # Steps still run under the new schedule.
+            with hp.Client(cl.address) as t:
+                t.push_gradients(0, {"bf16": torch.ones(40, 24)})
+                self.assertEqual(t.wait_for_version(1), 1)
+            admin.close()
 
 
 class PushTest(unittest.TestCase):

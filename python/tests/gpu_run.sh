@@ -11,7 +11,9 @@
 #          gets bundle.tar.xz: the binaries at their workspace paths and the
 #          python/ tree)
 #   There: run(command="bash .gpu_bundle_py/run.sh", carry=[".gpu_bundle_py"])
-#          (the bundle carries this script as run.sh). Logs under $OUT.
+#          (the bundle carries this script as run.sh). The summary goes to
+#          stdout; every log is in $OUT/py_logs.tgz (one file, so that the
+#          device tool returns it).
 set -uo pipefail
 if [ "${1:-}" = bundle ]; then
   cd "$(dirname "$0")/../.."
@@ -35,8 +37,10 @@ if [ "${1:-}" = bundle ]; then
 fi
 
 here=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-/tmp/gpu_py_out}
-mkdir -p "$OUT"
+FINAL_OUT=${OUT:-/tmp/gpu_py_out}
+mkdir -p "$FINAL_OUT"
+OUT=$(mktemp -d /tmp/gpu_py_logs.XXXXXX)
+trap 'tar -czf "$FINAL_OUT/py_logs.tgz" -C "$OUT" . ; rm -rf "$OUT"' EXIT
 source "$here/gpu_bundle_lib.sh"
 U=/tmp/gpu_bundle_py
 rm -rf "$U" && bundle_unpack "$here" "$U" || exit 1
@@ -53,7 +57,8 @@ STEPS=${STEPS:-gpu_test,gpt,hf,bench}
 if [[ ,$STEPS, == *,gpu_test,* ]]; then
   timeout 240 python3 python/tests/gpu_test.py > "$OUT/gpu_test.log" 2>&1
   echo "gpu_test rc=$?"
-  grep -E "^test_|^linear|Error|FAIL|^OK|^Ran" "$OUT/gpu_test.log" | head -40
+  grep -E "^test_|^linear|Error|FAIL|^OK|^Ran|ok$" "$OUT/gpu_test.log" | head -40
+  grep -q "^OK" "$OUT/gpu_test.log" || tail -40 "$OUT/gpu_test.log"
 fi
 if [[ ,$STEPS, == *,gpt,* ]]; then
   timeout 180 python3 python/examples/train_gpt.py --server_binary=$PARAMD_SERVER --daemons=1 \
@@ -61,7 +66,7 @@ if [[ ,$STEPS, == *,gpt,* ]]; then
     --summary_json="$OUT/train_gpt_gpu.json" > "$OUT/train_gpt_gpu.log" 2>&1
   echo "train_gpt (gpu daemon, fetch into CUDA tensors) rc=$?"
   grep -E '"(ok|why|loss_start|loss_final|baseline_loss_final|relative_to_baseline|rowwise|columnwise|step_seconds_median|fetch_seconds_median)"' "$OUT/train_gpt_gpu.log"
-  tail -5 "$OUT/train_gpt_gpu.log" | grep -i error
+  tail -15 "$OUT/train_gpt_gpu.log" | grep -iE -A3 "error|traceback"
 fi
 if [[ ,$STEPS, == *,hf,* ]]; then
   timeout 240 python3 python/tests/hf_roundtrip_test.py > "$OUT/hf_roundtrip.log" 2>&1

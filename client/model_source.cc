@@ -1,0 +1,160 @@
+// client/model_source.h: the tensors of local safetensors files as
+// WeightSources (moved here from hpctl load so the C API shares them).
+#include "client/model_source.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "safetensors/safetensors.h"
+
+namespace paramd {
+namespace client {
+namespace {
+
+namespace fs = std::filesystem;
+
+// IEEE half -> float (exact).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
+    }
+  } else if (exp == 0x1F) {
+    bits = sign | 0x7F800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model) {
+  std::error_code ec;
+  std::string index;
+  if (fs::is_directory(model, ec)) {
+    const fs::path i = fs::path(model) / "model.safetensors.index.json";
+    if (fs::is_regular_file(i, ec)) {
+      index = i.string();
+    } else {
+      std::vector<std::string> files;
+      for (const auto& e : fs::directory_iterator(model, ec)) {
+        if (e.is_regular_file() && absl::EndsWith(e.path().string(), ".safetensors")) {
+          files.push_back(e.path().string());
+        }
+      }
+      std::sort(files.begin(), files.end());
+      if (files.empty()) {
+        return absl::NotFoundError(absl::StrCat(model, " has no *.safetensors files"));
+      }
+      return files;
+    }
+  } else if (absl::EndsWith(model, ".json")) {
+    index = model;
+  } else if (fs::is_regular_file(model, ec)) {
+    return std::vector<std::string>{model};
+  } else {
+    return absl::NotFoundError(absl::StrCat("no file or directory ", model));
+  }
+  std::ifstream in(index);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", index));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(index, ": not a safetensors index (no "
+                                                   "'weight_map' object)"));
+  }
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : j["weight_map"].items()) {
+    if (!file.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map['", tensor,
+                                                     "'] is not a file name"));
+    }
+    const std::string name = file.get<std::string>();
+    if (name.find('/') != std::string::npos || name == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": shard '", name, "' is not a file beside the index"));
+    }
+    shards.insert((fs::path(index).parent_path() / name).string());
+  }
+  if (shards.empty()) return absl::InvalidArgumentError(absl::StrCat(index, ": no tensors"));
+  return std::vector<std::string>(shards.begin(), shards.end());
+}
+
+absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files) {
+  std::vector<WeightSource> out;
+  std::set<std::string> seen;
+  for (const std::string& path : files) {
+    auto opened = safetensors::SafetensorsFile::Open(path);
+    if (!opened.ok()) {
+      return absl::Status(opened.status().code(),
+                          absl::StrCat(path, ": ", opened.status().message()));
+    }
+    auto file = std::make_shared<safetensors::SafetensorsFile>(std::move(*opened));
+    for (const safetensors::TensorInfo& t : file->tensors()) {
+      if (!seen.insert(t.name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor '", t.name, "' is in two files (", path, ")"));
+      }
+      WeightSource s;
+      s.name = t.name;
+      s.shape = t.shape;
+      const safetensors::TensorInfo info = t;
+      switch (t.dtype) {
+        case safetensors::Dtype::kF32:
+        case safetensors::Dtype::kBF16:
+          s.dtype = t.dtype == safetensors::Dtype::kF32 ? Gradient::DType::kFp32
+                                                        : Gradient::DType::kBf16;
+          s.read = [file, info](int64_t offset, absl::Span<uint8_t> dst) {
+            return file->ReadTensorBytes(info, offset, dst);
+          };
+          break;
+        case safetensors::Dtype::kF16:
+          // Sent as FP32 (exact): the daemons take FP32 or BF16.
+          s.dtype = Gradient::DType::kFp32;
+          s.read = [file, info](int64_t offset, absl::Span<uint8_t> dst) -> absl::Status {
+            std::vector<uint8_t> half(dst.size() / 2);
+            if (absl::Status st = file->ReadTensorBytes(info, offset / 2, absl::MakeSpan(half));
+                !st.ok()) {
+              return st;
+            }
+            for (size_t i = 0; i < half.size() / 2; ++i) {
+              const float f = HalfToFloat(static_cast<uint16_t>(half[2 * i] | half[2 * i + 1] << 8));
+              std::memcpy(dst.data() + 4 * i, &f, 4);
+            }
+            return absl::OkStatus();
+          };
+          break;
+        default:
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": tensor '", t.name, "' is ", safetensors::DtypeName(t.dtype),
+              "; hpctl load takes F32, BF16 or F16 tensors"));
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+}  // namespace client
+}  // namespace paramd

@@ -1,0 +1,42 @@
+// File: client/model_source.h
+//
+// The values of a model on the machine running the client, as
+// client::WeightSource (client/weight_stream.h) for StreamLoad: what
+// `hpctl load DIR` and the C API's hpd_load_model (Python's
+// Client.load) stream to the daemons.
+//
+//   ASSIGN_OR_RETURN(std::vector<std::string> files, client::ModelFiles(path));
+//   ASSIGN_OR_RETURN(std::vector<client::WeightSource> s, client::WeightSources(files));
+//   ASSIGN_OR_RETURN(int64_t v, client::StreamLoad(c, s, recipe, progress));
+//
+// Threading: the functions are pure (they only read files); the returned
+// sources keep their files open and may be read concurrently.
+#ifndef PARAMD_CLIENT_MODEL_SOURCE_H_
+#define PARAMD_CLIENT_MODEL_SOURCE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/weight_stream.h"
+
+namespace paramd {
+namespace client {
+
+// The safetensors files of `model`: the file itself; the shards a
+// `*.index.json` names (a Hugging Face model.safetensors.index.json, whose
+// shard names must be files beside it); a directory's
+// model.safetensors.index.json if it has one, else every *.safetensors in
+// it (sorted). NOT_FOUND for a path that is none of these or an empty
+// directory; INVALID_ARGUMENT for an index that is not one.
+absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model);
+
+// One source per tensor of `files`: F32 and BF16 are sent as they are,
+// F16 as FP32 (exact). INVALID_ARGUMENT for other dtypes or a tensor in two
+// files; the reader's errors for a file that is not safetensors.
+absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files);
+
+}  // namespace client
+}  // namespace paramd
+
+#endif  // PARAMD_CLIENT_MODEL_SOURCE_H_
