@@ -5,6 +5,7 @@
 // the API equals client::Client's.
 #include "client/c_api.h"
 
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -99,9 +100,27 @@ TEST_F(CApiTest, ConnectErrors) {
   EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_INVALID_ARGUMENT);
   hpd_connect_options_init(&o);
   o.address = address_.c_str();
-  o.token = "t";
-  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_UNIMPLEMENTED);
-  EXPECT_EQ(st_.code, HPD_UNIMPLEMENTED);
+  o.token = "token-0123456789abcdef";
+  o.token_file = "/nonexistent/tokens";
+  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_INVALID_ARGUMENT);  // both
+  EXPECT_NE(std::strstr(st_.message, "not both"), nullptr) << st_.message;
+  o.token = nullptr;
+  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_NOT_FOUND) << st_.message;
+  EXPECT_NE(std::strstr(st_.message, "/nonexistent/tokens"), nullptr) << st_.message;
+  o.token_file = nullptr;
+  o.tls_root_certs_path = "/nonexistent/ca.pem";
+  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_NOT_FOUND) << st_.message;
+  EXPECT_EQ(c, nullptr);
+  // A caller built against API 1000 (no tls_server_name / token_file):
+  // accepted, and the fields past its struct_size are never read.
+  hpd_connect_options_init(&o);
+  o.address = address_.c_str();
+  o.observer = 1;
+  o.struct_size = offsetof(hpd_connect_options, tls_server_name);
+  o.token_file = "/nonexistent/tokens";
+  ASSERT_EQ(hpd_connect(&o, &c, &st_), HPD_OK) << st_.message;
+  ASSERT_EQ(hpd_close(c, &st_), HPD_OK);
+  c = nullptr;
   const absl::Time start = absl::Now();
   EXPECT_EQ(Connect("127.0.0.1:1", 1, &c), HPD_UNAVAILABLE) << st_.message;
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -132,6 +151,14 @@ TEST_F(CApiTest, BadHandlesAreRefused) {
     EXPECT_EQ(hpd_status_json(h, 0, 0, &json, &st_), HPD_INVALID_ARGUMENT);
     EXPECT_EQ(hpd_load(h, "/x", nullptr, 0, nullptr, &st_), HPD_INVALID_ARGUMENT);
     EXPECT_EQ(hpd_step(h, 0, 0, 0, nullptr, &st_), HPD_INVALID_ARGUMENT);
+    hpd_version_info vi;
+    EXPECT_EQ(hpd_wait_for_version_info(h, 0, 100, &vi, &st_), HPD_INVALID_ARGUMENT);
+    hpd_load_options lo;
+    hpd_load_options_init(&lo);
+    lo.model = "/x";
+    EXPECT_EQ(hpd_load_model(h, &lo, &v, &st_), HPD_INVALID_ARGUMENT);
+    EXPECT_EQ(hpd_set_optimizer_schedule(h, "", 0, 0, 0, &json, &st_), HPD_INVALID_ARGUMENT);
+    EXPECT_EQ(json, nullptr);
     EXPECT_EQ(hpd_member(h, &rank, nullptr, 0, &st_), HPD_INVALID_ARGUMENT);
   }
   EXPECT_EQ(hpd_close(nullptr, &st_), HPD_OK);
@@ -145,6 +172,44 @@ TEST_F(CApiTest, BadHandlesAreRefused) {
   EXPECT_EQ(hpd_manifest_tensor(fm, 0, &info, &st_), HPD_INVALID_ARGUMENT);
   hpd_manifest_free(const_cast<hpd_manifest*>(fm));  // ignored, no crash
   hpd_manifest_free(nullptr);
+}
+
+TEST_F(CApiTest, LoadScheduleAndWaitInfoErrors) {
+  hpd_load_options lo;
+  hpd_load_options_init(&lo);
+  int64_t v = -7;
+  EXPECT_EQ(hpd_load_model(admin_, nullptr, &v, &st_), HPD_INVALID_ARGUMENT);
+  EXPECT_EQ(hpd_load_model(admin_, &lo, &v, &st_), HPD_INVALID_ARGUMENT);  // no model
+  lo.model = "/nonexistent/model-dir";
+  EXPECT_EQ(hpd_load_model(admin_, &lo, &v, &st_), HPD_NOT_FOUND) << st_.message;
+  lo.struct_size = 8;
+  EXPECT_EQ(hpd_load_model(admin_, &lo, &v, &st_), HPD_INVALID_ARGUMENT);
+  EXPECT_EQ(v, -7);
+  char* json = reinterpret_cast<char*>(0x1);
+  EXPECT_EQ(hpd_set_optimizer_schedule(admin_, nullptr, 0, 0, 0, &json, &st_),
+            HPD_INVALID_ARGUMENT);
+  EXPECT_EQ(json, nullptr);
+  EXPECT_EQ(hpd_set_optimizer_schedule(admin_, "decay: NOPE", 0, 0, 0, &json, &st_),
+            HPD_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(st_.message, "1:"), nullptr) << st_.message;  // line:column
+  EXPECT_EQ(hpd_set_optimizer_schedule(admin_, "{\"decay\": [", 0, 0, 0, &json, &st_),
+            HPD_INVALID_ARGUMENT);
+  ASSERT_EQ(hpd_set_optimizer_schedule(admin_, "warmup_steps: 3", 1, 0.125f, 0, &json, &st_),
+            HPD_OK)
+      << st_.message;
+  ASSERT_NE(json, nullptr);
+  EXPECT_NE(std::strstr(json, "\"warmup_steps\""), nullptr) << json;
+  EXPECT_NE(std::strstr(json, "0.125"), nullptr) << json;
+  hpd_free_string(json);
+  EXPECT_EQ(hpd_set_optimizer_schedule(admin_, "", 0, 0, 0, nullptr, &st_), HPD_OK)
+      << st_.message;  // back to constant, result not wanted
+  EXPECT_EQ(hpd_wait_for_version_info(admin_, 0, 100, nullptr, &st_), HPD_INVALID_ARGUMENT);
+  hpd_version_info info;
+  ASSERT_EQ(hpd_wait_for_version_info(admin_, 0, 5000, &info, &st_), HPD_OK) << st_.message;
+  EXPECT_EQ(info.committed_version, 0);
+  EXPECT_EQ(info.rewound, 0);
+  EXPECT_EQ(info.recovery_epoch, 0);
+  EXPECT_EQ(hpd_wait_for_version_info(admin_, 99, 200, &info, &st_), HPD_DEADLINE_EXCEEDED);
 }
 
 TEST_F(CApiTest, ManifestAndItsErrors) {

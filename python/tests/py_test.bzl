@@ -2,7 +2,7 @@
 run_py_test.sh, against the runfiles' libhybrid_paramd.so, hybrid-paramd,
 cpp_client_tool (and hpctl when `hpctl` is set)."""
 
-def hp_py_test(name, script, hpctl = False, **kwargs):
+def hp_py_test(name, script, hpctl = False, data = [], **kwargs):
     args = [
         "python/tests/" + script,
         "$(location //client:libhybrid_paramd.so)",
@@ -14,7 +14,7 @@ def hp_py_test(name, script, hpctl = False, **kwargs):
         "//python/tests:package",
         "//client:libhybrid_paramd.so",
         "//server:hybrid-paramd",
-    ]
+    ] + data
     if hpctl:
         args.append("$(location //hpctl)")
         data.append("//hpctl")
