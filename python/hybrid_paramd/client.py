@@ -413,27 +413,37 @@ class Client:
         """Blocks until the committed version is >= min_version or the
         cluster rewinds; returns a VersionInfo (DeadlineExceeded after
         `timeout` seconds). Each rewind is reported once per Client."""
+        return self._wait_info(min_version, timeout)[0]
+
+    def _wait_info(self, min_version, timeout):
+        """(VersionInfo, seconds inside the library)."""
         info = _capi.VersionInfo()
         st = _capi.Status()
-        _raise_for(self._lib.hpd_wait_for_version_info(self._handle(), int(min_version),
-                                                       _ms(timeout), ctypes.byref(info),
-                                                       ctypes.byref(st)), st)
+        start = time.perf_counter()
+        code = self._lib.hpd_wait_for_version_info(self._handle(), int(min_version), _ms(timeout),
+                                                   ctypes.byref(info), ctypes.byref(st))
+        seconds = time.perf_counter() - start
+        _raise_for(code, st)
         return VersionInfo(info.committed_version,
                            info.rewound_to_version if info.rewound else None,
-                           info.recovery_epoch)
+                           info.recovery_epoch), seconds
+
+    @staticmethod
+    def _raise_rewound(min_version, info):
+        raise errors.RewoundError(
+            info.rewound_to, info.recovery_epoch,
+            "wait for version %d: the cluster rewound to version %d (recovery %d: a daemon "
+            "was lost and replaced); go back to that version and push for it" %
+            (min_version, info.rewound_to, info.recovery_epoch))
 
     def wait_for_version(self, min_version, timeout=30.0):
         """Blocks until the committed version is >= min_version; returns it
         (DeadlineExceeded after `timeout` seconds). RewoundError (with
         .version) if the cluster rewound meanwhile: go back to that
         version."""
-        info = self.wait_for_version_info(min_version, timeout)
+        info = self._wait_info(min_version, timeout)[0]
         if info.rewound_to is not None:
-            raise errors.RewoundError(
-                info.rewound_to, info.recovery_epoch,
-                "wait for version %d: the cluster rewound to version %d (recovery %d: a daemon "
-                "was lost and replaced); go back to that version and push for it" %
-                (min_version, info.rewound_to, info.recovery_epoch))
+            self._raise_rewound(min_version, info)
         return info.committed_version
 
     # ---- fetch ----
@@ -472,10 +482,14 @@ class Client:
         allocating. Returns a FetchResult. RewoundError when the latest
         version is asked for and the cluster rewound since the last wait."""
         start = time.perf_counter()
+        wait_seconds = 0.0
         if version < 0:
-            # Resolved here (one WaitForVersion, as the library would do)
+            # Resolved here (the one WaitForVersion the library would make)
             # so that a rewind raises RewoundError.
-            version = self.wait_for_version(0, timeout=30.0 if timeout is None else timeout)
+            info, wait_seconds = self._wait_info(0, 30.0 if timeout is None else timeout)
+            if info.rewound_to is not None:
+                self._raise_rewound(0, info)
+            version = info.committed_version
         dev = torch.device(device)
         if dev.type == "cuda":
             _check_cuda()
@@ -498,7 +512,7 @@ class Client:
             lib_start = time.perf_counter()
             code = self._lib.hpd_fetch(self._handle(), int(version), tg, n, _ms(timeout),
                                        plan.outputs, ctypes.byref(stats), ctypes.byref(st))
-            lib_seconds = time.perf_counter() - lib_start
+            lib_seconds = time.perf_counter() - lib_start + wait_seconds
             _raise_for(code, st)
             outs = plan.outputs
             scalars = [(outs[i].scale_inv, outs[i].amax) for i in range(n)]
@@ -515,7 +529,7 @@ class Client:
             code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
                                               ctypes.c_void_p(stream), _ms(timeout),
                                               ctypes.byref(stats), ctypes.byref(st))
-            lib_seconds = time.perf_counter() - lib_start
+            lib_seconds = time.perf_counter() - lib_start + wait_seconds
             _raise_for(code, st)
             host = dev_scalars.cpu().tolist()
             scalars = [(host[_SCALARS_STRIDE * i], host[_SCALARS_STRIDE * i + 1])
