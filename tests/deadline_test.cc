@@ -69,7 +69,8 @@ class DeadlineTest : public ::testing::Test {
     grads_ = RandomValues(kRows * kCols, 4, 0.01f);
     // Connect to the daemon before it is stopped (a fetch), so that the
     // calls below get stuck inside the stream, not in the connect.
-    ASSERT_TRUE(Fetch(absl::Seconds(20)).ok());
+    const absl::Status first = Fetch(absl::Seconds(20));
+    ASSERT_TRUE(first.ok()) << first << cluster_->Logs();
   }
 
   void TearDown() override {
