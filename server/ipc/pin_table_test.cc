@@ -1,0 +1,162 @@
+#include "server/ipc/pin_table.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+
+namespace paramd {
+namespace ipc {
+namespace {
+
+// A clock the test moves by hand.
+class FakeClock {
+ public:
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+};
+
+PinTableOptions WithClock(FakeClock* clock) {
+  PinTableOptions o;
+  o.now = [clock] { return clock->Now(); };
+  return o;
+}
+
+constexpr PinKey kV5{1, 5};
+constexpr PinKey kV6{1, 6};
+
+TEST(PinTable, PinHoldsUntilUnpinAndRetireThenWaitsForIt) {
+  FakeClock clock;
+  PinTable table(WithClock(&clock));
+  absl::StatusOr<uint64_t> s = table.Open("trainer-a", absl::Seconds(5));
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_TRUE(table.Pin(*s, kV5).ok());
+  ASSERT_TRUE(table.Pin(*s, kV5).ok());  // idempotent: one pin
+  EXPECT_EQ(table.PinCount(kV5), 1);
+  EXPECT_EQ(table.PinCount(kV6), 0);
+
+  // The step rewriting v5 waits while the pin is held...
+  std::atomic<bool> retired{false};
+  absl::Status retire_status;
+  std::thread step([&] {
+    retire_status = table.Retire(kV5, absl::InfiniteFuture());
+    retired = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(retired);
+  // ... new pins of v5 are refused meanwhile (another session) ...
+  absl::StatusOr<uint64_t> other = table.Open("trainer-b", absl::Seconds(5));
+  ASSERT_TRUE(other.ok());
+  absl::Status refused = table.Pin(*other, kV5);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(table.Pin(*other, kV6).ok());
+  // ... and it goes on once the pin is released.
+  ASSERT_TRUE(table.Unpin(*s, kV5).ok());
+  step.join();
+  EXPECT_TRUE(retired);
+  EXPECT_TRUE(retire_status.ok()) << retire_status;
+  table.EndRetire(kV5);
+  EXPECT_TRUE(table.Pin(*other, kV5).ok());  // after EndRetire: the caller's check decides
+}
+
+TEST(PinTable, ExpiredLeaseReleasesPinsAndRetireGoesOn) {
+  FakeClock clock;
+  PinTable table(WithClock(&clock));
+  std::atomic<int> ended{0};
+  table.set_on_session_end([&](uint64_t) { ++ended; });
+  absl::StatusOr<uint64_t> s = table.Open("killed trainer", absl::Seconds(2));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(table.Pin(*s, kV5).ok());
+  std::atomic<bool> retired{false};
+  std::thread step([&] {
+    EXPECT_TRUE(table.Retire(kV5, absl::InfiniteFuture()).ok());
+    retired = true;
+  });
+  clock.Advance(absl::Seconds(1));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(retired);  // lease not over yet
+  clock.Advance(absl::Seconds(1));
+  step.join();  // the lease lapsed: the pin went with it
+  EXPECT_TRUE(retired);
+  EXPECT_EQ(ended.load(), 1);
+  EXPECT_EQ(table.PinCount(kV5), 0);
+  EXPECT_EQ(table.Renew(*s).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Pin(*s, kV6).code(), absl::StatusCode::kNotFound);
+  table.EndRetire(kV5);
+}
+
+TEST(PinTable, EveryCallRenewsTheLease) {
+  FakeClock clock;
+  PinTable table(WithClock(&clock));
+  absl::StatusOr<uint64_t> s = table.Open("t", absl::Seconds(2));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(table.Pin(*s, kV5).ok());
+  for (int i = 0; i < 5; ++i) {
+    clock.Advance(absl::Milliseconds(1500));
+    ASSERT_TRUE(table.Renew(*s).ok()) << i;
+  }
+  EXPECT_EQ(table.PinCount(kV5), 1);
+  clock.Advance(absl::Milliseconds(2001));
+  EXPECT_EQ(table.PinCount(kV5), 0);
+}
+
+TEST(PinTable, RetireDeadlineNamesTheHolderAndShutdownCancels) {
+  PinTable table;
+  absl::StatusOr<uint64_t> s = table.Open("holder-x", absl::Seconds(30));
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(table.Pin(*s, kV5).ok());
+  absl::Status late = table.Retire(kV5, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_NE(late.message().find("holder-x"), std::string::npos) << late;
+  table.EndRetire(kV5);
+  std::thread step([&] {
+    EXPECT_EQ(table.Retire(kV5, absl::InfiniteFuture()).code(), absl::StatusCode::kCancelled);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  table.Shutdown();
+  step.join();
+  EXPECT_EQ(table.Open("late", absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(PinTable, LimitsAndCloseAndGenerations) {
+  PinTableOptions o;
+  o.max_sessions = 2;
+  o.max_pins_per_session = 2;
+  PinTable table(o);
+  EXPECT_EQ(table.Open("t", absl::Milliseconds(10)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<uint64_t> a = table.Open("a", absl::Seconds(5));
+  absl::StatusOr<uint64_t> b = table.Open("b", absl::Seconds(5));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(table.Open("c", absl::Seconds(5)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(table.Pin(*a, kV5).ok());
+  ASSERT_TRUE(table.Pin(*a, kV6).ok());
+  EXPECT_EQ(table.Pin(*a, PinKey{1, 7}).code(), absl::StatusCode::kResourceExhausted);
+  // A new model generation's version 5 is another key.
+  EXPECT_EQ(table.PinCount(PinKey{2, 5}), 0);
+  absl::StatusOr<std::vector<PinKey>> pins = table.Pins(*a);
+  ASSERT_TRUE(pins.ok());
+  EXPECT_EQ(pins->size(), 2u);
+  ASSERT_TRUE(table.Close(*a).ok());
+  EXPECT_EQ(table.PinCount(kV5), 0);
+  EXPECT_EQ(table.Close(*a).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(table.Open("c", absl::Seconds(5)).ok());  // a's place is free
+}
+
+}  // namespace
+}  // namespace ipc
+}  // namespace paramd
