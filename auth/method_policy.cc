@@ -57,6 +57,13 @@ const std::vector<MethodPolicy>& Table() {
       // The coordinator's recovery of a replaced daemon (server/recovery.h).
       {"/paramd.rpc.Daemon/PrepareRecovery", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Recover", {kC}, /*internal=*/true},
+      // ---- paramd.rpc.DaemonIpc (same-GPU sessions: trainers on the daemon's GPU)
+      {"/paramd.rpc.DaemonIpc/OpenIpcSession", {kT, kO}},
+      {"/paramd.rpc.DaemonIpc/IpcKeepAlive", {kT, kO}},
+      {"/paramd.rpc.DaemonIpc/CloseIpcSession", {kT, kO}},
+      {"/paramd.rpc.DaemonIpc/PinIpc", {kT, kO}},
+      {"/paramd.rpc.DaemonIpc/UnpinIpc", {kT, kO}},
+      {"/paramd.rpc.DaemonIpc/PushGradientsIpc", {kT}},
       // ---- paramd.checkpoint.CheckpointCoordinator
       {"/paramd.checkpoint.CheckpointCoordinator/Checkpoint", {kO}},
       {"/paramd.checkpoint.CheckpointCoordinator/ListCheckpoints", {kO}},

@@ -6,6 +6,7 @@
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/ipc.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
 #include "proto/transport.grpc.pb.h"
 
@@ -110,6 +111,7 @@ TEST(MethodTable, CoversEveryMethodOfEveryService) {
   int methods = 0;
   for (const char* service : {rpc::Coordinator::service_full_name(),
                               rpc::Daemon::service_full_name(),
+                              rpc::DaemonIpc::service_full_name(),
                               checkpoint::CheckpointCoordinator::service_full_name(),
                               checkpoint::CheckpointDaemon::service_full_name(),
                               transport::DataPlane::service_full_name()}) {

@@ -29,6 +29,7 @@
 #include "server/convert.h"
 #include "server/data_plane.h"
 #include "server/device_channel.h"
+#include "server/ipc/ipc_service.h"
 #include "server/lease_keeper.h"
 #include "server/optimizer_config.h"
 #include "server/restore.h"
@@ -121,14 +122,15 @@ absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef&
 class FetchReactor;
 class DeviceChannelReactor;
 
-class Daemon::Impl : public rpc::Daemon::CallbackService {
+class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
  public:
   friend class Daemon;
   Impl(DaemonOptions options, gpu_backend::DaemonBackend backend)
       : options_(std::move(options)),
         backend_(backend),
         backend_auto_(options_.backend == "auto"),
-        incarnation_(NewIncarnation()) {}
+        incarnation_(NewIncarnation()),
+        ipc_(std::make_unique<ipc::IpcService>(this, IpcOptions(options_))) {}
 
   ~Impl() override { Shutdown(); }
 
@@ -176,6 +178,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       shut_down_ = true;
       if (join_context_ != nullptr) join_context_->TryCancel();
     }
+    ipc_->Shutdown();  // a step waiting for an IPC pin returns
     if (join_thread_.joinable()) join_thread_.join();
     lease_.reset();
     std::vector<uint64_t> channels;
@@ -211,6 +214,46 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     }
     return absl::FailedPreconditionError(
         absl::StrCat("daemon cannot join the cluster: ", join_error_));
+  }
+
+  // ---- Same-GPU sessions (ipc::IpcHost, server/ipc/ipc_service.h) ----
+
+  ipc::IpcService* ipc_service() { return ipc_.get(); }
+
+  absl::Status WithSnapshot(
+      const std::function<absl::Status(const ipc::IpcSnapshot&)>& fn) override {
+    absl::ReaderMutexLock device_lock(&device_mu_);  // keeps a load from freeing the backend
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    RETURN_IF_ERROR(CheckNotReplacedLocked());
+    ipc::IpcSnapshot snap;
+    if (view_ != nullptr && shards_ != nullptr) {
+      snap.view = view_.get();
+      snap.backend = shards_.get();
+    }
+    snap.latest = latest_ ? latest_->version : -1;
+    snap.previous = previous_ ? previous_->version : -1;
+    return fn(snap);
+  }
+
+  absl::Status CheckPush(int64_t version, const std::string& pusher) override {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    return CheckPushLocked(version, pusher);
+  }
+
+  absl::Status CommitPush(int64_t version, const std::string& pusher, int64_t generation,
+                          int64_t bytes, const std::function<absl::Status(ShardBackend&)>& apply,
+                          rpc::PushGradientsResponse* response) override {
+    absl::ReaderMutexLock device_lock(&device_mu_);
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckPushLocked(version, pusher));
+    if (view_ == nullptr || view_->generation != generation || shards_ == nullptr) {
+      return absl::FailedPreconditionError("the model was reloaded during the push");
+    }
+    RETURN_IF_ERROR(apply(*shards_));
+    CountPushLocked(version, pusher, bytes, response);
+    return absl::OkStatus();
   }
 
   // ---- RPCs ----
@@ -715,6 +758,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
     AllReduceMaxFn all_reduce;
     ShardBackend* shards;
     bool shutting_down;
+    std::pair<int64_t, int64_t> retire{-1, -1};  // (generation, version) rewritten
     {
       absl::MutexLock lock(&mu_);
       all_reduce = all_reduce_;
@@ -731,6 +775,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
       };
       mu_.Await(absl::Condition(&unpinned));
       shutting_down = shut_down_;
+      retire = {generation_, overwriting_version_};
+    }
+    // Same-GPU sessions (server/ipc/): the step waits while a live session
+    // pins the version whose buffers it rewrites.
+    if (!shutting_down && !ipc_->RetireForStep(retire.first, retire.second).ok()) {
+      shutting_down = true;
     }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> result;
@@ -763,6 +813,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
         last_step_error_ = result.status();
       }
     }
+    ipc_->EndRetire(retire.first, retire.second);
     publish_waiters_.WakeAll();
     if (!result.ok()) {
       LogError(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
@@ -1355,6 +1406,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService {
 
   absl::Mutex parked_mu_;
   std::map<std::string, int64_t> parked_ ABSL_GUARDED_BY(parked_mu_);
+
+  static ipc::IpcServiceOptions IpcOptions(const DaemonOptions& options) {
+    ipc::IpcServiceOptions o;
+    o.authenticator = options.authenticator;
+    return o;
+  }
+  // Declared last: destroyed first (its socket thread calls WithSnapshot).
+  std::unique_ptr<ipc::IpcService> ipc_;
 };
 
 namespace {
@@ -2312,6 +2371,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Create(DaemonOptions options) {
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() { Shutdown(); }
 grpc::Service* Daemon::service() { return impl_.get(); }
+grpc::Service* Daemon::ipc_service() { return impl_->ipc_service(); }
 void Daemon::Start(const std::string& address, const std::string& coordinator) {
   impl_->Start(address, coordinator);
 }

@@ -138,6 +138,9 @@ class Daemon {
 
   // The paramd.rpc.Daemon service to register. Owned by this object.
   grpc::Service* service();
+  // The paramd.rpc.DaemonIpc service (same-GPU sessions, proto/ipc.proto;
+  // server/ipc/ipc_service.h) to register beside it. Owned by this object.
+  grpc::Service* ipc_service();
   // Starts joining the coordinator at `coordinator` ("host:port") in the
   // background, advertising `address` (this daemon's reachable
   // "host:port"). Call once, after the server serving service() started.

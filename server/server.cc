@@ -60,7 +60,10 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   interceptors.push_back(NewRpcMetricsFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   if (s->coordinator_) builder.RegisterService(s->coordinator_->service());
-  if (s->daemon_) builder.RegisterService(s->daemon_->service());
+  if (s->daemon_) {
+    builder.RegisterService(s->daemon_->service());
+    builder.RegisterService(s->daemon_->ipc_service());
+  }
   for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {

@@ -185,6 +185,7 @@ std::unique_ptr<google::protobuf::Message> ProbeFor(absl::string_view method) {
 
 bool OnDaemon(absl::string_view method) {
   return absl::StartsWith(method, "/paramd.rpc.Daemon/") ||
+         absl::StartsWith(method, "/paramd.rpc.DaemonIpc/") ||
          absl::StartsWith(method, "/paramd.checkpoint.CheckpointDaemon/");
 }
 
