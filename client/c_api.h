@@ -351,7 +351,9 @@ HPD_EXPORT int32_t hpd_push_gradients(hpd_client* client, int64_t version,
 HPD_EXPORT int32_t hpd_status_json(hpd_client* client, int32_t include_shards,
                                    int64_t timeout_ms, char** json, hpd_status* status);
 /* Loads a safetensors file readable by every daemon with a recipe (protobuf
- * text, may be NULL) and refreshes the manifest; `*version` = 0. */
+ * text, may be NULL) and refreshes the manifest; `*version` = 0. A cluster
+ * holding a model refuses (FAILED_PRECONDITION); hpd_load_model below also
+ * replaces models, streams directories and sharded checkpoints. */
 HPD_EXPORT int32_t hpd_load(hpd_client* client, const char* safetensors_path,
                             const char* recipe_text, int64_t timeout_ms, int64_t* version,
                             hpd_status* status);

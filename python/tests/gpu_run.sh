@@ -55,13 +55,13 @@ ldd "$HYBRID_PARAMD_LIB" | grep "not found" && echo "MISSING LIBRARIES"
 export PARAMD_HPCTL=$U/hpctl/hpctl
 STEPS=${STEPS:-gpu_test,gpt,hf,bench}
 if [[ ,$STEPS, == *,gpu_test,* ]]; then
-  timeout 240 python3 python/tests/gpu_test.py > "$OUT/gpu_test.log" 2>&1
+  timeout ${GPU_TEST_TIMEOUT:-120} python3 python/tests/gpu_test.py > "$OUT/gpu_test.log" 2>&1
   echo "gpu_test rc=$?"
   grep -E "^test_|^linear|Error|FAIL|^OK|^Ran|ok$" "$OUT/gpu_test.log" | head -40
   grep -q "^OK" "$OUT/gpu_test.log" || tail -40 "$OUT/gpu_test.log"
 fi
 if [[ ,$STEPS, == *,gpt,* ]]; then
-  timeout 180 python3 python/examples/train_gpt.py --server_binary=$PARAMD_SERVER --daemons=1 \
+  timeout ${GPT_TIMEOUT:-120} python3 python/examples/train_gpt.py --server_binary=$PARAMD_SERVER --daemons=1 \
     --daemon_flags="--backend=gpu --gpu=0" --device=cuda --fetch_device=cuda --steps=60 \
     --summary_json="$OUT/train_gpt_gpu.json" > "$OUT/train_gpt_gpu.log" 2>&1
   echo "train_gpt (gpu daemon, fetch into CUDA tensors) rc=$?"
@@ -69,13 +69,13 @@ if [[ ,$STEPS, == *,gpt,* ]]; then
   tail -15 "$OUT/train_gpt_gpu.log" | grep -iE -A3 "error|traceback"
 fi
 if [[ ,$STEPS, == *,hf,* ]]; then
-  timeout 240 python3 python/tests/hf_roundtrip_test.py > "$OUT/hf_roundtrip.log" 2>&1
+  timeout ${HF_TIMEOUT:-90} python3 python/tests/hf_roundtrip_test.py > "$OUT/hf_roundtrip.log" 2>&1
   echo "hf_roundtrip_test rc=$?"
   grep -E "^test_|tensors equal|Error|FAIL|^OK|^Ran|skipped" "$OUT/hf_roundtrip.log" | head -20
 fi
 if [[ ,$STEPS, == *,bench,* ]]; then
   for dev in cpu cuda; do
-    timeout 150 python3 python/tests/fetch_bench.py --server=$PARAMD_SERVER --cpp_tool=$PARAMD_CPP_TOOL \
+    timeout ${BENCH_TIMEOUT:-90} python3 python/tests/fetch_bench.py --server=$PARAMD_SERVER --cpp_tool=$PARAMD_CPP_TOOL \
       --daemon_flags="--backend=gpu --gpu=0" --device=$dev --tensors=200 --rows=1024 --cols=1024 \
       --repeats=10 > "$OUT/bench_$dev.json" 2>"$OUT/bench_$dev.err"
     echo "bench $dev rc=$?"; tr -d '\n' < "$OUT/bench_$dev.json"; echo; tail -3 "$OUT/bench_$dev.err"
