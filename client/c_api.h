@@ -167,7 +167,9 @@ HPD_EXPORT void hpd_connect_options_init(hpd_connect_options* options);
 
 /* Connects, joins and reads the manifest; `*client` is set on success (NULL
  * otherwise). UNAVAILABLE if the coordinator is unreachable within
- * connect_timeout_ms. */
+ * connect_timeout_ms (also a TLS server called in plaintext, or a server
+ * certificate the CA did not sign); UNAUTHENTICATED without a token the
+ * cluster knows, PERMISSION_DENIED for a token of another role. */
 HPD_EXPORT int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client,
                                hpd_status* status);
 /* Leaves the cluster (best effort) and frees the client. NULL is a no-op
