@@ -131,7 +131,15 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server_binary", default="",
                    help="hybrid-paramd binary: start a local cluster (coordinator + --daemons)")
-    p.add_argument("--coordinator", default="", help="or use this running cluster")
+    p.add_argument("--coordinator", default="",
+                   help="or use this running cluster (the model is streamed to it; see "
+                        "--replace_model)")
+    p.add_argument("--replace_model", action="store_true",
+                   help="--coordinator: replace a model the cluster already holds")
+    p.add_argument("--tls_ca", default="", help="--coordinator: CA of the cluster's TLS certificate")
+    p.add_argument("--token_file", default="",
+                   help="--coordinator: `ROLE TOKEN` file of a cluster with --auth_token_file "
+                        "(its operator line loads the model, its trainer line trains)")
     p.add_argument("--daemons", type=int, default=2)
     p.add_argument("--daemon_flags", default="",
                    help="extra flags for every daemon (e.g. '--backend=gpu --gpu=0')")
@@ -206,9 +214,12 @@ def main():
 
 
 def train(a, address, model, baseline, data, device, model_path, recipe):
-    admin = hp.Client(address, observer=True, name="train_gpt-admin")
-    hpc.load_when_ready(admin, model_path, recipe)
-    trainer = hp.Client(address, name="train_gpt")
+    security = {"tls_ca": a.tls_ca or None, "token_file": a.token_file or None}
+    admin = hp.Client(address, observer=True, name="train_gpt-admin", **security)
+    # A running cluster may not see this machine's files: stream the model.
+    hpc.load_when_ready(admin, model_path, recipe, stream=bool(a.coordinator),
+                        force=a.replace_model)
+    trainer = hp.Client(address, name="train_gpt", **security)
     fetch_device = a.fetch_device or "cpu"
     cm = torch_glue.ClusterModel(trainer, model, device=fetch_device)
     opt = torch.optim.AdamW(baseline.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
