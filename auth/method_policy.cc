@@ -57,6 +57,9 @@ const std::vector<MethodPolicy>& Table() {
       // The coordinator's recovery of a replaced daemon (server/recovery.h).
       {"/paramd.rpc.Daemon/PrepareRecovery", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Recover", {kC}, /*internal=*/true},
+      // In-memory snapshots between buddy daemons (server/snapshot.h).
+      {"/paramd.rpc.Daemon/PutSnapshot", {kC}, /*internal=*/true},
+      {"/paramd.rpc.Daemon/GetSnapshot", {kC}, /*internal=*/true},
       // ---- paramd.rpc.DaemonIpc (same-GPU sessions: trainers on the daemon's GPU)
       {"/paramd.rpc.DaemonIpc/OpenIpcSession", {kT, kO}},
       {"/paramd.rpc.DaemonIpc/IpcKeepAlive", {kT, kO}},

@@ -66,6 +66,16 @@ absl::StatusOr<SavedOptimizer> ReadSavedOptimizer(const checkpoint::Manifest& ma
   return saved;
 }
 
+// The newest complete checkpoint of the store at `root`; -1 if none.
+int64_t NewestCheckpointVersion(const std::string& root) {
+  absl::StatusOr<checkpoint::CheckpointStore> store =
+      checkpoint::CheckpointStore::Open(root, /*create=*/false);
+  if (!store.ok()) return -1;
+  absl::StatusOr<std::vector<checkpoint::CheckpointSummary>> list = store->List();
+  if (!list.ok() || list->empty()) return -1;
+  return static_cast<int64_t>(list->back().version);
+}
+
 }  // namespace
 
 class WatchReactor;
@@ -591,40 +601,30 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     plan.recover_timeout = options_.load_timeout;
     int64_t committed_before;
     int replaced = -1;
-    bool have_model;
     {
       absl::MutexLock lock(&mu_);
       plan.stubs = stubs_;
       committed_before = committed_;
-      have_model = manifest_.tensors_size() > 0;
+      plan.have_model = manifest_.tensors_size() > 0;
       for (int r = 0; r < table_.size(); ++r) {
         if (table_.slot(r).needs_state) replaced = r;
+        plan.addresses.push_back(table_.slot(r).member.address());
       }
+      if (plan.have_model) plan.snapshot_manifest = RelocatedManifest(manifest_, plan.addresses);
     }
+    const bool have_model = plan.have_model;
     const absl::Time start = absl::Now();
-    absl::Status s;
-    std::string source = "none (no model loaded)";
-    if (have_model) {
-      if (options_.checkpoint_root.empty()) {
-        s = absl::FailedPreconditionError(
-            "nothing to recover from: the coordinator has no --checkpoint_dir");
-      } else {
+    if (have_model && !options_.checkpoint_root.empty()) {
+      plan.disk_version = NewestCheckpointVersion(options_.checkpoint_root);
+      plan.checkpoint_path = options_.checkpoint_root;
+      plan.disk_manifest = [this](int64_t* version) {
         rpc::LoadRequest request;
         request.set_checkpoint_path(options_.checkpoint_root);
         request.set_checkpoint_version(-1);  // the newest complete one
-        absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request, plan.checkpoint_version);
-        if (manifest.ok()) {
-          plan.manifest = *std::move(manifest);
-          plan.checkpoint_path = options_.checkpoint_root;
-          source = absl::StrCat("checkpoint ", options_.checkpoint_root, " v",
-                                plan.checkpoint_version);
-        } else {
-          s = manifest.status();
-        }
-      }
+        return BuildManifest(request, *version);
+      };
     }
-    absl::StatusOr<RecoveryResult> result =
-        s.ok() ? RunRecovery(plan) : absl::StatusOr<RecoveryResult>(s);
+    absl::StatusOr<RecoveryResult> result = RunRecovery(plan);
     {
       absl::MutexLock lock(&mu_);
       recovering_ = false;
@@ -644,15 +644,16 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           d.published = result->published_version;
         }
         if (have_model) {
-          manifest_ = plan.manifest;
+          manifest_ = result->manifest;
           committed_ = result->published_version;
         }
         recovery_epoch_ = epoch;
         recovery_.set_replaced_rank(replaced);
         recovery_.set_rewound_to_version(committed_);
         recovery_.set_committed_before(committed_before);
-        recovery_.set_versions_lost(have_model ? committed_before - committed_ : 0);
-        recovery_.set_source(source);
+        recovery_.set_versions_lost(have_model ? std::max<int64_t>(0, committed_before - committed_)
+                                               : 0);
+        recovery_.set_source(result->source);
         const absl::Time from = lost_at_ == absl::InfinitePast() ? start : lost_at_;
         recovery_.set_seconds(absl::ToDoubleSeconds(now - from));
         recovery_.set_error("");
@@ -662,7 +663,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
                       "recovery %d done: rank %d replaced, every daemon rewound to version %d "
                       "(committed was %d: %d versions lost) from %s, %.2f s after the loss",
                       epoch, replaced, committed_, committed_before,
-                      recovery_.versions_lost(), source, recovery_.seconds()));
+                      recovery_.versions_lost(), result->source, recovery_.seconds()));
       }
     }
     version_waiters_.WakeAll();
@@ -1107,6 +1108,12 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     *manifest.mutable_optimizer_config() = OptimizerToProto(optimizer);
     RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
     manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
+    // Every daemon's address: snapshots go to the buddy (server/snapshot.h).
+    for (int r = 0; r < table_.size(); ++r) {
+      rpc::DaemonInfo* info = manifest.add_daemons();
+      info->set_rank(r);
+      info->set_address(table_.slot(r).member.address());
+    }
     if (DescribeOptimizer(optimizer) != DescribeOptimizer(optimizer_)) {
       Log(kTag, absl::StrCat("optimizer for this model: ", DescribeOptimizer(optimizer)));
     }

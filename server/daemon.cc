@@ -33,7 +33,9 @@
 #include "server/lease_keeper.h"
 #include "server/optimizer_config.h"
 #include "server/restore.h"
+#include "server/serial_worker.h"
 #include "server/shard_backend.h"
+#include "server/snapshot.h"
 
 namespace paramd {
 namespace {
@@ -41,50 +43,7 @@ namespace {
 constexpr char kTag[] = "daemon";
 constexpr int64_t kMaxChunkBytes = int64_t{4} << 20;
 
-// One thread running posted tasks in order.
-class Worker {
- public:
-  Worker() : thread_([this] { Run(); }) {}
-  ~Worker() { Stop(); }
-
-  void Post(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;
-    tasks_.push_back(std::move(task));
-    cv_.notify_one();
-  }
-
-  // Runs the queued tasks, then joins. Idempotent.
-  void Stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  void Run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
-      }
-      task();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  bool stop_ = false;
-  std::thread thread_;
-};
+using Worker = SerialWorker;
 
 // Rows [row_begin, row_end) of a [rows][cols] tensor of a safetensors file,
 // converted to FP32.
@@ -130,7 +89,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
         backend_(backend),
         backend_auto_(options_.backend == "auto"),
         incarnation_(NewIncarnation()),
-        ipc_(std::make_unique<ipc::IpcService>(this, IpcOptions(options_))) {}
+        ipc_(std::make_unique<ipc::IpcService>(this, IpcOptions(options_))) {
+    coordinator_token_ = std::make_shared<auth::BearerToken>(options_.join_token);
+    SnapshotOptions snapshot;
+    snapshot.every_steps = options_.snapshot_every_steps;
+    snapshot.tls = options_.tls;
+    snapshot.token = coordinator_token_;
+    snapshots_ = std::make_unique<SnapshotKeeper>(std::move(snapshot));
+  }
 
   ~Impl() override { Shutdown(); }
 
@@ -150,7 +116,6 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // The Join presents join_token; once joined, every call presents the
     // cluster secret from the reply.
-    coordinator_token_ = std::make_shared<auth::BearerToken>(options_.join_token);
     channel_ = auth::CreateChannel(coordinator, {options_.tls, coordinator_token_}, args);
     coordinator_ = rpc::Coordinator::NewStub(channel_);
     join_thread_ = std::thread([this] { JoinLoop(); });
@@ -321,6 +286,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       // The coordinator may send this as soon as it has registered our Join,
       // before the join thread has seen the reply and opened the data plane.
       const absl::Status joined = AwaitJoined(shared_view->rank);
+      if (joined.ok()) snapshots_->DropAll();  // of the model this load replaces
       absl::StatusOr<int64_t> v = joined.ok() ? LoadOnWorker(shared_view, source, pushers)
                                               : absl::StatusOr<int64_t>(joined);
       if (v.ok()) response->set_published_version(*v);
@@ -382,6 +348,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     }
     absl::StatusOr<std::string> address = OpenNextWorld(request->epoch());
     if (address.ok()) response->set_data_plane_address(*address);
+    for (rpc::SnapshotHeld& h : snapshots_->HoldForRecovery()) {
+      *response->add_snapshots() = std::move(h);
+    }
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(address.status()));
     return reactor;
@@ -417,6 +386,27 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       reactor->Finish(ToGrpcStatus(v.status()));
     });
     return reactor;
+  }
+
+  // Buddy copies of snapshots (server/snapshot.h).
+  grpc::ServerReadReactor<rpc::SnapshotChunk>* PutSnapshot(
+      grpc::CallbackServerContext* context, rpc::PutSnapshotResponse* response) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/PutSnapshot");
+        !s.ok()) {
+      return auth::RefusedReader<rpc::SnapshotChunk>(s);
+    }
+    return snapshots_->StartPut(context, response);
+  }
+
+  grpc::ServerWriteReactor<rpc::SnapshotChunk>* GetSnapshot(
+      grpc::CallbackServerContext* context, const rpc::GetSnapshotRequest* request) override {
+    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                         "/paramd.rpc.Daemon/GetSnapshot");
+        !s.ok()) {
+      return auth::RefusedWriter<rpc::SnapshotChunk>(s);
+    }
+    return snapshots_->StartGet(*request);
   }
 
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
@@ -482,6 +472,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     if (!gate->entered.WaitForNotificationWithTimeout(timeout)) {
       return absl::UnavailableError("the daemon's worker is busy (a step or load is running)");
     }
+    snapshots_->BeforeChange();  // host_state() below may rewrite what a snapshot copies
     std::shared_ptr<const PublishedVersion> latest, previous;
     {
       absl::MutexLock lock(&mu_);
@@ -755,6 +746,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // restore of checkpoint V republishes V (from = V-1, no optimizer, no
   // delayed-scaling update).
   void RunStep(int64_t from, bool apply_optimizer, bool update_delayed = true) {
+    snapshots_->BeforeChange();  // the state a snapshot copies stays until then
     AllReduceMaxFn all_reduce;
     ShardBackend* shards;
     bool shutting_down;
@@ -820,6 +812,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       return;
     }
     ReportVersion(from + 1, seconds);
+    if (apply_optimizer && update_delayed) snapshots_->AfterPublish(*shards, **result);
   }
 
   // Step thread (ShardBackend::set_step_enqueued): `version`'s device work
@@ -858,6 +851,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     std::string safetensors_path;  // else pushed weights, unless a checkpoint
     std::string checkpoint_path;
     int64_t checkpoint_version = -1;
+    std::shared_ptr<const DaemonSnapshot> snapshot;  // a recovery from a snapshot
   };
 
   // Worker thread: installs a new model and publishes its first version (0
@@ -868,7 +862,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     // The coordinator's config (every manifest it sends has one).
     backend_options.optimizer = view->optimizer.value_or(options_.optimizer);
     backend_options.step_timeout = options_.step_timeout;
-    const bool restore = !source.checkpoint_path.empty();
+    snapshots_->BeforeChange();
+    const bool restore = !source.checkpoint_path.empty() || source.snapshot != nullptr;
     absl::StatusOr<std::unique_ptr<ShardBackend>> created =
         CreateShardBackend(backend_, view->tensors, view->shards, backend_options);
     // --backend=auto: the gpu where it supports the model, else the cpu
@@ -891,9 +886,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
             absl::StrCat("restoring a checkpoint is not supported by the ", shards->name(),
                          " daemon backend (run the daemons with --backend=cpu)"));
       }
-      ASSIGN_OR_RETURN(next_delayed, RestoreShardSet(source.checkpoint_path,
-                                                     source.checkpoint_version,
-                                                     *shards->host_state()));
+      if (source.snapshot != nullptr) {
+        ASSIGN_OR_RETURN(next_delayed, RestoreSnapshot(*source.snapshot, *shards->host_state()));
+      } else {
+        ASSIGN_OR_RETURN(next_delayed, RestoreShardSet(source.checkpoint_path,
+                                                       source.checkpoint_version,
+                                                       *shards->host_state()));
+      }
     } else if (from_file) {
       ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
                        safetensors::SafetensorsFile::Open(
@@ -910,7 +909,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
         }
       }
     }
-    const int64_t first_version = restore ? source.checkpoint_version : 0;
+    const int64_t first_version =
+        source.snapshot != nullptr ? source.snapshot->header.version()
+                                   : (restore ? source.checkpoint_version : 0);
     {
       absl::WriterMutexLock device_lock(&device_mu_);  // frees the old backend
       absl::MutexLock lock(&mu_);
@@ -933,9 +934,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       stepping_from_ = first_version - 1;
     }
     Log(kTag, absl::StrCat("rank ", view->rank, " (", shards_->name(), " backend): ",
-                           restore ? "restored" : "loaded ",
+                           restore ? "restored " : "loaded ",
                            view->shards.size(), " shards of ", view->tensors.size(),
                            " tensors", restore ? absl::StrCat(" at version ", first_version) : ""));
+    snapshots_->SetModel(view->rank, DaemonAddresses(view->manifest),
+                         ShardLayoutHash(view->tensors, view->shards));
     RunStep(first_version - 1, /*apply_optimizer=*/false, /*update_delayed=*/!restore);
     absl::MutexLock lock(&mu_);
     if (!latest_) return last_step_error_;
@@ -998,9 +1001,25 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     int64_t version = -1;
     if (view != nullptr) {
       LoadSource source;
-      source.checkpoint_path = request.load().checkpoint_path();
-      source.checkpoint_version = request.load().checkpoint_version();
+      if (request.has_snapshot_version()) {
+        // This rank's own copy, or the buddy's copy of a replaced rank.
+        if (request.snapshot_source().empty()) {
+          source.snapshot = snapshots_->Find(rank, request.snapshot_version());
+          if (source.snapshot == nullptr) {
+            return absl::NotFoundError(absl::StrCat("no snapshot v", request.snapshot_version(),
+                                                    " of rank ", rank, " held here"));
+          }
+        } else {
+          ASSIGN_OR_RETURN(source.snapshot,
+                           snapshots_->Fetch(request.snapshot_source(), rank,
+                                             request.snapshot_version()));
+        }
+      } else {
+        source.checkpoint_path = request.load().checkpoint_path();
+        source.checkpoint_version = request.load().checkpoint_version();
+      }
       ASSIGN_OR_RETURN(version, LoadOnWorker(view, source, request.load().expected_pushers()));
+      snapshots_->AfterRecovery(version, source.snapshot);
     }
     absl::MutexLock lock(&mu_);
     recovering_ = false;
@@ -1237,6 +1256,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
                       " failed: ", last_step_error_.ToString());
     }
     stats->set_error(error);
+    snapshots_->FillStats(stats);
     if (!include_shards || !latest_ || !view_) return;
     for (const PublishedPiece& p : latest_->pieces) {
       if (stats->shards_size() == 0 || stats->shards().rbegin()->tensor() !=
@@ -1261,7 +1281,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   DaemonOptions options_;
   std::string coordinator_address_;  // set by Start()
+  // The cluster secret once joined: presented to the coordinator and to
+  // other daemons (snapshot copies).
   std::shared_ptr<auth::BearerToken> coordinator_token_;
+  std::unique_ptr<SnapshotKeeper> snapshots_;  // thread-safe; outlives worker_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
   std::thread join_thread_;

@@ -95,6 +95,11 @@ struct DaemonOptions {
   // How often the daemon renews its lease with the coordinator (the
   // coordinator's lease, default 1.5 s, should be several of these).
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
+  // In-memory snapshots (server/snapshot.h): every N optimizer steps the
+  // daemon copies its state to host memory and sends the copy to its buddy
+  // (rank+1 mod n); a recovery goes back to the newest one every rank
+  // still has. 0: none (buddy copies of others are still kept).
+  int snapshot_every_steps = 0;
   // Limits on what requests may ask (server/request_checks.h).
   RequestLimits limits;
 

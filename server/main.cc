@@ -118,6 +118,11 @@ ABSL_FLAG(int32_t, rank, -1,
           "started with the rank of one that went down replaces it; see docs/ARCHITECTURE.md");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 250,
           "daemon: how often to renew the lease with the coordinator");
+ABSL_FLAG(int32_t, snapshot_every_steps, 10,
+          "daemon: every N optimizer steps copy this daemon's state (masters, optimizer "
+          "state, scaling state, counters) to host memory and to its buddy daemon "
+          "(rank+1 mod n); a lost daemon's replacement goes back to the newest snapshot "
+          "every rank still has, else to the newest checkpoint (0 = no snapshots)");
 ABSL_FLAG(int32_t, daemon_lease_ms, 1500,
           "coordinator: a daemon without a heartbeat for this long is DOWN (steps needing it "
           "are refused until a replacement with its --rank joins)");
@@ -276,6 +281,10 @@ absl::Status Run() {
   options.daemon.backend = absl::GetFlag(FLAGS_backend);
   options.daemon.device_channel_listen = absl::GetFlag(FLAGS_device_channel_listen);
   options.daemon.rank = absl::GetFlag(FLAGS_rank);
+  if (absl::GetFlag(FLAGS_snapshot_every_steps) < 0) {
+    return absl::InvalidArgumentError("--snapshot_every_steps must be >= 0 (0 = no snapshots)");
+  }
+  options.daemon.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
   if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 1 || absl::GetFlag(FLAGS_daemon_lease_ms) < 1) {
     return absl::InvalidArgumentError("--heartbeat_interval_ms and --daemon_lease_ms must be >= 1");
   }

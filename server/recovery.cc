@@ -1,7 +1,10 @@
 #include "server/recovery.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
@@ -31,6 +34,48 @@ DaemonCalls<Request, Response> CallAll(
 
 }  // namespace
 
+int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>& held, int n,
+                               std::vector<int>* holders) {
+  // version -> holder of each rank (-1: nobody yet)
+  std::map<int64_t, std::vector<int>> by_version;
+  for (int d = 0; d < static_cast<int>(held.size()); ++d) {
+    for (const rpc::SnapshotHeld& h : held[d]) {
+      if (h.rank() < 0 || h.rank() >= n || h.version() < 0) continue;
+      std::vector<int>& who = by_version[h.version()];
+      if (who.empty()) who.assign(n, -1);
+      if (who[h.rank()] < 0 || d == h.rank()) who[h.rank()] = d;
+    }
+  }
+  for (auto it = by_version.rbegin(); it != by_version.rend(); ++it) {
+    if (std::all_of(it->second.begin(), it->second.end(), [](int d) { return d >= 0; })) {
+      *holders = it->second;
+      return it->first;
+    }
+  }
+  holders->clear();
+  return -1;
+}
+
+rpc::Manifest RelocatedManifest(rpc::Manifest manifest,
+                                const std::vector<std::string>& addresses) {
+  for (rpc::ShardPiece& p : *manifest.mutable_pieces()) {
+    if (p.daemon_rank() >= 0 && p.daemon_rank() < static_cast<int>(addresses.size())) {
+      p.set_daemon_address(addresses[p.daemon_rank()]);
+    }
+  }
+  manifest.clear_daemons();
+  manifest.clear_plan_fingerprint();
+  manifest.clear_committed_version();
+  // As the coordinator's BuildManifest: unchanged when nothing moved.
+  manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
+  for (int r = 0; r < static_cast<int>(addresses.size()); ++r) {
+    rpc::DaemonInfo* d = manifest.add_daemons();
+    d->set_rank(r);
+    d->set_address(addresses[r]);
+  }
+  return manifest;
+}
+
 absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
   RecoveryResult result;
   const int n = static_cast<int>(plan.stubs.size());
@@ -46,9 +91,30 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
   world.set_transport(plan.transport);
   world.set_num_daemons(n);
   world.set_world_size(n);
+  std::vector<std::vector<rpc::SnapshotHeld>> held(n);
   for (int r = 0; r < n; ++r) {
     result.data_plane_addresses.push_back(prepared[r]->response.data_plane_address());
     (*world.mutable_address_book())[r] = prepared[r]->response.data_plane_address();
+    held[r].assign(prepared[r]->response.snapshots().begin(),
+                   prepared[r]->response.snapshots().end());
+  }
+  // The source: the newest of snapshot and checkpoint (a snapshot on a tie:
+  // it needs no file system).
+  std::vector<int> holders;
+  const int64_t snapshot = plan.have_model ? NewestCompleteSnapshot(held, n, &holders) : -1;
+  int64_t checkpoint_version = -1;
+  if (!plan.have_model) {
+    result.source = "none (no model loaded)";
+  } else if (snapshot >= 0 && snapshot >= plan.disk_version) {
+    result.manifest = plan.snapshot_manifest;
+    result.source = absl::StrCat("snapshot v", snapshot);
+  } else if (plan.disk_version >= 0 && plan.disk_manifest) {
+    ASSIGN_OR_RETURN(result.manifest, plan.disk_manifest(&checkpoint_version));
+    result.source = absl::StrCat("checkpoint ", plan.checkpoint_path, " v", checkpoint_version);
+  } else {
+    return absl::FailedPreconditionError(
+        "nothing to recover from: no in-memory snapshot that every rank still has "
+        "(--snapshot_every_steps) and no complete checkpoint (--checkpoint_dir)");
   }
   auto recovered = CallAll<rpc::RecoverRequest, rpc::RecoverResponse>(
       plan.stubs, plan.recover_timeout,
@@ -56,11 +122,16 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
         r->set_epoch(plan.epoch);
         *r->mutable_data_plane() = world;
         rpc::LoadShardsRequest* load = r->mutable_load();
-        *load->mutable_manifest() = plan.manifest;
+        *load->mutable_manifest() = result.manifest;
         load->set_daemon_rank(rank);
         load->set_expected_pushers(plan.expected_pushers);
-        load->set_checkpoint_path(plan.checkpoint_path);
-        load->set_checkpoint_version(plan.checkpoint_version);
+        if (checkpoint_version >= 0) {
+          load->set_checkpoint_path(plan.checkpoint_path);
+          load->set_checkpoint_version(checkpoint_version);
+        } else if (snapshot >= 0 && plan.have_model) {
+          r->set_snapshot_version(snapshot);
+          if (holders[rank] != rank) r->set_snapshot_source(plan.addresses[holders[rank]]);
+        }
       },
       [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::RecoverRequest* req,
          rpc::RecoverResponse* resp, std::function<void(grpc::Status)> cb) {

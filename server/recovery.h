@@ -5,8 +5,10 @@
 // daemon leaves the old data-plane world and opens a new endpoint
 // (Daemon.PrepareRecovery), then, with the new address book, connects the
 // new world and goes back to the recovered state (Daemon.Recover): its
-// rank's shards of a checkpoint, republished. The coordinator chooses the
-// source and commits the result; this file only talks to the daemons.
+// rank's shards of an in-memory snapshot (server/snapshot.h; its own copy,
+// or for a replacement the buddy's) or of a checkpoint, republished. This
+// file picks the source from what the daemons hold and talks to them; the
+// coordinator commits the result.
 //
 // Threading: blocking (waits for every daemon); call it from a thread of
 // the coordinator's own, never from a gRPC callback.
@@ -14,6 +16,7 @@
 #define PARAMD_SERVER_RECOVERY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,14 +29,25 @@ namespace paramd {
 
 struct RecoveryPlan {
   int64_t epoch = 0;  // the epoch this recovery completes
-  // Every daemon, by rank.
+  // Every daemon, by rank, and its gRPC address (where a replacement reads
+  // its rank's snapshot from the buddy).
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
+  std::vector<std::string> addresses;
   std::string transport;  // DataPlane.transport
-  // What every daemon goes back to: the manifest (no tensors: no model yet,
-  // only the data plane is rebuilt), the checkpoint store and version.
-  rpc::Manifest manifest;
-  std::string checkpoint_path;
-  int64_t checkpoint_version = -1;
+  // What every daemon goes back to, chosen once PrepareRecovery has said
+  // which snapshots each daemon holds: the newest version of which every
+  // rank's snapshot is held by some daemon, unless the newest complete
+  // checkpoint (disk_version; -1: none) is newer. No model (have_model
+  // false): only the data plane is rebuilt.
+  bool have_model = false;
+  // The loaded model's manifest with the daemons' current addresses
+  // (RelocatedManifest), for a snapshot.
+  rpc::Manifest snapshot_manifest;
+  int64_t disk_version = -1;
+  std::string checkpoint_path;  // the store of disk_version
+  // Builds the manifest of checkpoint disk_version (called only if chosen)
+  // and sets the version it found.
+  std::function<absl::StatusOr<rpc::Manifest>(int64_t* version)> disk_manifest;
   int expected_pushers = 0;
   absl::Duration prepare_timeout = absl::Seconds(10);
   absl::Duration recover_timeout = absl::Minutes(10);
@@ -42,10 +56,25 @@ struct RecoveryPlan {
 struct RecoveryResult {
   std::vector<std::string> data_plane_addresses;  // the new world, by rank
   int64_t published_version = -1;                 // -1: no model
+  rpc::Manifest manifest;  // what the daemons run now (no tensors: no model)
+  // "snapshot v<N>" / "checkpoint <path> v<N>" / "none (no model loaded)".
+  std::string source;
 };
+
+// The newest version of which every rank in [0, n) has a snapshot held by
+// some daemon (`held[d]`: what daemon d holds), with the daemon holding
+// each rank's (the rank itself when it can); -1 when there is none.
+int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>& held, int n,
+                               std::vector<int>* holders);
+
+// `manifest` with every piece's and daemon's address the one of its rank
+// now (`addresses`), and a new plan fingerprint when they changed.
+rpc::Manifest RelocatedManifest(rpc::Manifest manifest, const std::vector<std::string>& addresses);
 
 // Errors name the daemon rank and the phase (PrepareRecovery / Recover);
 // the daemons are then left out of any world until the next attempt.
+// FAILED_PRECONDITION when a model is loaded and there is neither a
+// snapshot every rank has nor a checkpoint.
 absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan);
 
 }  // namespace paramd

@@ -6,11 +6,13 @@
 //   keeps serving fetches; a stopped daemon that continues is alive again;
 //   a process started with --rank=N takes rank N.
 //
-//   Recovery from disk: after a daemon is killed and a replacement takes
-//   its rank, every daemon goes back to the newest complete checkpoint, the
-//   trainers learn of the rewind through WaitForVersion, and the masters
-//   after K more pushed steps equal, byte for byte, those of a cluster
-//   restored from the same checkpoint and given the same pushes.
+//   Recovery: after a daemon is killed and a replacement takes its rank,
+//   every daemon goes back to the newest in-memory snapshot every rank
+//   still has (the replacement's from its buddy), or without snapshots to
+//   the newest complete checkpoint; the trainers learn of the rewind
+//   through WaitForVersion, and the masters and moments after K more pushed
+//   steps equal, byte for byte, those of a cluster restored from a
+//   checkpoint of an earlier version and given the same pushes.
 #include <signal.h>
 
 #include <atomic>
@@ -252,8 +254,11 @@ std::vector<std::vector<float>> GradientsFor(int64_t version) {
 class RecoveryCluster {
  public:
   // `restore_version` >= 0: the coordinator restores `restore_from` at start.
+  // `snapshot_every`: the daemons' --snapshot_every_steps (0: recovery from
+  // disk only). `checkpoints`: --checkpoint_dir on every process.
   static std::unique_ptr<RecoveryCluster> Start(const std::string& restore_from = "",
-                                                int64_t restore_version = -1) {
+                                                int64_t restore_version = -1,
+                                                int snapshot_every = 0, bool checkpoints = true) {
     auto c = std::make_unique<RecoveryCluster>();
     TestClusterOptions options;
     options.daemons = 2;
@@ -262,17 +267,19 @@ class RecoveryCluster {
     options.lr = 0.01;
     auto cluster = TestCluster::Start(options, [&](const std::string& dir) {
       TestClusterFlags flags;
-      flags.coordinator = {"--checkpoint_dir=" + dir + "/ckpt"};
+      if (checkpoints) flags.coordinator = {"--checkpoint_dir=" + dir + "/ckpt"};
       if (!restore_from.empty()) {
         flags.coordinator.push_back("--restore_from=" + restore_from);
         flags.coordinator.push_back(absl::StrCat("--restore_version=", restore_version));
       }
-      flags.daemons = {"--checkpoint_dir=" + dir + "/ckpt"};
+      if (checkpoints) flags.daemons = {"--checkpoint_dir=" + dir + "/ckpt"};
+      flags.daemons.push_back(absl::StrCat("--snapshot_every_steps=", snapshot_every));
       return flags;
     });
     EXPECT_TRUE(cluster.ok()) << cluster.status();
     if (!cluster.ok()) return nullptr;
     c->cluster = *std::move(cluster);
+    c->snapshot_every = snapshot_every;
     ClientOptions co;
     co.coordinator_address = c->cluster->coordinator_address();
     co.expected_pushers = 1;
@@ -338,7 +345,30 @@ class RecoveryCluster {
 
   std::string ckpt() const { return cluster->dir() + "/ckpt"; }
 
+  // Kills the daemon of `rank` and starts a replacement with its rank.
+  absl::Status Replace(int rank) {
+    const int victim = ProcessOfRank(rank);
+    if (victim < 0) return absl::NotFoundError(absl::StrCat("no process of rank ", rank));
+    cluster->KillDaemon(victim);
+    return cluster
+        ->StartDaemon({absl::StrCat("--rank=", rank), "--checkpoint_dir=" + ckpt(),
+                       absl::StrCat("--snapshot_every_steps=", snapshot_every)})
+        .status();
+  }
+
+  // Waits for recovery `epoch` to complete.
+  rpc::RecoveryStatus AwaitRecovery(int64_t epoch) {
+    const absl::Time start = absl::Now();
+    rpc::GetStatusResponse status = Status();
+    while (status.recovery().epoch() < epoch && absl::Now() - start < absl::Seconds(30)) {
+      absl::SleepFor(absl::Milliseconds(20));
+      status = Status();
+    }
+    return status.recovery();
+  }
+
   std::unique_ptr<TestCluster> cluster;
+  int snapshot_every = 0;
   std::unique_ptr<Client> client;
 };
 
@@ -369,21 +399,21 @@ std::vector<std::vector<float>> SavedState(const std::string& root, int64_t vers
   return out;
 }
 
-// Checkpoint 6 in `root` (3 pushed steps after the rewind to 3) against a
-// cluster restored from checkpoint 3 of `root` and given the same pushes:
-// every master and moment byte for byte.
-void ExpectSameAsRestoredReplay(const std::string& root) {
-  auto reference = RecoveryCluster::Start(root, 3);
+// Checkpoint `version` in `root` (pushed steps after a rewind) against a
+// cluster restored from checkpoint `from` of `root` and given the same
+// pushes up to `version`: every master and moment byte for byte.
+void ExpectSameAsRestoredReplay(const std::string& root, int64_t from = 3, int64_t version = 6) {
+  auto reference = RecoveryCluster::Start(root, from);
   ASSERT_NE(reference, nullptr);
-  ASSERT_TRUE(reference->client->WaitForVersion(3, absl::Seconds(30)).ok())
+  ASSERT_TRUE(reference->client->WaitForVersion(from, absl::Seconds(30)).ok())
       << reference->cluster->Logs();
   ASSERT_TRUE(reference->client->RefreshManifest().ok());
-  for (int64_t v = 3; v < 6; ++v) {
+  for (int64_t v = from; v < version; ++v) {
     ASSERT_TRUE(reference->Push(v).ok()) << reference->cluster->Logs();
   }
   ASSERT_TRUE(reference->Checkpoint().ok());
-  const auto got = SavedState(root, 6);
-  const auto want = SavedState(reference->ckpt(), 6);
+  const auto got = SavedState(root, version);
+  const auto want = SavedState(reference->ckpt(), version);
   ASSERT_EQ(got.size(), want.size());
   ASSERT_FALSE(got.empty());
   for (size_t i = 0; i < got.size(); ++i) {
@@ -401,11 +431,8 @@ TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForBy
   for (; v < 5; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
   ASSERT_EQ(c->Status().committed_version(), 5);
 
-  const int victim = c->ProcessOfRank(1);
-  ASSERT_GE(victim, 0);
-  c->cluster->KillDaemon(victim);
   const absl::Time killed = absl::Now();
-  ASSERT_TRUE(c->cluster->StartDaemon({"--rank=1", "--checkpoint_dir=" + c->ckpt()}).ok());
+  ASSERT_TRUE(c->Replace(1).ok());
 
   // The trainer learns of the rewind.
   absl::StatusOr<client::VersionInfo> info =
@@ -437,57 +464,134 @@ int EnvInt(const char* name, int fallback) {
   return value != nullptr ? atoi(value) : fallback;
 }
 
+// Snapshots every 2 steps, a checkpoint at 2 (so that a reference can be
+// restored) and at 4 (the snapshot and the checkpoint of 4 tie: the
+// snapshot wins). Rank 1 is killed at 5; its replacement gets rank 1's
+// snapshot 4 from its buddy (rank 0), rank 0 its own; 3 pushed steps from
+// 4 equal a cluster restored from checkpoint 2 and pushed 2 -> 7.
+TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte) {
+  auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/2);
+  ASSERT_NE(c, nullptr);
+  int64_t v = 0;
+  for (; v < 2; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  ASSERT_TRUE(c->Checkpoint().ok());  // version 2
+  for (; v < 5; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  // Both snapshots of 4 are complete and sent (each daemon holds the other's).
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const rpc::GetStatusResponse s = c->Status();
+    if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == 4 &&
+        s.daemons(1).buddy_snapshot_version() == 4) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const rpc::GetStatusResponse before = c->Status();
+  ASSERT_EQ(before.daemons(1).snapshot_version(), 4) << c->cluster->Logs();
+  ASSERT_EQ(before.daemons(0).buddy_snapshot_version(), 4) << c->cluster->Logs();
+  EXPECT_GT(before.daemons(1).snapshot_bytes(), 0);
+  EXPECT_LT(before.daemons(1).snapshot_block_seconds(), 1.0);
+
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(c->Replace(1).ok());
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(6, absl::Seconds(30));
+  ASSERT_TRUE(info.ok()) << info.status() << c->cluster->Logs();
+  ASSERT_TRUE(info->rewound_to.has_value()) << c->cluster->Logs();
+  EXPECT_EQ(*info->rewound_to, 4);
+  const rpc::RecoveryStatus r = c->Status().recovery();
+  EXPECT_EQ(r.rewound_to_version(), 4);
+  EXPECT_EQ(r.committed_before(), 5);
+  EXPECT_EQ(r.versions_lost(), 1);
+  EXPECT_EQ(r.source(), "snapshot v4") << c->cluster->Logs();
+  ASSERT_TRUE(c->client->RefreshManifest().ok());
+  for (v = 4; v < 7; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  std::printf("recovery (snapshot): kill to first new version %.3f s\n",
+              absl::ToDoubleSeconds(absl::Now() - killed));
+  ASSERT_TRUE(c->Checkpoint().ok());  // version 7
+  ExpectSameAsRestoredReplay(c->ckpt(), 2, 7);
+}
+
+// No --checkpoint_dir anywhere: snapshots alone bring the cluster back.
+TEST(RecoveryTest, SnapshotsRecoverWithoutACheckpointDirectory) {
+  auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/3, /*checkpoints=*/false);
+  ASSERT_NE(c, nullptr);
+  for (int64_t v = 0; v < 4; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const rpc::GetStatusResponse s = c->Status();
+    if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == 3 &&
+        s.daemons(1).buddy_snapshot_version() == 3) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(c->Replace(0).ok());  // rank 0's copy is on rank 1
+  const rpc::RecoveryStatus r = c->AwaitRecovery(1);
+  ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
+  EXPECT_EQ(r.rewound_to_version(), 3);
+  EXPECT_EQ(r.source(), "snapshot v3");
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(5, absl::Seconds(10));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(c->client->RefreshManifest().ok());
+  for (int64_t v = 3; v < 6; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  EXPECT_EQ(c->Status().committed_version(), 6);
+}
+
 // RECOVERY_KILL_TRIALS (default 2; `RECOVERY_KILL_TRIALS=20 bazel test
 // //tests:recovery_test --test_env=RECOVERY_KILL_TRIALS` for the full run)
-// trials: a pusher steps the cluster continuously from checkpoint 3 while
-// rank 1 is SIGKILLed after a random delay (0-400 ms: during a push, a
-// step or a fetch of the published version); a replacement joins, the
-// cluster rewinds to 3, and 3 pushed steps from it give the masters of a
-// cluster restored from checkpoint 3 and given the same pushes.
+// trials: with snapshots every 2 steps, a pusher steps the cluster
+// continuously from checkpoint 2 while a random rank is SIGKILLed after a
+// random delay (0-600 ms: during a push, a step, a snapshot's copy or
+// buddy send, or a fetch of the published version); a replacement joins,
+// the cluster rewinds to the newest snapshot every rank has (or checkpoint
+// 2 when the kill came before the first one), and 3 pushed steps from it
+// give the masters of a cluster restored from checkpoint 2 and given the
+// same pushes.
 TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
   const int trials = EnvInt("RECOVERY_KILL_TRIALS", 2);
   std::mt19937 rng(static_cast<uint32_t>(EnvInt("RECOVERY_KILL_SEED", time(nullptr))));
   for (int trial = 0; trial < trials; ++trial) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
-    auto c = RecoveryCluster::Start();
+    auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/2);
     ASSERT_NE(c, nullptr);
-    for (int64_t v = 0; v < 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+    for (int64_t v = 0; v < 2; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
     ASSERT_TRUE(c->Checkpoint().ok());
     std::atomic<bool> stop{false};
+    std::atomic<int64_t> reached{2};
     std::thread pusher([&] {
       // Pushes and fetches until the kill makes a call fail.
-      for (int64_t v = 3; !stop.load(); ++v) {
+      for (int64_t v = 2; !stop.load(); ++v) {
         if (!c->client->Fetch(v, client::AllTargets(c->client->manifest(),
                                                     {Direction::kRowwise}))
                  .ok()) {
           return;
         }
         if (!c->Push(v).ok()) return;
+        reached = v + 1;
       }
     });
-    const int delay_ms = std::uniform_int_distribution<int>(0, 400)(rng);
+    const int delay_ms = std::uniform_int_distribution<int>(0, 600)(rng);
+    const int rank = std::uniform_int_distribution<int>(0, 1)(rng);
+    SCOPED_TRACE(absl::StrCat("rank ", rank, " killed after ", delay_ms, " ms"));
     absl::SleepFor(absl::Milliseconds(delay_ms));
-    const int victim = c->ProcessOfRank(1);
-    ASSERT_GE(victim, 0);
-    c->cluster->KillDaemon(victim);
-    ASSERT_TRUE(c->cluster->StartDaemon({"--rank=1", "--checkpoint_dir=" + c->ckpt()}).ok());
+    const int64_t committed_at_kill = reached.load();
+    ASSERT_TRUE(c->Replace(rank).ok());
     stop = true;
     pusher.join();
-    const absl::Time start = absl::Now();
-    while (c->Status().recovery().epoch() < 1 && absl::Now() - start < absl::Seconds(30)) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    const rpc::GetStatusResponse status = c->Status();
-    ASSERT_EQ(status.recovery().epoch(), 1) << c->cluster->Logs();
-    ASSERT_EQ(status.committed_version(), 3) << "killed after " << delay_ms << " ms";
-    absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(3, absl::Seconds(10));
+    const rpc::RecoveryStatus r = c->AwaitRecovery(1);
+    ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
+    const int64_t back = r.rewound_to_version();
+    // About one snapshot period (2) lost, plus the step in flight and a
+    // copy that the kill cut short.
+    EXPECT_GE(back, std::max<int64_t>(2, committed_at_kill - 4));
+    EXPECT_TRUE(r.source() == absl::StrCat("snapshot v", back) ||
+                (back == 2 && r.source() == absl::StrCat("checkpoint ", c->ckpt(), " v2")))
+        << r.source();
+    absl::StatusOr<client::VersionInfo> info =
+        c->client->WaitForVersionInfo(back, absl::Seconds(10));
     ASSERT_TRUE(info.ok()) << info.status();
     ASSERT_TRUE(c->client->RefreshManifest().ok());
-    for (int64_t v = 3; v < 6; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+    for (int64_t v = back; v < back + 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
     ASSERT_TRUE(c->Checkpoint().ok());
-
-    SCOPED_TRACE(absl::StrCat("killed after ", delay_ms, " ms"));
-    ExpectSameAsRestoredReplay(c->ckpt());
+    ExpectSameAsRestoredReplay(c->ckpt(), 2, back + 3);
   }
 }
 
