@@ -342,15 +342,25 @@ int Run() {
   // The one-pass step (AdamWStepAndQuantize): read p, m, v, g; write p, m, v
   // and both quantized directions, for formats whose scale is known before
   // the step.
+  // The "(prefetch N)" rows are the same step with another L2 prefetch
+  // distance in its load (QuantizeVariant; the others use the default).
   struct FCfg {
     std::string name;
     Format fmt;
+    int variant = 0;
   };
-  for (const FCfg& c : std::vector<FCfg>{{"fused adamw + fp8 delayed row+col^T", Format::kFp8Delayed},
-                                         {"fused adamw + mxfp8 row+col", Format::kMxfp8},
-                                         {"fused adamw + fp8 block 128x128 row+col^T", Format::kFp8Block128x128},
-                                         {"fused adamw + fp8 block 1x128 row+col^T", Format::kFp8Block1x128},
-                                         {"fused adamw + bf16 row", Format::kIdentityBf16}}) {
+  for (const FCfg& c : std::vector<FCfg>{
+           {"fused adamw + fp8 delayed row+col^T", Format::kFp8Delayed},
+           {"fused adamw + mxfp8 row+col", Format::kMxfp8},
+           {"fused adamw + fp8 block 128x128 row+col^T", Format::kFp8Block128x128},
+           {"fused adamw + fp8 block 1x128 row+col^T", Format::kFp8Block1x128},
+           {"fused adamw + bf16 row", Format::kIdentityBf16},
+           {"fused adamw + fp8 delayed row+col^T (prefetch 0)", Format::kFp8Delayed, 1},
+           {"fused adamw + fp8 delayed row+col^T (prefetch 2)", Format::kFp8Delayed, 2},
+           {"fused adamw + fp8 delayed row+col^T (prefetch 3)", Format::kFp8Delayed, 3},
+           {"fused adamw + mxfp8 row+col (prefetch 0)", Format::kMxfp8, 1},
+           {"fused adamw + mxfp8 row+col (prefetch 2)", Format::kMxfp8, 2},
+           {"fused adamw + mxfp8 row+col (prefetch 3)", Format::kMxfp8, 3}}) {
     if (!want(c.name)) continue;
     std::vector<AdamWQuantizeArgs> fargs;
     size_t off_r = 0, off_c = 0;
@@ -374,7 +384,9 @@ int Run() {
       a.quant.rowwise.amax = amax_slots + 32 + t;
       fargs.push_back(a);
     }
-    const double ms = TimeMs([&] { BENCH_CHECK(AdamWStepAndQuantize(fargs, ah, nullptr)); });
+    QuantizeOptions qo;
+    qo.variant = c.variant;
+    const double ms = TimeMs([&] { BENCH_CHECK(AdamWStepAndQuantize(fargs, ah, nullptr, qo)); });
     report(c.name, bytes, ms, 0.90);
   }
 

@@ -2,8 +2,8 @@
 // all 2^32 float bit patterns: the hardware FP8 / BF16 conversions against a
 // device port of the CPU reference's integer algorithm (kernels/codecs.cc
 // EncodeMinifloat, EncodeBf16), and both fast E2M1 encoders (the FMA-pipe
-// EncodeE2M1x2 and the branch-free EncodeE2M1x2Fast of the v4 kernel) against
-// the compare-based one. Used by quantize_test; not on any hot path.
+// EncodeE2M1x2, the branch-free EncodeE2M1x2Fast and the packed
+// EncodeE2M1x4Bytes of the quantize kernel) against the compare-based one. Used by quantize_test; not on any hot path.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -61,7 +61,9 @@ __device__ uint32_t RefE8M0(float v) {
 // 0: E4M3 cvt, 1: E5M2 cvt, 2: BF16 cvt vs bit formula, 3: E2M1 fast vs
 // compare-based (both nibbles), 4: E2M1 compare-based vs the reference rule,
 // 5: branch-free E8M0 vs the reference rule, 6: EncodeE2M1x2Fast (the v4
-// kernel's E2M1 encoder) vs compare-based (both nibbles).
+// kernel's E2M1 encoder) vs compare-based (both nibbles), 7: EncodeE2M1x4Bytes
+// (the packed encoder of the NVFP4 passes) vs compare-based (every byte
+// position) and E2M1Nibbles8.
 __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32);
@@ -77,6 +79,22 @@ __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
     bad[4] = EncodeE2M1(x) != RefMinifloat(x, 2, 1, 1, 0x7, 0x7);
     bad[5] = E8M0FromScaledAmax(x) != RefE8M0(x);
     bad[6] = EncodeE2M1x2Fast(x, y) != (EncodeE2M1(x) | (EncodeE2M1(y) << 4));
+    {
+      // x in every byte position (rotated), with three unrelated inputs.
+      const float z = __uint_as_float(u ^ 0x80000000u), w = __uint_as_float(u * 40503u + 12345u);
+      const uint32_t want = EncodeE2M1(x) | (EncodeE2M1(y) << 8) | (EncodeE2M1(z) << 16) |
+                            (EncodeE2M1(w) << 24);
+      const int rot = static_cast<int>(u & 3u);
+      const float v0 = rot == 0 ? x : rot == 1 ? w : rot == 2 ? z : y;
+      const float v1 = rot == 0 ? y : rot == 1 ? x : rot == 2 ? w : z;
+      const float v2 = rot == 0 ? z : rot == 1 ? y : rot == 2 ? x : w;
+      const float v3 = rot == 0 ? w : rot == 1 ? z : rot == 2 ? y : x;
+      const uint32_t got = EncodeE2M1x4Bytes(v0, v1, v2, v3);
+      const uint32_t unrot = rot == 0 ? got : __funnelshift_r(got, got, 8 * rot);
+      bad[7] = unrot != want || E2M1Nibbles8(got, got) !=
+                                    ((got & 0xFu) | ((got >> 4) & 0xF0u) | ((got >> 8) & 0xF00u) |
+                                     ((got >> 12) & 0xF000u)) * 0x10001u;
+    }
 #pragma unroll
     for (int k = 0; k < kCodecChecks; ++k) {  // one atomic per warp (the loop is warp-uniform)
       const unsigned mask = __ballot_sync(0xFFFFFFFFu, bad[k]);

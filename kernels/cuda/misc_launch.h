@@ -119,9 +119,9 @@ struct DequantItem {
 cudaError_t LaunchDequantize(const DequantItem& item, cudaStream_t stream);
 
 // ---- codec_check.cu ----
-// Exhaustive self-check of the device codecs (see codec_check.cu); counts[7]
-// and first[7] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
-constexpr int kCodecChecks = 7;
+// Exhaustive self-check of the device codecs (see codec_check.cu); counts[kCodecChecks]
+// and first[kCodecChecks] are device arrays, zero / 0xFFFFFFFF initialised by the caller.
+constexpr int kCodecChecks = 8;
 cudaError_t LaunchCodecCheck(unsigned long long* counts, unsigned* first, cudaStream_t stream);
 
 }  // namespace detail

@@ -99,7 +99,8 @@ absl::Status SgdStep(absl::Span<const OptimizerTensor> tensors, const SgdHyper& 
 }
 
 absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
-                                  const AdamWHyper& hyper, cudaStream_t stream) {
+                                  const AdamWHyper& hyper, cudaStream_t stream,
+                                  const QuantizeOptions& options) {
   if (hyper.step < 1) return absl::InvalidArgumentError("AdamW step must be >= 1");
   std::vector<detail::TensorDesc> descs;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -135,7 +136,7 @@ absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
     descs.push_back(*d);
   }
   const detail::AdamHyper ah = FoldAdam(hyper);
-  return internal::LaunchTensorDescs(descs, &ah, 0, stream);
+  return internal::LaunchTensorDescs(descs, &ah, options.variant, stream);
 }
 
 }  // namespace gpu

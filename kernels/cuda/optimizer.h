@@ -71,8 +71,10 @@ struct AdamWQuantizeArgs {
   OptimizerTensor opt;
   QuantizeTensorArgs quant;
 };
+// `options` picks a kernel variant (benchmarks only).
 absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
-                                  const AdamWHyper& hyper, cudaStream_t stream);
+                                  const AdamWHyper& hyper, cudaStream_t stream,
+                                  const QuantizeOptions& options = {});
 
 }  // namespace gpu
 }  // namespace paramd

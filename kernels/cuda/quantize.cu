@@ -21,7 +21,7 @@
 //        * NVFP4 16x16 both ways with one global amax: encoded once, the
 //          columnwise copy by nibble transpose (Nvfp4TwoDirPass; each warp
 //          takes the block amaxes of its own 16 rows, no pre-pass); E2M1 by
-//          one FFMA rounding (EncodeE2M1Fast);
+//          one FFMA rounding, four codes packed at a time (EncodeE2M1x4Bytes);
 //        * MXFP8: row scales once per (row, block) in a pre-step; the 32x1
 //          columnwise copy encoded in the same loop;
 //        * 1x128: row scales once per row;
@@ -64,10 +64,15 @@ enum KernelPattern : int {
   kPatMxfp8 = 3,  // MXFP8 only
   kPatBlock1d = 4,  // FP8 1x128 only
   kPatPlainMx = 5,  // kPatPlain + MXFP8 (hybrid FP8 / MXFP8 tensors)
+  kPatPlainNv = 6,  // kPatPlain + NVFP4 (hybrid FP8 / NVFP4 tensors)
 };
 
 // Rows of p, m, v, g in flight per thread in the one-pass step's load.
 constexpr int kAdamBatch = 2;
+// Steps of kAdamBatch rows per warp that the one-pass load keeps prefetching
+// into L2 ahead of its loads (LoadTileAdam); the benchmark variants of
+// LaunchQuantizeTiles measure the others.
+constexpr int kAdamPrefetch = 1;
 
 template <int kPat>
 __host__ __device__ constexpr bool Has(int fmt) {
@@ -75,6 +80,7 @@ __host__ __device__ constexpr bool Has(int fmt) {
   const bool plain = fmt == kKBf16 || fmt == kKFp32 || fmt == kKFp8Tensor || fmt == kKBlock2d;
   if (kPat == kPatPlain) return plain;
   if (kPat == kPatPlainMx) return plain || fmt == kKMxfp8;
+  if (kPat == kPatPlainNv) return plain || fmt == kKNvfp4;
   if (kPat == kPatNvfp4) return fmt == kKNvfp4;
   if (kPat == kPatMxfp8) return fmt == kKMxfp8;
   return fmt == kKBlock1d;
@@ -276,9 +282,10 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   const float eps = d.eps, inf_value = d.inf_value;
   const bool two_d = d.two_d;
   float ca0 = 0.f, ca1 = 0.f, ca2 = 0.f, ca3 = 0.f;  // fused column amax
-  // 1x128 (v4): the row scales once per row, not in all 32 lanes. Lane i of
-  // warp w holds the multiplier and scale_inv of row w + kWarps*i and writes
-  // that row's scale entry; the row loop fetches them by a shuffle.
+  // 1x128: the row scales once per row, not in all 32 lanes. Lanes 2i and
+  // 2i + 1 of warp w hold the multiplier and scale_inv of row w + kWarps*i
+  // (WarpRowMax16) and lane 2i writes that row's scale entry; the row loop
+  // fetches them by a shuffle.
   // MXFP8 rowwise (v4), likewise: the warp's 16 rows x 4 blocks = 64 E8M0
   // scales, 2 per lane: row w + kWarps*(8j + (lane&7)), block lane>>3 in slot
   // j; that lane also writes the scale byte. The tile amax comes from here too.
@@ -378,15 +385,16 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   float b1_m = 1.0f, b1_q = 1.0f;
   if constexpr (F == kKBlock1d && !kColMode) {
     constexpr int kRowsPerWarp = kTile / kWarps;
-    float mine = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const float4 v = s.tile[Phys(warp + kWarps * i, lane)];
-      float bam = Max4Abs(v.x, v.y, v.z, v.w);  // raw values: rounded once below
+    static_assert(kRowsPerWarp == 16, "WarpRowMax16: 16 rows per warp");
+    float x[kRowsPerWarp];
 #pragma unroll
-      for (int off = 1; off < 32; off <<= 1) bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, off));
-      if (lane == i) mine = bam;
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      // Row w + kWarps*i: (r >> 4) & 7 = (i >> 1) & 7, a constant swizzle.
+      const float4 v = s.tile[(warp + kWarps * i) * kChunks + (lane ^ ((i >> 1) & 7))];
+      x[i] = Max4Abs(v.x, v.y, v.z, v.w);  // raw values: rounded once below
     }
+    // Lanes 2i and 2i + 1 now hold row slot i (16 shuffles per warp, not 80).
+    float mine = WarpRowMax16(x);
     mine = fmaxf(mine, 0.0f);  // a row of NaNs only has amax 0 (§0)
     if (round_bf16) {  // RNE to BF16 is monotone: round(max|x|) = max|round(x)|
       float unused = 0.0f;
@@ -395,10 +403,11 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
     b1_m = ComputeScale(mine, Fp8Max(kE5M2), pow2, eps, inf_value);
     b1_q = __frcp_rn(b1_m);
     // Layout [ceil(K/128)][roundup(M,4)], entry [kb][i].
-    if (write && lane < kRowsPerWarp) {
-      const int r = warp + kWarps * lane;
+    if (write && (lane & 1) == 0) {
+      const int slot = lane >> 1;
+      const int r = warp + kWarps * slot;
       if (r < scale_rows_valid) {
-        *reinterpret_cast<float*>(srow + int64_t{lane} * srow_step) = r < rows_valid ? b1_q : 0.0f;
+        *reinterpret_cast<float*>(srow + int64_t{slot} * srow_step) = r < rows_valid ? b1_q : 0.0f;
       }
     }
   }
@@ -476,8 +485,9 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         const uint32_t sd = CvtFp8(__fmul_rn(bam, nv_factor), false);
         const float sdv = DecodeFp8(sd, false);
         const float enc = fminf(__frcp_rn(__fmul_rn(sdv, nv_sdec)), Fbits(kFltMaxBits));
-        const uint32_t byte0 = EncodeE2M1x2Fast(__fmul_rn(x0, enc), __fmul_rn(x1, enc));
-        const uint32_t byte1 = EncodeE2M1x2Fast(__fmul_rn(x2, enc), __fmul_rn(x3, enc));
+        const uint32_t pairs = E2M1PairBytes(EncodeE2M1x4Bytes(
+            __fmul_rn(x0, enc), __fmul_rn(x1, enc), __fmul_rn(x2, enc), __fmul_rn(x3, enc)));
+        const uint32_t byte0 = pairs & 0xFFu, byte1 = (pairs >> 16) & 0xFFu;
         if (write) {
           if (n > 0) {
             if (vec && n == 4) {
@@ -520,8 +530,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
           }
         } else if constexpr (F == kKBlock1d) {
           const int i = r / kWarps;  // this row's slot (see above)
-          m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, b1_m, i);
-          if (deq_wb) q = __shfl_sync(0xFFFFFFFFu, b1_q, i);
+          m0 = m1 = m2 = m3 = __shfl_sync(0xFFFFFFFFu, b1_m, 2 * i);
+          if (deq_wb) q = __shfl_sync(0xFFFFFFFFu, b1_q, 2 * i);
         } else {  // per-tensor or 128x128 block
           m0 = m1 = m2 = m3 = scale;
           q = scale_inv;
@@ -722,6 +732,7 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
     const float4* rows = &s.tile[(16 * a) * kChunks + (ch ^ a)];
     // FP8: w[k][q] = bytes of rows 4q..4q+3 of column c0+k. NVFP4: w[k][0..1].
     uint32_t w0[4], w1[4], w2[4], w3[4];
+    [[maybe_unused]] uint32_t pq[4];  // NVFP4: one group of 4 row pairs
 #pragma unroll
     for (int sr = 0; sr < 16; sr += 2) {
       float4 va = rows[sr * kChunks], vb = rows[(sr + 1) * kChunks];
@@ -732,15 +743,21 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
       amax_acc = fmaxf(amax_acc, fmaxf(Max4Abs(va.x, va.y, va.z, va.w), Max4Abs(vb.x, vb.y, vb.z, vb.w)));
       if constexpr (kFp4) {
         // Two rows of one column make one byte (even row in the low nibble).
-        const uint32_t y0 = EncodeE2M1x2Fast(__fmul_rn(va.x, m0), __fmul_rn(vb.x, m0));
-        const uint32_t y1 = EncodeE2M1x2Fast(__fmul_rn(va.y, m1), __fmul_rn(vb.y, m1));
-        const uint32_t y2 = EncodeE2M1x2Fast(__fmul_rn(va.z, m2), __fmul_rn(vb.z, m2));
-        const uint32_t y3 = EncodeE2M1x2Fast(__fmul_rn(va.w, m3), __fmul_rn(vb.w, m3));
-        const int q = sr >> 3, sh = 8 * ((sr >> 1) & 3);
-        if (sh == 0) {
-          w0[q] = y0, w1[q] = y1, w2[q] = y2, w3[q] = y3;
-        } else {
-          w0[q] |= y0 << sh, w1[q] |= y1 << sh, w2[q] |= y2 << sh, w3[q] |= y3 << sh;
+        // pq[j]: byte k = the byte of column c0+k for row pair 8q + 2j.
+        const uint32_t lo = EncodeE2M1x4Bytes(__fmul_rn(va.x, m0), __fmul_rn(vb.x, m0),
+                                              __fmul_rn(va.y, m1), __fmul_rn(vb.y, m1));
+        const uint32_t hi = EncodeE2M1x4Bytes(__fmul_rn(va.z, m2), __fmul_rn(vb.z, m2),
+                                              __fmul_rn(va.w, m3), __fmul_rn(vb.w, m3));
+        const int j = (sr >> 1) & 3;
+        pq[j] = E2M1Nibbles8(lo, hi);
+        if (j == 3) {  // a 4x4 byte transpose: wk[q] = byte k of pq[0..3]
+          const int q = sr >> 3;
+          const uint32_t A = __byte_perm(pq[0], pq[1], 0x5140), B = __byte_perm(pq[2], pq[3], 0x5140);
+          const uint32_t C = __byte_perm(pq[0], pq[1], 0x7362), D = __byte_perm(pq[2], pq[3], 0x7362);
+          w0[q] = __byte_perm(A, B, 0x5410);
+          w1[q] = __byte_perm(A, B, 0x7632);
+          w2[q] = __byte_perm(C, D, 0x5410);
+          w3[q] = __byte_perm(C, D, 0x7632);
         }
       } else {
         // cvt packs the two rows of one column into 16 bits (row sr low).
@@ -809,7 +826,10 @@ __device__ __forceinline__ uint32_t InterleaveNibbles(uint32_t p) {
 // Column part (after a barrier): the thread of chunk ch and rows 16a..16a+15
 // gathers the 8 words, interleaves the nibbles and transposes the bytes.
 // Returns through amax_acc the amax of the tile (both directions' input).
-template <int NT>
+// kRowOnly: the rowwise part alone (no stash, no columnwise part; the tile
+// keeps the source values): NVFP4 16x16 rowwise beside a columnwise copy of
+// another format, or none.
+template <int NT, bool kRowOnly = false>
 __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirDesc& row,
                                                 const DirDesc& col, TileSmem& s, int tm, int tk,
                                                 bool round_bf16, float& amax_acc) {
@@ -884,10 +904,11 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
     float x0, x1, x2, x3, z0, z1, z2, z3;
     ReadRow4(s, r0, lane, round_bf16, x0, x1, x2, x3);
     ReadRow4(s, r0 + 1, lane, round_bf16, z0, z1, z2, z3);
-    const uint32_t c0 = EncodeE2M1x2Fast(__fmul_rn(x0, enc), __fmul_rn(x1, enc)) |
-                        (EncodeE2M1x2Fast(__fmul_rn(x2, enc), __fmul_rn(x3, enc)) << 8);
-    const uint32_t c1 = EncodeE2M1x2Fast(__fmul_rn(z0, enc), __fmul_rn(z1, enc)) |
-                        (EncodeE2M1x2Fast(__fmul_rn(z2, enc), __fmul_rn(z3, enc)) << 8);
+    // c01: the 4 codes of row r0 in the low 16 bits, of r0 + 1 in the high.
+    const uint32_t c01 = E2M1Nibbles8(
+        EncodeE2M1x4Bytes(__fmul_rn(x0, enc), __fmul_rn(x1, enc), __fmul_rn(x2, enc), __fmul_rn(x3, enc)),
+        EncodeE2M1x4Bytes(__fmul_rn(z0, enc), __fmul_rn(z1, enc), __fmul_rn(z2, enc), __fmul_rn(z3, enc)));
+    const uint32_t c0 = c01 & 0xFFFFu, c1 = c01 >> 16;
     if (lane_fast && r0 + 1 < rows_valid) {
       *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(c0);
       *reinterpret_cast<uint16_t*>(out + pitch) = static_cast<uint16_t>(c1);
@@ -907,9 +928,12 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
         }
       }
     }
-    __syncwarp();  // every lane has read rows r0, r0+1 before any lane overwrites them
-    words[256 * t + ((lane + t) & 31)] = c0 | (c1 << 16);
+    if constexpr (!kRowOnly) {
+      __syncwarp();  // every lane has read rows r0, r0+1 before any lane overwrites them
+      words[256 * t + ((lane + t) & 31)] = c01;
+    }
   }
+  if constexpr (kRowOnly) return;
   __syncthreads();
 
   // Columnwise data [K][ceil(M/2)]: byte (j, p) = code(2p, j) | code(2p+1, j) << 4.
@@ -1017,8 +1041,9 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
 // ---------------------------------------------------------------------------
 
 // kAdam: every tensor of the batch takes the fused AdamW load (the one-pass
-// step); the all-format kernel decides per tensor at run time.
-template <int NT, int kPat, bool kAdam>
+// step), with kPrefetch steps of L2 prefetch; the all-format kernel decides
+// per tensor at run time.
+template <int NT, int kPat, bool kAdam, int kPrefetch>
 __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile,
                                             TileSmem& s) {
   // Each pass copies the descriptor fields it needs into registers before
@@ -1043,7 +1068,7 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   bool fused_adam = kAdam;
   if constexpr (kPat == kPatAll) fused_adam = t.opt.param != nullptr;
   if constexpr (kAdam) {
-    LoadTileAdam<NT, kAdamBatch>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
+    LoadTileAdam<NT, kAdamBatch, kPrefetch>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (fused_adam) {
     LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (t.src_vec && !t.src_bf16) {
@@ -1078,18 +1103,22 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
                           row.two_d && col.two_d && !deq && col_same_2d &&
                           (row.global_amax == col.global_amax ||
                            __float_as_uint(*row.global_amax) == __float_as_uint(*col.global_amax));
-  bool need_sync = false;
-  if (rcfg.bm != 0 && !nvfp4_both) {
-    RunBlockAmax<NT>(s, rbf, rcfg, s.amax2d_row);
-    need_sync = true;
-  }
-  // Per-column block amaxes ride along the rowwise pass when it reads the
-  // same values; otherwise a pre-pass computes them.
   // MXFP8 1x32 rowwise + 32x1 columnwise, same element format: one loop
   // encodes both; the rowwise pass's pre-step computes the column block amaxes.
   const bool mx_fused = Has<kPat>(kKMxfp8) && row.fmt == kKMxfp8 && col.fmt == kKMxfp8 &&
                         !row.two_d && !col.two_d && row.e5m2 == col.e5m2 && !deq;
+  // Per-column block amaxes ride along the rowwise pass when it reads the
+  // same values; otherwise a pre-pass computes them.
   const bool fuse_col_amax = ccfg.bm != 0 && ccfg.bk == 1 && !deq && row_needed && !mx_fused;
+  // NVFP4 16x16 rowwise beside another columnwise format: the row part of
+  // the two-direction pass (its own block amaxes; the tile stays the source).
+  const bool nvfp4_row_fast = Has<kPat>(kKNvfp4) && row.fmt == kKNvfp4 && row.two_d && !deq &&
+                              !nvfp4_both && !fuse_col_amax;
+  bool need_sync = false;
+  if (rcfg.bm != 0 && !nvfp4_both && !nvfp4_row_fast) {
+    RunBlockAmax<NT>(s, rbf, rcfg, s.amax2d_row);
+    need_sync = true;
+  }
   if (ccfg.bm != 0 && !deq && !col_same_2d && !fuse_col_amax && !mx_fused) {
     RunBlockAmax<NT>(s, rbf, ccfg, ccfg.bk > 1 ? s.amax2d_col : s.colbuf);
     need_sync = true;
@@ -1103,6 +1132,11 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
     if constexpr (Has<kPat>(kKNvfp4)) {
       Nvfp4TwoDirPass<NT>(M, K, row, col, s, tm, tk, rbf, row_amax);
       ColScaleStep<NT, kPat>(M, K, col, s, col2d, tm, tk, /*need_mult=*/false);
+    }
+  } else if (nvfp4_row_fast) {
+    if constexpr (Has<kPat>(kKNvfp4)) {
+      Nvfp4TwoDirPass<NT, true>(M, K, row, row, s, tm, tk, rbf, row_amax);
+      if (col_needed) __syncthreads();  // amax2d_row for the column scale step
     }
   } else if (row_needed) {
     RowPassArgs a;
@@ -1187,22 +1221,22 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   }
 }
 
-template <int NT, int kMinBlocks, int kPat, bool kAdam>
+template <int NT, int kMinBlocks, int kPat, bool kAdam, int kPrefetch>
 __global__ void __launch_bounds__(NT, kMinBlocks)
     QuantizeTilesKernel(const __grid_constant__ QuantizeBatch batch) {
   extern __shared__ float4 smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
   for (int64_t tile = blockIdx.x; tile < batch.total_tiles; tile += gridDim.x) {
-    ProcessTile<NT, kPat, kAdam>(batch, tile, s);
+    ProcessTile<NT, kPat, kAdam, kPrefetch>(batch, tile, s);
     __syncthreads();  // shared memory is reused by the next tile
   }
 }
 
-template <int kPat, bool kAdam = false>
+template <int kPat, bool kAdam = false, int kPrefetch = kAdamPrefetch>
 cudaError_t LaunchPattern(const QuantizeBatch& batch, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const size_t smem = sizeof(TileSmem);
-  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam>;
+  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam, kAdam ? kPrefetch : 0>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -1227,9 +1261,22 @@ bool Covers(const QuantizeBatch& batch) {
 // Every instantiation is byte-exact for the formats it contains (quantize_test
 // on the device, docs/GPU_NOTES.md run 8), so the choice only affects speed.
 cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
-  if (variant != kVariantDefault) return cudaErrorInvalidValue;
+  if (variant < kVariantDefault || variant > kVariantOnePassPrefetch3) return cudaErrorInvalidValue;
   if (batch.total_tiles <= 0) return cudaSuccess;
   // The one-pass step (every tensor with the fused AdamW load).
+  if (variant != kVariantDefault) {  // benchmarks: other prefetch distances
+    const bool plain = Covers<kPatPlain, true>(batch), mx = Covers<kPatMxfp8, true>(batch);
+    if (variant == kVariantOnePassPrefetch0) {
+      if (plain) return LaunchPattern<kPatPlain, true, 0>(batch, stream);
+      if (mx) return LaunchPattern<kPatMxfp8, true, 0>(batch, stream);
+    } else if (variant == kVariantOnePassPrefetch2) {
+      if (plain) return LaunchPattern<kPatPlain, true, 2>(batch, stream);
+      if (mx) return LaunchPattern<kPatMxfp8, true, 2>(batch, stream);
+    } else {
+      if (plain) return LaunchPattern<kPatPlain, true, 3>(batch, stream);
+      if (mx) return LaunchPattern<kPatMxfp8, true, 3>(batch, stream);
+    }
+  }
   if (Covers<kPatPlain, true>(batch)) return LaunchPattern<kPatPlain, true>(batch, stream);
   if (Covers<kPatMxfp8, true>(batch)) return LaunchPattern<kPatMxfp8, true>(batch, stream);
   if (Covers<kPatBlock1d, true>(batch)) return LaunchPattern<kPatBlock1d, true>(batch, stream);
@@ -1238,6 +1285,7 @@ cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStr
   if (Covers<kPatMxfp8>(batch)) return LaunchPattern<kPatMxfp8>(batch, stream);
   if (Covers<kPatBlock1d>(batch)) return LaunchPattern<kPatBlock1d>(batch, stream);
   if (Covers<kPatPlainMx>(batch)) return LaunchPattern<kPatPlainMx>(batch, stream);
+  if (Covers<kPatPlainNv>(batch)) return LaunchPattern<kPatPlainNv>(batch, stream);
   return LaunchPattern<kPatAll>(batch, stream);
 }
 

@@ -90,11 +90,15 @@ struct QuantizeBatch {
 // Kernel parameters are limited to 32764 bytes (CUDA >= 12.1).
 static_assert(sizeof(QuantizeBatch) <= 32000, "QuantizeBatch exceeds the kernel parameter limit");
 
-// Kernel variants. Only the default exists now: the 512-thread and persistent
-// variants of the v3.3 kernel were slower (docs/BENCHMARKS.md) and went with
-// it; the field stays so that a future variant can be benchmarked.
+// Kernel variants (benchmarks). The 512-thread and persistent variants of the
+// v3.3 kernel were slower (docs/GPU_NOTES.md) and went with it. The others
+// change only the one-pass step's L2 prefetch distance (LoadTileAdam; plain
+// and MXFP8 patterns), every other batch runs the default.
 enum QuantizeVariant : int {
-  kVariantDefault = 0,  // 256 threads, one 128x128 tile per block
+  kVariantDefault = 0,  // 256 threads, one 128x128 tile per block, prefetch kAdamPrefetch
+  kVariantOnePassPrefetch0 = 1,  // no prefetch
+  kVariantOnePassPrefetch2 = 2,
+  kVariantOnePassPrefetch3 = 3,
 };
 
 // Launches the tile kernel over every tile of every tensor in `batch`;

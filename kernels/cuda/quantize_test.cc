@@ -405,7 +405,8 @@ TEST(CodecTest, ExhaustiveDeviceCodecsMatchReferenceRules) {
                            "E2M1 FMA encoder vs compare encoder",
                            "E2M1 compare encoder vs reference rule",
                            "E8M0 branch-free vs reference rule",
-                           "E2M1 v4 fast encoder vs compare encoder"};
+                           "E2M1 v4 fast encoder vs compare encoder",
+                           "E2M1 packed x4 encoder vs compare encoder"};
   for (int k = 0; k < kN; ++k) {
     EXPECT_EQ(c[k], 0u) << names[k] << ": " << c[k] << " of 2^32 inputs differ, first 0x" << std::hex << f[k];
     printf("codec check %-42s: %llu mismatches over 2^32 inputs\n", names[k], c[k]);

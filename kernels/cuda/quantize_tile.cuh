@@ -124,18 +124,32 @@ __device__ __forceinline__ void LoadTileScalar(const void* src, bool bf16, int64
   }
 }
 
+// One 512-byte row segment (a tile row of one FP32 array) into L2, no
+// registers held (sm_90 bulk prefetch; a hint: it never faults or blocks).
+__device__ __forceinline__ void PrefetchL2Row512(const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], 512;\n" ::"l"(gmem) : "memory");
+#endif
+}
+
 // Fused AdamW: the tile's master values are updated in registers, p/m/v are
 // written back, and the new p is what the quantizer sees.
 // kBatch: rows of p, m, v, g in flight per thread and step. Full tiles take
 // one pointer per array advanced by kBatch * 8 rows (no per-access 64-bit
 // offsets or bounds).
-template <int NT, int kBatch = 2>
+// kPrefetch > 0: each warp keeps the rows of the next kPrefetch steps on
+// their way into L2 (lanes 0..4*kBatch-1: one bulk prefetch per row and
+// array), so the loads that the AdamW arithmetic holds back find them there
+// and more bytes are in flight than the registers could hold
+// (docs/GPU_NOTES.md, the one-pass step).
+template <int NT, int kBatch = 2, int kPrefetch = 0>
 __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
                                              const AdamHyper& h, TileSmem& s, int64_t i0,
                                              int64_t j0) {
   if (vec && M - i0 >= kTile && K - j0 >= kTile) {
     static_assert(NT == 256, "rows w + 8k");
     constexpr int kStep = NT / 32;
+    constexpr int kSteps = kTile / kStep / kBatch;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t base = (i0 + warp) * K + j0 + 4 * lane;
     float* P = o.param + base;
@@ -144,8 +158,26 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
     const float* G = o.grad + base;
     const int64_t step = int64_t{kStep} * K;
     float4* trow = &s.tile[warp * kChunks];
+    // Prefetch lane: array lane / kBatch, row k0 + lane % kBatch of a step.
+    const float* pf = nullptr;
+    if constexpr (kPrefetch > 0) {
+      static_assert(4 * kBatch <= 32, "one prefetch lane per row and array");
+      const int64_t row0 = (i0 + warp) * K + j0 + (lane % kBatch) * step;
+      const int arr = lane / kBatch;
+      pf = (arr == 0 ? o.param : arr == 1 ? o.m : arr == 2 ? o.v : o.grad) + row0;
+      if (lane < 4 * kBatch) {
+#pragma unroll
+        for (int d = 1; d <= kPrefetch && d < kSteps; ++d) PrefetchL2Row512(pf + d * kBatch * step);
+      }
+    }
 #pragma unroll 1
     for (int k0 = 0; k0 < kTile / kStep; k0 += kBatch) {
+      if constexpr (kPrefetch > 0) {
+        const int ahead = k0 + kPrefetch * kBatch;  // first row of the step kPrefetch ahead
+        if (k0 > 0 && ahead < kTile / kStep && lane < 4 * kBatch) {
+          PrefetchL2Row512(pf + ahead * step);
+        }
+      }
       float4 p[kBatch], m[kBatch], v[kBatch], g[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
