@@ -223,6 +223,8 @@ int Run() {
        ColumnwiseSource::kOriginal, 0, 0.90},
       {"nvfp4 16x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
        ColumnwiseSource::kOriginal, 0, 0.90},
+      {"nvfp4 16x16 row+col^T (per-element E2M1)", Format::kNvfp4, Format::kNvfp4, true, true,
+       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 4, 0},
       {"nvfp4 1x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
        ColumnwiseSource::kOriginal, 0, 0.90, /*two_d=*/0},
       {"fp8 block 128x128 row+col^T", Format::kFp8Block128x128, Format::kFp8Block128x128, true, true,
@@ -342,8 +344,8 @@ int Run() {
   // The one-pass step (AdamWStepAndQuantize): read p, m, v, g; write p, m, v
   // and both quantized directions, for formats whose scale is known before
   // the step.
-  // The "(prefetch N)" rows are the same step with another L2 prefetch
-  // distance in its load (QuantizeVariant; the others use the default).
+  // The rows in parentheses are the same step with one thing changed in its
+  // load (QuantizeVariant; the others use the default).
   struct FCfg {
     std::string name;
     Format fmt;
@@ -355,12 +357,12 @@ int Run() {
            {"fused adamw + fp8 block 128x128 row+col^T", Format::kFp8Block128x128},
            {"fused adamw + fp8 block 1x128 row+col^T", Format::kFp8Block1x128},
            {"fused adamw + bf16 row", Format::kIdentityBf16},
-           {"fused adamw + fp8 delayed row+col^T (prefetch 0)", Format::kFp8Delayed, 1},
-           {"fused adamw + fp8 delayed row+col^T (prefetch 2)", Format::kFp8Delayed, 2},
-           {"fused adamw + fp8 delayed row+col^T (prefetch 3)", Format::kFp8Delayed, 3},
-           {"fused adamw + mxfp8 row+col (prefetch 0)", Format::kMxfp8, 1},
-           {"fused adamw + mxfp8 row+col (prefetch 2)", Format::kMxfp8, 2},
-           {"fused adamw + mxfp8 row+col (prefetch 3)", Format::kMxfp8, 3}}) {
+           {"fused adamw + fp8 delayed row+col^T (no prefetch)", Format::kFp8Delayed, 1},
+           {"fused adamw + fp8 delayed row+col^T (evict-first)", Format::kFp8Delayed, 2},
+           {"fused adamw + fp8 delayed row+col^T (evict-first, prefetch 2)", Format::kFp8Delayed, 3},
+           {"fused adamw + mxfp8 row+col (no prefetch)", Format::kMxfp8, 1},
+           {"fused adamw + mxfp8 row+col (evict-first)", Format::kMxfp8, 2},
+           {"fused adamw + mxfp8 row+col (evict-first, prefetch 2)", Format::kMxfp8, 3}}) {
     if (!want(c.name)) continue;
     std::vector<AdamWQuantizeArgs> fargs;
     size_t off_r = 0, off_c = 0;

@@ -63,7 +63,7 @@ __device__ uint32_t RefE8M0(float v) {
 // 5: branch-free E8M0 vs the reference rule, 6: EncodeE2M1x2Fast (the v4
 // kernel's E2M1 encoder) vs compare-based (both nibbles), 7: EncodeE2M1x4Bytes
 // (the packed encoder of the NVFP4 passes) vs compare-based (every byte
-// position) and E2M1Nibbles8.
+// position; unclamped for |x| < 7) and E2M1Nibbles8.
 __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
   for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (uint64_t{1} << 32);
@@ -91,7 +91,10 @@ __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
       const float v3 = rot == 0 ? w : rot == 1 ? z : rot == 2 ? y : x;
       const uint32_t got = EncodeE2M1x4Bytes(v0, v1, v2, v3);
       const uint32_t unrot = rot == 0 ? got : __funnelshift_r(got, got, 8 * rot);
-      bad[7] = unrot != want || E2M1Nibbles8(got, got) !=
+      // The unclamped encoder where it applies (finite |x| < 7), in byte 0.
+      const bool no_clamp_ok = !(fabsf(x) < 7.0f) ||
+                               (EncodeE2M1x4Bytes<false>(x, 0.0f, 0.0f, 0.0f) & 0xFFu) == EncodeE2M1(x);
+      bad[7] = !no_clamp_ok || unrot != want || E2M1Nibbles8(got, got) !=
                                     ((got & 0xFu) | ((got >> 4) & 0xF0u) | ((got >> 8) & 0xF00u) |
                                      ((got >> 12) & 0xF000u)) * 0x10001u;
     }

@@ -141,6 +141,14 @@ __device__ __forceinline__ uint32_t EncodeE2M1Fast(float y) {
 __device__ __forceinline__ uint32_t EncodeE2M1x2Fast(float y0, float y1) {
   return EncodeE2M1Fast(y0) | (EncodeE2M1Fast(y1) << 4);
 }
+// hi32(a * b) + c: with b = 2^(32-n), c + (a >> n) on the FMA pipe (IMAD.HI)
+// instead of a shift-add on the ALU pipe, which the NVFP4 passes saturate
+// (ncu: ALU 75 %, docs/GPU_NOTES.md).
+__device__ __forceinline__ uint32_t MadHiU32(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("mad.hi.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
 // prmt.b32 (default mode): byte n of the result is byte sel[n] & 7 of
 // {b, a} (a = bytes 0..3), or, with bit 3 of that selector nibble set, that
 // byte's sign bit replicated (0x00 / 0xFF). (__byte_perm documents only the
@@ -155,13 +163,17 @@ __device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // t's exponent field E + 149, the low byte of bits(t) + (bits(t) >> 22) is
 // k + 2E + 298 - 256); `sbits` gets the bits of the clamped value, whose
 // sign is the code's (NaN -> +6).
+// kClamp = false skips the clamp (two of the encoder's five ALU-pipe
+// instructions) and is exact only for finite |y| < 7: in [6, 7) the grid
+// spacing is 2 and RNE(|y| / 2) = 3 already gives code 7 (6.0).
+template <bool kClamp = true>
 __device__ __forceinline__ uint32_t E2M1MagnitudeWord(float y, uint32_t& sbits) {
-  const float s = fmaxf(fminf(y, 6.0f), -6.0f);
+  const float s = kClamp ? fmaxf(fminf(y, 6.0f), -6.0f) : y;
   const float a = fabsf(s);
   const float m = __uint_as_float(__float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u);
   const uint32_t bt = __float_as_uint(__fmaf_rn(m, 4194304.0f, a));
   sbits = __float_as_uint(s);
-  return bt + (bt >> 22);
+  return MadHiU32(bt, 1u << 10, bt);  // bt + (bt >> 22)
 }
 // Four codes as the bytes of one word (y0 in byte 0; sign in bit 3 of each
 // byte): the same codes as EncodeE2M1Fast, with the extraction done four at
@@ -169,17 +181,19 @@ __device__ __forceinline__ uint32_t E2M1MagnitudeWord(float y, uint32_t& sbits) 
 // 0x00 / 0xFF, one subtract and one LOP3 finish all four). Checked against
 // the compare encoder over all 2^32 inputs in every byte position on the
 // device (codec_check check 7).
+// kClamp = false: only for finite |y| < 7 (E2M1MagnitudeWord).
+template <bool kClamp = true>
 __device__ __forceinline__ uint32_t EncodeE2M1x4Bytes(float y0, float y1, float y2, float y3) {
   uint32_t s0, s1, s2, s3;
-  const uint32_t b0 = E2M1MagnitudeWord(y0, s0), b1 = E2M1MagnitudeWord(y1, s1);
-  const uint32_t b2 = E2M1MagnitudeWord(y2, s2), b3 = E2M1MagnitudeWord(y3, s3);
+  const uint32_t b0 = E2M1MagnitudeWord<kClamp>(y0, s0), b1 = E2M1MagnitudeWord<kClamp>(y1, s1);
+  const uint32_t b2 = E2M1MagnitudeWord<kClamp>(y2, s2), b3 = E2M1MagnitudeWord<kClamp>(y3, s3);
   const uint32_t mag = Prmt(Prmt(b0, b1, 0x0040u), Prmt(b2, b3, 0x0040u), 0x5410u);
   const uint32_t sgn = Prmt(Prmt(s0, s1, 0x00FBu), Prmt(s2, s3, 0x00FBu), 0x5410u);
   return (mag - 0x2A2A2A2Au) | (sgn & 0x08080808u);
 }
 // Codes as bytes [c0 c1 c2 c3] -> byte 0 = c0 | c1 << 4, byte 2 = c2 | c3 << 4
 // (bytes 1 and 3 are junk): one add, no carries (every byte is < 16).
-__device__ __forceinline__ uint32_t E2M1PairBytes(uint32_t w) { return w + (w >> 4); }
+__device__ __forceinline__ uint32_t E2M1PairBytes(uint32_t w) { return MadHiU32(w, 1u << 28, w); }
 // Eight codes -> eight nibbles (y0 lowest) from two EncodeE2M1x4Bytes words.
 __device__ __forceinline__ uint32_t E2M1Nibbles8(uint32_t lo, uint32_t hi) {
   return Prmt(E2M1PairBytes(lo), E2M1PairBytes(hi), 0x6420u);
@@ -240,58 +254,44 @@ __device__ __forceinline__ void AtomicMaxNonNeg(float* addr, float v) {
 // amax update ignoring NaN (fmaxf returns the non-NaN operand).
 __device__ __forceinline__ float AbsMax(float m, float x) { return fmaxf(m, fabsf(x)); }
 
+// One stage of a transposing butterfly: this lane keeps the half of its 2N
+// partial row maxima that its `mask` bit selects and sends the other half
+// to lane ^ mask, whose half it receives (N shuffles for 2N rows). The
+// arrays have constant indices once unrolled, so they stay in registers.
+template <int N>
+__device__ __forceinline__ void RowMaxStage(const float (&x)[2 * N], float (&y)[N], int mask) {
+  const bool upper = (threadIdx.x & mask) != 0;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float send = upper ? x[k] : x[k + N], keep = upper ? x[k + N] : x[k];
+    y[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, mask));
+  }
+}
+
 // Row maxima of 8 rows over groups of 8 lanes: x[k] is this lane's partial
 // max of row k; returns the group's max of row (lane & 7). A transposing
 // butterfly (xor 4, 2, 1): 7 shuffles for the 8 rows instead of 24, and each
 // row's result lands in the lane that owns it. fmaxf throughout, so NaN is
 // ignored as by a plain shuffle reduction.
 __device__ __forceinline__ float GroupRowMax8(const float (&x)[8]) {
-  const int lane = threadIdx.x & 31;
-  const bool b4 = (lane & 4) != 0, b2 = (lane & 2) != 0, b1 = (lane & 1) != 0;
-  float y[4], z[2];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float send = b4 ? x[k] : x[k + 4], keep = b4 ? x[k + 4] : x[k];
-    y[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float send = b2 ? y[k] : y[k + 2], keep = b2 ? y[k + 2] : y[k];
-    z[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
-  }
-  const float send = b1 ? z[0] : z[1], keep = b1 ? z[1] : z[0];
-  return fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 1));
+  float y[4], z[2], w[1];
+  RowMaxStage<4>(x, y, 4);
+  RowMaxStage<2>(y, z, 2);
+  RowMaxStage<1>(z, w, 1);
+  return w[0];
 }
 
 // Row maxima of 16 rows over the whole warp: x[k] is this lane's partial max
 // of row k; returns the warp's max of row (lane >> 1), in lanes 2k and
-// 2k + 1. The transposing butterfly of GroupRowMax8 over 32 lanes (xor 16,
-// 8, 4, 2 halve the rows each lane holds, xor 1 completes the last): 16
-// shuffles for the 16 rows instead of 80. Every index is a compile-time
-// constant once unrolled, so the arrays stay in registers.
+// 2k + 1 (xor 16, 8, 4, 2 halve the rows each lane holds, xor 1 completes
+// the last): 16 shuffles for the 16 rows instead of 80.
 __device__ __forceinline__ float WarpRowMax16(const float (&x)[16]) {
-  const int lane = threadIdx.x & 31;
-  const bool b16 = (lane & 16) != 0, b8 = (lane & 8) != 0, b4 = (lane & 4) != 0,
-             b2 = (lane & 2) != 0;
-  float y[8], z[4], u[2];
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float send = b16 ? x[k] : x[k + 8], keep = b16 ? x[k + 8] : x[k];
-    y[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 16));
-  }
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float send = b8 ? y[k] : y[k + 4], keep = b8 ? y[k + 4] : y[k];
-    z[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 8));
-  }
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float send = b4 ? z[k] : z[k + 2], keep = b4 ? z[k + 2] : z[k];
-    u[k] = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 4));
-  }
-  const float send = b2 ? u[0] : u[1], keep = b2 ? u[1] : u[0];
-  const float w = fmaxf(keep, __shfl_xor_sync(0xFFFFFFFFu, send, 2));
-  return fmaxf(w, __shfl_xor_sync(0xFFFFFFFFu, w, 1));
+  float y[8], z[4], u[2], w[1];
+  RowMaxStage<8>(x, y, 16);
+  RowMaxStage<4>(y, z, 8);
+  RowMaxStage<2>(z, u, 4);
+  RowMaxStage<1>(u, w, 2);
+  return fmaxf(w[0], __shfl_xor_sync(0xFFFFFFFFu, w[0], 1));
 }
 
 }  // namespace dev

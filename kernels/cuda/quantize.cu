@@ -73,6 +73,11 @@ constexpr int kAdamBatch = 2;
 // into L2 ahead of its loads (LoadTileAdam); the benchmark variants of
 // LaunchQuantizeTiles measure the others.
 constexpr int kAdamPrefetch = 1;
+// The kernel's kVar template argument: the one-pass load's prefetch
+// distance in the low bits, and benchmark-only switches.
+constexpr int kVarPrefetchMask = 15;
+constexpr int kVarStream = 16;      // LoadTileAdam with evict-first loads and stores
+constexpr int kVarScalarE2M1 = 32;  // Nvfp4TwoDirPass with the per-element E2M1 encoder
 
 template <int kPat>
 __host__ __device__ constexpr bool Has(int fmt) {
@@ -829,7 +834,7 @@ __device__ __forceinline__ uint32_t InterleaveNibbles(uint32_t p) {
 // kRowOnly: the rowwise part alone (no stash, no columnwise part; the tile
 // keeps the source values): NVFP4 16x16 rowwise beside a columnwise copy of
 // another format, or none.
-template <int NT, bool kRowOnly = false>
+template <int NT, bool kRowOnly = false, bool kScalarE2M1 = false>
 __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirDesc& row,
                                                 const DirDesc& col, TileSmem& s, int tm, int tk,
                                                 bool round_bf16, float& amax_acc) {
@@ -848,10 +853,12 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
   const float factor = __fmul_rn(s_enc, Fbits(kRcp6Bits));
   static_assert(kWarps * 16 == kTile, "one 16-row block row per warp");
   float bam = 0.0f;  // starts at 0: NaN never wins (§0)
+  float chk = 0.0f;  // stays 0 unless this lane's values hold a NaN or an Inf (x * 0, FMA pipe)
 #pragma unroll 8
   for (int k = 0; k < 16; ++k) {
     const float4 v = s.tile[Phys(16 * warp + k, lane)];
     bam = fmaxf(bam, Max4Abs(v.x, v.y, v.z, v.w));
+    chk = __fmaf_rn(__fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)), 0.0f, chk);
   }
   bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 1));
   bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
@@ -863,6 +870,11 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
   amax_acc = fmaxf(amax_acc, bam);  // the tile amax is the max of its block amaxes
   const uint32_t sd = CvtFp8(__fmul_rn(bam, factor), false);
   const float enc = fminf(__frcp_rn(__fmul_rn(DecodeFp8(sd, false), s_dec)), Fbits(kFltMaxBits));
+  // Every y = x * enc of the warp's rows is finite with |y| <= bam * enc < 7
+  // (the usual case: the E4M3 scale's rounding keeps it <= 6.4; a stale
+  // global amax, tiny blocks, NaN or Inf break it): the encoder may skip its
+  // clamp (E2M1MagnitudeWord), warp-uniformly.
+  const bool no_clamp = __all_sync(0xFFFFFFFFu, chk == 0.0f && __fmul_rn(bam, enc) < 7.0f);
 
   // Rowwise outputs.
   const int64_t gj = j0 + 4 * lane;
@@ -898,40 +910,57 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
   uint8_t* out = out_base + int64_t{16 * warp} * pitch;
   const int64_t pitch2 = 2 * pitch;
 
+  auto row_pairs = [&](auto clamp_tag) {
+    constexpr bool kClamp = decltype(clamp_tag)::value;
 #pragma unroll 2
-  for (int t = 8 * warp; t < 8 * warp + 8; ++t, out += pitch2) {
-    const int r0 = 2 * t;
-    float x0, x1, x2, x3, z0, z1, z2, z3;
-    ReadRow4(s, r0, lane, round_bf16, x0, x1, x2, x3);
-    ReadRow4(s, r0 + 1, lane, round_bf16, z0, z1, z2, z3);
-    // c01: the 4 codes of row r0 in the low 16 bits, of r0 + 1 in the high.
-    const uint32_t c01 = E2M1Nibbles8(
-        EncodeE2M1x4Bytes(__fmul_rn(x0, enc), __fmul_rn(x1, enc), __fmul_rn(x2, enc), __fmul_rn(x3, enc)),
-        EncodeE2M1x4Bytes(__fmul_rn(z0, enc), __fmul_rn(z1, enc), __fmul_rn(z2, enc), __fmul_rn(z3, enc)));
-    const uint32_t c0 = c01 & 0xFFFFu, c1 = c01 >> 16;
-    if (lane_fast && r0 + 1 < rows_valid) {
-      *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(c0);
-      *reinterpret_cast<uint16_t*>(out + pitch) = static_cast<uint16_t>(c1);
-    } else if (write) {
+    for (int t = 8 * warp; t < 8 * warp + 8; ++t, out += pitch2) {
+      const int r0 = 2 * t;
+      float x0, x1, x2, x3, z0, z1, z2, z3;
+      ReadRow4(s, r0, lane, round_bf16, x0, x1, x2, x3);
+      ReadRow4(s, r0 + 1, lane, round_bf16, z0, z1, z2, z3);
+      // c01: the 4 codes of row r0 in the low 16 bits, of r0 + 1 in the high.
+      uint32_t c01;
+      if constexpr (kScalarE2M1) {  // benchmark comparison: one element at a time
+        c01 = EncodeE2M1x2Fast(__fmul_rn(x0, enc), __fmul_rn(x1, enc)) |
+              (EncodeE2M1x2Fast(__fmul_rn(x2, enc), __fmul_rn(x3, enc)) << 8) |
+              (EncodeE2M1x2Fast(__fmul_rn(z0, enc), __fmul_rn(z1, enc)) << 16) |
+              (EncodeE2M1x2Fast(__fmul_rn(z2, enc), __fmul_rn(z3, enc)) << 24);
+      } else {
+        c01 = E2M1Nibbles8(EncodeE2M1x4Bytes<kClamp>(__fmul_rn(x0, enc), __fmul_rn(x1, enc),
+                                                     __fmul_rn(x2, enc), __fmul_rn(x3, enc)),
+                           EncodeE2M1x4Bytes<kClamp>(__fmul_rn(z0, enc), __fmul_rn(z1, enc),
+                                                     __fmul_rn(z2, enc), __fmul_rn(z3, enc)));
+      }
+      const uint32_t c0 = c01 & 0xFFFFu, c1 = c01 >> 16;
+      if (lane_fast && r0 + 1 < rows_valid) {
+        *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(c0);
+        *reinterpret_cast<uint16_t*>(out + pitch) = static_cast<uint16_t>(c1);
+      } else if (write) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t c = h == 0 ? c0 : c1;
-        const int n = r0 + h < rows_valid ? nvalid_col : 0;
-        uint8_t* o = out + h * pitch;
-        if (n > 0) {
-          if (vec && n == 4) {
-            *reinterpret_cast<uint16_t*>(o) = static_cast<uint16_t>(c);
-          } else {
-            o[0] = static_cast<uint8_t>(c);
-            if (gj / 2 + 1 < pitch) o[1] = static_cast<uint8_t>(c >> 8);
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t c = h == 0 ? c0 : c1;
+          const int n = r0 + h < rows_valid ? nvalid_col : 0;
+          uint8_t* o = out + h * pitch;
+          if (n > 0) {
+            if (vec && n == 4) {
+              *reinterpret_cast<uint16_t*>(o) = static_cast<uint16_t>(c);
+            } else {
+              o[0] = static_cast<uint8_t>(c);
+              if (gj / 2 + 1 < pitch) o[1] = static_cast<uint8_t>(c >> 8);
+            }
           }
         }
       }
+      if constexpr (!kRowOnly) {
+        __syncwarp();  // every lane has read rows r0, r0+1 before any lane overwrites them
+        words[256 * t + ((lane + t) & 31)] = c01;
+      }
     }
-    if constexpr (!kRowOnly) {
-      __syncwarp();  // every lane has read rows r0, r0+1 before any lane overwrites them
-      words[256 * t + ((lane + t) & 31)] = c01;
-    }
+  };
+  if (kScalarE2M1 || !no_clamp) {
+    row_pairs(std::true_type{});
+  } else {
+    row_pairs(std::false_type{});
   }
   if constexpr (kRowOnly) return;
   __syncthreads();
@@ -1041,9 +1070,9 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
 // ---------------------------------------------------------------------------
 
 // kAdam: every tensor of the batch takes the fused AdamW load (the one-pass
-// step), with kPrefetch steps of L2 prefetch; the all-format kernel decides
-// per tensor at run time.
-template <int NT, int kPat, bool kAdam, int kPrefetch>
+// step), configured by kVar (above); the all-format kernel decides per
+// tensor at run time.
+template <int NT, int kPat, bool kAdam, int kVar>
 __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile,
                                             TileSmem& s) {
   // Each pass copies the descriptor fields it needs into registers before
@@ -1068,7 +1097,8 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   bool fused_adam = kAdam;
   if constexpr (kPat == kPatAll) fused_adam = t.opt.param != nullptr;
   if constexpr (kAdam) {
-    LoadTileAdam<NT, kAdamBatch, kPrefetch>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
+    LoadTileAdam<NT, kAdamBatch, kVar & kVarPrefetchMask, (kVar & kVarStream) != 0>(
+        t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (fused_adam) {
     LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
   } else if (t.src_vec && !t.src_bf16) {
@@ -1130,7 +1160,7 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   bool tile_is_source = false;  // the tile holds the columnwise input, already rounded
   if (nvfp4_both) {
     if constexpr (Has<kPat>(kKNvfp4)) {
-      Nvfp4TwoDirPass<NT>(M, K, row, col, s, tm, tk, rbf, row_amax);
+      Nvfp4TwoDirPass<NT, false, (kVar & kVarScalarE2M1) != 0>(M, K, row, col, s, tm, tk, rbf, row_amax);
       ColScaleStep<NT, kPat>(M, K, col, s, col2d, tm, tk, /*need_mult=*/false);
     }
   } else if (nvfp4_row_fast) {
@@ -1221,22 +1251,22 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   }
 }
 
-template <int NT, int kMinBlocks, int kPat, bool kAdam, int kPrefetch>
+template <int NT, int kMinBlocks, int kPat, bool kAdam, int kVar>
 __global__ void __launch_bounds__(NT, kMinBlocks)
     QuantizeTilesKernel(const __grid_constant__ QuantizeBatch batch) {
   extern __shared__ float4 smem_raw[];
   TileSmem& s = *reinterpret_cast<TileSmem*>(smem_raw);
   for (int64_t tile = blockIdx.x; tile < batch.total_tiles; tile += gridDim.x) {
-    ProcessTile<NT, kPat, kAdam, kPrefetch>(batch, tile, s);
+    ProcessTile<NT, kPat, kAdam, kVar>(batch, tile, s);
     __syncthreads();  // shared memory is reused by the next tile
   }
 }
 
-template <int kPat, bool kAdam = false, int kPrefetch = kAdamPrefetch>
+template <int kPat, bool kAdam = false, int kVar = kAdam ? kAdamPrefetch : 0>
 cudaError_t LaunchPattern(const QuantizeBatch& batch, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const size_t smem = sizeof(TileSmem);
-  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam, kAdam ? kPrefetch : 0>;
+  auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam, kVar>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -1261,20 +1291,21 @@ bool Covers(const QuantizeBatch& batch) {
 // Every instantiation is byte-exact for the formats it contains (quantize_test
 // on the device, docs/GPU_NOTES.md run 8), so the choice only affects speed.
 cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
-  if (variant < kVariantDefault || variant > kVariantOnePassPrefetch3) return cudaErrorInvalidValue;
+  if (variant < kVariantDefault || variant > kVariantNvfp4ScalarE2M1) return cudaErrorInvalidValue;
   if (batch.total_tiles <= 0) return cudaSuccess;
-  // The one-pass step (every tensor with the fused AdamW load).
-  if (variant != kVariantDefault) {  // benchmarks: other prefetch distances
+  if (variant != kVariantDefault) {  // benchmarks only
     const bool plain = Covers<kPatPlain, true>(batch), mx = Covers<kPatMxfp8, true>(batch);
     if (variant == kVariantOnePassPrefetch0) {
       if (plain) return LaunchPattern<kPatPlain, true, 0>(batch, stream);
       if (mx) return LaunchPattern<kPatMxfp8, true, 0>(batch, stream);
-    } else if (variant == kVariantOnePassPrefetch2) {
-      if (plain) return LaunchPattern<kPatPlain, true, 2>(batch, stream);
-      if (mx) return LaunchPattern<kPatMxfp8, true, 2>(batch, stream);
-    } else {
-      if (plain) return LaunchPattern<kPatPlain, true, 3>(batch, stream);
-      if (mx) return LaunchPattern<kPatMxfp8, true, 3>(batch, stream);
+    } else if (variant == kVariantOnePassStream) {
+      if (plain) return LaunchPattern<kPatPlain, true, kVarStream | kAdamPrefetch>(batch, stream);
+      if (mx) return LaunchPattern<kPatMxfp8, true, kVarStream | kAdamPrefetch>(batch, stream);
+    } else if (variant == kVariantOnePassStreamPrefetch2) {
+      if (plain) return LaunchPattern<kPatPlain, true, kVarStream | 2>(batch, stream);
+      if (mx) return LaunchPattern<kPatMxfp8, true, kVarStream | 2>(batch, stream);
+    } else if (Covers<kPatNvfp4>(batch)) {
+      return LaunchPattern<kPatNvfp4, false, kVarScalarE2M1>(batch, stream);
     }
   }
   if (Covers<kPatPlain, true>(batch)) return LaunchPattern<kPatPlain, true>(batch, stream);

@@ -92,13 +92,14 @@ static_assert(sizeof(QuantizeBatch) <= 32000, "QuantizeBatch exceeds the kernel 
 
 // Kernel variants (benchmarks). The 512-thread and persistent variants of the
 // v3.3 kernel were slower (docs/GPU_NOTES.md) and went with it. The others
-// change only the one-pass step's L2 prefetch distance (LoadTileAdam; plain
-// and MXFP8 patterns), every other batch runs the default.
+// change one thing each and apply to the batches named; every other batch
+// runs the default.
 enum QuantizeVariant : int {
-  kVariantDefault = 0,  // 256 threads, one 128x128 tile per block, prefetch kAdamPrefetch
-  kVariantOnePassPrefetch0 = 1,  // no prefetch
-  kVariantOnePassPrefetch2 = 2,
-  kVariantOnePassPrefetch3 = 3,
+  kVariantDefault = 0,  // 256 threads, one 128x128 tile per block, one-pass prefetch 1 step
+  kVariantOnePassPrefetch0 = 1,        // one-pass step (plain, MXFP8): no L2 prefetch
+  kVariantOnePassStream = 2,           // ... evict-first loads and stores
+  kVariantOnePassStreamPrefetch2 = 3,  // ... evict-first, prefetch 2 steps ahead
+  kVariantNvfp4ScalarE2M1 = 4,  // NVFP4-only batches: the per-element E2M1 encoder in 16x16
 };
 
 // Launches the tile kernel over every tile of every tensor in `batch`;

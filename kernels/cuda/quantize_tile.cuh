@@ -141,8 +141,9 @@ __device__ __forceinline__ void PrefetchL2Row512(const void* gmem) {
 // their way into L2 (lanes 0..4*kBatch-1: one bulk prefetch per row and
 // array), so the loads that the AdamW arithmetic holds back find them there
 // and more bytes are in flight than the registers could hold
-// (docs/GPU_NOTES.md, the one-pass step).
-template <int NT, int kBatch = 2, int kPrefetch = 0>
+// (docs/GPU_NOTES.md, the one-pass step). kStream: evict-first loads and
+// stores (ld/st.global.cs; every byte is touched once).
+template <int NT, int kBatch = 2, int kPrefetch = 0, bool kStream = false>
 __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
                                              const AdamHyper& h, TileSmem& s, int64_t i0,
                                              int64_t j0) {
@@ -181,10 +182,17 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
       float4 p[kBatch], m[kBatch], v[kBatch], g[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        p[b] = *reinterpret_cast<const float4*>(P + b * step);
-        m[b] = *reinterpret_cast<const float4*>(Mm + b * step);
-        v[b] = *reinterpret_cast<const float4*>(V + b * step);
-        g[b] = __ldg(reinterpret_cast<const float4*>(G + b * step));
+        if constexpr (kStream) {
+          p[b] = __ldcs(reinterpret_cast<const float4*>(P + b * step));
+          m[b] = __ldcs(reinterpret_cast<const float4*>(Mm + b * step));
+          v[b] = __ldcs(reinterpret_cast<const float4*>(V + b * step));
+          g[b] = __ldcs(reinterpret_cast<const float4*>(G + b * step));
+        } else {
+          p[b] = *reinterpret_cast<const float4*>(P + b * step);
+          m[b] = *reinterpret_cast<const float4*>(Mm + b * step);
+          v[b] = *reinterpret_cast<const float4*>(V + b * step);
+          g[b] = __ldg(reinterpret_cast<const float4*>(G + b * step));
+        }
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
@@ -192,9 +200,15 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
         AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
         AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
         AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
-        *reinterpret_cast<float4*>(P + b * step) = p[b];
-        *reinterpret_cast<float4*>(Mm + b * step) = m[b];
-        *reinterpret_cast<float4*>(V + b * step) = v[b];
+        if constexpr (kStream) {
+          __stcs(reinterpret_cast<float4*>(P + b * step), p[b]);
+          __stcs(reinterpret_cast<float4*>(Mm + b * step), m[b]);
+          __stcs(reinterpret_cast<float4*>(V + b * step), v[b]);
+        } else {
+          *reinterpret_cast<float4*>(P + b * step) = p[b];
+          *reinterpret_cast<float4*>(Mm + b * step) = m[b];
+          *reinterpret_cast<float4*>(V + b * step) = v[b];
+        }
         const int k = k0 + b;  // row w + 8k: swizzle ch ^ ((k >> 1) & 7)
         trow[k * kStep * kChunks + (lane ^ ((k >> 1) & 7))] = p[b];
       }
