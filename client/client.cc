@@ -153,6 +153,43 @@ absl::StatusOr<VersionInfo> Client::Impl::WaitForVersionInfo(int64_t min_version
   return info;
 }
 
+absl::Status Client::Impl::WatchVersion(int64_t min_version,
+                                        const std::function<bool(const VersionInfo&)>& on_event,
+                                        absl::Time deadline) {
+  rpc::WatchVersionRequest request;
+  request.set_min_version(min_version);
+  {
+    absl::MutexLock lock(&mu_);
+    if (recovery_epoch_ >= 0) request.set_recovery_epoch(recovery_epoch_);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(ToChrono(deadline));
+  std::unique_ptr<grpc::ClientReader<rpc::VersionEvent>> reader =
+      coordinator_->WatchVersion(&context, request);
+  rpc::VersionEvent event;
+  absl::Status result;
+  while (reader->Read(&event)) {
+    {
+      absl::MutexLock lock(&mu_);
+      recovery_epoch_ = std::max(recovery_epoch_, event.recovery_epoch());
+    }
+    VersionInfo info;
+    info.committed_version = event.committed_version();
+    info.recovery_epoch = event.recovery_epoch();
+    if (event.has_rewound_to_version()) {
+      info.rewound_to = event.rewound_to_version();
+      result = RefreshManifest(deadline).status();  // the replacement's address
+      if (!result.ok()) break;
+    }
+    if (!on_event(info)) break;
+  }
+  context.TryCancel();
+  const grpc::Status s = reader->Finish();
+  if (!result.ok()) return result;
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();  // we stopped
+  return FromGrpcStatus(s, absl::StrCat("watch version ", min_version));
+}
+
 constexpr char kRewoundPayload[] = "type.paramd/rewound_to_version";
 
 absl::StatusOr<int64_t> Client::Impl::WaitForVersion(int64_t min_version, absl::Time deadline) {
@@ -283,6 +320,12 @@ absl::StatusOr<int64_t> Client::WaitForVersion(int64_t min_version, absl::Durati
 absl::StatusOr<VersionInfo> Client::WaitForVersionInfo(int64_t min_version,
                                                       absl::Duration timeout) {
   return impl_->WaitForVersionInfo(min_version, absl::Now() + timeout);
+}
+
+absl::Status Client::WatchVersion(int64_t min_version,
+                                  const std::function<bool(const VersionInfo&)>& on_event,
+                                  absl::Duration timeout) {
+  return impl_->WatchVersion(min_version, on_event, absl::Now() + timeout);
 }
 
 std::optional<int64_t> RewoundTo(const absl::Status& status) {

@@ -57,6 +57,7 @@
 #define PARAMD_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -316,6 +317,16 @@ class Client {
   // too) and pushes for it next. Each rewind is reported once per Client
   // (the client remembers the recovery epoch it saw).
   absl::StatusOr<VersionInfo> WaitForVersionInfo(int64_t min_version, absl::Duration timeout);
+  // Coordinator.WatchVersion: calls `on_event` (on this thread) with the
+  // committed version once it is >= min_version and again at every newer
+  // commit, until `on_event` returns false (then OK), `timeout` passes
+  // (DEADLINE_EXCEEDED) or the stream fails. A rewind comes as an event
+  // with `rewound_to` set (committed_version may then be below the last
+  // one), reported once per Client as by WaitForVersionInfo; the manifest
+  // is refreshed before that event. Blocking.
+  absl::Status WatchVersion(int64_t min_version,
+                            const std::function<bool(const VersionInfo&)>& on_event,
+                            absl::Duration timeout);
 
   // ---- Administration (hpctl) ----
 

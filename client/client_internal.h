@@ -63,6 +63,9 @@ class Client::Impl {
                                            absl::Time deadline);
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline);
   absl::StatusOr<VersionInfo> WaitForVersionInfo(int64_t min_version, absl::Time deadline);
+  absl::Status WatchVersion(int64_t min_version,
+                            const std::function<bool(const VersionInfo&)>& on_event,
+                            absl::Time deadline);
   absl::StatusOr<rpc::GetStatusResponse> Status(bool include_shards, absl::Time deadline);
   absl::StatusOr<int64_t> Load(const std::string& path, const std::string& recipe,
                                absl::Time deadline, bool replace_model);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/store.h"
@@ -27,6 +28,7 @@
 #include "server/async_util.h"
 #include "server/fan_out.h"
 #include "server/membership.h"
+#include "server/coordinator_state.h"
 #include "server/recovery.h"
 #include "server/convert.h"
 #include "server/optimizer_config.h"
@@ -82,17 +84,27 @@ class WatchReactor;
 
 class Coordinator::Impl : public rpc::Coordinator::CallbackService {
  public:
-  explicit Impl(CoordinatorOptions options)
+  // `restored`: the state file of an earlier run (server/coordinator_state.h).
+  Impl(CoordinatorOptions options, std::optional<rpc::CoordinatorState> restored)
       : options_(std::move(options)),
         cluster_secret_configured_(!options_.cluster_secret.empty()),
         cluster_secret_(cluster_secret_configured_ ? options_.cluster_secret
-                                                   : auth::RandomSecret()),
+                        : restored && !restored->cluster_secret().empty()
+                            ? restored->cluster_secret()
+                            : auth::RandomSecret()),
         table_(options_.expected_daemons, options_.daemon_lease),
         stubs_(options_.expected_daemons),
         member_secrets_(options_.expected_daemons) {
     if (options_.authenticator) options_.authenticator->AddClusterSecret(cluster_secret_);
     optimizer_ = options_.optimizer;
+    if (restored) Restore(*restored);
+    if (!options_.state_file.empty()) {
+      state_writer_ = std::make_unique<StateWriter>(options_.state_file,
+                                                    [this] { return CurrentState(); });
+      state_writer_->MarkDirty();
+    }
     lease_thread_ = std::thread([this] { LeaseLoop(); });
+    if (restored) rebuild_thread_ = std::thread([this] { RebuildFromDaemons(); });
   }
 
   const std::string& cluster_secret() const { return cluster_secret_; }
@@ -110,8 +122,18 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       recovery = std::move(recovery_thread_);
     }
     if (recovery.joinable()) recovery.join();
+    if (rebuild_thread_.joinable()) rebuild_thread_.join();
+    if (state_writer_) (void)state_writer_->Flush();
     world_waiters_.WakeAll();
     version_waiters_.WakeAll();
+  }
+
+  // The recovery epoch and, for a rewind, the version of the last recovery
+  // (WatchVersion).
+  void RecoveryEpoch(int64_t* epoch, int64_t* rewound_to) const {
+    absl::MutexLock lock(&mu_);
+    *epoch = recovery_epoch_;  // grows when a recovery completes
+    *rewound_to = recovery_.rewound_to_version();
   }
 
   std::vector<rpc::Member> daemon_members() const {
@@ -197,6 +219,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     LogInfo(kTag, absl::StrCat(it->role() == rpc::ROLE_TRAINER ? "trainer " : "observer ",
                                it->member_id(), " (", it->name(), ") left"));
     others_.erase(it);  // daemons never leave: their rank is their shards
+    StateChangedLocked();
     return Done(context, absl::OkStatus());
   }
 
@@ -478,6 +501,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           if (s.ok()) {
             absl::MutexLock lock(&mu_);
             optimizer_ = next;
+            StateChangedLocked();
             if (manifest_.tensors_size() > 0) *manifest_.mutable_optimizer_config() = proto;
             *response->mutable_optimizer() = proto;
             Log(kTag, absl::StrCat("optimizer schedule changed: ", DescribeOptimizer(next)));
@@ -658,6 +682,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
         recovery_.set_seconds(absl::ToDoubleSeconds(now - from));
         recovery_.set_error("");
         recovery_.set_state("done");
+        StateChangedLocked();
         lost_at_ = absl::InfinitePast();
         Log(kTag, absl::StrFormat(
                       "recovery %d done: rank %d replaced, every daemon rewound to version %d "
@@ -668,6 +693,133 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     }
     version_waiters_.WakeAll();
   }
+
+  // ---- The state file (server/coordinator_state.h) ----
+
+  void StateChangedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (state_writer_) state_writer_->MarkDirty();
+  }
+
+  rpc::CoordinatorState CurrentState() const {
+    absl::MutexLock lock(&mu_);
+    rpc::CoordinatorState s;
+    if (!cluster_secret_configured_) s.set_cluster_secret(cluster_secret_);
+    s.set_expected_daemons(options_.expected_daemons);
+    *s.mutable_manifest() = manifest_;
+    s.set_committed_version(committed_);
+    s.set_recovery_epoch(recovery_epoch_);
+    *s.mutable_recovery() = recovery_;
+    *s.mutable_optimizer() = OptimizerToProto(optimizer_);
+    for (int r = 0; r < table_.size(); ++r) {
+      const DaemonSlot& slot = table_.slot(r);
+      if (!slot.joined) continue;
+      rpc::CoordinatorDaemonState* d = s.add_daemons();
+      *d->mutable_member() = slot.member;
+      d->set_member_secret(member_secrets_[r]);
+      d->set_needs_state(slot.needs_state);
+    }
+    for (const rpc::Member& m : others_) *s.add_others() = m;
+    s.set_next_member(next_member_);
+    s.set_next_trainer_rank(next_trainer_rank_);
+    return s;
+  }
+
+  // Constructor: takes back an earlier run's cluster. Every daemon of the
+  // file is taken as alive (its heartbeats renew the lease; one that died
+  // meanwhile goes DOWN after it); what each publishes is asked by
+  // RebuildFromDaemons.
+  void Restore(const rpc::CoordinatorState& state) {
+    absl::MutexLock lock(&mu_);
+    manifest_ = state.manifest();
+    manifest_.clear_committed_version();
+    committed_ = manifest_.tensors_size() > 0 ? state.committed_version() : -1;
+    recovery_epoch_ = state.recovery_epoch();
+    recovery_ = state.recovery();
+    if (state.has_optimizer()) {
+      absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(state.optimizer());
+      if (o.ok() && !options_.optimizer_explicit) optimizer_ = *o;
+    }
+    others_.assign(state.others().begin(), state.others().end());
+    next_member_ = state.next_member();
+    next_trainer_rank_ = state.next_trainer_rank();
+    const absl::Time now = absl::Now();
+    for (const rpc::CoordinatorDaemonState& d : state.daemons()) {
+      const int r = d.member().rank();
+      if (r < 0 || r >= table_.size()) continue;
+      DaemonSlot& slot = table_.slot(r);
+      slot.joined = true;
+      slot.member = d.member();
+      slot.needs_state = d.needs_state();
+      slot.member.set_state(slot.needs_state ? rpc::MEMBER_STATE_RECOVERING
+                                             : rpc::MEMBER_STATE_ALIVE);
+      slot.member.set_down_reason("");
+      slot.published = -1;  // asked by RebuildFromDaemons
+      slot.last_heartbeat = now;
+      member_secrets_[r] = d.member_secret();
+      stubs_[r] = rpc::Daemon::NewStub(auth::CreateChannel(
+          slot.member.address(),
+          {options_.tls, std::make_shared<auth::BearerToken>(member_secrets_[r])}));
+    }
+    Log(kTag, absl::StrCat("restarted from ", options_.state_file, ": ", table_.joined(), " of ",
+                           table_.size(), " daemons, ",
+                           manifest_.tensors_size() > 0
+                               ? absl::StrCat(manifest_.tensors_size(),
+                                              " tensors at committed version ", committed_)
+                               : std::string("no model"),
+                           ", recovery epoch ", recovery_epoch_,
+                           "; asking the daemons what they publish"));
+  }
+
+  // Thread of a restarted coordinator: asks every live daemon of the state
+  // file which version it publishes (GetStats, every 200 ms until each has
+  // answered once or is DOWN), so the committed version is the daemons'
+  // (never below the file's) and steps can go on.
+  void RebuildFromDaemons() {
+    std::vector<bool> answered(table_size_at_start(), false);
+    for (;;) {
+      std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
+      std::vector<int> ranks;
+      {
+        absl::MutexLock lock(&mu_);
+        if (shut_down_) return;
+        for (int r = 0; r < table_.size(); ++r) {
+          if (answered[r] || !table_.alive(r)) continue;
+          stubs.push_back(stubs_[r]);
+          ranks.push_back(r);
+        }
+      }
+      if (stubs.empty()) break;
+      absl::Notification done;
+      bool advanced = false;
+      FanOut<rpc::GetStatsRequest, rpc::GetStatsResponse>(
+          stubs, absl::Seconds(1), [](int, rpc::GetStatsRequest*) {},
+          [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::GetStatsRequest* req,
+             rpc::GetStatsResponse* resp, std::function<void(grpc::Status)> cb) {
+            stub->async()->GetStats(c, req, resp, std::move(cb));
+          },
+          [&](auto& calls) {
+            absl::MutexLock lock(&mu_);
+            for (size_t i = 0; i < calls.size(); ++i) {
+              const int r = ranks[i];
+              const rpc::DaemonStats& stats = calls[i]->response.stats();
+              if (!calls[i]->status.ok() || stats.rank() != r) continue;
+              answered[r] = true;
+              table_.slot(r).published = stats.published_version();
+            }
+            if (!recovering_) advanced = RecomputeCommittedLocked();
+            done.Notify();
+          });
+      done.WaitForNotification();
+      if (advanced) version_waiters_.WakeAll();
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200))) return;
+    }
+    absl::MutexLock lock(&mu_);
+    Log(kTag, absl::StrCat("state rebuilt from the daemons: committed version ", committed_));
+  }
+
+  int table_size_at_start() const { return options_.expected_daemons; }
 
   // Marks daemons whose lease expired DOWN (every lease/10, at most 100 ms
   // apart, so a dead daemon is seen within lease + 100 ms) and wakes the
@@ -801,6 +953,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
               request.address(),
               {options_.tls, std::make_shared<auth::BearerToken>(member_secrets_[rank])}));
           world_complete = !was_complete && table_.all_joined();
+          StateChangedLocked();  // a restart takes this daemon back
           if (j.replaced) {
             start_recovery = true;
             Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ", request.address(),
@@ -837,6 +990,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           m.set_pusher(trainer && request.pusher());
           m.set_name(request.name());
           others_.push_back(m);
+          StateChangedLocked();
           LogInfo(kTag, absl::StrCat(trainer ? "trainer " : "observer ", m.member_id(),
                                      trainer ? absl::StrCat(" rank ", m.rank()) : "", " (",
                                      m.name(), m.pusher() ? ", pusher" : "", ") joined"));
@@ -933,6 +1087,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     if (v <= committed_) return false;
     const int64_t before = committed_;
     committed_ = v;
+    StateChangedLocked();
     const std::string line = absl::StrCat("committed version ", v);
     const int every = std::max(1, options_.log_every_versions);
     // The first version of a load, and every Nth, at INFO.
@@ -1227,6 +1382,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
           {
             absl::MutexLock lock(&mu_);
             loading_ = false;
+            StateChangedLocked();
             if (s.ok()) {
               for (size_t i = 0; i < calls.size(); ++i) {
                 DaemonSlot& d = table_.slot(static_cast<int>(i));
@@ -1277,15 +1433,20 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // The startup load (model_path / restore_from) failed: fatal.
   mutable absl::Mutex startup_mu_;
   absl::Status startup_error_ ABSL_GUARDED_BY(startup_mu_);
+  std::thread rebuild_thread_;  // a restarted coordinator's RebuildFromDaemons
+  // Last: destroyed first (its thread reads the state above).
+  std::unique_ptr<StateWriter> state_writer_;
 };
 
 // Sends the committed version whenever it advances, until cancelled.
 class WatchReactor : public WaitingWriter<rpc::VersionEvent> {
  public:
-  WatchReactor(Coordinator::Impl* coordinator, int64_t min_version)
+  // `known_epoch`: the recovery epoch the watcher last saw.
+  WatchReactor(Coordinator::Impl* coordinator, int64_t min_version, int64_t known_epoch)
       : WaitingWriter(coordinator->version_waiters()),
         coordinator_(coordinator),
-        min_version_(min_version) {}
+        min_version_(min_version),
+        known_epoch_(known_epoch) {}
 
  private:
   void PumpLocked() override {
@@ -1296,10 +1457,22 @@ class WatchReactor : public WaitingWriter<rpc::VersionEvent> {
       return;
     }
     const int64_t v = coordinator_->committed_version();
-    if (v < 0 || v < min_version_ || v == last_sent_) return;
+    int64_t epoch, rewound_to;
+    coordinator_->RecoveryEpoch(&epoch, &rewound_to);
+    // A completed recovery is reported once, with the version it went back
+    // to (committed_version may be below the last one sent).
+    const bool rewound = epoch > known_epoch_ && v >= 0;
+    if (!rewound && (v < 0 || v < min_version_ || v == last_sent_)) return;
     UnregisterLocked();
     last_sent_ = v;
+    known_epoch_ = epoch;
     event_.set_committed_version(v);
+    event_.set_recovery_epoch(epoch);
+    if (rewound) {
+      event_.set_rewound_to_version(rewound_to);
+    } else {
+      event_.clear_rewound_to_version();
+    }
     WriteLocked(&event_);
   }
 
@@ -1307,6 +1480,7 @@ class WatchReactor : public WaitingWriter<rpc::VersionEvent> {
   const int64_t min_version_;
   rpc::VersionEvent event_ ABSL_GUARDED_BY(mu_);
   int64_t last_sent_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t known_epoch_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ServerWriteReactor<rpc::VersionEvent>* Coordinator::Impl::WatchVersion(
@@ -1316,7 +1490,11 @@ grpc::ServerWriteReactor<rpc::VersionEvent>* Coordinator::Impl::WatchVersion(
       !s.ok()) {
     return auth::RefusedWriter<rpc::VersionEvent>(s);
   }
-  auto* reactor = new WatchReactor(this, request->min_version());
+  int64_t epoch, rewound_to;
+  RecoveryEpoch(&epoch, &rewound_to);
+  auto* reactor = new WatchReactor(
+      this, request->min_version(),
+      request->has_recovery_epoch() ? std::min(request->recovery_epoch(), epoch) : epoch);
   reactor->Begin();
   return reactor;
 }
@@ -1339,8 +1517,18 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     return absl::InvalidArgumentError(
         "coordinator: the local data plane serves one process; use host for several daemons");
   }
+  std::optional<rpc::CoordinatorState> restored;
+  if (!options.state_file.empty()) {
+    ASSIGN_OR_RETURN(restored, ReadStateFile(options.state_file));
+    if (restored && restored->expected_daemons() != options.expected_daemons) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state_file=", options.state_file, " is of a cluster of ",
+          restored->expected_daemons(), " daemons, this coordinator expects ",
+          options.expected_daemons, " (--daemons)"));
+    }
+  }
   return std::unique_ptr<Coordinator>(
-      new Coordinator(std::make_unique<Impl>(std::move(options))));
+      new Coordinator(std::make_unique<Impl>(std::move(options), std::move(restored))));
 }
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -104,6 +104,12 @@ struct CoordinatorOptions {
   // DOWN daemon. Empty: recovery fails (FAILED_PRECONDITION) and steps stay
   // refused.
   std::string checkpoint_root;
+  // --state_file: where the coordinator keeps what a restart needs to take
+  // its cluster back (server/coordinator_state.h; mode 0600, it holds the
+  // cluster and member secrets). Read at Create: a coordinator started
+  // with an existing file takes its daemons, model, committed version and
+  // recovery epoch back while the daemons keep serving. "" = none.
+  std::string state_file;
   // Called (on a gRPC thread, must not block) after each newly committed
   // version, e.g. to start a periodic checkpoint.
   std::function<void(int64_t version)> on_commit;

@@ -118,6 +118,10 @@ ABSL_FLAG(int32_t, rank, -1,
           "started with the rank of one that went down replaces it; see docs/ARCHITECTURE.md");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 250,
           "daemon: how often to renew the lease with the coordinator");
+ABSL_FLAG(std::string, state_file, "",
+          "coordinator: keep what a restart needs (members, model manifest, committed version, "
+          "recovery epoch, secrets; mode 0600) in this file, written atomically; a coordinator "
+          "started with an existing file takes its running cluster back (empty = none)");
 ABSL_FLAG(int32_t, snapshot_every_steps, 10,
           "daemon: every N optimizer steps copy this daemon's state (masters, optimizer "
           "state, scaling state, counters) to host memory and to its buddy daemon "
@@ -337,6 +341,7 @@ absl::Status Run() {
   c.restore_from = absl::GetFlag(FLAGS_restore_from);
   c.restore_version = absl::GetFlag(FLAGS_restore_version);
   c.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_dir);
+  c.state_file = absl::GetFlag(FLAGS_state_file);
   c.daemon_lease = absl::Milliseconds(absl::GetFlag(FLAGS_daemon_lease_ms));
   if (options.run_coordinator) {
     auto recipe = std::make_shared<Recipe>(Recipe::Builtin());

@@ -62,9 +62,11 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   coordinator_argv.insert(coordinator_argv.end(), secret_flag.begin(), secret_flag.end());
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_flags.begin(),
                           options.coordinator_flags.end());
+  c->coordinator_argv_ = coordinator_argv;
   ASSIGN_OR_RETURN(const int coordinator,
                    c->children_.Start({"coordinator", std::move(coordinator_argv),
                                        log("coordinator"), log("coordinator")}));
+  c->coordinator_ = coordinator;
   c->names_.push_back("coordinator");
   ASSIGN_OR_RETURN(const int port, demo::WaitForPortFile(d + "/coordinator.port",
                                                          absl::Seconds(20), &c->children_,
@@ -118,6 +120,22 @@ absl::StatusOr<int> TestCluster::StartDaemon(const std::vector<std::string>& ext
                                          absl::Seconds(20), &children_, daemons_[i]));
   daemon_ports_.push_back(port);
   return i;
+}
+
+absl::Status TestCluster::RestartCoordinator() {
+  children_.Signal(coordinator_, SIGKILL);
+  (void)children_.Wait(coordinator_, absl::Seconds(10));
+  std::vector<std::string> argv = coordinator_argv_;
+  const std::string port_file = absl::StrCat(dir(), "/coordinator", coordinator_starts_, ".port");
+  for (std::string& a : argv) {
+    if (absl::StartsWith(a, "--listen=")) a = "--listen=" + coordinator_address_;
+    if (absl::StartsWith(a, "--port_file=")) a = "--port_file=" + port_file;
+  }
+  const std::string name = absl::StrCat("coordinator", coordinator_starts_++);
+  const std::string log = dir() + "/" + name + ".log";
+  ASSIGN_OR_RETURN(coordinator_, children_.Start({name, std::move(argv), log, log}));
+  names_.push_back(name);
+  return demo::WaitForPortFile(port_file, absl::Seconds(20), &children_, coordinator_).status();
 }
 
 void TestCluster::SignalDaemon(int d, int sig) { children_.Signal(daemons_[d], sig); }

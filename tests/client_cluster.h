@@ -70,6 +70,9 @@ class TestCluster {
   int daemon_port(int d) const { return daemon_ports_[d]; }
   // SIGKILLs daemon `d` and reaps it.
   void KillDaemon(int d);
+  // SIGKILLs the coordinator and starts it again with the same flags on the
+  // same port (a restart; give it --state_file to take the cluster back).
+  absl::Status RestartCoordinator();
   // Sends `sig` to daemon `d` (SIGSTOP / SIGCONT: a silent daemon).
   void SignalDaemon(int d, int sig);
   // Starts one more daemon process (the options' daemon flags plus
@@ -90,6 +93,9 @@ class TestCluster {
   std::vector<int> daemon_ports_;
   std::vector<std::string> names_;
   std::string coordinator_address_;
+  std::vector<std::string> coordinator_argv_;
+  int coordinator_ = -1;  // index in children_
+  int coordinator_starts_ = 1;
 };
 
 }  // namespace testing

@@ -595,5 +595,129 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
   }
 }
 
+// ---- A restarted coordinator (--state_file) ----
+
+// COORDINATOR_KILL_TRIALS (default 2; 10 for the full run) trials: while a
+// pusher pushes and waits continuously, the coordinator is SIGKILLed after
+// a random 0-400 ms and started again with the same --state_file. The
+// daemons keep serving meanwhile; the restarted coordinator takes them back,
+// its committed version is never below the last one the pusher saw, and
+// the pusher goes on (its waits retried while the coordinator is down).
+TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
+  const int trials = EnvInt("COORDINATOR_KILL_TRIALS", 2);
+  std::mt19937 rng(static_cast<uint32_t>(EnvInt("RECOVERY_KILL_SEED", time(nullptr))));
+  for (int trial = 0; trial < trials; ++trial) {
+    SCOPED_TRACE(absl::StrCat("trial ", trial));
+    TestClusterOptions options;
+    options.daemons = 2;
+    options.expected_pushers = 1;
+    options.optimizer = "adamw";
+    options.lr = 0.01;
+    auto cluster = TestCluster::Start(options, [](const std::string& dir) {
+      TestClusterFlags flags;
+      flags.coordinator = {"--state_file=" + dir + "/coordinator.state"};
+      return flags;
+    });
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ClientOptions co;
+    co.coordinator_address = (*cluster)->coordinator_address();
+    co.expected_pushers = 1;
+    auto client = Client::Connect(co);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::string model = (*cluster)->dir() + "/model.safetensors";
+    WriteModel(model);
+    absl::StatusOr<int64_t> loaded;
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      loaded = (*client)->Load(model, "", absl::Seconds(30));
+      if (!absl::IsUnavailable(loaded.status())) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    ASSERT_TRUE(loaded.ok()) << loaded.status() << (*cluster)->Logs();
+
+    // One pushed step from `v`, its wait retried while the coordinator is away.
+    auto push = [&](int64_t v) -> absl::Status {
+      const std::vector<std::vector<float>> g = GradientsFor(v);
+      std::vector<client::Gradient> grads;
+      for (size_t t = 0; t < kTensors.size(); ++t) {
+        grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
+      }
+      absl::Status pushed = (*client)->PushGradients(v, grads).status();
+      // A retry of a push that arrived: the daemon already has it.
+      if (!pushed.ok() && !absl::IsAlreadyExists(pushed) &&
+          !absl::IsFailedPrecondition(pushed)) {
+        return pushed;
+      }
+      const absl::Time give_up = absl::Now() + absl::Seconds(30);
+      for (;;) {
+        absl::StatusOr<int64_t> w = (*client)->WaitForVersion(v + 1, absl::Seconds(5));
+        if (w.ok()) return absl::OkStatus();
+        if (!absl::IsUnavailable(w.status()) || absl::Now() > give_up) return w.status();
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    };
+    std::atomic<int64_t> seen{0};
+    std::atomic<bool> stop{false};
+    absl::Status pusher_status;
+    std::thread pusher([&] {
+      for (int64_t v = 0; !stop.load(); ++v) {
+        pusher_status = push(v);
+        if (!pusher_status.ok()) return;
+        seen = v + 1;
+      }
+    });
+    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
+    const int64_t before = seen.load();
+    ASSERT_TRUE((*cluster)->RestartCoordinator().ok()) << (*cluster)->Logs();
+    const int64_t target = before + 5;
+    while (seen.load() < target && pusher_status.ok()) absl::SleepFor(absl::Milliseconds(20));
+    stop = true;
+    pusher.join();
+    ASSERT_TRUE(pusher_status.ok()) << pusher_status << (*cluster)->Logs();
+    auto status = (*client)->Status(false, absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_GE(status->committed_version(), target);
+    EXPECT_GE(status->committed_version(), before);
+    ASSERT_EQ(status->daemons_size(), 2);
+    for (const rpc::DaemonStats& d : status->daemons()) {
+      EXPECT_EQ(d.published_version(), status->committed_version()) << d.error();
+    }
+    EXPECT_EQ(status->manifest().tensors_size(), 2);
+    EXPECT_EQ(status->recovery().epoch(), 0);
+    EXPECT_NE((*cluster)->Logs().find("restarted from"), std::string::npos) << (*cluster)->Logs();
+  }
+}
+
+// WatchVersion reports a rewind once, with the version the cluster went back to.
+TEST(RecoveryTest, WatchVersionReportsTheRewind) {
+  auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/2);
+  ASSERT_NE(c, nullptr);
+  for (int64_t v = 0; v < 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  std::vector<client::VersionInfo> events;
+  std::thread watcher([&] {
+    absl::Status s = c->client->WatchVersion(
+        3,
+        [&](const client::VersionInfo& info) {
+          events.push_back(info);
+          return !info.rewound_to.has_value();
+        },
+        absl::Seconds(30));
+    EXPECT_TRUE(s.ok()) << s;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  for (int attempt = 0; attempt < 200 && c->Status().daemons(0).buddy_snapshot_version() < 2;
+       ++attempt) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(c->Replace(1).ok());
+  watcher.join();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events.front().committed_version, 3);
+  EXPECT_FALSE(events.front().rewound_to.has_value());
+  ASSERT_TRUE(events.back().rewound_to.has_value());
+  EXPECT_EQ(*events.back().rewound_to, 2);
+  EXPECT_EQ(events.back().committed_version, 2);
+  EXPECT_EQ(events.back().recovery_epoch, 1);
+}
+
 }  // namespace
 }  // namespace paramd
