@@ -103,6 +103,50 @@ struct DaemonJob {
   DeviceFetcher::Channel* channel = nullptr;
 };
 
+// A daemon's pieces of `job` read in place through `ipc` (a daemon on this
+// GPU) and copied into their receive buffers on `stream`, in plan order.
+absl::Status FetchInPlace(IpcFetcher& ipc, const DaemonJob& job, int64_t version,
+                          cudaStream_t stream) {
+  std::vector<std::pair<std::string, Direction>> targets;
+  for (const rpc::TensorDirections& td : job.request.tensors()) {
+    targets.push_back({td.tensor(), static_cast<Direction>(td.directions(0))});
+  }
+  ASSIGN_OR_RETURN(const IpcVersion* v, ipc.Acquire(version, targets));
+  size_t k = 0;
+  for (const IpcTensor& t : v->tensors) {
+    for (const IpcTensor::Piece& piece : t.pieces) {
+      if (k >= job.pieces.size() || job.pieces[k].row_begin != piece.row_begin ||
+          job.pieces[k].row_end != piece.row_end ||
+          job.pieces[k].into.layout.data_bytes() != piece.buffers.layout.data_bytes() ||
+          job.pieces[k].into.layout.scale_bytes() != piece.buffers.layout.scale_bytes()) {
+        (void)ipc.Release();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "daemon ", job.rank, "'s pieces differ from the manifest's: RefreshManifest"));
+      }
+      const DeviceDirection& to = job.pieces[k++].into;
+      const DeviceDirection& from = piece.buffers;
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(to.data, from.data, from.layout.data_bytes(),
+                                          cudaMemcpyDeviceToDevice, stream));
+      if (from.layout.scale_bytes() > 0) {
+        GPU_RETURN_IF_ERROR(cudaMemcpyAsync(to.scales, from.scales, from.layout.scale_bytes(),
+                                            cudaMemcpyDeviceToDevice, stream));
+      }
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(to.scale_inv, from.scale_inv, sizeof(float),
+                                          cudaMemcpyDeviceToDevice, stream));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpyAsync(to.amax, from.amax, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  if (k != job.pieces.size()) {
+    (void)ipc.Release();
+    return absl::FailedPreconditionError(
+        absl::StrCat("daemon ", job.rank, " described fewer pieces than the manifest has"));
+  }
+  // Copied before the pin goes (the step after next may rewrite them then).
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return ipc.Release();
+}
+
 // How long a fetch whose daemon's end is gone still waits for the
 // FetchDevice answer (see the receive in Fetch).
 constexpr std::chrono::milliseconds kGoneGrace(50);
@@ -256,6 +300,31 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
   return raw;
 }
 
+IpcFetcher* DeviceFetcher::LocalDaemon(int daemon) {
+  if (!options_.same_gpu_ipc) return nullptr;
+  auto it = local_.find(daemon);
+  if (it != local_.end()) return it->second.get();
+  IpcFetcherOptions o;
+  o.device = options_.device;
+  o.name = options_.name;
+  // FAILED_PRECONDITION (another GPU, a cpu daemon, no exporter) or
+  // UNIMPLEMENTED (an older daemon): NCCL. Other errors: NCCL this time, and
+  // asked again next time.
+  absl::StatusOr<std::unique_ptr<IpcFetcher>> f = IpcFetcher::Open(client_, daemon, o);
+  if (f.ok()) return (local_[daemon] = *std::move(f)).get();
+  if (absl::IsFailedPrecondition(f.status()) || absl::IsUnimplemented(f.status())) {
+    local_[daemon] = nullptr;
+  }
+  return nullptr;
+}
+
+int DeviceFetcher::same_gpu_daemons() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [rank, f] : local_) n += f != nullptr ? 1 : 0;
+  return n;
+}
+
 absl::StatusOr<DeviceDirection> DeviceFetcher::Owned(const std::string& key,
                                                      const Layout& layout) {
   auto it = owned_.find(key);
@@ -354,6 +423,25 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   // Work the caller enqueued on `stream` may still read the destinations.
   if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
+  // Daemons on this GPU: in place through a same-GPU session, then device
+  // copies (NCCL cannot join two ranks on one GPU); NCCL for the others.
+  int in_place = 0;
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    IpcFetcher* ipc = LocalDaemon(it->first);
+    if (ipc == nullptr) {
+      ++it;
+      continue;
+    }
+    // The committed version is published on every daemon (waits, as the
+    // NCCL path does, for one not yet committed).
+    ASSIGN_OR_RETURN(int64_t committed, client_->WaitForVersion(version, deadline - absl::Now()));
+    (void)committed;
+    absl::Status s = FetchInPlace(*ipc, it->second, version, copy_stream_);
+    if (absl::IsUnavailable(s)) local_.erase(it->first);  // reopened by the next fetch
+    RETURN_IF_ERROR(s);
+    ++in_place;
+    it = jobs.erase(it);
+  }
   // Channels (opened on this thread: they are the fetcher's state).
   for (auto& [rank, job] : jobs) {
     absl::StatusOr<Channel*> c = ChannelTo(rank, job.address, deadline);
@@ -460,7 +548,7 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     if (first_error.ok()) first_error = job.status;
   }
   if (!first_error.ok()) return first_error;
-  result.daemons = static_cast<int>(jobs.size());
+  result.daemons = static_cast<int>(jobs.size()) + in_place;
 
   // Assembly of split tensors (FORMATS.md layouts, //sharding:assemble).
   bool copied = false;

@@ -71,6 +71,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/gpu_fetch/fetch.h"
+#include "client/gpu_fetch/ipc_import.h"
 #include "kernels/format.h"
 
 namespace paramd {
@@ -96,6 +97,12 @@ struct DeviceFetcherOptions {
   // never handed out). false: the plan first, the receive after, so a
   // version not yet published is waited for before any byte moves.
   bool stream_in_flight = true;
+  // A daemon on this trainer's own GPU (same CUDA UUID) is read through a
+  // same-GPU session instead of NCCL (gpu_fetch::IpcFetcher, ipc_import.h:
+  // its published buffers mapped in place, copied into the destinations by
+  // device copies; split tensors assembled as usual). Found out once per
+  // daemon, at its first fetch; false: NCCL for every daemon.
+  bool same_gpu_ipc = true;
 };
 
 // One (tensor, direction) to fetch.
@@ -170,6 +177,8 @@ class DeviceFetcher {
 
   // Channels currently open (for tests and stats).
   int open_channels() const;
+  // Daemons read through a same-GPU session (DeviceFetcherOptions::same_gpu_ipc).
+  int same_gpu_daemons() const;
   // The CUDA device the fetcher receives on.
   int device() const { return options_.device; }
 
@@ -187,11 +196,15 @@ class DeviceFetcher {
   absl::Status CheckSharedGpu(int daemon, const std::string& address,
                               const Channel& channel) const;
   absl::StatusOr<DeviceDirection> Owned(const std::string& key, const Layout& layout);
+  // The same-GPU session with daemon `daemon` when it runs on this GPU, else
+  // null (decided at the first call; a session that died is reopened).
+  IpcFetcher* LocalDaemon(int daemon);
 
   client::Client* const client_;
   const DeviceFetcherOptions options_;
   mutable std::mutex mu_;  // serialises Fetch; guards everything below
   std::map<int, std::unique_ptr<Channel>> channels_;  // by daemon rank
+  std::map<int, std::unique_ptr<IpcFetcher>> local_;  // by daemon rank; null: not on this GPU
   DevicePool pool_;
   std::map<std::string, DeviceDirection> owned_;  // by key (tensor, direction, piece)
   cudaStream_t copy_stream_ = nullptr;

@@ -18,6 +18,7 @@
 #include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/fetch_server.h"
 #include "server/gpu_backend/finite_check.h"
+#include "server/gpu_backend/push_apply.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
@@ -45,17 +46,16 @@ class NcclStagedPush : public StagedDevicePush {
   cudaStream_t free_stream = nullptr;
   std::vector<DevicePushPiece> pieces;
   std::vector<size_t> offsets;  // of each piece in `base`
-};
 
-// The BF16 accumulate kernel needs 16-byte aligned accumulator and source
-// (a piece whose row offset is not a multiple of 8 elements is not): such a
-// piece is first widened into FP32 scratch by copies alone (zeroed words,
-// each BF16 copied into the high half of its little-endian FP32 word: the
-// exact widening) and then added by the FP32 kernel, the same FP32 add.
-bool NeedsWidening(const float* acc, const void* grad, bool bf16) {
-  return bf16 && (reinterpret_cast<uintptr_t>(acc) % 16 != 0 ||
-                  reinterpret_cast<uintptr_t>(grad) % 16 != 0);
-}
+  std::vector<DevicePushSource> Sources() const {
+    std::vector<DevicePushSource> out;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      out.push_back({pieces[i].shard, pieces[i].offset, pieces[i].count, pieces[i].bf16,
+                     static_cast<const char*>(base) + offsets[i]});
+    }
+    return out;
+  }
+};
 
 class NcclDeviceChannel : public DeviceChannel {
  public:
@@ -128,19 +128,7 @@ class NcclDeviceChannel : public DeviceChannel {
       GPU_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint32_t)));
       flag_ = static_cast<uint32_t*>(p);
     }
-    GPU_RETURN_IF_ERROR(cudaMemsetAsync(flag_, 0, sizeof(uint32_t), stream_));
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      GPU_RETURN_IF_ERROR(LaunchNonFiniteCheck(targets[i].data, pieces[i].bf16, pieces[i].count,
-                                               flag_, stream_));
-    }
-    uint32_t bad = 0;
-    GPU_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&bad, flag_, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream_));
-    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    if (bad != 0) {
-      return absl::InvalidArgumentError(
-          "device push holds a non-finite gradient value (NaN/Inf are refused); nothing applied");
-    }
+    RETURN_IF_ERROR(CheckPushFinite(staged->Sources(), flag_, stream_));
     return std::unique_ptr<StagedDevicePush>(std::move(staged));
   }
 
@@ -153,64 +141,9 @@ class NcclDeviceChannel : public DeviceChannel {
     }
     auto& staged = static_cast<NcclStagedPush&>(staged_base);
     if (staged.base == nullptr) return absl::OkStatus();
-    ScopedDevice guard(store->device());
-    // Every piece is checked before the first add: a refusal changes nothing.
-    for (const DevicePushPiece& p : staged.pieces) {
-      const GpuShardDef* shard = p.shard >= 0 && p.shard < static_cast<int>(store->shards().size())
-                                     ? &store->shards()[p.shard]
-                                     : nullptr;
-      if (shard == nullptr || p.offset < 0 || p.offset + p.count > shard->rows * shard->cols) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("device push piece [", p.offset, ", +", p.count, ") outside shard ",
-                         p.shard));
-      }
-    }
-    const cudaStream_t stream = store->stream();
     // From here on the staging is read on the store's stream.
-    staged.free_stream = stream;
-    // Phase 1 (touches no accumulator): widen the pieces that need it.
-    std::vector<const void*> sources(staged.pieces.size());
-    std::vector<bool> widened(staged.pieces.size(), false);
-    size_t wide_bytes = 0;
-    for (size_t i = 0; i < staged.pieces.size(); ++i) {
-      const DevicePushPiece& p = staged.pieces[i];
-      sources[i] = static_cast<const char*>(staged.base) + staged.offsets[i];
-      widened[i] = NeedsWidening(store->grad(p.shard) + p.offset, sources[i], p.bf16);
-      if (widened[i]) wide_bytes += (p.count * sizeof(float) + kStagingAlign - 1) / kStagingAlign *
-                                    kStagingAlign;
-    }
-    void* wide = nullptr;
-    if (wide_bytes > 0) {
-      GPU_RETURN_IF_ERROR(cudaMallocAsync(&wide, wide_bytes, stream));
-      size_t at = 0;
-      for (size_t i = 0; i < staged.pieces.size(); ++i) {
-        if (!widened[i]) continue;
-        const int64_t n = staged.pieces[i].count;
-        char* dst = static_cast<char*>(wide) + at;
-        cudaError_t e = cudaMemsetAsync(dst, 0, n * sizeof(float), stream);
-        if (e == cudaSuccess) {
-          e = cudaMemcpy2DAsync(dst + 2, sizeof(float), sources[i], 2, 2, n,
-                                cudaMemcpyDeviceToDevice, stream);
-        }
-        if (e != cudaSuccess) {
-          cudaFreeAsync(wide, stream);
-          GPU_RETURN_IF_ERROR(e);
-        }
-        sources[i] = dst;
-        at += (n * sizeof(float) + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
-      }
-    }
-    // Phase 2: the adds, piece by piece in order. Only a launch failure (a
-    // broken device) can stop it part-way.
-    cudaError_t e = cudaSuccess;
-    for (size_t i = 0; i < staged.pieces.size() && e == cudaSuccess; ++i) {
-      const DevicePushPiece& p = staged.pieces[i];
-      e = LaunchAccumulate(store->grad(p.shard) + p.offset, sources[i], p.bf16 && !widened[i],
-                           p.count, stream);
-    }
-    if (wide != nullptr) cudaFreeAsync(wide, stream);
-    GPU_RETURN_IF_ERROR(e);
-    return absl::OkStatus();
+    staged.free_stream = store->stream();
+    return EnqueuePushAdds(*store, staged.Sources());
   }
 
   absl::Status Send(ShardBackend& backend, int64_t version,

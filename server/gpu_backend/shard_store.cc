@@ -118,6 +118,18 @@ absl::StatusOr<void*> GpuShardStore::Alloc(size_t bytes) {
   return p;
 }
 
+absl::StatusOr<void*> GpuShardStore::AllocPublished(size_t bytes) {
+  if (!options_.exportable_published || !ipc::VmmBuffer::Supported(options_.device)) {
+    return Alloc(bytes);
+  }
+  ASSIGN_OR_RETURN(ipc::VmmBuffer b, ipc::VmmBuffer::Allocate(bytes, options_.device));
+  void* p = b.data();
+  device_bytes_ += static_cast<int64_t>(b.size());
+  exported_.push_back(std::make_unique<ipc::VmmBuffer>(std::move(b)));
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, stream_));
+  return p;
+}
+
 absl::Status GpuShardStore::Allocate() {
   ScopedDevice guard(options_.device);
   GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -187,13 +199,13 @@ absl::Status GpuShardStore::Allocate() {
   for (Slot& slot : slots_) {
     slot.buffers.resize(n_shards);
     ASSIGN_OR_RETURN(void* scalars,
-                     Alloc(std::max<size_t>(n_shards, 1) * 2 * kScalarsPerDirection * 4));
+                     AllocPublished(std::max<size_t>(n_shards, 1) * 2 * kScalarsPerDirection * 4));
     slot.scalars = static_cast<float*>(scalars);
     size_t bytes = 0;
     for (int pass = 0; pass < 2; ++pass) {
       uint8_t* p = nullptr;
       if (pass == 1) {
-        ASSIGN_OR_RETURN(void* mem, Alloc(bytes));
+        ASSIGN_OR_RETURN(void* mem, AllocPublished(bytes));
         p = static_cast<uint8_t*>(mem);
       }
       size_t offset = 0;

@@ -59,6 +59,7 @@
 #include "absl/time/time.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/format.h"
+#include "server/ipc/cuda_vmm.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -98,6 +99,11 @@ struct GpuStoreOptions {
   // directions from one read; 30 instead of 34 B/param moved for FP8 row +
   // col). Byte-identical to the two-kernel path; false forces that path.
   bool one_pass_step = true;
+  // Allocate the published buffers of both slots and their scalars as
+  // exportable device memory (CUDA VMM with POSIX-fd handles; server/ipc/
+  // cuda_vmm.h), so same-GPU trainers can map them (exported_regions());
+  // falls back to cudaMalloc where the device has no such handles.
+  bool exportable_published = true;
 };
 
 // Makes `device` current for its lifetime (then restores the previous one).
@@ -238,6 +244,13 @@ class GpuShardStore {
   // Recorded at the end of the step in flight (or the last one).
   cudaEvent_t StepDone() const { return events_[4]; }
 
+  // The exportable allocations holding the published buffers (both slots'
+  // data and scales, and their scalars), fixed after Create; empty when not
+  // exportable. Every pointer Published() returns lies inside one of them.
+  const std::vector<std::unique_ptr<ipc::VmmBuffer>>& exported_regions() const {
+    return exported_;
+  }
+
   const GpuStepTimings& last_timings() const { return timings_; }
   // Every device byte this store allocated (masters, moments, accumulators,
   // staging, published buffers and scaling state), and per parameter.
@@ -275,6 +288,8 @@ class GpuShardStore {
   // Index in amax_ of shard `i`'s direction `dir` amax.
   int AmaxSlot(int i, int dir) const;
   absl::StatusOr<void*> Alloc(size_t bytes);
+  // Alloc for published buffers: exportable when possible.
+  absl::StatusOr<void*> AllocPublished(size_t bytes);
 
   std::vector<GpuShardDef> shards_;
   GpuStoreOptions options_;
@@ -294,6 +309,7 @@ class GpuShardStore {
   absl::Time step_start_;
   cudaEvent_t events_[5] = {};
   std::vector<void*> allocations_;
+  std::vector<std::unique_ptr<ipc::VmmBuffer>> exported_;
   int64_t device_bytes_ = 0;
   int64_t parameters_ = 0;
   int64_t optimizer_steps_ = 0;
