@@ -242,7 +242,9 @@ TEST_F(IpcSessionTest, PinDescribesBuffersAndHoldsBackTheStepThatWouldRewriteThe
   EXPECT_FALSE(early.ok()) << "the step rewrote a pinned version";
   // v0 is still published (held) and readable meanwhile.
   EXPECT_EQ(FetchRowwise(0), initial_);
-  ASSERT_TRUE(s->Unpin(0).ok());
+  // Pinning v1 and releasing v0 in one call lets the step go on.
+  absl::StatusOr<rpc::PinIpcResponse> pin1 = s->Pin(1, {}, /*unpin_version=*/0);
+  ASSERT_TRUE(pin1.ok()) << pin1.status();
   ASSERT_TRUE(client_->WaitForVersion(2, absl::Seconds(10)).ok());
   // v0 is gone now: a pin of it is NOT_FOUND.
   EXPECT_EQ(s->Pin(0, {}).status().code(), absl::StatusCode::kNotFound);

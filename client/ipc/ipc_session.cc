@@ -141,7 +141,7 @@ absl::StatusOr<rpc::PinIpcResponse> IpcSession::Pin(
   rpc::PinIpcRequest request;
   request.set_session(id());
   request.set_version(version);
-  request.set_unpin_version(unpin_version);
+  if (unpin_version >= 0) request.set_unpin_version(unpin_version);
   for (const rpc::TensorDirections& t : tensors) *request.add_tensors() = t;
   rpc::PinIpcResponse response;
   grpc::ClientContext context;

@@ -65,11 +65,11 @@ class IpcSession {
   // (sticky) with the reason.
   absl::Status Healthy() const;
 
-  // PinIpc (see proto/ipc.proto). `unpin_version` > 0 is released in the
+  // PinIpc (see proto/ipc.proto). `unpin_version` >= 0 is released in the
   // same call.
   absl::StatusOr<rpc::PinIpcResponse> Pin(int64_t version,
                                           const std::vector<rpc::TensorDirections>& tensors,
-                                          int64_t unpin_version = 0);
+                                          int64_t unpin_version = -1);
   absl::Status Unpin(int64_t version);
   // The daemon's exported regions: new descriptors (owned by the caller),
   // sizes and epoch.

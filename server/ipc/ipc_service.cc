@@ -209,6 +209,8 @@ absl::Status IpcService::Pin(const rpc::PinIpcRequest& request, rpc::PinIpcRespo
       }
       return false;
     }();
+    // Pins of an earlier model (a load came between) hold nothing back.
+    RETURN_IF_ERROR(pins_.DropOtherGenerations(request.session(), generation));
     RETURN_IF_ERROR(pins_.Pin(request.session(), key));
     auto fail = [&](absl::Status s) {
       if (!was_pinned) pins_.Unpin(request.session(), key).IgnoreError();
@@ -279,8 +281,8 @@ absl::Status IpcService::Pin(const rpc::PinIpcRequest& request, rpc::PinIpcRespo
     }
     return absl::OkStatus();
   }));
-  if (request.unpin_version() > 0 && request.unpin_version() != response->version()) {
-    RETURN_IF_ERROR(pins_.Unpin(request.session(), {generation, request.unpin_version()}));
+  if (request.has_unpin_version() && request.unpin_version() != response->version()) {
+    RETURN_IF_ERROR(pins_.UnpinVersion(request.session(), request.unpin_version()));
   }
   return absl::OkStatus();
 }
@@ -386,14 +388,7 @@ grpc::ServerUnaryReactor* IpcService::UnpinIpc(grpc::CallbackServerContext* cont
                                                const rpc::UnpinIpcRequest* request,
                                                rpc::UnpinIpcResponse* response) {
   return Answer(context, options_.authenticator.get(), "/paramd.rpc.DaemonIpc/UnpinIpc",
-                [&]() -> absl::Status {
-                  int64_t generation = -1;
-                  RETURN_IF_ERROR(host_->WithSnapshot([&](const IpcSnapshot& snap) {
-                    generation = snap.view != nullptr ? snap.view->generation : -1;
-                    return absl::OkStatus();
-                  }));
-                  return pins_.Unpin(request->session(), {generation, request->version()});
-                });
+                [&] { return pins_.UnpinVersion(request->session(), request->version()); });
 }
 
 grpc::ServerUnaryReactor* IpcService::PushGradientsIpc(

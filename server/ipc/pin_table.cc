@@ -162,6 +162,52 @@ absl::Status PinTable::Unpin(uint64_t session, PinKey key) {
   return s;
 }
 
+absl::Status PinTable::UnpinVersion(uint64_t session, int64_t version) {
+  std::vector<uint64_t> ended;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
+    s = live.status();
+    if (live.ok()) {
+      std::set<PinKey>& pins = (*live)->pins;
+      for (auto it = pins.begin(); it != pins.end();) {
+        if (it->second == version) {
+          it = pins.erase(it);
+          ++changes_;
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  NotifyEnded(ended);
+  return s;
+}
+
+absl::Status PinTable::DropOtherGenerations(uint64_t session, int64_t generation) {
+  std::vector<uint64_t> ended;
+  absl::Status s;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
+    s = live.status();
+    if (live.ok()) {
+      std::set<PinKey>& pins = (*live)->pins;
+      for (auto it = pins.begin(); it != pins.end();) {
+        if (it->first != generation) {
+          it = pins.erase(it);
+          ++changes_;
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  NotifyEnded(ended);
+  return s;
+}
+
 absl::StatusOr<std::vector<PinKey>> PinTable::Pins(uint64_t session) {
   std::vector<uint64_t> ended;
   absl::StatusOr<std::vector<PinKey>> out;

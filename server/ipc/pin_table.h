@@ -67,6 +67,12 @@ class PinTable {
   // Releases a pin (renewing the session). NOT_FOUND: session unknown;
   // a version the session does not pin is OK (nothing to do).
   absl::Status Unpin(uint64_t session, PinKey key);
+  // Releases the session's pins of `version` in every model generation
+  // (what a client means by "done with v"). NOT_FOUND as Unpin.
+  absl::Status UnpinVersion(uint64_t session, int64_t version);
+  // Releases the session's pins of generations other than `generation`
+  // (versions of a model that a load replaced). NOT_FOUND as Renew.
+  absl::Status DropOtherGenerations(uint64_t session, int64_t generation);
   // The session's pinned keys (renews). NOT_FOUND as Renew.
   absl::StatusOr<std::vector<PinKey>> Pins(uint64_t session);
 

@@ -151,6 +151,13 @@ TEST(PinTable, LimitsAndCloseAndGenerations) {
   absl::StatusOr<std::vector<PinKey>> pins = table.Pins(*a);
   ASSERT_TRUE(pins.ok());
   EXPECT_EQ(pins->size(), 2u);
+  // Done with version 6 of any generation; pins of another model dropped.
+  ASSERT_TRUE(table.UnpinVersion(*a, 6).ok());
+  EXPECT_EQ(table.PinCount(kV6), 0);
+  ASSERT_TRUE(table.Pin(*a, PinKey{0, 9}).ok());
+  ASSERT_TRUE(table.DropOtherGenerations(*a, 1).ok());
+  EXPECT_EQ(table.PinCount(PinKey{0, 9}), 0);
+  EXPECT_EQ(table.PinCount(kV5), 1);
   ASSERT_TRUE(table.Close(*a).ok());
   EXPECT_EQ(table.PinCount(kV5), 0);
   EXPECT_EQ(table.Close(*a).code(), absl::StatusCode::kNotFound);

@@ -186,7 +186,8 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
       p.bf16 ? client::Gradient::DType::kBf16 : client::Gradient::DType::kFp32;
   std::vector<std::map<std::string, QuantizedTensor>> host(kSteps), device(kSteps);
   for (int run = 0; run < 2; ++run) {
-    absl::StatusOr<int64_t> v0 = trainer->Load(path, kRecipe, absl::Seconds(60));
+    absl::StatusOr<int64_t> v0 =
+        trainer->Load(path, kRecipe, absl::Seconds(60), /*replace_model=*/run > 0);
     ASSERT_TRUE(v0.ok()) << v0.status();
     ASSERT_EQ(*v0, 0);
     ASSERT_TRUE(trainer->RefreshManifest().ok());
