@@ -99,10 +99,12 @@ struct CoordinatorOptions {
   // UNAVAILABLE naming it until a replacement takes its rank. The daemons
   // heartbeat every DaemonOptions::heartbeat_interval (default 250 ms).
   absl::Duration daemon_lease = absl::Milliseconds(1500);
-  // The checkpoint store (--checkpoint_dir) a recovery restores from: its
-  // newest complete checkpoint, once a replacement has taken the rank of a
-  // DOWN daemon. Empty: recovery fails (FAILED_PRECONDITION) and steps stay
-  // refused.
+  // The checkpoint store (--checkpoint_dir) a recovery may restore from
+  // once a replacement has taken the rank of a DOWN daemon: its newest
+  // complete checkpoint, when that is newer than the newest in-memory
+  // snapshot every rank still has (server/recovery.h). Empty: snapshots
+  // only (without them a recovery fails with FAILED_PRECONDITION and steps
+  // stay refused).
   std::string checkpoint_root;
   // --state_file: where the coordinator keeps what a restart needs to take
   // its cluster back (server/coordinator_state.h; mode 0600, it holds the

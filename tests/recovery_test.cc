@@ -490,6 +490,10 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   ASSERT_EQ(before.daemons(0).buddy_snapshot_version(), 4) << c->cluster->Logs();
   EXPECT_GT(before.daemons(1).snapshot_bytes(), 0);
   EXPECT_LT(before.daemons(1).snapshot_block_seconds(), 1.0);
+  std::printf("snapshot: blocked the worker %.6f s, copy %.6f s, %lld bytes\n",
+              before.daemons(1).snapshot_block_seconds(),
+              before.daemons(1).snapshot_copy_seconds(),
+              static_cast<long long>(before.daemons(1).snapshot_bytes()));
 
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(c->Replace(1).ok());
@@ -579,6 +583,10 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
     const rpc::RecoveryStatus r = c->AwaitRecovery(1);
     ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
     const int64_t back = r.rewound_to_version();
+    std::printf("trial %d: rank %d killed after %d ms at version %lld: rewound to %lld from %s, "
+                "%.3f s after the lease expired\n",
+                trial, rank, delay_ms, static_cast<long long>(committed_at_kill),
+                static_cast<long long>(back), r.source().c_str(), r.seconds());
     // About one snapshot period (2) lost, plus the step in flight and a
     // copy that the kill cut short.
     EXPECT_GE(back, std::max<int64_t>(2, committed_at_kill - 4));
