@@ -570,10 +570,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     if (view.generation != view_->generation) {
       return absl::FailedPreconditionError("the model was reloaded during the push");
     }
-    // The push that completes the version: the backend takes the gradient
-    // norm's row sums while it adds it.
-    const bool last = expected_pushers_ > 0 &&
-                      static_cast<int>(pushers_.size()) + 1 >= expected_pushers_;
+    const bool last = LastPushLocked();
     for (StagedPiece& p : pieces) {
       // gpu backend: summed on the device (ShardBackend::AccumulateGradient).
       const ShardDef& shard = shards_->shards()[p.shard];
@@ -583,6 +580,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     }
     CountPushLocked(version, pusher, bytes, response);
     return absl::OkStatus();
+  }
+
+  // Whether the push being committed completes the version: the backend
+  // takes the gradient norm's row sums while it adds it.
+  bool LastPushLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return expected_pushers_ > 0 && static_cast<int>(pushers_.size()) + 1 >= expected_pushers_;
   }
 
   // After a push's values were added: counts the pusher (once per version)
@@ -1395,6 +1398,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     int64_t bytes = 0;
     uint64_t tag = 0;
     absl::Time deadline;
+    bool accept_non_finite = false;  // non_finite: SKIP_STEP
   };
   // Checks a PushGradientsDevice against the push rules and the model
   // (nothing changes on refusal); fills `push` and the channel to receive
@@ -2237,6 +2241,9 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
   push->pusher = request.pusher_id();
   push->generation = view.generation;
   push->tag = request.tag();
+  // As the host stream: SKIP_STEP takes NaN/Inf (the step then skips).
+  push->accept_non_finite =
+      view.optimizer.has_value() && view.optimizer->non_finite == NonFinitePolicy::kSkipStep;
   struct Rows {
     int tensor;
     int64_t begin, end;
@@ -2308,7 +2315,7 @@ absl::Status Daemon::Impl::CommitDevicePush(ChannelState* c, const DevicePush& p
   if (s.ok() && (view_ == nullptr || view_->generation != push.generation)) {
     s = absl::FailedPreconditionError("the model was reloaded during the push");
   }
-  if (s.ok() && staged != nullptr) s = c->channel->ApplyPush(*shards_, *staged);
+  if (s.ok() && staged != nullptr) s = c->channel->ApplyPush(*shards_, *staged, LastPushLocked());
   // Freed (stream-ordered after the adds) while the backend is alive.
   staged.reset();
   if (!s.ok()) return s;
@@ -2324,7 +2331,7 @@ void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
     s = absl::UnavailableError("device channel closed before the push arrived; nothing applied");
   } else {
     absl::StatusOr<std::unique_ptr<StagedDevicePush>> staged =
-        c->channel->ReceivePush(push.pieces, push.tag, push.deadline);
+        c->channel->ReceivePush(push.pieces, push.tag, push.deadline, push.accept_non_finite);
     if (staged.ok()) {
       s = CommitDevicePush(c, push, *std::move(staged), response);
     } else {

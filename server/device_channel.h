@@ -91,17 +91,23 @@ class DeviceChannel {
   // the deadline passes (DEADLINE_EXCEEDED), the trainer is gone
   // (UNAVAILABLE) or Shutdown() (CANCELLED); on error nothing is staged.
   // INVALID_ARGUMENT when a value is NaN or infinite (the whole message was
-  // received: the channel stays usable).
+  // received: the channel stays usable), unless `accept_non_finite` (the
+  // optimizer's non_finite: SKIP_STEP, where the step then skips).
   virtual absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(
-      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline) = 0;
+      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline,
+      bool accept_non_finite) = 0;
 
   // Step 2: enqueues the adds of `staged` (from ReceivePush of this channel)
   // into `backend`'s accumulators on its stream, piece by piece in order:
   // the same kernel and element order as the gpu backend's AccumulateHost
   // (FP32 add; BF16 widened exactly first). Call with the daemon's push
   // lock held and no step running (as ShardBackend::AccumulateGradient).
-  // FAILED_PRECONDITION if `backend` is not the gpu backend.
-  virtual absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged) = 0;
+  // `last_pusher`: the push completing the version (the gradient norm's
+  // row sums of whole-row pieces are taken in the add, as
+  // ShardBackend::AccumulateGradient). FAILED_PRECONDITION if `backend` is
+  // not the gpu backend.
+  virtual absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged,
+                                 bool last_pusher) = 0;
 
   // Leaves the world: a Send in progress returns, the trainer's receives
   // fail with UNAVAILABLE. Idempotent, thread-safe.

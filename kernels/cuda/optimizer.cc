@@ -47,12 +47,13 @@ absl::Status CheckTensor(const OptimizerTensor& t, size_t i, bool adam) {
 }
 
 absl::Status Launch(absl::Span<const OptimizerTensor> tensors, bool adam,
-                    const detail::AdamHyper& ah, const detail::SgdHyper& sh, bool with_amax,
-                    cudaStream_t stream) {
+                    const detail::AdamHyper& ah, const detail::SgdHyper& sh,
+                    const float* grad_scale, bool with_amax, cudaStream_t stream) {
   for (size_t i = 0; i < tensors.size(); ++i) RETURN_IF_ERROR(CheckTensor(tensors[i], i, adam));
   auto batch = std::make_unique<detail::OptBatch>();
   batch->adam = ah;
   batch->sgd = sh;
+  batch->grad_scale = grad_scale;
   size_t i = 0;
   while (i < tensors.size()) {
     batch->num = 0;
@@ -83,7 +84,8 @@ absl::Status Launch(absl::Span<const OptimizerTensor> tensors, bool adam,
 absl::Status AdamWStep(absl::Span<const OptimizerTensor> tensors, const AdamWHyper& hyper,
                        cudaStream_t stream, bool with_amax) {
   if (hyper.step < 1) return absl::InvalidArgumentError("AdamW step must be >= 1");
-  return Launch(tensors, true, FoldAdam(hyper), detail::SgdHyper{}, with_amax, stream);
+  return Launch(tensors, true, FoldAdam(hyper), detail::SgdHyper{}, hyper.grad_scale, with_amax,
+                stream);
 }
 
 absl::Status SgdStep(absl::Span<const OptimizerTensor> tensors, const SgdHyper& hyper,
@@ -95,7 +97,7 @@ absl::Status SgdStep(absl::Span<const OptimizerTensor> tensors, const SgdHyper& 
   s.weight_decay = static_cast<float>(hyper.weight_decay);
   s.nesterov = hyper.nesterov;
   s.first_step = hyper.first_step;
-  return Launch(tensors, false, detail::AdamHyper{}, s, with_amax, stream);
+  return Launch(tensors, false, detail::AdamHyper{}, s, hyper.grad_scale, with_amax, stream);
 }
 
 absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
@@ -136,7 +138,7 @@ absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
     descs.push_back(*d);
   }
   const detail::AdamHyper ah = FoldAdam(hyper);
-  return internal::LaunchTensorDescs(descs, &ah, options.variant, stream);
+  return internal::LaunchTensorDescs(descs, &ah, options.variant, stream, hyper.grad_scale);
 }
 
 }  // namespace gpu

@@ -62,13 +62,27 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
   const bool rb = t.round_bf16;
   float amax = 0.0f;
   int64_t tail = begin;
+  // The clip factor (uniform per block); NaN: a skipped step, where only
+  // the amax of the unchanged params is taken.
+  const bool scaled = batch.grad_scale != nullptr;
+  const float c = scaled ? *batch.grad_scale : 1.0f;
+  if (c != c) {
+    if constexpr (kAmax) {
+      for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+        amax = AbsMax(amax, ToSource(t.param[i], rb));
+      }
+      if (t.amax != nullptr) BlockMaxToGlobal(amax, warp_max, t.amax);
+    }
+    return;
+  }
+  auto G = [&](float g) { return scaled ? __fmul_rn(g, c) : g; };
   if (t.vec && (kKind == 0 || has_m)) {
     const int64_t n4 = (end - begin) / 4;
     tail = begin + 4 * n4;
     float4* P = reinterpret_cast<float4*>(t.param + begin);
     float4* Mm = reinterpret_cast<float4*>(t.m + begin);
     float4* V = kKind == 0 ? reinterpret_cast<float4*>(t.v + begin) : nullptr;
-    const float4* G = reinterpret_cast<const float4*>(t.grad + begin);
+    const float4* Gv = reinterpret_cast<const float4*>(t.grad + begin);
     constexpr int kUnroll = 2;
     for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kThreads * kUnroll) {
       float4 p[kUnroll], m[kUnroll], v[kUnroll], g[kUnroll];
@@ -79,17 +93,17 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
           p[u] = P[i];
           m[u] = Mm[i];
           v[u] = kKind == 0 ? V[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-          g[u] = __ldg(G + i);
+          g[u] = __ldg(Gv + i);
         }
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = i0 + u * kThreads;
         if (i < n4) {
-          Update<kKind>(p[u].x, m[u].x, v[u].x, g[u].x, true, batch);
-          Update<kKind>(p[u].y, m[u].y, v[u].y, g[u].y, true, batch);
-          Update<kKind>(p[u].z, m[u].z, v[u].z, g[u].z, true, batch);
-          Update<kKind>(p[u].w, m[u].w, v[u].w, g[u].w, true, batch);
+          Update<kKind>(p[u].x, m[u].x, v[u].x, G(g[u].x), true, batch);
+          Update<kKind>(p[u].y, m[u].y, v[u].y, G(g[u].y), true, batch);
+          Update<kKind>(p[u].z, m[u].z, v[u].z, G(g[u].z), true, batch);
+          Update<kKind>(p[u].w, m[u].w, v[u].w, G(g[u].w), true, batch);
           P[i] = p[u];
           Mm[i] = m[u];
           if (kKind == 0) V[i] = v[u];
@@ -107,7 +121,7 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
     float p = t.param[i];
     float m = has_m ? t.m[i] : 0.0f;
     float v = kKind == 0 ? t.v[i] : 0.0f;
-    Update<kKind>(p, m, v, t.grad[i], has_m, batch);
+    Update<kKind>(p, m, v, G(t.grad[i]), has_m, batch);
     t.param[i] = p;
     if (has_m) t.m[i] = m;
     if (kKind == 0) t.v[i] = v;

@@ -45,6 +45,12 @@ struct AdamWHyper {
   double eps = 1e-8;
   double weight_decay = 0.01;
   int64_t step = 1;  // 1-based step number t (bias corrections 1 - beta^t)
+  // Device scalar c (null: none): gradients are multiplied by c (float)
+  // before the update, as server/optimizer.cc ApplyOptimizerStep does with
+  // StepHyper::grad_scale; c NaN skips the update (params and moments
+  // unchanged, amax still taken). The global-norm clip factor, written by
+  // a kernel earlier on `stream` (server/gpu_backend/grad_norm.cu).
+  const float* grad_scale = nullptr;
 };
 
 struct SgdHyper {
@@ -54,6 +60,7 @@ struct SgdHyper {
   double weight_decay = 0.0;
   bool nesterov = false;
   bool first_step = false;  // momentum buffer is initialised with d on the first step
+  const float* grad_scale = nullptr;  // as AdamWHyper::grad_scale
 };
 
 // `with_amax` = false skips the amax (benchmark baseline).
@@ -62,8 +69,9 @@ absl::Status AdamWStep(absl::Span<const OptimizerTensor> tensors, const AdamWHyp
 absl::Status SgdStep(absl::Span<const OptimizerTensor> tensors, const SgdHyper& hyper,
                      cudaStream_t stream, bool with_amax = true);
 
-// AdamW fused with quantization. quant.source / input_type are ignored (the
-// updated FP32 param is the input, rows * cols == opt.count); amax recording
+// AdamW fused with quantization (hyper.grad_scale as in AdamWStep: a NaN
+// factor quantizes the unchanged masters). quant.source / input_type are
+// ignored (the updated FP32 param is the input, rows * cols == opt.count); amax recording
 // goes through quant.rowwise.amax / columnwise.amax (e.g. delayed-scaling
 // history[0]); opt.amax is ignored. Formats whose scaling depends on this
 // step's amax (kFp8Current, kNvfp4) are refused.

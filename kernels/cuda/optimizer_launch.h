@@ -67,6 +67,12 @@ struct OptBatch {
   int64_t total_chunks = 0;
   AdamHyper adam;
   SgdHyper sgd;
+  // Device scalar c (null: none): every gradient element is multiplied by c
+  // (one float multiply, __fmul_rn) before the update: the global-norm clip
+  // factor. c NaN: no update at all (params and moments unchanged, the amax
+  // still taken): a step skipped for a non-finite gradient norm. Read once
+  // per block, so it may be written by a kernel earlier on the stream.
+  const float* grad_scale = nullptr;
   OptItem t[kMaxOptItems];
 };
 

@@ -150,8 +150,9 @@ absl::StatusOr<detail::TensorDesc> MakeTensorDesc(const QuantizeTensorArgs& a, M
 
 absl::Status LaunchTensorDescs(absl::Span<const detail::TensorDesc> descs,
                                const detail::AdamHyper* adam, int variant,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const float* grad_scale) {
   auto batch = std::make_unique<QuantizeBatch>();
+  batch->grad_scale = grad_scale;
   size_t i = 0;
   while (i < descs.size()) {
     batch->num = 0;

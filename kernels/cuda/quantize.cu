@@ -1096,11 +1096,15 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
 
   bool fused_adam = kAdam;
   if constexpr (kPat == kPatAll) fused_adam = t.opt.param != nullptr;
-  if constexpr (kAdam) {
+  // The clip factor; NaN: a skipped step, the tile is the master as it is
+  // (t.src is the master in the one-pass step).
+  const float gscale = fused_adam && batch.grad_scale != nullptr ? *batch.grad_scale : 1.0f;
+  if (gscale != gscale) fused_adam = false;
+  if (kAdam && fused_adam) {
     LoadTileAdam<NT, kAdamBatch, kVar & kVarPrefetchMask, (kVar & kVarStream) != 0>(
-        t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
+        t.opt, t.src_vec, M, K, batch.adam, gscale, s, i0, j0);
   } else if (fused_adam) {
-    LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, s, i0, j0);
+    LoadTileAdam<NT>(t.opt, t.src_vec, M, K, batch.adam, gscale, s, i0, j0);
   } else if (t.src_vec && !t.src_bf16) {
     LoadTileFp32Vec<NT>(static_cast<const float*>(t.src), M, K, s, i0, j0);
   } else if (t.src_vec) {

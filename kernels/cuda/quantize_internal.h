@@ -25,8 +25,10 @@ absl::Status CheckShape(const void* source, int64_t rows, int64_t cols);
 // Validated descriptor of one tensor (tile_begin is filled at launch).
 absl::StatusOr<detail::TensorDesc> MakeTensorDesc(const QuantizeTensorArgs& a, Mode mode);
 // Cuts `descs` into launches of at most kMaxTensorsPerLaunch tensors.
+// `grad_scale`: QuantizeBatch::grad_scale of the fused AdamW load.
 absl::Status LaunchTensorDescs(absl::Span<const detail::TensorDesc> descs,
-                               const detail::AdamHyper* adam, int variant, cudaStream_t stream);
+                               const detail::AdamHyper* adam, int variant, cudaStream_t stream,
+                               const float* grad_scale = nullptr);
 
 }  // namespace internal
 }  // namespace gpu

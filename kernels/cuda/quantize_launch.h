@@ -84,6 +84,10 @@ struct QuantizeBatch {
   int num = 0;
   int64_t total_tiles = 0;
   AdamHyper adam;
+  // The fused AdamW load's gradient multiplier, a device scalar c (null:
+  // 1), as OptBatch::grad_scale: g * c enters the update; c NaN skips the
+  // update (the tile is the unchanged master, quantized and amax-recorded).
+  const float* grad_scale = nullptr;
   TensorDesc t[kMaxTensorsPerLaunch];
 };
 

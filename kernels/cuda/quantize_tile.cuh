@@ -133,7 +133,8 @@ __device__ __forceinline__ void PrefetchL2Row512(const void* gmem) {
 }
 
 // Fused AdamW: the tile's master values are updated in registers, p/m/v are
-// written back, and the new p is what the quantizer sees.
+// written back, and the new p is what the quantizer sees. Gradients enter
+// the update multiplied by `gscale` (the clip factor; exact at 1).
 // kBatch: rows of p, m, v, g in flight per thread and step. Full tiles take
 // one pointer per array advanced by kBatch * 8 rows (no per-access 64-bit
 // offsets or bounds).
@@ -145,8 +146,8 @@ __device__ __forceinline__ void PrefetchL2Row512(const void* gmem) {
 // stores (ld/st.global.cs; every byte is touched once).
 template <int NT, int kBatch = 2, int kPrefetch = 0, bool kStream = false>
 __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t M, int64_t K,
-                                             const AdamHyper& h, TileSmem& s, int64_t i0,
-                                             int64_t j0) {
+                                             const AdamHyper& h, float gscale, TileSmem& s,
+                                             int64_t i0, int64_t j0) {
   if (vec && M - i0 >= kTile && K - j0 >= kTile) {
     static_assert(NT == 256, "rows w + 8k");
     constexpr int kStep = NT / 32;
@@ -196,10 +197,10 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        AdamWElement(p[b].x, m[b].x, v[b].x, g[b].x, h);
-        AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
-        AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
-        AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
+        AdamWElement(p[b].x, m[b].x, v[b].x, __fmul_rn(g[b].x, gscale), h);
+        AdamWElement(p[b].y, m[b].y, v[b].y, __fmul_rn(g[b].y, gscale), h);
+        AdamWElement(p[b].z, m[b].z, v[b].z, __fmul_rn(g[b].z, gscale), h);
+        AdamWElement(p[b].w, m[b].w, v[b].w, __fmul_rn(g[b].w, gscale), h);
         if constexpr (kStream) {
           __stcs(reinterpret_cast<float4*>(P + b * step), p[b]);
           __stcs(reinterpret_cast<float4*>(Mm + b * step), m[b]);
@@ -244,10 +245,10 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
         const int64_t gi = i0 + r, gj = j0 + 4 * ch;
         const int64_t off = gi * K + gj;
         if (gi < M && gj < K) {
-          AdamWElement(p[b].x, m[b].x, v[b].x, g[b].x, h);
-          AdamWElement(p[b].y, m[b].y, v[b].y, g[b].y, h);
-          AdamWElement(p[b].z, m[b].z, v[b].z, g[b].z, h);
-          AdamWElement(p[b].w, m[b].w, v[b].w, g[b].w, h);
+          AdamWElement(p[b].x, m[b].x, v[b].x, __fmul_rn(g[b].x, gscale), h);
+          AdamWElement(p[b].y, m[b].y, v[b].y, __fmul_rn(g[b].y, gscale), h);
+          AdamWElement(p[b].z, m[b].z, v[b].z, __fmul_rn(g[b].z, gscale), h);
+          AdamWElement(p[b].w, m[b].w, v[b].w, __fmul_rn(g[b].w, gscale), h);
           *reinterpret_cast<float4*>(o.param + off) = p[b];
           *reinterpret_cast<float4*>(o.m + off) = m[b];
           *reinterpret_cast<float4*>(o.v + off) = v[b];
@@ -266,7 +267,7 @@ __device__ __forceinline__ void LoadTileAdam(const OptDesc& o, bool vec, int64_t
       const int64_t off = gi * K + gj;
       p = o.param[off];
       float m = o.m[off], v = o.v[off];
-      AdamWElement(p, m, v, o.grad[off], h);
+      AdamWElement(p, m, v, __fmul_rn(o.grad[off], gscale), h);
       o.param[off] = p;
       o.m[off] = m;
       o.v[off] = v;

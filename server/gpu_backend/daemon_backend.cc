@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
 #include "kernels/reference.h"
+#include "server/grad_norm.h"
 #include "server/gpu_backend/shard_store.h"
 #include "transport/nccl_transport.h"
 
@@ -66,6 +68,27 @@ absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind)
   if (bytes == 0) return absl::OkStatus();
   GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, kind));
   return absl::OkStatus();
+}
+
+// The store's optimizer numbers of a config, widened exactly to double (the
+// device fold then equals server FoldAdamW).
+gpu::AdamWHyper AdamWHyperOf(const OptimizerOptions& o) {
+  gpu::AdamWHyper h;
+  h.lr = o.lr;
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.eps = o.eps;
+  h.weight_decay = o.weight_decay;
+  return h;
+}
+gpu::SgdHyper SgdHyperOf(const OptimizerOptions& o) {
+  gpu::SgdHyper h;
+  h.lr = o.lr;
+  h.momentum = o.momentum;
+  h.dampening = 0.0;
+  h.weight_decay = o.weight_decay;
+  h.nesterov = false;
+  return h;
 }
 
 // The host bytes of published versions, copied from the device on the first
@@ -169,6 +192,7 @@ class HostCopies {
       }
       copy->version = e.meta->version;
       copy->tensors = e.meta->tensors;
+      copy->report = e.meta->report;
     } else {
       copy = std::make_shared<PublishedVersion>(*e.meta);
     }
@@ -240,10 +264,11 @@ class GpuShardBackend : public ShardBackend {
     return absl::MakeSpan(grads_[i]);
   }
   absl::Status AccumulateGradient(int i, int64_t offset, absl::Span<const float> values,
-                                  bool /*last_pusher*/) override {
+                                  bool last_pusher) override {
     if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
     device_grads_used_ = true;
-    return AccumulateInPieces(i, offset, values.data(), static_cast<int64_t>(values.size()));
+    return AccumulateInPieces(i, offset, values.data(), static_cast<int64_t>(values.size()),
+                              last_pusher);
   }
   BackendMemory memory() const override {
     BackendMemory m;
@@ -268,18 +293,31 @@ class GpuShardBackend : public ShardBackend {
     };
   }
 
+  // As ShardSet::SetOptimizer: any config of the same kind, for the next
+  // steps (the store takes the new numbers and turns the norm on or off).
+  absl::Status SetOptimizer(const OptimizerOptions& optimizer) override {
+    RETURN_IF_ERROR(ValidateOptimizerOptions(optimizer));
+    if (optimizer.kind != optimizer_.kind) {
+      return absl::InvalidArgumentError(absl::StrCat("the loaded model steps with ",
+                                                     OptimizerName(optimizer_.kind), ", not ",
+                                                     OptimizerName(optimizer.kind)));
+    }
+    if (Sgd() && (optimizer.momentum != 0.0f) != (optimizer_.momentum != 0.0f)) {
+      // The momentum buffer is allocated (or not) at load.
+      return absl::UnimplementedError(
+          "the gpu daemon backend cannot turn SGD momentum on or off in a loaded model");
+    }
+    RETURN_IF_ERROR(store_->SetOptimizerHyper(
+        AdamWHyperOf(optimizer), SgdHyperOf(optimizer), optimizer.needs_grad_norm(),
+        optimizer.max_grad_norm, optimizer.non_finite == NonFinitePolicy::kSkipStep));
+    optimizer_ = optimizer;
+    if (mirror_ != nullptr) RETURN_IF_ERROR(mirror_->SetOptimizer(optimizer));
+    return absl::OkStatus();
+  }
+
   // A host ShardSet mirroring the device state (masters, moments, step
   // count, delayed scaling), downloaded now. The caller may change it
   // (restore): it is uploaded again before the next Step.
-  absl::Status SetOptimizer(const OptimizerOptions& optimizer) override {
-    if (optimizer.kind != optimizer_.kind || optimizer.needs_grad_norm() ||
-        optimizer.schedule.warmup_steps > 0 || optimizer.schedule.decay != LrDecay::kConstant) {
-      return absl::UnimplementedError(
-          "the gpu daemon backend does not run lr schedules or gradient clipping yet");
-    }
-    return absl::UnimplementedError("the gpu daemon backend cannot change its optimizer");
-  }
-
   ShardSet* host_state() override {
     absl::Status s = DownloadMirror();
     if (!s.ok()) {
@@ -329,6 +367,8 @@ class GpuShardBackend : public ShardBackend {
     // Not transactional: the masters may have moved and the store may still
     // hold the failed step, so every later step is refused.
     const absl::Time deadline = absl::Now() + step_timeout_;
+    const int64_t step = store_->optimizer_steps() + 1;
+    if (apply_optimizer) store_->set_step_lr(ScheduledLr(optimizer_, step));
     absl::Status stepped;
     if (NcclTransport* nccl = DeviceAllReduceTransport()) {
       if (!logged_device_all_reduce_) {
@@ -367,6 +407,22 @@ class GpuShardBackend : public ShardBackend {
       stepped = absl::InternalError(absl::StrCat(
           "injected failure of the step to version ", new_version, " (PARAMD_GPU_FAIL_STEP)"));
     }
+    if (stepped.ok() && apply_optimizer) {
+      // As ShardSet::Step's report (same functions of the same float64 sum).
+      if (optimizer_.needs_grad_norm()) {
+        const double sum_sq = store_->last_norm_sum_sq();
+        report_.grad_norm = std::sqrt(sum_sq);
+        report_.clip_factor = ClipFactor(optimizer_, sum_sq);
+        if (!std::isfinite(sum_sq) && optimizer_.non_finite == NonFinitePolicy::kSkipStep) {
+          ++report_.skipped_steps;
+        } else {
+          report_.lr = ScheduledLr(optimizer_, step);
+        }
+      } else {
+        report_.lr = ScheduledLr(optimizer_, step);
+      }
+    }
+    report_.optimizer_steps = store_->optimizer_steps();
     if (stepped.ok()) stepped = Publish(new_version);
     if (!stepped.ok()) {
       broken_ = stepped;
@@ -417,17 +473,22 @@ class GpuShardBackend : public ShardBackend {
   // for good (24 instead of 20 B/param with AdamW + FP8 row+col). The
   // pieces are stream-ordered on the store's stream, so each upload into
   // the staging buffer waits for the previous piece's add.
-  absl::Status AccumulateInPieces(int i, int64_t offset, const float* values, int64_t count) {
+  absl::Status AccumulateInPieces(int i, int64_t offset, const float* values, int64_t count,
+                                  bool last_pusher = false) {
     // Checked whole first: a bad piece adds nothing.
     if (i < 0 || i >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
         offset + count > static_cast<int64_t>(Count(i))) {
       return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
                                                      ") outside shard ", i));
     }
+    // The last pusher's pieces in whole rows (when a row fits the staging
+    // buffer): the store takes their norm row sums in the add.
+    const int64_t cols = tensors_[shards_[i].tensor].cols;
+    const int64_t piece = cols <= kStagingFloats ? kStagingFloats / cols * cols : kStagingFloats;
     absl::Status s;
-    for (int64_t done = 0; done < count && s.ok(); done += kStagingFloats) {
-      s = store_->AccumulateHost(i, offset + done, values + done,
-                                 std::min(kStagingFloats, count - done));
+    for (int64_t done = 0; done < count && s.ok(); done += piece) {
+      s = store_->AccumulateHost(i, offset + done, values + done, std::min(piece, count - done),
+                                 last_pusher);
     }
     NoteDeviceBytes();
     return s;
@@ -518,6 +579,7 @@ class GpuShardBackend : public ShardBackend {
       }
     }
     mirror_->SetOptimizerSteps(steps);
+    mirror_->SetSkippedSteps(report_.skipped_steps);
     mirror_generation_ = generation_;
     return absl::OkStatus();
   }
@@ -559,6 +621,8 @@ class GpuShardBackend : public ShardBackend {
       }
     }
     store_->set_optimizer_steps(mirror_->optimizer_steps(), Sgd() && fresh_momentum);
+    report_.optimizer_steps = mirror_->optimizer_steps();
+    report_.skipped_steps = mirror_->skipped_steps();
     mirror_generation_ = generation_;  // equal until a step moves the device on
     return absl::OkStatus();
   }
@@ -578,6 +642,7 @@ class GpuShardBackend : public ShardBackend {
     auto published = std::make_shared<PublishedVersion>();
     std::vector<GpuPublishedDirection> device;
     published->version = version;
+    published->report = report_;
     published->tensors.resize(tensors_.size());
     for (size_t i = 0; i < shards_.size(); ++i) {
       const ShardDef& d = shards_[i];
@@ -633,6 +698,7 @@ class GpuShardBackend : public ShardBackend {
   std::shared_ptr<GpuShardStore> store_;
   std::shared_ptr<HostCopies> copies_;
   OptimizerOptions optimizer_;
+  StepReport report_;  // of the latest published version
   absl::Duration step_timeout_;
   std::vector<std::vector<float>> load_;   // host staging until the first Step
   std::vector<std::vector<float>> grads_;  // host FP32 accumulators
@@ -676,23 +742,19 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     const ShardBackendOptions& options) {
   (void)kRegistered;
   RETURN_IF_ERROR(ValidateOptimizerOptions(options.optimizer));
+  // The norm's state is allocated whenever the shards allow it (128-row
+  // aligned), so a later SetOptimizer may turn clipping or skip_step on.
+  const bool norm = options.optimizer.needs_grad_norm();
+  bool norm_state = true;
+  GradNormSlots slots;
   {
-    const OptimizerOptions& o = options.optimizer;
-    bool overrides = false;
+    std::vector<int64_t> rows;
+    std::vector<bool> frozen;
     for (const TensorDef& t : tensors) {
-      // The manifest carries every tensor's resolved weight decay (the
-      // config's value where no rule overrides it): only a different value
-      // is an override.
-      overrides |= t.optimizer.frozen || t.optimizer.lr_multiplier != 1.0f ||
-                   (t.optimizer.weight_decay.has_value() &&
-                    *t.optimizer.weight_decay != o.weight_decay);
+      rows.push_back(t.rows);
+      frozen.push_back(t.optimizer.frozen);
     }
-    if (o.needs_grad_norm() || o.schedule.warmup_steps > 0 ||
-        o.schedule.decay != LrDecay::kConstant || overrides) {
-      return absl::UnimplementedError(
-          "the gpu daemon backend does not run lr schedules, gradient clipping, skip_step or "
-          "per-rule optimizer overrides yet");
-    }
+    slots = MakeGradNormSlots(rows, frozen);
   }
   std::vector<GpuShardDef> defs;
   bool second_round = false;
@@ -709,6 +771,21 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
     g.rows = d.rows();
     g.cols = t.cols;
     g.spec = t.spec;
+    g.lr_multiplier = t.optimizer.lr_multiplier;
+    g.weight_decay = t.optimizer.weight_decay.value_or(-1.0f);
+    g.frozen = t.optimizer.frozen;
+    if (!g.frozen) {
+      if (d.row_begin % kGradNormBlockRows != 0) {
+        if (norm) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("gradient norm: shard of ", t.name, " starts at row ", d.row_begin,
+                           ", not a multiple of ", kGradNormBlockRows));
+        }
+        norm_state = false;
+      } else {
+        g.norm_slot = slots.slot_begin[d.tensor] + d.row_begin / kGradNormBlockRows;
+      }
+    }
     defs.push_back(std::move(g));
   }
   const OptimizerOptions& o = options.optimizer;
@@ -717,18 +794,14 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
   store_options.num_tensors = static_cast<int>(tensors.size());
   store_options.second_round = second_round;
   store_options.sgd = o.kind == OptimizerKind::kSgd;
-  // Widened exactly to double: the device fold equals server FoldAdamW.
-  store_options.adamw.lr = o.lr;
-  store_options.adamw.beta1 = o.beta1;
-  store_options.adamw.beta2 = o.beta2;
-  store_options.adamw.eps = o.eps;
-  store_options.adamw.weight_decay = o.weight_decay;
-  store_options.sgd_hyper.lr = o.lr;
-  store_options.sgd_hyper.momentum = o.momentum;
-  store_options.sgd_hyper.dampening = 0.0;
-  store_options.sgd_hyper.weight_decay = o.weight_decay;
-  store_options.sgd_hyper.nesterov = false;
+  store_options.adamw = AdamWHyperOf(o);
+  store_options.sgd_hyper = SgdHyperOf(o);
   store_options.push_staging_buffers = 0;  // pushes arrive on the host
+  store_options.grad_norm = norm;
+  store_options.grad_norm_state = norm_state;
+  store_options.norm_slots = slots.num_slots;
+  store_options.max_grad_norm = o.max_grad_norm;
+  store_options.skip_non_finite = o.non_finite == NonFinitePolicy::kSkipStep;
   ASSIGN_OR_RETURN(std::unique_ptr<GpuShardStore> store,
                    GpuShardStore::Create(std::move(defs), store_options));
   return std::unique_ptr<ShardBackend>(new GpuShardBackend(

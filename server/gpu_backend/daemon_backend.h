@@ -17,7 +17,10 @@
 //     [tensor][direction] device amax vector is copied to the host,
 //     all-reduced and copied back (one stream sync per all-reduce round).
 //     The optimizer arithmetic is bit-identical to the cpu backend's
-//     (server/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes.
+//     (server/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes:
+//     every config the cpu backend runs (lr schedule, global-norm clipping,
+//     skip_step, per-tensor lr multiplier / weight decay / frozen, and
+//     SetOptimizer between steps), the norm in server/grad_norm.h's order.
 //   - Publish without a device-to-host copy of the data: Step returns the
 //     version's metadata (pieces with layouts, scale_inv, amax, scales; data
 //     and scales empty) after one small copy of the version's scalars;

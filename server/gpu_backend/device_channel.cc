@@ -90,7 +90,8 @@ class NcclDeviceChannel : public DeviceChannel {
   }
 
   absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(
-      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline) override {
+      absl::Span<const DevicePushPiece> pieces, uint64_t tag, absl::Time deadline,
+      bool accept_non_finite) override {
     NcclTransport* nccl;
     {
       absl::MutexLock lock(&mu_);
@@ -122,6 +123,7 @@ class NcclDeviceChannel : public DeviceChannel {
     }
     // On error `staged` is destroyed: nothing was added anywhere.
     RETURN_IF_ERROR(nccl->RecvDevice(/*peer=*/1, tag, targets, deadline));
+    if (accept_non_finite) return std::unique_ptr<StagedDevicePush>(std::move(staged));
     // NaN/Inf are refused, as on the host stream (one wait per push).
     if (flag_ == nullptr) {
       void* p = nullptr;
@@ -132,7 +134,10 @@ class NcclDeviceChannel : public DeviceChannel {
     return std::unique_ptr<StagedDevicePush>(std::move(staged));
   }
 
-  absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged_base) override {
+  // The adds are plain (push_apply.h): the step takes the gradient norm's
+  // row sums of device-pushed rows (`last_pusher` is not used here).
+  absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged_base,
+                         bool /*last_pusher*/) override {
     GpuShardStore* store = DeviceStoreOf(&backend);
     if (store == nullptr) {
       return absl::FailedPreconditionError(

@@ -17,6 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/gpu_backend/bench_model.h"
 #include "server/gpu_backend/daemon_backend.h"
 
 ABSL_FLAG(int, tensors, 16, "number of tensors");
@@ -28,10 +29,7 @@ ABSL_FLAG(int, steps, 5, "measured steps of each kind");
 namespace paramd {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
+using gpu_backend::Median;
 
 int Run() {
   absl::StatusOr<Format> format = ParseFormatName(absl::GetFlag(FLAGS_format));
@@ -41,29 +39,16 @@ int Run() {
   }
   const int n = absl::GetFlag(FLAGS_tensors);
   const int64_t rows = absl::GetFlag(FLAGS_rows), cols = absl::GetFlag(FLAGS_cols);
-  std::vector<TensorDef> tensors;
-  std::vector<ShardDef> shards;
-  for (int i = 0; i < n; ++i) {
-    TensorDef t;
-    t.name = absl::StrCat("w", i);
-    t.rows = rows;
-    t.cols = cols;
-    t.spec.rowwise = DefaultQuantSpec(*format);
-    t.spec.columnwise = DefaultQuantSpec(*format);
-    tensors.push_back(t);
-    shards.push_back({i, 0, rows});
-  }
-  ShardBackendOptions options;
-  options.optimizer.lr = 1e-3f;
-  options.optimizer.weight_decay = 0.01f;
+  OptimizerOptions adamw;
+  adamw.lr = 1e-3f;
+  adamw.weight_decay = 0.01f;
   absl::StatusOr<std::unique_ptr<ShardBackend>> created =
-      gpu_backend::CreateGpuShardBackend(tensors, shards, options);
+      gpu_backend::CreateBenchBackend(n, rows, cols, *format, adamw);
   if (!created.ok()) {
     std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
     return 1;
   }
   ShardBackend& backend = **created;
-  backend.set_data_plane(nullptr, absl::Seconds(60));  // one daemon
   for (int i = 0; i < n; ++i) {
     absl::Span<float> m = backend.load_master(i);
     for (size_t k = 0; k < m.size(); ++k) m[k] = static_cast<float>((k * 2654435761u) % 2001) * 1e-3f - 1.0f;

@@ -1,5 +1,8 @@
 #include "server/gpu_backend/shard_store.h"
 
+#include <cmath>
+#include <map>
+
 #include <algorithm>
 #include <array>
 #include <thread>
@@ -13,6 +16,7 @@
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/scaling.h"
 #include "server/gpu_backend/accumulate.h"
+#include "server/gpu_backend/grad_norm.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -68,7 +72,11 @@ bool SecondRound(const HybridSpec& s) {
 }  // namespace
 
 GpuShardStore::GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOptions& options)
-    : shards_(std::move(shards)), options_(options) {}
+    : shards_(std::move(shards)),
+      options_(options),
+      norm_on_(options.grad_norm),
+      max_grad_norm_(options.max_grad_norm),
+      skip_non_finite_(options.skip_non_finite) {}
 
 GpuShardStore::~GpuShardStore() {
   ScopedDevice guard(options_.device);
@@ -81,6 +89,8 @@ GpuShardStore::~GpuShardStore() {
   }
   for (void* p : allocations_) cudaFree(p);
   if (host_staging_ != nullptr) cudaFree(host_staging_);
+  if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
+  if (norm_done_ != nullptr) cudaEventDestroy(norm_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -156,6 +166,48 @@ absl::Status GpuShardStore::Allocate() {
   for (int i = 0; i < options_.push_staging_buffers; ++i) {
     ASSIGN_OR_RETURN(void* mem, Alloc(largest * options_.push_staging_element_bytes));
     staging_.push_back(mem);
+  }
+  if (options_.grad_norm || options_.grad_norm_state) {
+    // Row sums per non-frozen shard, the slot vector with its source table
+    // (which rows make each slot of this daemon), the clip factor, and the
+    // float64 sum in mapped page-locked memory (the kernel writes it there:
+    // no copy on the stream).
+    const int64_t slots = std::max<int64_t>(options_.norm_slots, 1);
+    std::vector<NormSlotSource> table(slots);
+    for (size_t i = 0; i < n_shards; ++i) {
+      const GpuShardDef& d = shards_[i];
+      if (d.frozen) continue;
+      // 128-row blocks: server/grad_norm.h kGradNormBlockRows.
+      if (d.norm_slot < 0 || d.norm_slot + (d.rows + 127) / 128 > options_.norm_slots) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient norm: shard ", d.name,
+                                                       " has no slots in the norm's vector"));
+      }
+      ASSIGN_OR_RETURN(void* mem, Alloc(d.rows * sizeof(double)));
+      tensors_[i].row_sums = static_cast<double*>(mem);
+      for (int64_t b = 0; b * 128 < d.rows; ++b) {
+        table[d.norm_slot + b] = {tensors_[i].row_sums + 128 * b,
+                                  static_cast<int32_t>(std::min<int64_t>(128, d.rows - 128 * b))};
+      }
+    }
+    ASSIGN_OR_RETURN(void* vec, Alloc(4 * slots * sizeof(float)));
+    norm_slots_ = static_cast<float*>(vec);
+    ASSIGN_OR_RETURN(void* sources, Alloc(slots * sizeof(NormSlotSource)));
+    norm_sources_ = static_cast<NormSlotSource*>(sources);
+    // On stream_, after Alloc's zeroing of the table (stream-ordered there).
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(norm_sources_, table.data(),
+                                        slots * sizeof(NormSlotSource), cudaMemcpyHostToDevice,
+                                        stream_));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    ASSIGN_OR_RETURN(void* factor, Alloc(sizeof(float)));
+    clip_factor_ = static_cast<float*>(factor);
+    void* host = nullptr;
+    GPU_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(double), cudaHostAllocMapped));
+    norm_host_ = static_cast<double*>(host);
+    *norm_host_ = 0.0;
+    void* device = nullptr;
+    GPU_RETURN_IF_ERROR(cudaHostGetDevicePointer(&device, host, 0));
+    norm_host_device_ = static_cast<double*>(device);
+    GPU_RETURN_IF_ERROR(cudaEventCreate(&norm_done_));
   }
   // Small state: carved from one allocation.
   size_t small_bytes = AlignUp(amax_count() * sizeof(float));  // packed amax
@@ -247,10 +299,8 @@ absl::Status GpuShardStore::Accumulate(int shard, const void* gradient, bool bf1
   if (shard < 0 || shard >= static_cast<int>(shards_.size())) {
     return absl::InvalidArgumentError(absl::StrCat("shard ", shard));
   }
-  ScopedDevice guard(options_.device);
-  GPU_RETURN_IF_ERROR(LaunchAccumulate(tensors_[shard].grad, gradient, bf16,
-                                       shards_[shard].rows * shards_[shard].cols, stream_));
-  return absl::OkStatus();
+  return AddPiece(shard, 0, gradient, bf16, shards_[shard].rows * shards_[shard].cols,
+                  /*last_pusher=*/false);
 }
 
 int GpuShardStore::AmaxSlot(int i, int dir) const {
@@ -258,13 +308,18 @@ int GpuShardStore::AmaxSlot(int i, int dir) const {
   return 2 * t + (dir == 1 && Dequantized(shards_[i].spec) ? 1 : 0);
 }
 
-absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const float* host_values,
-                                           int64_t count) {
+absl::Status GpuShardStore::CheckPiece(int shard, int64_t offset, int64_t count) const {
   if (shard < 0 || shard >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
       offset + count > shards_[shard].rows * shards_[shard].cols) {
     return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
                                                    ") outside shard ", shard));
   }
+  return absl::OkStatus();
+}
+
+absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const float* host_values,
+                                           int64_t count, bool last_pusher) {
+  RETURN_IF_ERROR(CheckPiece(shard, offset, count));
   if (count == 0) return absl::OkStatus();
   ScopedDevice guard(options_.device);
   if (count > host_staging_count_) {
@@ -283,8 +338,155 @@ absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const floa
   }
   GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host_staging_, host_values, count * sizeof(float),
                                       cudaMemcpyHostToDevice, stream_));
+  return AddPiece(shard, offset, host_staging_, /*bf16=*/false, count, last_pusher);
+}
+
+absl::Status GpuShardStore::AddPiece(int shard, int64_t offset, const void* values, bool bf16,
+                                     int64_t count, bool last_pusher) {
+  RETURN_IF_ERROR(CheckPiece(shard, offset, count));
+  if (count == 0) return absl::OkStatus();
+  ScopedDevice guard(options_.device);
+  TensorState& t = tensors_[shard];
+  const int64_t cols = shards_[shard].cols;
+  if (last_pusher && norm_on_ && t.row_sums != nullptr && offset % cols == 0 &&
+      count % cols == 0) {
+    GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad + offset, values, bf16, count / cols, cols,
+                                       t.row_sums + offset / cols, stream_));
+    t.fresh_rows += count / cols;
+    return absl::OkStatus();
+  }
+  // Rows summed by an earlier add may change: the step sums them again.
+  if (t.fresh_rows > 0) t.sums_stale = true;
+  GPU_RETURN_IF_ERROR(LaunchAccumulate(t.grad + offset, values, bf16, count, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuShardStore::SetOptimizerHyper(const gpu::AdamWHyper& adamw,
+                                              const gpu::SgdHyper& sgd, bool grad_norm,
+                                              float max_grad_norm, bool skip_non_finite) {
+  if (grad_norm && norm_slots_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this store was created without the gradient norm's state (GpuStoreOptions::grad_norm)");
+  }
+  const int64_t step = options_.adamw.step;
+  const bool first = options_.sgd_hyper.first_step;
+  options_.adamw = adamw;
+  options_.sgd_hyper = sgd;
+  options_.adamw.step = step;
+  options_.sgd_hyper.first_step = first;
+  norm_on_ = grad_norm;
+  max_grad_norm_ = max_grad_norm;
+  skip_non_finite_ = skip_non_finite;
+  return absl::OkStatus();
+}
+
+absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {
+  // server/grad_norm.h's order: row sums the last push did not take, the
+  // slot vector (this daemon's block slots, 0 elsewhere) in one launch, one
+  // all-reduce MAX of it, then one kernel for the float64 sum (into mapped
+  // host memory) and the clip factor (a device scalar). Few launches: the
+  // GPU waits for their enqueue.
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    TensorState& t = tensors_[i];
+    if (t.row_sums == nullptr) continue;
+    if (t.fresh_rows != shards_[i].rows || t.sums_stale) {
+      GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad, nullptr, false, shards_[i].rows,
+                                         shards_[i].cols, t.row_sums, stream_));
+    }
+    t.fresh_rows = 0;
+    t.sums_stale = false;
+  }
   GPU_RETURN_IF_ERROR(
-      LaunchAccumulate(tensors_[shard].grad + offset, host_staging_, false, count, stream_));
+      LaunchEncodeNormSlots(norm_sources_, options_.norm_slots, norm_slots_, stream_));
+  if (all_reduce) RETURN_IF_ERROR(all_reduce(norm_slots_, 4 * options_.norm_slots, stream_));
+  GPU_RETURN_IF_ERROR(LaunchClipFactor(norm_slots_, options_.norm_slots, max_grad_norm_,
+                                       skip_non_finite_, norm_host_device_, clip_factor_,
+                                       stream_));
+  GPU_RETURN_IF_ERROR(cudaEventRecord(norm_done_, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status GpuShardStore::EnqueueOptimizer(bool one_pass,
+                                             const std::vector<gpu::QuantizeTensorArgs>& quant,
+                                             std::vector<char>& quantized) {
+  // Shards grouped by (lr multiplier, weight decay): one launch per group,
+  // with server/optimizer.cc TensorStepHyper's numbers (the float64
+  // product of the schedule's lr and the multiplier). Frozen shards are
+  // not updated: their amax only (and the per-tensor quantize).
+  struct Group {
+    std::vector<gpu::OptimizerTensor> opt;
+    std::vector<gpu::AdamWQuantizeArgs> fused;
+  };
+  std::map<std::pair<float, float>, Group> groups;
+  std::vector<gpu::AmaxArgs> frozen;
+  const float default_wd = static_cast<float>(options_.sgd ? options_.sgd_hyper.weight_decay
+                                                           : options_.adamw.weight_decay);
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    TensorState& t = tensors_[i];
+    const GpuShardDef& d = shards_[i];
+    const int64_t count = d.rows * d.cols;
+    if (d.frozen) {
+      gpu::AmaxArgs a;
+      a.source = t.master;
+      a.count = count;
+      a.source_dtype = d.spec.source_dtype;
+      a.amax = amax_ + AmaxSlot(i, 0);
+      frozen.push_back(a);
+      continue;
+    }
+    gpu::OptimizerTensor o;
+    o.param = t.master;
+    o.exp_avg = t.exp_avg;
+    o.exp_avg_sq = t.exp_avg_sq;
+    o.grad = t.grad;
+    o.count = count;
+    o.amax = amax_ + AmaxSlot(i, 0);
+    o.amax_source = d.spec.source_dtype;
+    Group& g = groups[{d.lr_multiplier, d.weight_decay >= 0.0f ? d.weight_decay : default_wd}];
+    if (!one_pass) {
+      g.opt.push_back(o);
+      continue;
+    }
+    // Update, amax (into the slot AdamWStep would max-update: the amax of
+    // the source-rounded new master, what each direction quantizes) and
+    // both directions in one pass.
+    quantized[i] = 1;
+    if (count == 0) continue;
+    gpu::AdamWQuantizeArgs a;
+    a.opt = o;
+    a.quant = quant[i];
+    if (Uses(d.spec, 0)) a.quant.rowwise.amax = amax_ + AmaxSlot(i, 0);
+    if (Uses(d.spec, 1)) a.quant.columnwise.amax = amax_ + AmaxSlot(i, 0);
+    g.fused.push_back(a);
+  }
+  const float* scale = norm_in_step_ ? clip_factor_ : nullptr;
+  const double base =
+      step_lr_ >= 0.0 ? step_lr_ : (options_.sgd ? options_.sgd_hyper.lr : options_.adamw.lr);
+  for (const auto& [key, g] : groups) {
+    const double lr = base * static_cast<double>(key.first);
+    if (options_.sgd) {
+      gpu::SgdHyper hyper = options_.sgd_hyper;
+      hyper.lr = lr;
+      hyper.weight_decay = key.second;
+      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
+      hyper.grad_scale = scale;
+      RETURN_IF_ERROR(gpu::SgdStep(g.opt, hyper, stream_));
+      continue;
+    }
+    gpu::AdamWHyper hyper = options_.adamw;
+    hyper.lr = lr;
+    hyper.weight_decay = key.second;
+    hyper.step = optimizer_steps_;
+    hyper.grad_scale = scale;
+    if (one_pass) {
+      if (!g.fused.empty()) RETURN_IF_ERROR(gpu::AdamWStepAndQuantize(g.fused, hyper, stream_));
+    } else {
+      RETURN_IF_ERROR(gpu::AdamWStep(g.opt, hyper, stream_));
+    }
+  }
+  if (one_pass) ++one_pass_steps_;
+  sgd_fresh_ = false;
+  if (!frozen.empty()) RETURN_IF_ERROR(gpu::ComputeAmax(frozen, stream_));
   return absl::OkStatus();
 }
 
@@ -346,50 +548,23 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
   }
   bool one_pass = apply_optimizer && !options_.sgd && options_.one_pass_step;
   for (int i = 0; i < n && one_pass; ++i) one_pass = OnePassFormats(shards_[i].spec);
+  norm_in_step_ = apply_optimizer && norm_on_;
+  if (norm_in_step_) RETURN_IF_ERROR(EnqueueGradNorm(all_reduce));
+  // Shards the one pass quantized (the per-tensor quantize below skips them).
+  std::vector<char> quantized(n, 0);
   // Source amaxes (max-updated: shards of one tensor share its slot).
   if (apply_optimizer) {
+    // The next version's pushes start new row sums (norm on or off).
+    for (TensorState& t : tensors_) {
+      t.fresh_rows = 0;
+      t.sums_stale = false;
+    }
+    fresh_before_step_ = sgd_fresh_;
     ++optimizer_steps_;
-    std::vector<gpu::OptimizerTensor> opt(n);
+    RETURN_IF_ERROR(EnqueueOptimizer(one_pass, quant, quantized));
     for (int i = 0; i < n; ++i) {
-      TensorState& t = tensors_[i];
-      opt[i].param = t.master;
-      opt[i].exp_avg = t.exp_avg;
-      opt[i].exp_avg_sq = t.exp_avg_sq;
-      opt[i].grad = t.grad;
-      opt[i].count = shards_[i].rows * shards_[i].cols;
-      opt[i].amax = amax_ + AmaxSlot(i, 0);
-      opt[i].amax_source = shards_[i].spec.source_dtype;
-    }
-    if (options_.sgd) {
-      gpu::SgdHyper hyper = options_.sgd_hyper;
-      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
-      sgd_fresh_ = false;
-      RETURN_IF_ERROR(gpu::SgdStep(opt, hyper, stream_));
-    } else if (one_pass) {
-      // Update, amax (into the slot AdamWStep would max-update: the amax of
-      // the source-rounded new master, what each direction quantizes) and
-      // both directions in one pass; the per-tensor quantize below is skipped.
-      gpu::AdamWHyper hyper = options_.adamw;
-      hyper.step = optimizer_steps_;
-      std::vector<gpu::AdamWQuantizeArgs> fused;
-      for (int i = 0; i < n; ++i) {
-        if (opt[i].count == 0) continue;
-        gpu::AdamWQuantizeArgs a;
-        a.opt = opt[i];
-        a.quant = quant[i];
-        if (Uses(shards_[i].spec, 0)) a.quant.rowwise.amax = amax_ + AmaxSlot(i, 0);
-        if (Uses(shards_[i].spec, 1)) a.quant.columnwise.amax = amax_ + AmaxSlot(i, 0);
-        fused.push_back(a);
-      }
-      RETURN_IF_ERROR(gpu::AdamWStepAndQuantize(fused, hyper, stream_));
-      ++one_pass_steps_;
-    } else {
-      gpu::AdamWHyper hyper = options_.adamw;
-      hyper.step = optimizer_steps_;
-      RETURN_IF_ERROR(gpu::AdamWStep(opt, hyper, stream_));
-    }
-    for (int i = 0; i < n; ++i) {
-      GPU_RETURN_IF_ERROR(cudaMemsetAsync(tensors_[i].grad, 0, opt[i].count * 4, stream_));
+      GPU_RETURN_IF_ERROR(
+          cudaMemsetAsync(tensors_[i].grad, 0, shards_[i].rows * shards_[i].cols * 4, stream_));
     }
   } else {
     std::vector<gpu::AmaxArgs> args(n);
@@ -480,7 +655,7 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
         delayed.push_back(d);
       }
     }
-    if (!one_pass) RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
+    if (!quantized[i]) RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
     GPU_RETURN_IF_ERROR(cudaEventRecord(t.ready, stream_));
   }
   // Delayed scaling: this step's cast used the previous scale; now roll the
@@ -531,6 +706,18 @@ absl::Status GpuShardStore::FinishStep(absl::Time deadline) {
   timings_.all_reduce_ms = ms[1];
   timings_.scaling_ms = ms[2];
   timings_.quantize_ms = ms[3];
+  timings_.grad_norm_ms = 0;
+  if (norm_in_step_) {
+    float norm_ms = 0;
+    if (cudaEventElapsedTime(&norm_ms, events_[0], norm_done_) == cudaSuccess) {
+      timings_.grad_norm_ms = norm_ms;
+    }
+    // A skipped step (non-finite norm): the counters stay as before it.
+    if (skip_non_finite_ && !std::isfinite(*norm_host_)) {
+      --optimizer_steps_;
+      sgd_fresh_ = fresh_before_step_;
+    }
+  }
   timings_.total_ms = absl::ToDoubleMilliseconds(absl::Now() - step_start_);
   slots_[slot].version = version;
   return absl::OkStatus();

@@ -5,7 +5,13 @@
 // (DESIGN.md §3) is a few kernel launches on the store's stream with no
 // host wait between them and one wait at the end:
 //
-//   AdamW or SGD (fused, max-updates each tensor's partial source amax in
+//   [the global gradient norm when clipping or skip_step: row sums (taken
+//    in the last pusher's add, else here), 128-row block slots, one
+//    all-reduce MAX of the slots, the clip factor as a device scalar;
+//    server/grad_norm.h's order, so the cpu backend's float64 bits]
+//   -> AdamW or SGD (fused, gradients times the clip factor, a NaN factor
+//   skipping the update; per-tensor lr multiplier and weight decay, frozen
+//   tensors not updated; max-updates each tensor's partial source amax in
 //   one packed [tensor][direction] device vector)
 //   -> columnwise-source amax of rowwise_dequantized copies whose rowwise
 //      scale is local (delayed, block formats)
@@ -60,6 +66,7 @@
 #include "kernels/cuda/optimizer.h"
 #include "kernels/format.h"
 #include "server/ipc/cuda_vmm.h"
+#include "server/gpu_backend/grad_norm.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -73,6 +80,13 @@ struct GpuShardDef {
   // Manifest index of the shard's tensor (its amax slots); -1: the shard
   // index (a store of whole, distinct tensors).
   int tensor = -1;
+  // The tensor's optimizer overrides (recipe rule): lr multiplier, weight
+  // decay (< 0: the options'), frozen (never updated, not in the norm).
+  float lr_multiplier = 1.0f;
+  float weight_decay = -1.0f;
+  bool frozen = false;
+  // Its first gradient-norm slot (server/grad_norm.h; -1: none).
+  int64_t norm_slot = -1;
 };
 
 struct GpuStoreOptions {
@@ -104,6 +118,19 @@ struct GpuStoreOptions {
   // cuda_vmm.h), so same-GPU trainers can map them (exported_regions());
   // falls back to cudaMalloc where the device has no such handles.
   bool exportable_published = true;
+  // grad_norm: every optimizer step takes the global gradient norm over
+  // norm_slots slots (server/grad_norm.h; the manifest's count, equal on
+  // every daemon, 0 when every tensor is frozen), all-reduced with the
+  // amax's DeviceAllReduce before the optimizer, and clips by
+  // max_grad_norm (> 0) / skips a non-finite step (skip_non_finite) inside
+  // the optimizer kernels.
+  bool grad_norm = false;
+  // The norm's buffers without running it yet (SetOptimizerHyper may turn
+  // it on later); implied by grad_norm. Non-frozen shards need norm_slot.
+  bool grad_norm_state = false;
+  int64_t norm_slots = 0;
+  float max_grad_norm = 0.0f;
+  bool skip_non_finite = false;
 };
 
 // Makes `device` current for its lifetime (then restores the previous one).
@@ -139,6 +166,9 @@ struct GpuStepTimings {
   double scaling_ms = 0;
   double quantize_ms = 0;
   double total_ms = 0;  // first launch to the end of the wait
+  // Of optimizer_ms: the gradient norm (row sums not taken at the last
+  // push, block slots, their all-reduce, the clip factor); 0 without.
+  double grad_norm_ms = 0;
 };
 
 // All-reduce MAX of `count` device floats at `values`, ordered on `stream`
@@ -191,7 +221,30 @@ class GpuShardStore {
   // to a device staging buffer (grown as needed) and added, both on
   // stream() (the host buffer may be reused on return; the step that
   // follows on stream() sees the sum). Bit-identical to a host FP32 add.
-  absl::Status AccumulateHost(int shard, int64_t offset, const float* host_values, int64_t count);
+  // `last_pusher` (the push completing the version) with the norm on and
+  // whole rows: the rows' norm sums are taken in the same kernel as the add
+  // (grad_norm.h LaunchRowSumSq), so the step needs no pass of its own
+  // over them.
+  absl::Status AccumulateHost(int shard, int64_t offset, const float* host_values, int64_t count,
+                              bool last_pusher = false);
+  // grad(shard)[offset, offset + count) += values (device memory on this
+  // store's device, BF16 or FP32; 16-byte aligned for BF16), enqueued on
+  // stream() (values must stay valid until the work ran there): the device
+  // push's add, with the same `last_pusher` row sums as AccumulateHost.
+  absl::Status AddPiece(int shard, int64_t offset, const void* values, bool bf16, int64_t count,
+                        bool last_pusher);
+  // New hyperparameters for the next optimizer steps (AdamW / SGD numbers;
+  // the step count and first_step stay the store's) and the gradient norm
+  // on or off with its clip bound and skip policy. FAILED_PRECONDITION to
+  // turn the norm on in a store without its state. Between steps only.
+  absl::Status SetOptimizerHyper(const gpu::AdamWHyper& adamw, const gpu::SgdHyper& sgd,
+                                 bool grad_norm, float max_grad_norm, bool skip_non_finite);
+  // The base lr (schedule) of the next optimizer step; < 0: options' lr.
+  void set_step_lr(double lr) { step_lr_ = lr; }
+  // After FinishStep of an optimizer step with the norm on: its float64
+  // sum of squares (NaN/Inf: the step was skipped if skip_non_finite, and
+  // optimizer_steps() did not advance).
+  double last_norm_sum_sq() const { return norm_host_ != nullptr ? *norm_host_ : 0.0; }
 
   // Runs one step producing `new_version` (see the file comment): AdamW on
   // the accumulated gradients when `apply_optimizer`, then quantization.
@@ -270,6 +323,9 @@ class GpuShardStore {
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
     float* grad = nullptr;
+    double* row_sums = nullptr;  // [rows] gradient norm row sums (norm on)
+    int64_t fresh_rows = 0;      // rows whose row_sums the last push took
+    bool sums_stale = false;     // a plain add came after some of them
     DirState dirs[2];
     cudaEvent_t ready = nullptr;
   };
@@ -285,6 +341,15 @@ class GpuShardStore {
   // EnqueueStep's work after the slot was claimed.
   absl::Status EnqueueInto(int slot, bool apply_optimizer, const DeviceAllReduce& all_reduce,
                            bool update_delayed);
+  // EnqueueInto's gradient norm (options_.grad_norm): clip_factor_
+  // holds the factor once it ran on stream_.
+  absl::Status EnqueueGradNorm(const DeviceAllReduce& all_reduce);
+  // EnqueueInto's optimizer launches; `quantized[i]` set for the shards the
+  // one pass (gpu::AdamWStepAndQuantize) quantized.
+  absl::Status EnqueueOptimizer(bool one_pass, const std::vector<gpu::QuantizeTensorArgs>& quant,
+                                std::vector<char>& quantized);
+  // INVALID_ARGUMENT unless [offset, offset + count) lies in shard's elements.
+  absl::Status CheckPiece(int shard, int64_t offset, int64_t count) const;
   // Index in amax_ of shard `i`'s direction `dir` amax.
   int AmaxSlot(int i, int dir) const;
   absl::StatusOr<void*> Alloc(size_t bytes);
@@ -316,6 +381,21 @@ class GpuShardStore {
   int64_t one_pass_steps_ = 0;
   bool sgd_fresh_ = false;
   GpuStepTimings timings_;
+  double step_lr_ = -1.0;
+  // Gradient norm (its state allocated; norm_on_: it runs): the slots, the float64 sum and
+  // the clip factor on the device, the sum's page-locked host copy, and
+  // the step's state to undo when it is skipped.
+  bool norm_on_ = false;
+  float max_grad_norm_ = 0.0f;
+  bool skip_non_finite_ = false;
+  float* norm_slots_ = nullptr;
+  NormSlotSource* norm_sources_ = nullptr;  // [max(norm_slots, 1)]
+  float* clip_factor_ = nullptr;
+  double* norm_host_ = nullptr;         // mapped page-locked
+  double* norm_host_device_ = nullptr;  // its device address
+  cudaEvent_t norm_done_ = nullptr;
+  bool norm_in_step_ = false;
+  bool fresh_before_step_ = false;
 };
 
 }  // namespace gpu_backend

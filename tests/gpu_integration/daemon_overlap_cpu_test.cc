@@ -126,10 +126,11 @@ class FakeChannel : public DeviceChannel {
     return shut_down_ ? absl::CancelledError("closed") : absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<StagedDevicePush>> ReceivePush(absl::Span<const DevicePushPiece>,
-                                                                uint64_t, absl::Time) override {
+                                                                uint64_t, absl::Time,
+                                                                bool) override {
     return absl::UnimplementedError("fake channel");
   }
-  absl::Status ApplyPush(ShardBackend&, StagedDevicePush&) override {
+  absl::Status ApplyPush(ShardBackend&, StagedDevicePush&, bool) override {
     return absl::UnimplementedError("fake channel");
   }
   void Shutdown() override {
