@@ -87,6 +87,11 @@ absl::StatusOr<std::string> LoadClientToken(const std::string& path, Role prefer
 // 32 random bytes (OpenSSL RAND_bytes) as 64 hex characters.
 std::string RandomSecret();
 
+// Whether `presented` equals `expected`, in time that depends only on the
+// lengths (CRYPTO_memcmp over SHA-256 digests). An empty `expected` matches
+// nothing.
+bool SecretMatches(absl::string_view presented, absl::string_view expected);
+
 // ---------------------------------------------------------------------------
 // Server side: who may call what
 

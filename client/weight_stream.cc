@@ -59,6 +59,7 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
       absl::Status status;
       std::vector<uint8_t> buffer;
       bool ok = true;
+      int64_t sent = 0;  // chunk bytes written (the end marker's total)
       for (const TensorMeta& t : manifest.tensors) {
         const WeightSource& s = *by_name.at(t.name);
         const int64_t esize = s.dtype == Gradient::DType::kFp32 ? 4 : 2;
@@ -84,11 +85,18 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
             c->set_offset(off);
             c->set_data(buffer.data(), n);
             ok = writer->Write(request);
+            sent += n;
             absl::MutexLock lock(&mu);
             done.bytes_sent += n;
             if (progress) progress(done);
           }
         }
+      }
+      // The end marker commits the stream (nothing is copied without it).
+      if (ok && status.ok()) {
+        rpc::PushWeightsRequest end;
+        end.mutable_end()->set_total_bytes(sent);
+        ok = writer->Write(end);
       }
       if (ok) writer->WritesDone();
       if (!status.ok()) context.TryCancel();

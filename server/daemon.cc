@@ -1362,6 +1362,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   struct ChannelState {
     uint64_t id = 0;
     std::string trainer;  // for logs
+    std::string secret;   // the channel's one-time secret (never logged)
     std::unique_ptr<DeviceChannel> channel;
     DeviceChannelReactor* reactor = nullptr;  // holds one reference
     std::atomic<bool> closed{false};
@@ -1448,11 +1449,19 @@ namespace {
 // ---- Client-streaming uploads of GradientChunks ----
 //
 // Every message is validated as it arrives; the stream's content is applied
-// only at its end: a gradient push on its explicit end marker (OnMessage
-// sets finished_), pushed weights when the client half-closes. A failed read
+// only on its explicit end marker (OnMessage sets finished_), for gradient
+// pushes and pushed weights alike. A failed read
 // is never taken for a clean end: gRPC reports a message over the size
 // limit, a cancel or a broken connection the same way (ok = false) and the
 // context need not say cancelled yet.
+// The end marker's total against the chunk bytes the stream carried.
+absl::Status CheckStreamEnd(int64_t total_bytes, int64_t carried, absl::string_view what) {
+  if (total_bytes == carried) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " end marker says ", total_bytes,
+                                                 " bytes but the stream carried ", carried,
+                                                 "; nothing applied"));
+}
+
 template <class Request, class Response>
 class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
  public:
@@ -1520,11 +1529,7 @@ class PushReactor
       RETURN_IF_ERROR(assembler_->Add(request.chunk()));
     }
     if (!request.has_end()) return absl::OkStatus();
-    if (request.end().total_bytes() != carried_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("push end marker says ", request.end().total_bytes(),
-                       " bytes but the stream carried ", carried_, "; nothing applied"));
-    }
+    RETURN_IF_ERROR(CheckStreamEnd(request.end().total_bytes(), carried_, "push"));
     RETURN_IF_ERROR(assembler_->Close());
     RETURN_IF_ERROR(daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
                                         assembler_->bytes(), response_));
@@ -1562,14 +1567,27 @@ class WeightsReactor
 
  private:
   absl::Status OnMessage(const rpc::PushWeightsRequest& request) override {
-    return assembler_->Add(request.chunk());
-  }
-  // Rows are copied, not summed: a stream cut short leaves complete pieces
-  // that a retry overwrites with the same values.
-  absl::Status OnStreamEnd() override {
+    if (request.has_chunk()) {
+      carried_ += static_cast<int64_t>(request.chunk().data().size());
+      RETURN_IF_ERROR(assembler_->Add(request.chunk()));
+    }
+    if (!request.has_end()) return absl::OkStatus();
+    RETURN_IF_ERROR(CheckStreamEnd(request.end().total_bytes(), carried_, "weights"));
     RETURN_IF_ERROR(assembler_->Close());
-    return daemon_->CommitWeights(*view_, assembler_->pieces(), response_, assembler_->bytes());
+    RETURN_IF_ERROR(
+        daemon_->CommitWeights(*view_, assembler_->pieces(), response_, assembler_->bytes()));
+    finished_ = true;
+    return absl::OkStatus();
   }
+  // Not even the complete pieces of a stream cut short are copied: a
+  // failed upload changes nothing (the client's retry sends it again).
+  absl::Status OnStreamEnd() override {
+    return absl::InvalidArgumentError(
+        "weights stream ended without its end marker (PushWeightsRequest.end); nothing "
+        "applied: push again");
+  }
+
+  int64_t carried_ = 0;  // chunk bytes received so far
 };
 
 }  // namespace
@@ -1922,10 +1940,12 @@ grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChann
     if (request->trainer_address().empty()) {
       return absl::InvalidArgumentError("OpenDeviceChannel without trainer_address");
     }
+    const std::string secret = auth::RandomSecret();
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
-                     ::paramd::OpenDeviceChannel(options_.device_channel_listen));
+                     ::paramd::OpenDeviceChannel(options_.device_channel_listen, secret));
     auto c = std::make_shared<ChannelState>();
     c->trainer = trainer;
+    c->secret = secret;
     c->channel = std::move(channel);
     c->reactor = reactor;
     reactor->Ref();  // the channel's reference
@@ -1947,6 +1967,7 @@ grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChann
   event.set_channel(c->id);
   event.set_daemon_address(c->channel->address());
   event.set_device(c->channel->device());
+  event.set_channel_secret(c->secret);
   ChannelState* raw = c.get();
   const std::string trainer_address = request->trainer_address();
   c->worker.Post([this, raw, trainer_address] {
@@ -1995,6 +2016,8 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
     return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
                                             " is unknown or closed; open a new one"));
   }
+  RETURN_IF_ERROR(CheckDeviceChannelSecret(request.channel_secret(), it->second->secret,
+                                           request.channel()));
   if (request.tensors().empty()) {
     return absl::InvalidArgumentError("FetchDevice without tensors");
   }
@@ -2297,6 +2320,8 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
     return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
                                             " is unknown or closed; open a new one"));
   }
+  RETURN_IF_ERROR(CheckDeviceChannelSecret(request.channel_secret(), it->second->secret,
+                                           request.channel()));
   *channel = it->second;
   return absl::OkStatus();
 }

@@ -118,9 +118,11 @@ class DeviceChannel {
 // backend (CUDA device 0 of this process: select the physical GPU with
 // CUDA_VISIBLE_DEVICES or hybrid-paramd --gpu), its control channels
 // listening on `listen_address` ("ip:port"; "" = 127.0.0.1:0, one machine;
-// "0.0.0.0:0" across machines).
+// "0.0.0.0:0" across machines) and accepting only a peer that proves
+// `secret`, the channel's one-time secret (transport/channel_secret.h;
+// the daemon hands it to the trainer in DeviceChannelEvent.channel_secret).
 using DeviceChannelOpener = std::function<absl::StatusOr<std::unique_ptr<DeviceChannel>>(
-    const std::string& listen_address)>;
+    const std::string& listen_address, const std::string& secret)>;
 
 // Called once at static init by the implementation's library (alwayslink).
 // Returns true (for use in a static initialiser).
@@ -129,7 +131,15 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener);
 // A new channel endpoint. FAILED_PRECONDITION when this binary has no
 // implementation (built without --config=cuda); the opener's status else.
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
-    const std::string& listen_address = "");
+    const std::string& listen_address, const std::string& secret);
+
+// OK if `presented` (FetchDeviceRequest / PushGradientsDeviceRequest
+// .channel_secret) is `expected`, the secret of channel `channel`
+// (constant time); PERMISSION_DENIED otherwise: the caller may hold a
+// valid token, but it did not open this channel, so it may neither make
+// the daemon send this channel's trainer bytes nor receive from it.
+absl::Status CheckDeviceChannelSecret(const std::string& presented, const std::string& expected,
+                                      uint64_t channel);
 
 }  // namespace paramd
 

@@ -322,7 +322,9 @@ TEST_F(TlsTokenTest, MissingOrUnknownTokenIsUnauthenticated) {
     for (const char* method :
          {"/paramd.rpc.Coordinator/GetStatus", "/paramd.rpc.Coordinator/GetManifest",
           "/paramd.rpc.Daemon/Fetch", "/paramd.rpc.Daemon/PushGradients",
-          "/paramd.rpc.Daemon/LoadShards", "/paramd.checkpoint.CheckpointCoordinator/Checkpoint"}) {
+          "/paramd.rpc.Daemon/OpenDeviceChannel", "/paramd.rpc.Daemon/FetchDevice",
+          "/paramd.rpc.Daemon/PushGradientsDevice", "/paramd.rpc.Daemon/LoadShards",
+          "/paramd.checkpoint.CheckpointCoordinator/Checkpoint"}) {
       auto channel = Channel(AddressOf(method), token, certs_);
       ASSERT_TRUE(channel.ok());
       const grpc::Status s =

@@ -17,6 +17,7 @@
 #include "proto/paramd.grpc.pb.h"
 #include "server/convert.h"
 #include "sharding/assemble.h"
+#include "transport/channel_secret.h"
 #include "transport/nccl_address.h"
 #include "transport/nccl_transport.h"
 
@@ -70,6 +71,7 @@ class DeviceFetcher::Channel {
   std::unique_ptr<Transport> transport;
   NcclTransport* nccl = nullptr;
   uint64_t id = 0;
+  std::string secret;  // the channel's (DeviceChannelEvent.channel_secret)
   // The nccl addresses of the two ends (for the shared-GPU guard).
   std::string daemon_address;
   std::string trainer_address;
@@ -252,10 +254,14 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
   GPU_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   TransportOptions endpoint_options;
   endpoint_options.listen_address = options_.listen_address;
+  // The endpoint accepts only the daemon of this channel: it proves the
+  // channel's secret, which the daemon's first event hands over (below).
+  ChannelSecret secret;
   ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint,
-                   OpenNcclEndpoint(endpoint_options));
+                   OpenNcclEndpoint(secret.Apply(endpoint_options)));
   auto c = std::make_unique<Channel>();
-  c->grpc_channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // The client's channel to the daemon: its TLS and token.
+  c->grpc_channel = client_->DaemonChannel(address);
   c->stub = rpc::Daemon::NewStub(c->grpc_channel);
   c->context = std::make_unique<grpc::ClientContext>();  // no deadline: lives with the channel
   rpc::OpenDeviceChannelRequest request;
@@ -284,7 +290,14 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
                           absl::StrCat("OpenDeviceChannel on daemon ", daemon, " (", address,
                                        ")"));
   }
+  if (event.channel_secret().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "daemon ", daemon, " at ", address,
+        " opened a device channel without a channel secret (an older hybrid-paramd?)"));
+  }
   c->id = event.channel();
+  c->secret = event.channel_secret();
+  secret.Set(c->secret);  // before Connect: the control channel then accepts the daemon
   c->daemon_address = event.daemon_address();
   c->trainer_address = request.trainer_address();
   // Two daemons on one GPU reached over NCCL: refused (nccl_address.h).
@@ -448,6 +461,7 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     if (!c.ok()) return c.status();
     job.channel = *c;
     job.request.set_channel(job.channel->id);
+    job.request.set_channel_secret(job.channel->secret);
     job.request.set_version(version);
     job.request.set_tag(next_tag_++);
   }
@@ -636,17 +650,19 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     if (j.pieces.empty()) continue;
     ASSIGN_OR_RETURN(j.channel, ChannelTo(rank, j.address, deadline));
     j.request.set_channel(j.channel->id);
+    j.request.set_channel_secret(j.channel->secret);
     j.request.set_tag(next_tag_++);
   }
   const int device = options_.device;
-  auto exchange = [device, deadline](PushJob* j) {
+  client::Client* const client = client_;
+  auto exchange = [device, deadline, client](PushJob* j) {
     cudaSetDevice(device);
     std::unique_ptr<rpc::Daemon::Stub> stub;
     rpc::Daemon::StubInterface* s = nullptr;
     if (j->channel != nullptr) {
       s = j->channel->stub.get();
     } else {
-      stub = rpc::Daemon::NewStub(grpc::CreateChannel(j->address, grpc::InsecureChannelCredentials()));
+      stub = rpc::Daemon::NewStub(client->DaemonChannel(j->address));
       s = stub.get();
     }
     grpc::ClientContext context;

@@ -19,6 +19,7 @@
 #include "server/gpu_backend/fetch_server.h"
 #include "server/gpu_backend/finite_check.h"
 #include "server/gpu_backend/push_apply.h"
+#include "transport/channel_secret.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
@@ -202,7 +203,7 @@ class NcclDeviceChannel : public DeviceChannel {
 };
 
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
-    const std::string& listen_address) {
+    const std::string& listen_address, const std::string& secret) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -211,7 +212,9 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
   GPU_RETURN_IF_ERROR(cudaSetDevice(kDevice));
   TransportOptions options;
   options.listen_address = listen_address;
-  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint, OpenNcclEndpoint(options));
+  // Only the trainer that was handed `secret` may talk to this endpoint.
+  ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint,
+                   OpenNcclEndpoint(ChannelSecret(secret).Apply(options)));
   return std::unique_ptr<DeviceChannel>(new NcclDeviceChannel(std::move(endpoint)));
 }
 

@@ -16,7 +16,9 @@
 // linked and registered instead of the fakes.
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,7 @@ struct Control {
     bool in_flight;
   };
   std::vector<Send> sends ABSL_GUARDED_BY(mu);
+  std::vector<std::string> opened_secrets ABSL_GUARDED_BY(mu);  // given to the opener
 };
 Control& Ctl() {
   static Control* c = new Control;
@@ -151,7 +154,10 @@ const bool kFakeGpu = RegisterGpuShardBackend(
       return std::unique_ptr<ShardBackend>(new FakeGpuBackend(*std::move(inner)));
     });
 const bool kFakeChannel = RegisterDeviceChannelOpener(
-    [](const std::string&) -> absl::StatusOr<std::unique_ptr<DeviceChannel>> {
+    [](const std::string&,
+       const std::string& secret) -> absl::StatusOr<std::unique_ptr<DeviceChannel>> {
+      absl::MutexLock lock(&Ctl().mu);
+      Ctl().opened_secrets.push_back(secret);
       return std::unique_ptr<DeviceChannel>(new FakeChannel);
     });
 // --backend=gpu asks whether an "nccl" transport can run (select.cc).
@@ -210,16 +216,21 @@ class DaemonOverlapCpu : public ::testing::Test {
     ch.reader = stub_->OpenDeviceChannel(ch.context.get(), request);
     rpc::DeviceChannelEvent event;
     EXPECT_TRUE(ch.reader->Read(&event));
+    secrets_[event.channel()] = event.channel_secret();
     return event.channel();
   }
 
-  // FetchDevice of "w" rowwise at `version`, answered in the future.
-  std::future<grpc::Status> Fetch(uint64_t channel, int64_t version, bool reply_after_send = true) {
-    return std::async(std::launch::async, [this, channel, version, reply_after_send] {
+  // FetchDevice of "w" rowwise at `version`, answered in the future, with
+  // the channel's secret (or `secret` when given).
+  std::future<grpc::Status> Fetch(uint64_t channel, int64_t version, bool reply_after_send = true,
+                                  std::optional<std::string> secret = std::nullopt) {
+    if (!secret) secret = secrets_[channel];
+    return std::async(std::launch::async, [this, channel, version, reply_after_send, secret] {
       grpc::ClientContext context;
       SetDeadline(context, absl::Seconds(10));
       rpc::FetchDeviceRequest request;
       request.set_channel(channel);
+      request.set_channel_secret(*secret);
       request.set_version(version);
       request.set_tag(static_cast<uint64_t>(version) + 1);
       request.set_reply_after_send(reply_after_send);
@@ -253,6 +264,7 @@ class DaemonOverlapCpu : public ::testing::Test {
   std::unique_ptr<rpc::Daemon::Stub> stub_;
   std::unique_ptr<client::Client> client_;
   std::vector<Channel> channels_;
+  std::map<uint64_t, std::string> secrets_;  // by channel id, from the first event
 };
 
 bool Pending(std::future<grpc::Status>& f, absl::Duration d = absl::Milliseconds(300)) {
@@ -383,6 +395,64 @@ TEST_F(DaemonOverlapCpu, FetchesBesideStepsPinsAndInFlightVersions) {
   ASSERT_TRUE(stub_->GetStats(&context, request, &stats).ok());
   EXPECT_EQ(stats.stats().device_fetches_streamed(), 1);  // v3 (v5 failed)
   EXPECT_GE(stats.stats().device_fetches_beside_step(), 1);  // v0 in phase 1
+}
+
+// Each device channel gets a fresh secret (the one its NCCL endpoint was
+// opened with), handed out only in the channel's first event; FetchDevice
+// and PushGradientsDevice on a channel without its secret -- none,
+// another channel's, a near miss -- are PERMISSION_DENIED, send nothing,
+// and do not echo the secret.
+TEST_F(DaemonOverlapCpu, DeviceChannelsServeOnlyTheirOpener) {
+  Control& c = Ctl();
+  {
+    absl::MutexLock lock(&c.mu);
+    c.sends.clear();
+    c.opened_secrets.clear();
+  }
+  const uint64_t ch = OpenChannel();
+  const uint64_t other = OpenChannel();
+  const std::string mine = secrets_[ch], theirs = secrets_[other];
+  EXPECT_EQ(mine.size(), 64u);
+  EXPECT_NE(mine, theirs);
+  {
+    absl::MutexLock lock(&c.mu);
+    EXPECT_EQ(c.opened_secrets, (std::vector<std::string>{mine, theirs}));
+  }
+  std::string near_miss = mine;
+  near_miss.back() = near_miss.back() == '0' ? '1' : '0';
+  for (const std::string& wrong : {std::string(), theirs, near_miss}) {
+    const grpc::Status s = Fetch(ch, 0, /*reply_after_send=*/true, wrong).get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_EQ(s.error_message().find(mine), std::string::npos);
+
+    rpc::PushGradientsDeviceRequest push;
+    push.set_channel(ch);
+    push.set_channel_secret(wrong);
+    push.set_version(0);
+    push.set_pusher_id(client_->member_id());
+    push.set_tag(77);
+    rpc::DevicePushTensor* t = push.add_tensors();
+    t->set_tensor("w");
+    t->set_row_begin(0);
+    t->set_row_end(64);
+    t->set_dtype(rpc::DTYPE_FP32);
+    rpc::PushGradientsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    const grpc::Status p = stub_->PushGradientsDevice(&context, push, &response);
+    EXPECT_EQ(p.error_code(), grpc::StatusCode::PERMISSION_DENIED) << p.error_message();
+  }
+  {
+    absl::MutexLock lock(&c.mu);
+    EXPECT_TRUE(c.sends.empty()) << "a refused FetchDevice sent";
+  }
+  // Its own secret works; the other channel's opener uses its own.
+  grpc::Status s = Fetch(ch, 0).get();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = Fetch(other, 0).get();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  absl::MutexLock lock(&c.mu);
+  EXPECT_EQ(c.sends.size(), 2u);
 }
 
 }  // namespace
