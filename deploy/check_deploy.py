@@ -80,6 +80,29 @@ def check_role(values, where):
     return role
 
 
+def is_loopback(listen):
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    host = host.strip("[]")
+    return host in ("localhost", "::1") or re.match(r"^127\.\d+\.\d+\.\d+$", host) is not None
+
+
+def check_listen(values, where):
+    """hybrid-paramd's start-up rule (docs/SECURITY.md, "Listening"): without
+    TLS the gRPC ports are loopback only, and the metrics endpoint (plain
+    HTTP, TLS or not) too, unless --insecure_listen_anywhere."""
+    insecure = values.get("insecure_listen_anywhere", "") in (None, "true", "1")
+    tls = bool(values.get("tls_cert"))
+    for flag, default in (("listen", "127.0.0.1:7070"), ("data_plane_listen", "127.0.0.1:0")):
+        value = values.get(flag) or default
+        if not (tls or insecure or is_loopback(value)):
+            problem(where, f"--{flag}={value} without TLS or --insecure_listen_anywhere: refused at start")
+    metrics = values.get("metrics_listen") or (
+        f"0.0.0.0:{values['metrics_port']}" if values.get("metrics_port") not in (None, "", "0") else "")
+    if metrics and not insecure and not is_loopback(metrics):
+        problem(where, f"metrics on {metrics} (plain HTTP) without --insecure_listen_anywhere: "
+                "refused at start")
+
+
 def host_port(value):
     m = re.match(r"^(.*):(\d+)$", value or "")
     return (m.group(1), int(m.group(2))) if m else (None, None)
@@ -104,6 +127,7 @@ def check_systemd(binary, directory):
             where = os.path.join(directory, instance + ".flags")
             values = check_flags(flagfile_args(open(where).read(), where), flags, where)
             check_role(values, where)
+            check_listen(values, where)
             # systemd-analyze verify needs the binary to exist: point
             # ExecStart at the one under test, one file per instance.
             path = os.path.join(tmp, f"hybrid-paramd@{instance}.service")
@@ -206,6 +230,7 @@ def check_k8s(binary, hpctl, directory):
                     args.append(expand(a, env))
             values = check_flags(args, flags, cwhere)
             role = check_role(values, cwhere)
+            check_listen(values, cwhere)
             roles[role] = (w, values)
             ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
             _, listen_port = host_port(values.get("listen", "0.0.0.0:7070"))

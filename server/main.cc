@@ -170,10 +170,12 @@ ABSL_FLAG(int32_t, v, 0, "verbose logging: show debug messages of verbosity <= N
 ABSL_FLAG(int32_t, log_every_versions, 100,
           "coordinator: log every Nth committed version at INFO (the others at --v=1)");
 ABSL_FLAG(std::string, metrics_listen, "",
-          "serve Prometheus text metrics on http://HOST:PORT/metrics (e.g. 0.0.0.0:9100; "
-          "port 0 = any free port, logged; \"\" = off)");
+          "serve Prometheus text metrics on http://HOST:PORT/metrics (plain HTTP: a loopback "
+          "address unless --insecure_listen_anywhere; port 0 = any free port, logged; \"\" = "
+          "off)");
 ABSL_FLAG(int32_t, metrics_port, 0,
-          "same as --metrics_listen=0.0.0.0:<port> (0 = off; --metrics_listen wins)");
+          "same as --metrics_listen=0.0.0.0:<port>, so it needs --insecure_listen_anywhere "
+          "(0 = off; --metrics_listen wins)");
 // Input limits (docs/SECURITY.md "Input limits and validation").
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20,
           "largest gRPC message received or sent, in bytes (a push chunk, a fetch chunk, a "
@@ -473,6 +475,9 @@ absl::Status Run() {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  RETURN_IF_ERROR(CheckMetricsListen(absl::GetFlag(FLAGS_metrics_listen),
+                                     absl::GetFlag(FLAGS_metrics_port),
+                                     options.insecure_listen_anywhere));
   ASSIGN_OR_RETURN(std::unique_ptr<ParamdServer> server, ParamdServer::Start(options));
   std::unique_ptr<MetricsExporter> metrics;
   std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

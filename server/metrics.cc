@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "auth/security.h"
 #include "common/build_info.h"
 #include "common/telemetry.h"
 #include "prometheus/collectable.h"
@@ -253,6 +254,29 @@ int CaptureLog(const struct mg_connection*, const char* message) {
 }
 
 }  // namespace
+
+absl::Status CheckMetricsListen(const std::string& metrics_listen, int metrics_port,
+                                bool insecure_listen_anywhere) {
+  std::string flag = "--metrics_listen";
+  std::string listen = metrics_listen;
+  if (listen.empty()) {
+    if (metrics_port == 0) return absl::OkStatus();
+    flag = absl::StrCat("--metrics_port=", metrics_port, " (0.0.0.0:", metrics_port, ")");
+    listen = absl::StrCat("0.0.0.0:", metrics_port);
+  }
+  // Loopback or opted in: the same rule as the gRPC ports, without the TLS
+  // way out (the endpoint has none).
+  if (auth::CheckListenAddress(listen, /*tls=*/false, insecure_listen_anywhere).ok()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      metrics_listen.empty() ? flag : absl::StrCat(flag, "=", listen),
+      " is not a loopback address: the metrics endpoint is plain HTTP without "
+      "authentication (TLS and --auth_token_file do not cover it), so it listens on "
+      "loopback only (127.0.0.1, ::1, localhost). Give --insecure_listen_anywhere to serve it "
+      "to the network anyway (firewall it to the scraper), or scrape it on this host "
+      "(docs/SECURITY.md)"));
+}
 
 absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view listen) {
   const size_t colon = listen.rfind(':');

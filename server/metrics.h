@@ -31,6 +31,15 @@ namespace paramd {
 // otherwise.
 absl::StatusOr<std::pair<std::string, int>> ParseMetricsListen(absl::string_view listen);
 
+// The metrics endpoint is plain HTTP without authentication (neither TLS
+// nor --auth_token_file covers it), so it listens on loopback only unless
+// `insecure_listen_anywhere`: OK for `metrics_listen` (else, when
+// `metrics_port` != 0, for 0.0.0.0:<metrics_port>) on 127.0.0.0/8, ::1 or
+// localhost, or when neither is set; InvalidArgument naming the flag
+// otherwise. Checked before the server starts.
+absl::Status CheckMetricsListen(const std::string& metrics_listen, int metrics_port,
+                                bool insecure_listen_anywhere);
+
 struct MetricsOptions {
   // "HOST:PORT" (port 0: any free port, see port()).
   std::string listen;

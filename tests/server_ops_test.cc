@@ -199,13 +199,17 @@ TEST_F(ServerOpsTest, MetricsListenServesAScrape) {
 TEST_F(ServerOpsTest, MetricsPortIsAnAliasAndABoundPortIsAClearError) {
   const int metrics_port = FreePort();
   std::string address;
-  Start("first", {absl::StrCat("--metrics_port=", metrics_port)}, &address);
+  // 0.0.0.0: plain HTTP beyond loopback must be asked for.
+  Start("first", {absl::StrCat("--metrics_port=", metrics_port), "--insecure_listen_anywhere"},
+        &address);
   ASSERT_FALSE(address.empty());
   // (rank "-" or "0": the daemon may not have joined yet)
   EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"),
                                 "paramd_committed_version{role=\"both\",rank="));
   // The same metrics port again: exit 1 with civetweb's reason.
-  const int second = Start("second", {absl::StrCat("--metrics_port=", metrics_port)}, nullptr);
+  const int second = Start(
+      "second", {absl::StrCat("--metrics_port=", metrics_port), "--insecure_listen_anywhere"},
+      nullptr);
   EXPECT_EQ(ExitCode(second), 1);
   const std::string log = ReadFile(Log("second"));
   EXPECT_TRUE(absl::StrContains(log, "metrics endpoint on 0.0.0.0:")) << log;
@@ -213,6 +217,26 @@ TEST_F(ServerOpsTest, MetricsPortIsAnAliasAndABoundPortIsAClearError) {
   const int bad = Start("bad", {"--metrics_listen=nonsense"}, nullptr);
   EXPECT_EQ(ExitCode(bad), 1);
   EXPECT_TRUE(absl::StrContains(ReadFile(Log("bad")), "--metrics_listen must be HOST:PORT"));
+}
+
+// The metrics endpoint is plain HTTP without authentication: a
+// non-loopback address without --insecure_listen_anywhere is refused at
+// start (exit 1, naming the flag), TLS or not.
+TEST_F(ServerOpsTest, MetricsBeyondLoopbackNeedInsecureListenAnywhere) {
+  const std::vector<std::vector<std::string>> refused = {
+      {"--metrics_listen=0.0.0.0:0"},
+      {"--metrics_listen=:0"},
+      {absl::StrCat("--metrics_port=", FreePort())},
+  };
+  for (size_t i = 0; i < refused.size(); ++i) {
+    const std::string name = absl::StrCat("metrics_refused", i);
+    const int child = Start(name, refused[i], nullptr);
+    EXPECT_EQ(ExitCode(child), 1) << refused[i][0];
+    const std::string log = ReadFile(Log(name));
+    EXPECT_TRUE(absl::StrContains(log, "is not a loopback address")) << log;
+    EXPECT_TRUE(absl::StrContains(log, "--insecure_listen_anywhere")) << log;
+    EXPECT_TRUE(absl::StrContains(log, refused[i][0].substr(0, refused[i][0].find('=')))) << log;
+  }
 }
 
 TEST_F(ServerOpsTest, SecondServerOnTheSamePortExitsNonZero) {
