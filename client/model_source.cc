@@ -49,7 +49,8 @@ float HalfToFloat(uint16_t h) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model) {
+absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model,
+                                                    int64_t max_name_bytes) {
   std::error_code ec;
   std::string index;
   if (fs::is_directory(model, ec)) {
@@ -86,6 +87,10 @@ absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model) {
   }
   std::set<std::string> shards;
   for (const auto& [tensor, file] : j["weight_map"].items()) {
+    // Before any message quotes the name.
+    if (absl::Status named = CheckTensorName(tensor, max_name_bytes); !named.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map: ", named.message()));
+    }
     if (!file.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map['", tensor,
                                                      "'] is not a file name"));
@@ -101,11 +106,12 @@ absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model) {
   return std::vector<std::string>(shards.begin(), shards.end());
 }
 
-absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files) {
+absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files,
+                                                        int64_t max_name_bytes) {
   std::vector<WeightSource> out;
   std::set<std::string> seen;
   for (const std::string& path : files) {
-    auto opened = safetensors::SafetensorsFile::Open(path);
+    auto opened = safetensors::SafetensorsFile::Open(path, max_name_bytes);
     if (!opened.ok()) {
       return absl::Status(opened.status().code(),
                           absl::StrCat(path, ": ", opened.status().message()));

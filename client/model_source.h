@@ -14,11 +14,13 @@
 #ifndef PARAMD_CLIENT_MODEL_SOURCE_H_
 #define PARAMD_CLIENT_MODEL_SOURCE_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/weight_stream.h"
+#include "common/names.h"
 
 namespace paramd {
 namespace client {
@@ -28,13 +30,18 @@ namespace client {
 // shard names must be files beside it); a directory's
 // model.safetensors.index.json if it has one, else every *.safetensors in
 // it (sorted). NOT_FOUND for a path that is none of these or an empty
-// directory; INVALID_ARGUMENT for an index that is not one.
-absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model);
+// directory; INVALID_ARGUMENT for an index that is not one, or one naming
+// a tensor that breaks the name rule (common/names.h, at most
+// `max_name_bytes`: set it as the cluster's --max_tensor_name_bytes).
+absl::StatusOr<std::vector<std::string>> ModelFiles(
+    const std::string& model, int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
 
 // One source per tensor of `files`: F32 and BF16 are sent as they are,
 // F16 as FP32 (exact). INVALID_ARGUMENT for other dtypes or a tensor in two
-// files; the reader's errors for a file that is not safetensors.
-absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files);
+// files; the reader's errors for a file that is not safetensors or holds a
+// name that breaks the name rule (at most `max_name_bytes`).
+absl::StatusOr<std::vector<WeightSource>> WeightSources(
+    const std::vector<std::string>& files, int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
 
 }  // namespace client
 }  // namespace paramd

@@ -237,5 +237,17 @@ std::string OptionParser::Usage() const {
   return usage;
 }
 
+void TensorNameLimit::AddTo(OptionParser& opts) {
+  opts.AddInt("max_tensor_name_bytes", &bytes_,
+              "longest tensor name accepted in a model file, in bytes (set it as on the "
+              "cluster's hybrid-paramd --max_tensor_name_bytes)");
+}
+
+absl::Status TensorNameLimit::Check() const {
+  if (bytes_ >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--max_tensor_name_bytes must be at least 1, got ", bytes_));
+}
+
 }  // namespace hpctl
 }  // namespace paramd

@@ -59,6 +59,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "common/names.h"
 
 namespace paramd {
 namespace hpctl {
@@ -149,6 +150,21 @@ class OptionParser {
   std::vector<Option> options_;
   std::vector<std::string> positional_;
   bool help_requested_ = false;
+};
+
+// `--max_tensor_name_bytes` of the commands that read model files on this
+// machine (inspect, load): the same rule and default as hybrid-paramd's
+// flag of that name (common/names.h), so hpctl accepts exactly the names a
+// server would.
+class TensorNameLimit {
+ public:
+  void AddTo(OptionParser& opts);
+  // After Parse: InvalidArgument for a limit below 1.
+  absl::Status Check() const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  int64_t bytes_ = kDefaultMaxTensorNameBytes;
 };
 
 }  // namespace hpctl

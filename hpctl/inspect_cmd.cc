@@ -36,7 +36,13 @@ int RunInspect(int argc, char** argv) {
   opts.AddString("filter", &filter, "only tensors whose name matches this regex (search)");
   bool print_builtin = false;
   opts.AddBool("print_builtin_recipe", &print_builtin, "print the built-in recipe and exit");
+  TensorNameLimit name_limit;
+  name_limit.AddTo(opts);
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
+  if (absl::Status s = name_limit.Check(); !s.ok()) {
+    std::cerr << "hpctl inspect: " << s.message() << "\n";
+    return kExitUsage;
+  }
   if (print_builtin) {
     std::cout << Recipe::BuiltinRecipeText();
     return kExitOk;
@@ -53,7 +59,7 @@ int RunInspect(int argc, char** argv) {
     recipe = &*loaded;
   }
   absl::StatusOr<safetensors::ShardedSafetensors> model =
-      safetensors::ShardedSafetensors::Open(opts.positional()[0]);
+      safetensors::ShardedSafetensors::Open(opts.positional()[0], name_limit.bytes());
   if (!model.ok()) return Fail(model.status());
   InspectOptions options;
   options.all_formats = all_formats;

@@ -52,14 +52,20 @@ int RunLoad(int argc, char** argv) {
                "progress on stderr: in place on a terminal, else whole lines");
   opts.AddBool("force", &force, "replace the model the cluster holds");
   opts.AddDouble("load_timeout", &load_timeout, "seconds to wait for the daemons to load");
+  TensorNameLimit name_limit;
+  name_limit.AddTo(opts);
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
+  if (absl::Status s = name_limit.Check(); !s.ok()) {
+    std::cerr << "hpctl load: " << s.message() << "\n";
+    return kExitUsage;
+  }
   if (opts.positional().size() != 1) {
     std::cerr << "hpctl load: expected exactly one MODEL\n" << opts.Usage();
     return kExitUsage;
   }
   std::error_code ec;
   const std::string model = fs::absolute(opts.positional()[0], ec).string();
-  auto files = client::ModelFiles(model);
+  auto files = client::ModelFiles(model, name_limit.bytes());
   if (!files.ok()) return ReportFailure("load", files.status());
   const bool single = files->size() == 1 && *files->begin() == model;
   std::string recipe;
@@ -88,7 +94,7 @@ int RunLoad(int argc, char** argv) {
     Spinner spinner(label + replacing, progress && terminal);
     version = (*client)->Load(model, recipe, absl::Seconds(load_timeout), force);
   } else {
-    auto sources = client::WeightSources(*files);
+    auto sources = client::WeightSources(*files, name_limit.bytes());
     if (!sources.ok()) return ReportFailure("load", sources.status());
     std::cerr << "streaming " << sources->size() << " tensors from " << files->size()
               << " file(s)" << replacing << " ...\n";

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "safetensors/atomic_file.h"
 #include "safetensors/json_util.h"
@@ -161,28 +162,30 @@ absl::Status ShardedWriter::Finish() {
 // ---------------------------------------------------------------------------
 // ShardedSafetensors
 
-absl::StatusOr<ShardedSafetensors> ShardedSafetensors::Open(const std::string& path) {
+absl::StatusOr<ShardedSafetensors> ShardedSafetensors::Open(const std::string& path,
+                                                            int64_t max_name_bytes) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot open", path);
   if (S_ISDIR(st.st_mode)) {
     std::string index = JoinPath(path, kIndexFileName);
-    if (stat(index.c_str(), &st) == 0) return OpenIndex(index);
+    if (stat(index.c_str(), &st) == 0) return OpenIndex(index, max_name_bytes);
     std::string single = JoinPath(path, kSingleFileName);
     if (stat(single.c_str(), &st) != 0) {
       return absl::NotFoundError(
           absl::StrCat(path, ": directory has neither ", kIndexFileName, " nor ", kSingleFileName));
     }
-    return Open(single);
+    return Open(single, max_name_bytes);
   }
-  if (absl::EndsWith(path, ".json")) return OpenIndex(path);
+  if (absl::EndsWith(path, ".json")) return OpenIndex(path, max_name_bytes);
   ShardedSafetensors model;
-  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path));
+  ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Open(path, max_name_bytes));
   model.files_.push_back(std::make_unique<SafetensorsFile>(std::move(file)));
   model.BuildEntries();
   return model;
 }
 
-absl::StatusOr<ShardedSafetensors> ShardedSafetensors::OpenIndex(const std::string& index_path) {
+absl::StatusOr<ShardedSafetensors> ShardedSafetensors::OpenIndex(const std::string& index_path,
+                                                                 int64_t max_name_bytes) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", what));
   };
@@ -214,6 +217,10 @@ absl::StatusOr<ShardedSafetensors> ShardedSafetensors::OpenIndex(const std::stri
   // file name -> tensors the index puts there; sorted, so shards open in order.
   std::map<std::string, std::vector<std::string>> by_file;
   for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    // Before any message quotes the name.
+    if (absl::Status named = CheckTensorName(it.key(), max_name_bytes); !named.ok()) {
+      return bad(absl::StrCat("weight_map: ", named.message()));
+    }
     if (!it->is_string()) {
       return bad(
           absl::StrCat("weight_map: tensor '", it.key(), "' maps to a non-string ", it->dump()));
@@ -228,7 +235,8 @@ absl::StatusOr<ShardedSafetensors> ShardedSafetensors::OpenIndex(const std::stri
 
   const std::string dir = DirectoryOf(index_path);
   for (const auto& [file_name, names] : by_file) {
-    absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Open(JoinPath(dir, file_name));
+    absl::StatusOr<SafetensorsFile> file =
+        SafetensorsFile::Open(JoinPath(dir, file_name), max_name_bytes);
     if (!file.ok()) {
       return WithContext(file.status(), absl::StrCat(index_path, ": shard '", file_name,
                                                      "' (holds tensor '", names.front(), "'): "));

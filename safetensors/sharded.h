@@ -114,7 +114,10 @@ class ShardedSafetensors {
   // a non-negative integer; each mapped file must exist and hold the tensor;
   // every tensor of every shard must be mapped to that shard. Errors name the
   // index, the shard file and the tensor.
-  static absl::StatusOr<ShardedSafetensors> Open(const std::string& path);
+  // Every tensor name (of the index and of each file) must pass
+  // CheckTensorName(name, max_name_bytes) (common/names.h).
+  static absl::StatusOr<ShardedSafetensors> Open(
+      const std::string& path, int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
 
   // Tensors in file order (shards in index order, then data order).
   const std::vector<Entry>& tensors() const { return entries_; }
@@ -133,7 +136,8 @@ class ShardedSafetensors {
 
  private:
   ShardedSafetensors() = default;
-  static absl::StatusOr<ShardedSafetensors> OpenIndex(const std::string& index_path);
+  static absl::StatusOr<ShardedSafetensors> OpenIndex(const std::string& index_path,
+                                                      int64_t max_name_bytes);
   void BuildEntries();
 
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -448,6 +448,50 @@ TEST(HpctlNoCluster, UnusableAddressesFailFastWithTheReason) {
   }
 }
 
+// hpctl reads model files with the servers' name rule and default limit
+// (--max_tensor_name_bytes, 1 KiB): a 2000-byte name in a safetensors
+// header (hpctl inspect) or in a sharded checkpoint's index (hpctl load) is
+// refused without being echoed, before anything is connected to; a larger
+// limit lets it through; a limit below 1 is a usage error.
+TEST(HpctlNoCluster, ModelFilesFollowTheServersTensorNameLimit) {
+  auto dir = demo::TempDir::Create("hpctl_names");
+  ASSERT_TRUE(dir.ok());
+  const std::string name(2000, 'n');
+  const std::string header = absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[2],)",
+                                          R"("data_offsets":[0,8]}})");
+  const std::string file = dir->path() + "/long.safetensors";
+  {
+    std::ofstream out(file, std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(8, '\0');
+  }
+  const std::string ckpt = dir->path() + "/ckpt";
+  std::filesystem::create_directories(ckpt);
+  std::ofstream(ckpt + "/model.safetensors.index.json")
+      << R"({"weight_map":{")" << name << R"(":"model-00001.safetensors"}})";
+
+  absl::Duration took;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"inspect", file},
+        std::vector<std::string>{"load", ckpt, "--address=127.0.0.1:1"}}) {
+    HpctlRun run = HpctlAlone(args, &took);
+    EXPECT_EQ(run.exit_code, 1) << args[0] << ": " << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, "2000 bytes")) << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, "--max_tensor_name_bytes")) << run.out;
+    EXPECT_FALSE(absl::StrContains(run.out, std::string(100, 'n'))) << "the name was echoed";
+    EXPECT_FALSE(absl::StrContains(run.out, "Connection refused")) << run.out;
+  }
+  HpctlRun run = HpctlAlone({"inspect", file, "--max_tensor_name_bytes=4096"}, &took);
+  EXPECT_EQ(run.exit_code, 0) << run.out;
+  run = HpctlAlone({"load", ckpt, "--max_tensor_name_bytes=4096", "--address=127.0.0.1:1"}, &took);
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "Connection refused")) << "got past the index: " << run.out;
+  run = HpctlAlone({"inspect", file, "--max_tensor_name_bytes=0"}, &took);
+  EXPECT_EQ(run.exit_code, 2) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "at least 1")) << run.out;
+}
+
 TEST(HpctlNoCluster, StatusWithoutACoordinatorFailsFast) {
   demo::ChildProcesses children;
   auto dir = demo::TempDir::Create("hpctl");
