@@ -59,6 +59,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& addres
 
 grpc::Status CallRaw(grpc::Channel* channel, const std::string& method,
                      const google::protobuf::Message& request, absl::Duration timeout) {
+  return CallRawBytes(channel, method, {request.SerializeAsString()}, timeout);
+}
+
+grpc::Status CallRawBytes(grpc::Channel* channel, const std::string& method,
+                          const std::vector<std::string>& messages, absl::Duration timeout) {
   grpc::GenericStub stub(channel->shared_from_this());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -72,19 +77,20 @@ grpc::Status CallRaw(grpc::Channel* channel, const std::string& method,
     return tag == want && ok;
   };
   call->StartCall(reinterpret_cast<void*>(1));
-  if (step(reinterpret_cast<void*>(1))) {
-    const std::string bytes = request.SerializeAsString();
-    grpc::Slice slice(bytes);
+  bool sent = step(reinterpret_cast<void*>(1));
+  for (size_t i = 0; sent && i < messages.size(); ++i) {
+    grpc::Slice slice(messages[i]);
     grpc::ByteBuffer buffer(&slice, 1);
     call->Write(buffer, reinterpret_cast<void*>(2));
-    if (step(reinterpret_cast<void*>(2))) {
-      call->WritesDone(reinterpret_cast<void*>(3));
-      if (step(reinterpret_cast<void*>(3))) {
-        grpc::ByteBuffer response;
-        for (;;) {
-          call->Read(&response, reinterpret_cast<void*>(4));
-          if (!step(reinterpret_cast<void*>(4))) break;
-        }
+    sent = step(reinterpret_cast<void*>(2));
+  }
+  if (sent) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    if (step(reinterpret_cast<void*>(3))) {
+      grpc::ByteBuffer response;
+      for (;;) {
+        call->Read(&response, reinterpret_cast<void*>(4));
+        if (!step(reinterpret_cast<void*>(4))) break;
       }
     }
   }

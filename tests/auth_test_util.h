@@ -48,6 +48,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& addres
 // call's status.
 grpc::Status CallRaw(grpc::Channel* channel, const std::string& method,
                      const google::protobuf::Message& request, absl::Duration timeout);
+// The same with `messages` as the raw request messages, written in order
+// before the half-close: serialized requests or any bytes at all.
+grpc::Status CallRawBytes(grpc::Channel* channel, const std::string& method,
+                          const std::vector<std::string>& messages, absl::Duration timeout);
 
 // Whether `s` is an authentication/authorization refusal.
 inline bool Refused(const grpc::Status& s) {

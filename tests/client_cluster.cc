@@ -1,8 +1,10 @@
 #include "tests/client_cluster.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -143,6 +145,18 @@ void TestCluster::SignalDaemon(int d, int sig) { children_.Signal(daemons_[d], s
 void TestCluster::KillDaemon(int d) {
   children_.Signal(daemons_[d], SIGKILL);
   (void)children_.Wait(daemons_[d], absl::Seconds(10));
+}
+
+std::vector<std::string> TestCluster::Exited() {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < names_.size(); ++i) {
+    const std::optional<int> status = children_.Poll(static_cast<int>(i));
+    if (!status) continue;
+    out.push_back(WIFSIGNALED(*status)
+                      ? absl::StrCat(names_[i], ": signal ", WTERMSIG(*status))
+                      : absl::StrCat(names_[i], ": exit ", WEXITSTATUS(*status)));
+  }
+  return out;
 }
 
 std::string TestCluster::Logs() const {

@@ -81,6 +81,9 @@ class TestCluster {
   absl::StatusOr<int> StartDaemon(const std::vector<std::string>& extra_flags = {});
   // The last lines of every process's log, for failure messages.
   std::string Logs() const;
+  // The processes of the cluster that have exited (reaping them), each as
+  // "NAME: exit N" or "NAME: signal N" (a crash); empty while all run.
+  std::vector<std::string> Exited();
 
  private:
   explicit TestCluster(demo::TempDir dir) : dir_(std::move(dir)) {}
