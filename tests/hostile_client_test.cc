@@ -32,6 +32,7 @@
 #include "google/protobuf/message.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/ipc.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
 #include "tests/auth_test_util.h"
 #include "tests/server_test_util.h"
@@ -162,6 +163,7 @@ const pb::MethodDescriptor* Method(absl::string_view name) {
 
 bool OnDaemon(absl::string_view method) {
   return absl::StartsWith(method, "/paramd.rpc.Daemon/") ||
+         absl::StartsWith(method, "/paramd.rpc.DaemonIpc/") ||
          absl::StartsWith(method, "/paramd.checkpoint.CheckpointDaemon/");
 }
 
