@@ -264,6 +264,7 @@ absl::Status CheckMetricsListen(const std::string& metrics_listen, int metrics_p
     flag = absl::StrCat("--metrics_port=", metrics_port, " (0.0.0.0:", metrics_port, ")");
     listen = absl::StrCat("0.0.0.0:", metrics_port);
   }
+  RETURN_IF_ERROR(ParseMetricsListen(listen).status());  // a malformed address first
   // Loopback or opted in: the same rule as the gRPC ports, without the TLS
   // way out (the endpoint has none).
   if (auth::CheckListenAddress(listen, /*tls=*/false, insecure_listen_anywhere).ok()) {
