@@ -255,8 +255,9 @@ struct PushRoute {
   int64_t byte_offset = 0;
   int64_t bytes = 0;
 };
-// What daemon `rank` receives of `gradients` (checked): per gradient in
-// order, that daemon's pieces of its tensor in row order (possibly none).
+// What daemon `rank` receives of `gradients` (checked): that daemon's
+// pieces of their tensors in manifest tensor order, then row order
+// (possibly none).
 std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
                                     absl::Span<const Gradient> gradients);
 
@@ -293,6 +294,23 @@ class Client {
   static constexpr int64_t kLatest = -1;
   absl::StatusOr<FetchResult> Fetch(int64_t version, const std::vector<FetchTarget>& targets,
                                     absl::Duration timeout = absl::ZeroDuration());
+
+  // Fetches `targets` of `version` as the step producing it makes each one
+  // ready, from daemons running --pipelined_step (docs/ARCHITECTURE.md
+  // "Pipelined step"), so that a forward pass can start on the first layer:
+  // `on_ready(i, tensor)` is called once per target i as soon as its bytes
+  // are in place (on an internal thread, one call at a time, in no fixed
+  // order), possibly before `version` is published. Returns OK once the
+  // daemons published `version` (every tensor handed out is then that
+  // version's); ABORTED if the step failed or was started again after
+  // tensors were handed out (drop them and fetch again); otherwise Fetch's
+  // errors. A published version, or daemons that do not pipeline, behave as
+  // Fetch (each tensor is handed out when the whole version is there).
+  // Costs one request per target and daemon, in parallel (one thread per
+  // target). Caller buffers in `targets` are filled as in Fetch.
+  absl::Status FetchAsReady(int64_t version, const std::vector<FetchTarget>& targets,
+                            const std::function<void(int, const FetchedTensor&)>& on_ready,
+                            absl::Duration timeout = absl::ZeroDuration());
 
   // Pushes this trainer's gradients for `version` (the version the trainer
   // computed them on). Each tensor's rows go to the daemons owning them, in

@@ -2,6 +2,7 @@
 // pieces of the targets, assembled in place) and PushGradients (one stream
 // per daemon, committed by its end marker), each daemon on its own thread.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -102,9 +103,9 @@ using internal::RunParallel;
 
 }  // namespace
 
-absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
-                                                const std::vector<FetchTarget>& targets,
-                                                absl::Time deadline) {
+absl::StatusOr<FetchResult> Client::Impl::Fetch(
+    int64_t version, const std::vector<FetchTarget>& targets, absl::Time deadline, bool as_ready,
+    const std::function<void(FetchResult&)>& on_bytes_in) {
   if (version == kLatest) {
     ASSIGN_OR_RETURN(version, WaitForVersion(0, deadline));
   }
@@ -172,6 +173,7 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
       rpc::FetchRequest& request = requests[p.daemon_address];
       request.set_version(version);
       request.set_max_chunk_bytes(options_.max_chunk_bytes);
+      request.set_as_ready(as_ready);
       rpc::TensorDirections* td = nullptr;
       for (auto& existing : *request.mutable_tensors()) {
         if (existing.tensor() == r.meta->name) td = &existing;
@@ -191,16 +193,8 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
                                                                     requests.end());
   absl::Mutex result_mu;
   CallGroup group;
-  const std::vector<absl::Status> statuses =
-      RunParallel(per_daemon.size(), [&](int i) {
-        absl::Status s = FetchFromDaemon(version, per_daemon[i].first, per_daemon[i].second,
-                                         index, resolved, result_mu, result.stats, group,
-                                         deadline);
-        if (!s.ok()) group.Fail();
-        return s;
-      });
-  RETURN_IF_ERROR(FirstError(statuses));
-
+  // Every target's values once all daemons' pieces are placed.
+  auto finish = [&]() -> absl::Status {
   for (size_t i = 0; i < resolved.size(); ++i) {
     const Resolved& r = resolved[i];
     if (r.rows_covered != r.meta->rows) {
@@ -222,6 +216,32 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
     result.stats.fp32_equivalent[r.direction] += elements * 4;
     result.stats.bf16_equivalent[r.direction] += elements * 2;
   }
+  return absl::OkStatus();
+  };
+  // as_ready: the daemon holds its stream open until the step ends; the
+  // last daemon whose bytes are in finishes the result and hands it out.
+  std::atomic<size_t> bytes_in{0};
+  bool finished = false;
+  std::function<absl::Status()> daemon_bytes_in;
+  if (on_bytes_in) {
+    daemon_bytes_in = [&]() -> absl::Status {
+      if (bytes_in.fetch_add(1) + 1 != per_daemon.size()) return absl::OkStatus();
+      RETURN_IF_ERROR(finish());
+      finished = true;
+      on_bytes_in(result);
+      return absl::OkStatus();
+    };
+  }
+  const std::vector<absl::Status> statuses =
+      RunParallel(per_daemon.size(), [&](int i) {
+        absl::Status s = FetchFromDaemon(version, per_daemon[i].first, per_daemon[i].second,
+                                         index, resolved, result_mu, result.stats, group,
+                                         deadline, daemon_bytes_in);
+        if (!s.ok()) group.Fail();
+        return s;
+      });
+  RETURN_IF_ERROR(FirstError(statuses));
+  if (!finished) RETURN_IF_ERROR(finish());
   result.stats.fetches = 1;
   absl::MutexLock lock(&mu_);
   totals_ += result.stats;
@@ -231,7 +251,8 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(int64_t version,
 absl::Status Client::Impl::FetchFromDaemon(
     int64_t version, const std::string& address, const rpc::FetchRequest& request,
     std::map<std::pair<std::string, Direction>, int>& index, std::vector<Resolved>& resolved,
-    absl::Mutex& result_mu, FetchStats& stats, CallGroup& group, absl::Time deadline) {
+    absl::Mutex& result_mu, FetchStats& stats, CallGroup& group, absl::Time deadline,
+    const std::function<absl::Status()>& on_bytes_in) {
   const std::string where = absl::StrCat("fetch of version ", version, " from ", address);
   std::shared_ptr<rpc::Daemon::Stub> stub = DaemonStub(address);
   GroupCall call(group, deadline);
@@ -297,6 +318,54 @@ absl::Status Client::Impl::FetchFromDaemon(
   }
 
   DirectionBytes received;
+  // Pieces placed into the targets (once every byte is in).
+  bool placed = false;
+  auto place = [&]() -> absl::Status {
+    absl::MutexLock lock(&result_mu);
+    for (int p = 0; p < plan.pieces_size(); ++p) {
+      const rpc::FetchPiece& fp = plan.pieces(p);
+      Incoming& in = pieces[p];
+      Resolved& r = resolved[in.target];
+      if (in.data_received != fp.data_bytes() || in.scales_received != fp.scale_bytes()) {
+        return absl::DataLossError(absl::StrCat(where, ": piece ", fp.tensor(), " rows [",
+                                                fp.row_begin(), ", ", fp.row_end(),
+                                                ") arrived incomplete"));
+      }
+      if (!in.direct) {
+        RETURN_IF_ERROR(
+            sharding::CopyPieceIn(in.placement, in.data, in.scales, r.data, r.scales));
+      }
+      if (r.have_scale && fp.scale_inv() != r.scale_inv) {
+        return absl::InternalError(absl::StrCat(where, ": pieces of ", fp.tensor(),
+                                                " disagree on scale_inv"));
+      }
+      r.have_scale = true;
+      r.scale_inv = fp.scale_inv();
+      r.amax = std::max(r.amax, fp.amax());
+      r.rows_covered += fp.row_end() - fp.row_begin();
+    }
+    stats.received.rowwise += received.rowwise;
+    stats.received.columnwise += received.columnwise;
+    stats.pieces += plan.pieces_size();
+    placed = true;
+    return absl::OkStatus();
+  };
+  int64_t bytes_expected = 0;
+  int64_t bytes_got = 0;
+  for (const rpc::FetchPiece& fp : plan.pieces()) {
+    bytes_expected += fp.data_bytes() + fp.scale_bytes();
+  }
+  // as_ready: place and report as soon as the bytes are in (the stream
+  // itself ends with the step).
+  auto maybe_early = [&]() -> absl::Status {
+    if (!on_bytes_in || placed || bytes_got != bytes_expected) return absl::OkStatus();
+    RETURN_IF_ERROR(place());
+    return on_bytes_in();
+  };
+  if (absl::Status s = maybe_early(); !s.ok()) {
+    context.TryCancel();
+    return s;
+  }
   while (reader->Read(&message)) {
     if (!message.has_chunk()) {
       context.TryCancel();
@@ -320,35 +389,33 @@ absl::Status Client::Impl::FetchFromDaemon(
     std::memcpy(dst.data() + chunk.offset(), chunk.data().data(), size);
     got += size;
     received[resolved[in.target].direction] += size;
+    bytes_got += size;
+    if (absl::Status s = maybe_early(); !s.ok()) {
+      context.TryCancel();
+      return s;
+    }
   }
   RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), where));
+  if (placed) return absl::OkStatus();
+  return place();
+}
 
-  absl::MutexLock lock(&result_mu);
-  for (int p = 0; p < plan.pieces_size(); ++p) {
-    const rpc::FetchPiece& fp = plan.pieces(p);
-    Incoming& in = pieces[p];
-    Resolved& r = resolved[in.target];
-    if (in.data_received != fp.data_bytes() || in.scales_received != fp.scale_bytes()) {
-      return absl::DataLossError(absl::StrCat(where, ": piece ", fp.tensor(), " rows [",
-                                              fp.row_begin(), ", ", fp.row_end(),
-                                              ") arrived incomplete"));
-    }
-    if (!in.direct) {
-      RETURN_IF_ERROR(sharding::CopyPieceIn(in.placement, in.data, in.scales, r.data, r.scales));
-    }
-    if (r.have_scale && fp.scale_inv() != r.scale_inv) {
-      return absl::InternalError(absl::StrCat(where, ": pieces of ", fp.tensor(),
-                                              " disagree on scale_inv"));
-    }
-    r.have_scale = true;
-    r.scale_inv = fp.scale_inv();
-    r.amax = std::max(r.amax, fp.amax());
-    r.rows_covered += fp.row_end() - fp.row_begin();
-  }
-  stats.received.rowwise += received.rowwise;
-  stats.received.columnwise += received.columnwise;
-  stats.pieces += plan.pieces_size();
-  return absl::OkStatus();
+absl::Status Client::FetchAsReady(int64_t version, const std::vector<FetchTarget>& targets,
+                                  const std::function<void(int, const FetchedTensor&)>& on_ready,
+                                  absl::Duration timeout) {
+  const absl::Time deadline = impl_->DeadlineFor(timeout);
+  absl::Mutex callback_mu;
+  const std::vector<absl::Status> statuses =
+      RunParallel(static_cast<int>(targets.size()), [&](int i) -> absl::Status {
+        return impl_
+            ->Fetch(version, {targets[i]}, deadline, /*as_ready=*/true,
+                    [&, i](FetchResult& r) {
+                      absl::MutexLock lock(&callback_mu);
+                      on_ready(i, r.tensors[0]);
+                    })
+            .status();
+      });
+  return FirstError(statuses);
 }
 
 absl::StatusOr<PushResult> Client::Impl::PushGradients(int64_t version,

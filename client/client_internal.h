@@ -57,8 +57,12 @@ class Client::Impl {
     return manifest_;
   }
   absl::StatusOr<Layout> LayoutOf(const std::string& tensor, Direction direction) const;
+  // `as_ready`: FetchRequest.as_ready, and `on_bytes_in` (if set) is called
+  // with the result as soon as every target's bytes are in place, before
+  // the daemons' streams end (Client::FetchAsReady).
   absl::StatusOr<FetchResult> Fetch(int64_t version, const std::vector<FetchTarget>& targets,
-                                    absl::Time deadline);
+                                    absl::Time deadline, bool as_ready = false,
+                                    const std::function<void(FetchResult&)>& on_bytes_in = nullptr);
   absl::StatusOr<PushResult> PushGradients(int64_t version, absl::Span<const Gradient> gradients,
                                            absl::Time deadline);
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline);
@@ -116,7 +120,8 @@ class Client::Impl {
                                const rpc::FetchRequest& request,
                                std::map<std::pair<std::string, Direction>, int>& index,
                                std::vector<Resolved>& resolved, absl::Mutex& result_mu,
-                               FetchStats& stats, internal::CallGroup& group, absl::Time deadline);
+                               FetchStats& stats, internal::CallGroup& group, absl::Time deadline,
+                               const std::function<absl::Status()>& on_bytes_in);
   absl::Status PushToDaemon(int64_t version, const Manifest& manifest, int rank,
                             absl::Span<const Gradient> gradients, PushResult& result,
                             absl::Mutex& result_mu, internal::CallGroup& group, absl::Time deadline);

@@ -127,6 +127,16 @@ std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
                         (p.row_end - p.row_begin) * row_bytes});
     }
   }
+  // In manifest tensor order: a daemon running --pipelined_step steps each
+  // bucket of tensors once the pushes have moved past it (and refuses a
+  // piece of an earlier tensor than the one before it).
+  auto order = [&](const PushRoute& r) {
+    return std::make_pair(manifest.Find(gradients[r.gradient].tensor) - manifest.tensors.data(),
+                          r.row_begin);
+  };
+  std::stable_sort(routes.begin(), routes.end(), [&](const PushRoute& a, const PushRoute& b) {
+    return order(a) < order(b);
+  });
   return routes;
 }
 

@@ -69,6 +69,8 @@ class ChunkAssembler {
   absl::Status Close() const;
 
   std::vector<StagedPiece>& pieces() { return pieces_; }
+  // Whether the last of pieces() is still incomplete (more chunks expected).
+  bool piece_open() const { return open_; }
   int64_t bytes() const { return bytes_; }
 
  private:

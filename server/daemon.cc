@@ -31,6 +31,8 @@
 #include "server/device_channel.h"
 #include "server/ipc/ipc_service.h"
 #include "server/lease_keeper.h"
+#include "server/push_pipeline.h"
+#include "server/step_pipeline.h"
 #include "server/optimizer_config.h"
 #include "server/restore.h"
 #include "server/serial_worker.h"
@@ -560,15 +562,80 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     return view_;
   }
 
-  // Sums a complete push into the accumulators, exactly once per pusher and
-  // version; may start the step.
+  // A push stream's registration with the pipelined step (both null when
+  // the daemon does not pipeline).
+  struct PipelinedPush {
+    std::shared_ptr<PushPipeline> pipeline;
+    std::shared_ptr<PushPipeline::Stream> stream;
+  };
+  // After BeginPush: registers the stream with the pipelined step and, if
+  // none runs, starts one (it waits for the pushes bucket by bucket).
+  absl::StatusOr<PipelinedPush> OpenPipelinedPush(int64_t version, const std::string& pusher) {
+    absl::MutexLock lock(&mu_);
+    PipelinedPush p;
+    if (push_pipeline_ == nullptr) return p;
+    ASSIGN_OR_RETURN(p.stream, push_pipeline_->Open(version, pusher));
+    p.pipeline = push_pipeline_;
+    if (!pipeline_attempt_ && !stepping_ && latest_ && latest_->version == version) {
+      pipeline_attempt_ = true;
+      worker_.Post([this, version] { RunStep(version, /*apply_optimizer=*/true); });
+    }
+    return p;
+  }
+
+  // The in-flight version of a pipelined step, for FetchRequest.as_ready:
+  // pieces [0, ready_pieces) (the tensors [0, ready_tensor_end)) are final
+  // for this attempt; null version when `version` is not being stepped.
+  struct ReadyPart {
+    std::shared_ptr<const PublishedVersion> version;
+    int ready_tensor_end = 0;
+    int ready_pieces = 0;
+    std::shared_ptr<const ModelView> view;
+    int rank = -1;
+  };
+  ReadyPart InFlightPart(int64_t version) {
+    absl::MutexLock lock(&mu_);
+    ReadyPart part;
+    if (in_flight_host_.out == nullptr || in_flight_host_.out->version != version) return part;
+    part.version = in_flight_host_.out;
+    part.ready_tensor_end = in_flight_host_.ready_tensor_end;
+    part.ready_pieces = in_flight_host_.ready_pieces;
+    part.view = view_;
+    part.rank = rank_;
+    return part;
+  }
+  // What an as_ready fetch that streamed pieces of in-flight `v` answers:
+  // nullopt while its step runs; OK once `v` is published; ABORTED if the
+  // step failed or was started again (the bytes are not a published
+  // version).
+  std::optional<absl::Status> OutcomeOf(const PublishedVersion* v) {
+    absl::MutexLock lock(&mu_);
+    if (latest_.get() == v || previous_.get() == v) return absl::OkStatus();
+    if (in_flight_host_.out.get() == v) return std::nullopt;
+    return absl::AbortedError(absl::StrCat(
+        "the step producing version ", v->version,
+        " did not publish the bytes sent (they are not a published version; fetch again): ",
+        failed_step_from_ == v->version - 1 && !last_step_error_.ok()
+            ? last_step_error_.ToString()
+            : "the pipelined step was started again"));
+  }
+
+  // Sums a complete push into the accumulators (pipelined: keeps it staged
+  // for the step, `live`), exactly once per pusher and version; may start
+  // the step.
   absl::Status CommitPush(int64_t version, const std::string& pusher, const ModelView& view,
                           std::vector<StagedPiece>& pieces, int64_t bytes,
-                          rpc::PushGradientsResponse* response) {
+                          rpc::PushGradientsResponse* response,
+                          const PipelinedPush& live = PipelinedPush()) {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckPushLocked(version, pusher));
     if (view.generation != view_->generation) {
       return absl::FailedPreconditionError("the model was reloaded during the push");
+    }
+    if (live.stream != nullptr) {
+      live.pipeline->Commit(*live.stream);
+      CountPushLocked(version, pusher, bytes, response);
+      return absl::OkStatus();
     }
     const bool last = LastPushLocked();
     for (StagedPiece& p : pieces) {
@@ -725,6 +792,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     stepping_ = true;
     stepping_from_ = latest_->version;
     const int64_t from = stepping_from_;
+    if (pipeline_attempt_) {  // the running pipelined step commits now
+      push_pipeline_->Wake();
+      return;
+    }
     worker_.Post([this, from] { RunStep(from, /*apply_optimizer=*/true); });
   }
 
@@ -754,8 +825,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     ShardBackend* shards;
     bool shutting_down;
     std::pair<int64_t, int64_t> retire{-1, -1};  // (generation, version) rewritten
+    bool pipelined;
     {
       absl::MutexLock lock(&mu_);
+      pipelined = apply_optimizer && push_pipeline_ != nullptr;
+      // A pipelined step posted again after it gave the worker up, whose
+      // version was stepped meanwhile (an admin step).
+      if (pipelined && (!latest_ || latest_->version != from)) return;
       all_reduce = all_reduce_;
       shards = shards_.get();
       shards->set_data_plane(data_plane_transport_, options_.step_timeout);
@@ -784,20 +860,30 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       result = absl::UnavailableError("daemon shutting down");
     } else if (!all_reduce) {
       result = absl::FailedPreconditionError("data plane not open");
+    } else if (pipelined) {
+      result = StepPipelined(shards, from, all_reduce, update_delayed);
     } else {
       result = shards->Step(from + 1, apply_optimizer, all_reduce, update_delayed);
     }
     shards->set_step_enqueued(nullptr);
+    if (pipelined && IsStepAbandoned(result.status())) {  // nothing happened
+      absl::MutexLock lock(&mu_);
+      overwriting_version_ = -1;
+      return;
+    }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     {
       absl::MutexLock lock(&mu_);
       stepping_ = false;
       overwriting_version_ = -1;
       in_flight_version_ = -1;
+      in_flight_host_ = InFlightHost();
+      if (pipelined) pipeline_attempt_ = false;
       if (result.ok()) {
         previous_ = apply_optimizer ? latest_ : nullptr;
         latest_ = *result;
         pushers_.clear();
+        if (push_pipeline_ != nullptr && apply_optimizer) push_pipeline_->Published(from);
         last_step_seconds_ = seconds;
         if (apply_optimizer) {
           ++steps_;
@@ -816,6 +902,68 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     }
     ReportVersion(from + 1, seconds);
     if (apply_optimizer && update_delayed) snapshots_->AfterPublish(*shards, **result);
+  }
+
+  // Worker thread: the pipelined step from `from` (server/step_pipeline.h):
+  // buckets are stepped as the pushes deliver them, each announced to
+  // as_ready fetches. An abandoned attempt is run again at once while it
+  // can progress, or posted behind the worker's other work (then this
+  // returns the abandon, and RunStep leaves everything as it was).
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
+      ShardBackend* shards, int64_t from, const AllReduceMaxFn& all_reduce, bool update_delayed) {
+    ShardSet* set = shards->host_state();
+    std::shared_ptr<PushPipeline> pipeline;
+    {
+      absl::MutexLock lock(&mu_);
+      pipeline = push_pipeline_;
+    }
+    if (set == nullptr) return absl::InternalError("pipelined step without host state");
+    const std::vector<StepBucket> buckets = PlanStepBuckets(*set, options_.step_bucket_elements);
+    const std::function<bool()> yield = [this] { return worker_.HasPending(); };
+    for (;;) {
+      auto out = std::make_shared<PublishedVersion>();
+      {
+        absl::MutexLock lock(&mu_);
+        // Once every push is counted (stepping_), only committed ones count.
+        pipeline->BeginAttempt(from, stepping_);
+        in_flight_host_ = InFlightHost();
+        in_flight_host_.out = out;
+      }
+      PipelinedStepHooks hooks;
+      hooks.await_bucket = [&](const StepBucket& b, BucketGradients* g) {
+        return pipeline->AwaitBucket(b, g, absl::InfiniteFuture(), yield);
+      };
+      hooks.on_bucket_ready = [&](int b) {
+        {
+          absl::MutexLock lock(&mu_);
+          in_flight_host_.ready_tensor_end = buckets[b].tensor_end;
+          in_flight_host_.ready_pieces = buckets[b].piece_end;
+        }
+        publish_waiters_.WakeAll();
+      };
+      hooks.before_commit = [&] { return pipeline->AwaitCommit(absl::InfiniteFuture(), yield); };
+      absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
+          RunPipelinedStep(*set, from + 1, /*apply_optimizer=*/true, all_reduce, update_delayed,
+                           buckets, hooks, out);
+      pipeline->EndAttempt();
+      if (!IsStepAbandoned(result.status())) return result;
+      bool again = false;
+      {
+        absl::MutexLock lock(&mu_);
+        in_flight_host_ = InFlightHost();  // as_ready fetches of it: ABORTED
+        if (shut_down_) {
+          pipeline_attempt_ = false;
+        } else if (worker_.HasPending()) {
+          worker_.Post([this, from] { RunStep(from, /*apply_optimizer=*/true); });
+        } else if (stepping_ || pipeline->CanProgress(from)) {
+          again = true;
+        } else {
+          pipeline_attempt_ = false;  // the next push to begin starts one
+        }
+      }
+      publish_waiters_.WakeAll();
+      if (!again) return result;
+    }
   }
 
   // Step thread (ShardBackend::set_step_enqueued): `version`'s device work
@@ -921,6 +1069,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       shards_ = std::move(shards);
       view_ = view;
       expected_pushers_ = expected_pushers;
+      // The pipelined step needs the host ShardSet (the cpu backend).
+      push_pipeline_ = options_.pipelined_step && shards_->name() == "cpu"
+                           ? std::make_shared<PushPipeline>(view->tensors, view->shards,
+                                                            expected_pushers)
+                           : nullptr;
+      if (options_.pipelined_step && push_pipeline_ == nullptr) {
+        Log(kTag, absl::StrCat("--pipelined_step: not supported by the ", shards_->name(),
+                               " backend; steps run whole"));
+      }
+      pipeline_attempt_ = false;
+      in_flight_host_ = InFlightHost();
       latest_ = nullptr;
       previous_ = nullptr;
       pushers_.clear();
@@ -1351,6 +1510,18 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   int64_t in_flight_version_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t failed_step_from_ ABSL_GUARDED_BY(mu_) = -2;
   absl::Status last_step_error_ ABSL_GUARDED_BY(mu_);
+  // Pipelined step (DaemonOptions::pipelined_step, cpu backend): the pushes
+  // of the current version as they stream (null: steps run whole), whether
+  // a pipelined step is posted or running, and the version it is filling
+  // (its pieces [0, ready_pieces) are final for this attempt).
+  std::shared_ptr<PushPipeline> push_pipeline_ ABSL_GUARDED_BY(mu_);
+  bool pipeline_attempt_ ABSL_GUARDED_BY(mu_) = false;
+  struct InFlightHost {
+    std::shared_ptr<PublishedVersion> out;
+    int ready_tensor_end = 0;
+    int ready_pieces = 0;
+  };
+  InFlightHost in_flight_host_ ABSL_GUARDED_BY(mu_);
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   double last_step_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   // Recovery: between PrepareRecovery and a successful Recover pushes are
@@ -1520,6 +1691,7 @@ class PushReactor
       assembler_.emplace(view_.get(), view_->optimizer.has_value() &&
                                           view_->optimizer->non_finite ==
                                               NonFinitePolicy::kSkipStep);
+      ASSIGN_OR_RETURN(live_, daemon_->OpenPipelinedPush(version_, pusher_));
     } else if ((request.version() != 0 && request.version() != version_) ||
                (!request.pusher_id().empty() && request.pusher_id() != pusher_)) {
       return absl::InvalidArgumentError("version/pusher_id changed inside a push stream");
@@ -1527,12 +1699,16 @@ class PushReactor
     if (request.has_chunk()) {
       carried_ += static_cast<int64_t>(request.chunk().data().size());
       RETURN_IF_ERROR(assembler_->Add(request.chunk()));
+      if (live_.stream != nullptr) {
+        RETURN_IF_ERROR(live_.pipeline->Progress(*live_.stream, assembler_->pieces(),
+                                                 assembler_->piece_open()));
+      }
     }
     if (!request.has_end()) return absl::OkStatus();
     RETURN_IF_ERROR(CheckStreamEnd(request.end().total_bytes(), carried_, "push"));
     RETURN_IF_ERROR(assembler_->Close());
     RETURN_IF_ERROR(daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
-                                        assembler_->bytes(), response_));
+                                        assembler_->bytes(), response_, live_));
     finished_ = true;
     return absl::OkStatus();
   }
@@ -1547,6 +1723,14 @@ class PushReactor
   int64_t version_ = 0;
   std::string pusher_;
   int64_t carried_ = 0;  // chunk bytes received so far
+  // Pipelined step: the stream's registration; its staged pieces go to the
+  // pipeline when the stream ends (a step may still read them).
+  Daemon::Impl::PipelinedPush live_;
+
+ public:
+  ~PushReactor() override {
+    if (live_.stream != nullptr) live_.pipeline->Close(live_.stream, std::move(assembler_->pieces()));
+  }
 };
 
 // PushWeights: rows of a model loaded with declared tensors.
@@ -1617,6 +1801,10 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
   void PumpLocked() override {
     if (started_) {
+      if (awaiting_outcome_) {
+        PollOutcomeLocked();
+        return;
+      }
       WriteNextLocked();
       return;
     }
@@ -1629,6 +1817,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     RegisterLocked();
     absl::StatusOr<Daemon::Impl::FetchTarget> target = daemon_->ResolveFetch(request_.version());
     if (target.ok() && target->version == nullptr) {  // wait for a publish
+      if (request_.as_ready() && StartInFlightLocked()) return;
       if (!parked_ && !daemon_->Park(client_)) {
         UnregisterLocked();
         started_ = true;
@@ -1656,6 +1845,47 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
   void OnWrittenLocked() override {
     if (last_chunk_bytes_ > 0) daemon_->AddServed(last_direction_, last_chunk_bytes_);
+  }
+
+  // FetchRequest.as_ready of a version a pipelined step is filling: once the
+  // requested tensors are ready, streams them at once and answers when the
+  // step ended (OutcomeOf). False: not (yet) possible, wait.
+  bool StartInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Daemon::Impl::ReadyPart part = daemon_->InFlightPart(request_.version());
+    if (part.version == nullptr) return false;
+    bool ready = request_.tensors_size() > 0 ||
+                 part.ready_tensor_end == static_cast<int>(part.view->tensors.size());
+    for (const rpc::TensorDirections& td : request_.tensors()) {
+      ready &= part.view->Find(td.tensor()) < part.ready_tensor_end;  // unknown: BuildPlan says
+    }
+    if (!ready) return false;
+    UnregisterLocked();
+    if (parked_) {
+      daemon_->Unpark(client_);
+      parked_ = false;
+    }
+    started_ = true;
+    in_flight_ = true;
+    piece_limit_ = part.ready_pieces;
+    Daemon::Impl::FetchTarget target;
+    target.version = part.version;
+    target.view = part.view;
+    target.rank = part.rank;
+    absl::Status s = BuildPlan(target);
+    if (!s.ok()) {
+      FinishLocked(ToGrpcStatus(s));
+      return true;
+    }
+    WriteNextLocked();
+    return true;
+  }
+
+  void PollOutcomeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    RegisterLocked();  // before asking: a step ending in between still wakes us
+    std::optional<absl::Status> outcome = daemon_->OutcomeOf(version_.get());
+    if (!outcome.has_value()) return;
+    UnregisterLocked();
+    FinishLocked(ToGrpcStatus(*outcome));
   }
 
   absl::Status BuildPlan(const Daemon::Impl::FetchTarget& target)
@@ -1709,11 +1939,15 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
         segments_.push_back({index, rpc::BUFFER_SCALES, &p.q.scales, p.direction});
       }
     };
+    // An in-flight version: only its ready pieces.
+    const absl::Span<const PublishedPiece> pieces =
+        absl::MakeConstSpan(version_->pieces)
+            .subspan(0, piece_limit_ >= 0 ? piece_limit_ : version_->pieces.size());
     if (wanted.empty()) {
-      for (const PublishedPiece& p : version_->pieces) add(p);
+      for (const PublishedPiece& p : pieces) add(p);
     } else {
       for (const auto& [t, dirs] : wanted) {
-        for (const PublishedPiece& p : version_->pieces) {
+        for (const PublishedPiece& p : pieces) {
           if (p.tensor != t) continue;
           if (!dirs.empty() && std::find(dirs.begin(), dirs.end(), p.direction) == dirs.end()) {
             continue;
@@ -1739,6 +1973,11 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
       offset_ = 0;
     }
     if (segment_ >= segments_.size()) {
+      if (in_flight_) {
+        awaiting_outcome_ = true;
+        PollOutcomeLocked();
+        return;
+      }
       FinishLocked(grpc::Status::OK);
       return;
     }
@@ -1771,6 +2010,12 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
   int64_t chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t last_chunk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   Direction last_direction_ ABSL_GUARDED_BY(mu_) = Direction::kRowwise;
+  // as_ready of an in-flight version: pieces of version_ beyond piece_limit_
+  // are not final (-1: all are); after the bytes, the answer waits for the
+  // step's outcome.
+  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t piece_limit_ ABSL_GUARDED_BY(mu_) = -1;
+  bool awaiting_outcome_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 grpc::ServerReadReactor<rpc::PushGradientsRequest>* Daemon::Impl::PushGradients(

@@ -148,6 +148,13 @@ ABSL_FLAG(double, weight_decay, 0.0,
 ABSL_FLAG(double, momentum, 0.0, "SGD momentum; daemons: checked at join");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
 ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
+ABSL_FLAG(bool, pipelined_step, false,
+          "daemon (cpu backend): step bucket by bucket as the pushes arrive and serve "
+          "FetchRequest.as_ready tensors as each is quantized (docs/ARCHITECTURE.md \"Pipelined "
+          "step\"); every daemon of a cluster must agree");
+ABSL_FLAG(int64_t, step_bucket_elements, int64_t{1} << 22,
+          "daemon: parameters per bucket of --pipelined_step (consecutive tensors; a larger "
+          "tensor is a bucket of its own)");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "root directory of checkpoints (shared by every process); empty = checkpoints are "
           "refused (exports still work)");
@@ -284,6 +291,8 @@ absl::Status Run() {
   options.daemon.data_plane = absl::GetFlag(FLAGS_data_plane);
   options.daemon.data_plane_listen = absl::GetFlag(FLAGS_data_plane_listen);
   options.daemon.step_timeout = absl::Seconds(absl::GetFlag(FLAGS_step_timeout_s));
+  options.daemon.pipelined_step = absl::GetFlag(FLAGS_pipelined_step);
+  options.daemon.step_bucket_elements = absl::GetFlag(FLAGS_step_bucket_elements);
   options.daemon.backend = absl::GetFlag(FLAGS_backend);
   options.daemon.device_channel_listen = absl::GetFlag(FLAGS_device_channel_listen);
   options.daemon.rank = absl::GetFlag(FLAGS_rank);

@@ -32,6 +32,13 @@ class SerialWorker {
     cv_.notify_one();
   }
 
+  // Whether tasks wait behind the running one (or Stop was called): the
+  // daemon's pipelined step, waiting for pushes, gives the worker up then.
+  bool HasPending() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_ || !tasks_.empty();
+  }
+
   // Runs the queued tasks, then joins. Idempotent.
   void Stop() {
     {

@@ -23,12 +23,6 @@ constexpr char kAbandonedPayload[] = "paramd/step-abandoned";
 using step_scaling::ColumnwiseNeedsSecondRound;
 using step_scaling::DirectionScaling;
 
-absl::Status Abandoned(absl::string_view why) {
-  absl::Status s = absl::AbortedError(absl::StrCat("pipelined step abandoned: ", why));
-  s.SetPayload(kAbandonedPayload, absl::Cord("1"));
-  return s;
-}
-
 // One all-reduce of the step with the abandon slot appended. `local` is
 // this daemon's reason to abandon (OK: none). Returns the reason the step
 // ends here, if any: the transport's error, `local`, or another daemon's
@@ -41,11 +35,17 @@ absl::Status ReduceWithAbandon(const AllReduceMaxFn& all_reduce, std::vector<flo
   values.pop_back();
   if (!s.ok()) return absl::AbortedError(absl::StrCat(what, " all-reduce failed: ", s.message()));
   if (!local.ok()) return local;
-  if (abandon > 0.0f) return Abandoned("another daemon left it (a push it used failed)");
+  if (abandon > 0.0f) return StepAbandonedError("another daemon left it");
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::Status StepAbandonedError(absl::string_view why) {
+  absl::Status s = absl::AbortedError(absl::StrCat("pipelined step abandoned: ", why));
+  s.SetPayload(kAbandonedPayload, absl::Cord("1"));
+  return s;
+}
 
 bool IsStepAbandoned(const absl::Status& status) {
   return status.GetPayload(kAbandonedPayload).has_value();
@@ -143,6 +143,7 @@ class PipelinedStepper {
         local = await(buckets[b]);
         awaited[b] = true;
       }
+      if (IsStepAbandoned(local)) return local;  // before any all-reduce
       std::vector<std::vector<double>> row_sum_sq = set.row_sum_sq_;
       if (local.ok()) {
         for (int i = 0; i < num_shards; ++i) {
@@ -182,6 +183,8 @@ class PipelinedStepper {
     for (size_t bi = 0; bi < buckets.size(); ++bi) {
       const StepBucket& b = buckets[bi];
       const absl::Status local = awaited[bi] ? absl::OkStatus() : await(b);
+      // Before the step's first all-reduce an abandoning daemon just leaves.
+      if (bi == 0 && !awaited[bi] && IsStepAbandoned(local)) return local;
       // 2. Optimizer, into copies.
       if (local.ok()) {
         for (int i : b.shards) {

@@ -52,6 +52,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "server/shard_set.h"
 
 namespace paramd {
@@ -88,9 +89,16 @@ struct PipelinedStepHooks {
   std::function<absl::Status()> before_commit;
 };
 
-// What a step returns when another daemon abandoned it (its await or
-// before_commit failed): ABORTED, nothing committed, retry the step.
+// What a step returns when it was abandoned: another daemon's await or
+// before_commit failed, or a hook returned StepAbandonedError. ABORTED,
+// nothing committed; the step can be run again.
 bool IsStepAbandoned(const absl::Status& status);
+// The error a hook returns to abandon the step (ABORTED "pipelined step
+// abandoned: <why>"). Returned from an await before the step's first
+// all-reduce, the step leaves at once, without any all-reduce: the other
+// daemons wait in that all-reduce for the step's next attempt, whose calls
+// line up with theirs.
+absl::Status StepAbandonedError(absl::string_view why);
 
 // One pipelined step of `set` producing `new_version` (ShardSet::Step's
 // arguments) into `out`, which is reset and sized first (its pieces before

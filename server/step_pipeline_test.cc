@@ -357,6 +357,50 @@ TEST(PipelineTest, AFailedBeforeCommitAbandonsTheStepOnEveryDaemon) {
   AbandonAndRecover(/*failing=*/1, /*at=*/-1);
 }
 
+// An abandon before the step's first all-reduce leaves at once: the other
+// daemons wait in that all-reduce, and the next attempt lines up with them.
+TEST(PipelineTest, AnEarlyAbandonLeavesWithoutAnAllReduce) {
+  OptimizerOptions opt;
+  Clusters c(OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false)),
+             OptimizerTestLayout(3), opt);
+  RunAndCompare(c, 1, 0, /*hand_over=*/false);  // both clusters at version 1
+  const auto grads = c.Random(70, 0.1f);
+  auto gradient = [](ShardSet& s, int i) { return s.gradient(i); };
+  Clusters::Scatter(c.reference, grads, gradient);
+  Clusters::Scatter(c.pipelined, grads, gradient);
+  std::vector<StepResult> ref = OnEveryDaemon(3, [&](int d) {
+    return c.reference[d]->Step(2, true, c.reference_reduce->Member());
+  });
+  int left = 0;
+  std::vector<StepResult> got = OnEveryDaemon(3, [&](int d) {
+    ShardSet& s = *c.pipelined[d];
+    PipelinedStepHooks hooks;
+    bool first = true;
+    hooks.await_bucket = [&](const StepBucket& b, BucketGradients*) {
+      if (d == 1 && b.tensor_begin == 0 && first) {
+        first = false;
+        return StepAbandonedError("not yet");
+      }
+      return absl::OkStatus();
+    };
+    StepResult r = RunPipelinedStep(s, 2, true, c.pipelined_reduce->Member(), true,
+                                    PlanStepBuckets(s, 0), hooks, nullptr);
+    if (d == 1) {
+      EXPECT_TRUE(IsStepAbandoned(r.status())) << r.status();
+      ++left;
+      r = RunPipelinedStep(s, 2, true, c.pipelined_reduce->Member(), true, PlanStepBuckets(s, 0),
+                           hooks, nullptr);
+    }
+    return r;
+  });
+  EXPECT_EQ(left, 1);
+  for (int d = 0; d < 3; ++d) {
+    ASSERT_TRUE(ref[d].ok() && got[d].ok()) << got[d].status();
+    ExpectSameVersion(**ref[d], **got[d]);
+    ExpectSameState(*c.reference[d], *c.pipelined[d]);
+  }
+}
+
 TEST(PipelineTest, AFailedAllReduceCommitsNothing) {
   OptimizerOptions opt;
   std::vector<TensorDef> tensors =
