@@ -867,8 +867,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     }
     shards->set_step_enqueued(nullptr);
     if (pipelined && IsStepAbandoned(result.status())) {  // nothing happened
-      absl::MutexLock lock(&mu_);
-      overwriting_version_ = -1;
+      {
+        absl::MutexLock lock(&mu_);
+        overwriting_version_ = -1;
+      }
+      ipc_->EndRetire(retire.first, retire.second);
       return;
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
