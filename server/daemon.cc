@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -924,7 +925,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     const std::vector<StepBucket> buckets = PlanStepBuckets(*set, options_.step_bucket_elements);
     const std::function<bool()> yield = [this] { return worker_.HasPending(); };
     for (;;) {
-      auto out = std::make_shared<PublishedVersion>();
+      // Sized before fetches can see it (InFlightPart).
+      std::shared_ptr<PublishedVersion> out =
+          NewPipelinedVersion(from + 1, buckets, static_cast<int>(set->tensors().size()));
       {
         absl::MutexLock lock(&mu_);
         // Once every push is counted (stepping_), only committed ones count.
@@ -936,6 +939,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       hooks.await_bucket = [&](const StepBucket& b, BucketGradients* g) {
         return pipeline->AwaitBucket(b, g, absl::InfiniteFuture(), yield);
       };
+      hooks.check_bucket = [&] { return pipeline->CheckUsed(); };
       hooks.on_bucket_ready = [&](int b) {
         {
           absl::MutexLock lock(&mu_);
@@ -951,6 +955,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       pipeline->EndAttempt();
       if (!IsStepAbandoned(result.status())) return result;
       bool again = false;
+      const char* next = "waits for the next push";
       {
         absl::MutexLock lock(&mu_);
         in_flight_host_ = InFlightHost();  // as_ready fetches of it: ABORTED
@@ -958,11 +963,22 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
           pipeline_attempt_ = false;
         } else if (worker_.HasPending()) {
           worker_.Post([this, from] { RunStep(from, /*apply_optimizer=*/true); });
+          next = "runs again after the worker's other work";
         } else if (stepping_ || pipeline->CanProgress(from)) {
           again = true;
+          next = "runs again";
         } else {
           pipeline_attempt_ = false;  // the next push to begin starts one
         }
+      }
+      // Waiting for a pusher that has not begun is the usual case; anything
+      // else (a failed push, queued work) is worth a line.
+      const std::string line = absl::StrCat("step from version ", from, ": ",
+                                            result.status().message(), "; ", next);
+      if (!absl::StrContains(line, "not begun")) {
+        LogInfo(kTag, line);
+      } else {
+        LogDebug(kTag, line);
       }
       publish_waiters_.WakeAll();
       if (!again) return result;
@@ -1686,6 +1702,12 @@ class PushReactor
 
  private:
   absl::Status OnMessage(const rpc::PushGradientsRequest& request) override {
+    absl::Status s = ReadMessage(request);
+    if (!s.ok() && live_.stream != nullptr) live_.pipeline->Fail(*live_.stream);
+    return s;
+  }
+
+  absl::Status ReadMessage(const rpc::PushGradientsRequest& request) {
     if (view_ == nullptr) {
       version_ = request.version();
       pusher_ = request.pusher_id();
@@ -1718,6 +1740,7 @@ class PushReactor
 
   absl::Status OnStreamEnd() override {
     if (view_ == nullptr) return absl::InvalidArgumentError("empty push stream (no version)");
+    if (live_.stream != nullptr) live_.pipeline->Fail(*live_.stream);
     return absl::InvalidArgumentError(
         "push stream ended without its end marker (PushGradientsRequest.end); nothing applied "
         "and the pusher is not counted: push again");

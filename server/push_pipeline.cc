@@ -91,10 +91,16 @@ void PushPipeline::Commit(Stream& stream) {
   ++wakes_;
 }
 
+void PushPipeline::Fail(Stream& stream) {
+  absl::MutexLock lock(&mu_);
+  if (stream.state == Stream::State::kOpen) stream.state = Stream::State::kFailed;
+  ++wakes_;
+}
+
 void PushPipeline::Close(const std::shared_ptr<Stream>& stream, std::vector<StagedPiece> pieces) {
   absl::MutexLock lock(&mu_);
   stream->owned = std::move(pieces);
-  if (stream->state == Stream::State::kOpen) {
+  if (stream->state != Stream::State::kCommitted) {
     stream->state = Stream::State::kFailed;
     // Not used by the attempt: its buffers can go now.
     if (std::find(used_.begin(), used_.end(), stream) == used_.end()) {
@@ -255,6 +261,11 @@ absl::Status PushPipeline::AwaitBucket(const StepBucket& bucket, BucketGradients
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status PushPipeline::CheckUsed() const {
+  absl::MutexLock lock(&mu_);
+  return UsedFailedLocked();
 }
 
 absl::Status PushPipeline::AwaitCommit(absl::Time give_up, const std::function<bool()>& yield) {

@@ -72,6 +72,9 @@ class PushPipeline {
   absl::Status Progress(Stream& stream, const std::vector<StagedPiece>& pieces, bool last_open);
   // The daemon counted the push (its commit rules passed).
   void Commit(Stream& stream);
+  // The stream failed (before its reactor goes away: a pusher that saw the
+  // error and pushes again must find its old stream failed, not open).
+  void Fail(Stream& stream);
   // The stream ended, committed or not; takes its pieces. A stream not
   // committed counts as failed: a step that used it is abandoned.
   void Close(const std::shared_ptr<Stream>& stream, std::vector<StagedPiece> pieces);
@@ -89,6 +92,9 @@ class PushPipeline {
   // begin); DEADLINE_EXCEEDED (not abandoned) at `give_up`.
   absl::Status AwaitBucket(const StepBucket& bucket, BucketGradients* gradients,
                            absl::Time give_up, const std::function<bool()>& yield);
+  // PipelinedStepHooks::check_bucket: the abandon error if a push the
+  // attempt used has failed meanwhile.
+  absl::Status CheckUsed() const;
   // PipelinedStepHooks::before_commit: until every push used has committed
   // (same errors).
   absl::Status AwaitCommit(absl::Time give_up, const std::function<bool()>& yield);

@@ -103,10 +103,11 @@ class PipelinedStepper {
     if (buckets.empty() ? num_tensors != 0 : buckets.back().tensor_end != num_tensors) {
       return absl::InternalError("pipelined step: buckets do not cover the manifest");
     }
-    *out = PublishedVersion();
-    out->version = new_version;
-    out->pieces.resize(buckets.empty() ? 0 : buckets.back().piece_end);
-    out->tensors.resize(num_tensors);
+    if (out->version != new_version ||
+        static_cast<int>(out->pieces.size()) != (buckets.empty() ? 0 : buckets.back().piece_end) ||
+        static_cast<int>(out->tensors.size()) != num_tensors) {
+      return absl::InternalError("pipelined step: the version was not made for these buckets");
+    }
 
     // Gradients handed over per shard (empty: the accumulator).
     std::vector<std::vector<float>> given(num_shards);
@@ -180,9 +181,12 @@ class PipelinedStepper {
     std::vector<float> amax(2 * num_tensors, 0.0f);
     std::vector<ref::HybridScaling> scaling(num_tensors);
 
+    absl::Status pending;  // check_bucket's abandon, carried by the next all-reduce
     for (size_t bi = 0; bi < buckets.size(); ++bi) {
       const StepBucket& b = buckets[bi];
-      const absl::Status local = awaited[bi] ? absl::OkStatus() : await(b);
+      const absl::Status local = !pending.ok() ? pending
+                                 : awaited[bi] ? absl::OkStatus()
+                                               : await(b);
       // Before the step's first all-reduce an abandoning daemon just leaves.
       if (bi == 0 && !awaited[bi] && IsStepAbandoned(local)) return local;
       // 2. Optimizer, into copies.
@@ -259,11 +263,14 @@ class PipelinedStepper {
                                           amax[2 * t + kCol], scaling[t], delayed[t],
                                           &out->tensors[t]);
       }
-      if (hooks.on_bucket_ready) hooks.on_bucket_ready(static_cast<int>(bi));
+      if (hooks.check_bucket) pending = hooks.check_bucket();
+      if (pending.ok() && hooks.on_bucket_ready) hooks.on_bucket_ready(static_cast<int>(bi));
     }
 
     // 6. Commit barrier: every daemon commits, or none.
-    const absl::Status local = hooks.before_commit ? hooks.before_commit() : absl::OkStatus();
+    const absl::Status local = !pending.ok()        ? pending
+                               : hooks.before_commit ? hooks.before_commit()
+                                                     : absl::OkStatus();
     std::vector<float> none;
     RETURN_IF_ERROR(ReduceWithAbandon(all_reduce, none, local, "commit"));
 
@@ -287,11 +294,23 @@ class PipelinedStepper {
   }
 };
 
+std::shared_ptr<PublishedVersion> NewPipelinedVersion(int64_t new_version,
+                                                      const std::vector<StepBucket>& buckets,
+                                                      int num_tensors) {
+  auto out = std::make_shared<PublishedVersion>();
+  out->version = new_version;
+  out->pieces.resize(buckets.empty() ? 0 : buckets.back().piece_end);
+  out->tensors.resize(num_tensors);
+  return out;
+}
+
 absl::StatusOr<std::shared_ptr<const PublishedVersion>> RunPipelinedStep(
     ShardSet& set, int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
     bool update_delayed, const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
     std::shared_ptr<PublishedVersion> out) {
-  if (out == nullptr) out = std::make_shared<PublishedVersion>();
+  if (out == nullptr) {
+    out = NewPipelinedVersion(new_version, buckets, static_cast<int>(set.tensors().size()));
+  }
   return PipelinedStepper::Run(set, new_version, apply_optimizer, all_reduce, update_delayed,
                                buckets, hooks, std::move(out));
 }

@@ -81,6 +81,11 @@ struct PipelinedStepHooks {
   // Null: every bucket is ready at once (the accumulators hold everything).
   // An error abandons the step on every daemon; RunPipelinedStep returns it.
   std::function<absl::Status(const StepBucket& bucket, BucketGradients* gradients)> await_bucket;
+  // Called after a bucket's all-reduce and quantization, before it is
+  // announced: an error (something the bucket used went away while the
+  // all-reduce waited) keeps the bucket unannounced and abandons the step
+  // at the next all-reduce. Null: OK.
+  std::function<absl::Status()> check_bucket;
   // Null: nobody listens. Must not block long or touch the ShardSet.
   std::function<void(int bucket)> on_bucket_ready;
   // Called after the last bucket, before the commit barrier; an error
@@ -100,10 +105,16 @@ bool IsStepAbandoned(const absl::Status& status);
 // line up with theirs.
 absl::Status StepAbandonedError(absl::string_view why);
 
+// The version a pipelined step of `buckets` (of a manifest of
+// `num_tensors` tensors) fills: `new_version` with a slot per piece, so that
+// readers may hold it before the step starts.
+std::shared_ptr<PublishedVersion> NewPipelinedVersion(int64_t new_version,
+                                                      const std::vector<StepBucket>& buckets,
+                                                      int num_tensors);
+
 // One pipelined step of `set` producing `new_version` (ShardSet::Step's
-// arguments) into `out`, which is reset and sized first (its pieces before
-// the first on_bucket_ready). Returns `out` on success. `buckets` from
-// PlanStepBuckets(set, ...).
+// arguments) into `out` (from NewPipelinedVersion; null: a new one).
+// Returns `out` on success. `buckets` from PlanStepBuckets(set, ...).
 absl::StatusOr<std::shared_ptr<const PublishedVersion>> RunPipelinedStep(
     ShardSet& set, int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
     bool update_delayed, const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,

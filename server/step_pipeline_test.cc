@@ -169,7 +169,7 @@ void RunAndCompare(Clusters& c, int steps, int64_t bucket_elements, bool hand_ov
         };
       }
       return RunPipelinedStep(s, v, optimizer, c.pipelined_reduce->Member(), true, buckets[d],
-                              hooks, std::make_shared<PublishedVersion>());
+                              hooks, nullptr);
     });
     for (int d = 0; d < c.daemons(); ++d) {
       SCOPED_TRACE(::testing::Message() << "daemon " << d);
