@@ -97,15 +97,32 @@ absl::StatusOr<uint64_t> PinTable::Open(const std::string& name, absl::Duration 
   return id;
 }
 
-absl::Status PinTable::Renew(uint64_t session) {
+absl::Status PinTable::WithLiveSession(uint64_t session,
+                                       absl::FunctionRef<absl::Status(Session&)> fn) {
   std::vector<uint64_t> ended;
   absl::Status s;
   {
     absl::MutexLock lock(&mu_);
-    s = LiveLocked(session, &ended).status();
+    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
+    s = live.ok() ? fn(**live) : live.status();
   }
   NotifyEnded(ended);
   return s;
+}
+
+void PinTable::ErasePinsLocked(Session& session, absl::FunctionRef<bool(const PinKey&)> drop) {
+  for (auto it = session.pins.begin(); it != session.pins.end();) {
+    if (drop(*it)) {
+      it = session.pins.erase(it);
+      ++changes_;
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status PinTable::Renew(uint64_t session) {
+  return WithLiveSession(session, [](Session&) { return absl::OkStatus(); });
 }
 
 absl::Status PinTable::Close(uint64_t session) {
@@ -125,87 +142,42 @@ absl::Status PinTable::Close(uint64_t session) {
 }
 
 absl::Status PinTable::Pin(uint64_t session, PinKey key) {
-  std::vector<uint64_t> ended;
-  absl::Status s;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
-    if (!live.ok()) {
-      s = live.status();
-    } else if (retiring_.count(key) > 0) {
-      s = absl::FailedPreconditionError(absl::StrCat(
+  return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (retiring_.count(key) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
           KeyName(key), " is being retired (the step in progress rewrites its buffers); "
           "pin the latest version"));
-    } else if ((*live)->pins.count(key) == 0 &&
-               static_cast<int>((*live)->pins.size()) >= options_.max_pins_per_session) {
-      s = absl::ResourceExhaustedError(absl::StrCat(
-          "IPC session ", session, " already pins ", (*live)->pins.size(),
-          " versions (the limit); unpin one first"));
-    } else {
-      (*live)->pins.insert(key);
     }
-  }
-  NotifyEnded(ended);
-  return s;
+    if (live.pins.count(key) == 0 &&
+        static_cast<int>(live.pins.size()) >= options_.max_pins_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "IPC session ", session, " already pins ", live.pins.size(),
+          " versions (the limit); unpin one first"));
+    }
+    live.pins.insert(key);
+    return absl::OkStatus();
+  });
 }
 
 absl::Status PinTable::Unpin(uint64_t session, PinKey key) {
-  std::vector<uint64_t> ended;
-  absl::Status s;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
-    s = live.status();
-    if (live.ok() && (*live)->pins.erase(key) > 0) ++changes_;
-  }
-  NotifyEnded(ended);
-  return s;
+  return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ErasePinsLocked(live, [&](const PinKey& pin) { return pin == key; });
+    return absl::OkStatus();
+  });
 }
 
 absl::Status PinTable::UnpinVersion(uint64_t session, int64_t version) {
-  std::vector<uint64_t> ended;
-  absl::Status s;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
-    s = live.status();
-    if (live.ok()) {
-      std::set<PinKey>& pins = (*live)->pins;
-      for (auto it = pins.begin(); it != pins.end();) {
-        if (it->second == version) {
-          it = pins.erase(it);
-          ++changes_;
-        } else {
-          ++it;
-        }
-      }
-    }
-  }
-  NotifyEnded(ended);
-  return s;
+  return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ErasePinsLocked(live, [&](const PinKey& pin) { return pin.second == version; });
+    return absl::OkStatus();
+  });
 }
 
 absl::Status PinTable::DropOtherGenerations(uint64_t session, int64_t generation) {
-  std::vector<uint64_t> ended;
-  absl::Status s;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<Session*> live = LiveLocked(session, &ended);
-    s = live.status();
-    if (live.ok()) {
-      std::set<PinKey>& pins = (*live)->pins;
-      for (auto it = pins.begin(); it != pins.end();) {
-        if (it->first != generation) {
-          it = pins.erase(it);
-          ++changes_;
-        } else {
-          ++it;
-        }
-      }
-    }
-  }
-  NotifyEnded(ended);
-  return s;
+  return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    ErasePinsLocked(live, [&](const PinKey& pin) { return pin.first != generation; });
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<std::vector<PinKey>> PinTable::Pins(uint64_t session) {

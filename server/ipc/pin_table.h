@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -119,6 +120,12 @@ class PinTable {
   void ExpireLocked(std::vector<uint64_t>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds a live session (renewing it) or NOT_FOUND.
   absl::StatusOr<Session*> LiveLocked(uint64_t session, std::vector<uint64_t>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `fn` under the lock on the live session (renewing its lease), then
+  // reports the sessions that ended meanwhile; NOT_FOUND if it is not live.
+  absl::Status WithLiveSession(uint64_t session, absl::FunctionRef<absl::Status(Session&)> fn);
+  // Erases the session's pins that `drop` selects, counting each as a change.
+  void ErasePinsLocked(Session& session, absl::FunctionRef<bool(const PinKey&)> drop)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string HoldersLocked(PinKey key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyEnded(const std::vector<uint64_t>& ended);
