@@ -189,7 +189,14 @@ class DaemonOverlapCpu : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(copts);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
-    absl::StatusOr<int64_t> v0 = client_->Load(model_, "", absl::Seconds(20));
+    // The in-process daemon joins its coordinator asynchronously, and a Load
+    // before it has joined is refused UNAVAILABLE: retry until it is in.
+    absl::StatusOr<int64_t> v0 = absl::UnavailableError("not tried");
+    for (absl::Time end = absl::Now() + absl::Seconds(20);
+         absl::IsUnavailable(v0.status()) && absl::Now() < end;) {
+      v0 = client_->Load(model_, "", absl::Seconds(20));
+      if (absl::IsUnavailable(v0.status())) absl::SleepFor(absl::Milliseconds(20));
+    }
     ASSERT_TRUE(v0.ok()) << v0.status();
   }
   void TearDown() override {
