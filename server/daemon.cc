@@ -1271,6 +1271,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     if (options_.rank >= 0) request.set_rank(options_.rank);
     bool unavailable_logged = false;
     *request.mutable_optimizer_flags() = options_.optimizer_flags;
+    request.set_pipelined_step(options_.pipelined_step);
+    request.set_step_bucket_elements(options_.step_bucket_elements);
     request.set_member_secret(options_.member_secret);
     while (absl::Now() < give_up) {
       // Until the coordinator answers, say so every few seconds (a daemon

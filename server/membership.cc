@@ -65,6 +65,26 @@ absl::StatusOr<int> DaemonTable::ChooseRank(const rpc::JoinRequest& request,
                                                     request.address(), " is not one of them"));
 }
 
+absl::Status DaemonTable::CheckSameStepping(const rpc::JoinRequest& request) const {
+  for (int r = 0; r < size(); ++r) {
+    const rpc::Member& m = slots_[r].member;
+    if (!slots_[r].joined) continue;
+    if (m.pipelined_step() != request.pipelined_step()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this daemon runs with --pipelined_step=", request.pipelined_step() ? "true" : "false",
+          ", daemon ", Name(r), " with --pipelined_step=", m.pipelined_step() ? "true" : "false",
+          ": every daemon of a world must use the same (their all-reduce calls differ)"));
+    }
+    if (m.pipelined_step() && m.step_bucket_elements() != request.step_bucket_elements()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this daemon runs with --step_bucket_elements=", request.step_bucket_elements(),
+          ", daemon ", Name(r), " with --step_bucket_elements=", m.step_bucket_elements(),
+          ": every daemon of a pipelined world must cut the same buckets"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& request,
                                                       absl::Time now, bool model_loaded) {
   if (request.address().empty()) {
@@ -87,6 +107,7 @@ absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& re
       return result;
     }
   }
+  if (absl::Status same = CheckSameStepping(request); !same.ok()) return same;
   absl::StatusOr<int> rank = ChooseRank(request, now);
   if (!rank.ok()) return rank.status();
   DaemonSlot& s = slots_[*rank];
@@ -101,6 +122,8 @@ absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& re
                                       : request.data_plane_address());
   s.member.set_name(request.name());
   s.member.set_incarnation(request.incarnation());
+  s.member.set_pipelined_step(request.pipelined_step());
+  s.member.set_step_bucket_elements(request.step_bucket_elements());
   s.needs_state = result.replaced && model_loaded;
   s.member.set_state(s.needs_state ? rpc::MEMBER_STATE_RECOVERING : rpc::MEMBER_STATE_ALIVE);
   s.member.set_down_reason("");

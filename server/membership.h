@@ -56,7 +56,9 @@ class DaemonTable {
   // replacement then needs the rank's state (DaemonSlot::needs_state).
   // INVALID_ARGUMENT: no address, rank outside [0, expected). UNAVAILABLE:
   // the rank asked for is held by a live daemon (retry: its lease may be
-  // about to expire). FAILED_PRECONDITION: no rank is free or DOWN.
+  // about to expire). FAILED_PRECONDITION: no rank is free or DOWN, or the
+  // request's pipelined_step (or, with it, step_bucket_elements) differs
+  // from a daemon that joined before (the message names both values).
   absl::StatusOr<Joined> Join(const rpc::JoinRequest& request, absl::Time now, bool model_loaded);
 
   // A heartbeat: renews the lease of the slot's holder. A DOWN holder that
@@ -88,6 +90,8 @@ class DaemonTable {
 
  private:
   absl::StatusOr<int> ChooseRank(const rpc::JoinRequest& request, absl::Time now) const;
+  // Join's check that `request` steps as every joined daemon does.
+  absl::Status CheckSameStepping(const rpc::JoinRequest& request) const;
 
   const absl::Duration lease_;
   std::vector<DaemonSlot> slots_;

@@ -130,5 +130,52 @@ TEST(DaemonTableTest, HeartbeatOfAnUnknownMemberAsksForAJoin) {
   EXPECT_EQ(t.Heartbeat(h, absl::Now(), &revived), rpc::HEARTBEAT_UNKNOWN);
 }
 
+// Every daemon of a world steps alike: a daemon whose --pipelined_step (or,
+// pipelined, --step_bucket_elements) differs from one already joined is
+// refused with both values named, and takes no rank.
+TEST(DaemonTableTest, DaemonsMustAgreeOnThePipelinedStep) {
+  DaemonTable t(3, kLease);
+  const absl::Time now = absl::Now();
+  rpc::JoinRequest a = Daemon("h:1", "a");
+  a.set_pipelined_step(true);
+  a.set_step_bucket_elements(4096);
+  ASSERT_TRUE(t.Join(a, now, false).ok());
+
+  rpc::JoinRequest whole = Daemon("h:2", "b");
+  whole.set_step_bucket_elements(4096);
+  absl::Status s = t.Join(whole, now, false).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--pipelined_step=false"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("rank 0 (h:1) with --pipelined_step=true"), std::string::npos) << s;
+  EXPECT_EQ(t.joined(), 1);
+
+  rpc::JoinRequest other_buckets = Daemon("h:2", "b");
+  other_buckets.set_pipelined_step(true);
+  other_buckets.set_step_bucket_elements(8192);
+  s = t.Join(other_buckets, now, false).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("--step_bucket_elements=8192"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("with --step_bucket_elements=4096"), std::string::npos) << s;
+  EXPECT_EQ(t.joined(), 1);
+
+  rpc::JoinRequest same = Daemon("h:2", "b");
+  same.set_pipelined_step(true);
+  same.set_step_bucket_elements(4096);
+  auto b = t.Join(same, now, false);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->member.pipelined_step());
+  EXPECT_EQ(b->member.step_bucket_elements(), 4096);
+  EXPECT_EQ(t.joined(), 2);
+
+  // Without the pipelined step the bucket size is not used: any agrees.
+  DaemonTable u(2, kLease);
+  rpc::JoinRequest c = Daemon("h:1", "c");
+  c.set_step_bucket_elements(1);
+  ASSERT_TRUE(u.Join(c, now, false).ok());
+  rpc::JoinRequest d = Daemon("h:2", "d");
+  d.set_step_bucket_elements(2);
+  EXPECT_TRUE(u.Join(d, now, false).ok());
+}
+
 }  // namespace
 }  // namespace paramd
