@@ -275,7 +275,6 @@ absl::Status FetchHost(hpd_client* c, int64_t version, const hpd_fetch_target* t
   RETURN_IF_ERROR(CheckTargets(targets, count));
   if (count > 0 && outputs == nullptr) return NullArgument("outputs");
   std::vector<client::FetchTarget> fetch(count);
-  const client::Manifest manifest = c->client->manifest();
   for (size_t i = 0; i < count; ++i) {
     const hpd_fetch_target& t = targets[i];
     ASSIGN_OR_RETURN(fetch[i].direction, ParseDirection(t.direction));

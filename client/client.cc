@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_internal.h"
+#include "client/fetch_stream.h"
+#include "client/host_allocator.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -117,6 +119,16 @@ std::shared_ptr<rpc::Daemon::Stub> Client::Impl::DaemonStub(const std::string& a
   auto& stub = daemons_[address];
   if (stub == nullptr) stub = rpc::Daemon::NewStub(DaemonChannelLocked(address));
   return stub;
+}
+
+std::shared_ptr<const internal::FetchMethod> Client::Impl::DaemonFetchMethod(
+    const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& method = fetch_methods_[address];
+  if (method == nullptr) {
+    method = std::make_shared<internal::FetchMethod>(DaemonChannelLocked(address));
+  }
+  return method;
 }
 
 std::shared_ptr<grpc::Channel> Client::Impl::DaemonChannelLocked(const std::string& address) {
@@ -282,6 +294,7 @@ absl::StatusOr<recipe::OptimizerConfig> Client::Impl::SetOptimizerSchedule(
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.tune_host_allocator) internal::TuneHostAllocator();
   auto impl = std::make_unique<Impl>(options);
   RETURN_IF_ERROR(impl->Connect());
   return std::unique_ptr<Client>(new Client(std::move(impl)));

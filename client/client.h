@@ -99,6 +99,12 @@ struct ClientOptions {
   absl::Duration call_timeout = absl::Seconds(30);
   // Largest chunk asked of a daemon's fetch stream (0 = server default).
   int64_t max_chunk_bytes = 0;
+  // Fix glibc's malloc thresholds for the whole process at the first
+  // Connect, so that gRPC's fetch receive buffers are reused instead of
+  // being returned to the kernel and faulted in again (a third of a host
+  // fetch's CPU time; client/host_allocator.h). The environment variable
+  // PARAMD_CLIENT_MALLOC_TUNING=0 turns it off as well.
+  bool tune_host_allocator = true;
   // Security (docs/SECURITY.md). TLS: `tls.ca` (PEM roots that signed the
   // servers' certificates) turns TLS on; `tls.cert`/`tls.key` add a client
   // certificate (mutual TLS); `tls.server_name` overrides the name checked

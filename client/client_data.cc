@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/client_internal.h"
+#include "client/fetch_stream.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -254,18 +255,24 @@ absl::Status Client::Impl::FetchFromDaemon(
     absl::Mutex& result_mu, FetchStats& stats, CallGroup& group, absl::Time deadline,
     const std::function<absl::Status()>& on_bytes_in) {
   const std::string where = absl::StrCat("fetch of version ", version, " from ", address);
-  std::shared_ptr<rpc::Daemon::Stub> stub = DaemonStub(address);
+  std::shared_ptr<const internal::FetchMethod> method = DaemonFetchMethod(address);
   GroupCall call(group, deadline);
   grpc::ClientContext& context = call.context();
-  std::unique_ptr<grpc::ClientReader<rpc::FetchResponse>> reader = stub->Fetch(&context, request);
+  // Chunk payloads go from gRPC's buffers straight to their destination
+  // (client/fetch_stream.h says why).
+  internal::FetchStreamReader reader(*method, &context, request);
 
-  rpc::FetchResponse message;
-  if (!reader->Read(&message) || !message.has_plan()) {
-    absl::Status s = FromGrpcStatus(reader->Finish(), where);
+  absl::StatusOr<bool> next = reader.Next();
+  if (!next.ok()) {
+    context.TryCancel();
+    return absl::InternalError(absl::StrCat(where, ": ", next.status().message()));
+  }
+  if (!*next || reader.is_chunk() || !reader.message().has_plan()) {
+    absl::Status s = FromGrpcStatus(reader.Finish(), where);
     if (s.ok()) return absl::InternalError(absl::StrCat(where, ": stream without a plan"));
     return s;
   }
-  const rpc::FetchPlan plan = message.plan();
+  const rpc::FetchPlan plan = reader.message().plan();
   if (plan.version() != version) {
     return absl::InternalError(
         absl::StrCat(where, ": the daemon answered with version ", plan.version()));
@@ -366,27 +373,33 @@ absl::Status Client::Impl::FetchFromDaemon(
     context.TryCancel();
     return s;
   }
-  while (reader->Read(&message)) {
-    if (!message.has_chunk()) {
+  while (true) {
+    next = reader.Next();
+    if (!next.ok()) {
+      context.TryCancel();
+      return absl::InternalError(absl::StrCat(where, ": ", next.status().message()));
+    }
+    if (!*next) break;
+    if (!reader.is_chunk()) {
       context.TryCancel();
       return absl::InternalError(absl::StrCat(where, ": a second plan in the stream"));
     }
-    const rpc::FetchChunk& chunk = message.chunk();
-    if (chunk.piece() < 0 || chunk.piece() >= static_cast<int>(pieces.size())) {
+    const internal::ChunkHeader& chunk = reader.chunk();
+    if (chunk.piece < 0 || chunk.piece >= static_cast<int>(pieces.size())) {
       context.TryCancel();
-      return absl::InternalError(absl::StrCat(where, ": chunk of unknown piece ", chunk.piece()));
+      return absl::InternalError(absl::StrCat(where, ": chunk of unknown piece ", chunk.piece));
     }
-    Incoming& in = pieces[chunk.piece()];
-    const bool is_data = chunk.buffer() == rpc::BUFFER_DATA;
+    Incoming& in = pieces[chunk.piece];
+    const bool is_data = chunk.buffer == rpc::BUFFER_DATA;
     absl::Span<uint8_t> dst = is_data ? in.data_dst : in.scales_dst;
     int64_t& got = is_data ? in.data_received : in.scales_received;
-    const int64_t size = static_cast<int64_t>(chunk.data().size());
-    if (chunk.offset() != got || chunk.offset() + size > static_cast<int64_t>(dst.size())) {
+    const int64_t size = chunk.size;
+    if (chunk.offset != got || chunk.offset + size > static_cast<int64_t>(dst.size())) {
       context.TryCancel();
-      return absl::InternalError(absl::StrCat(where, ": chunk at offset ", chunk.offset(),
+      return absl::InternalError(absl::StrCat(where, ": chunk at offset ", chunk.offset,
                                               " of ", size, " bytes does not fit"));
     }
-    std::memcpy(dst.data() + chunk.offset(), chunk.data().data(), size);
+    reader.CopyChunkData(dst.data() + chunk.offset);
     got += size;
     received[resolved[in.target].direction] += size;
     bytes_got += size;
@@ -395,7 +408,7 @@ absl::Status Client::Impl::FetchFromDaemon(
       return s;
     }
   }
-  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), where));
+  RETURN_IF_ERROR(FromGrpcStatus(reader.Finish(), where));
   if (placed) return absl::OkStatus();
   return place();
 }

@@ -37,6 +37,8 @@ absl::StatusOr<Manifest> ManifestFromProto(const rpc::Manifest& m);
 
 // The calls of one multi-daemon fetch or push (client_data.cc).
 class CallGroup;
+// Daemon.Fetch of one channel, read raw (client/fetch_stream.h).
+class FetchMethod;
 
 }  // namespace internal
 
@@ -114,6 +116,7 @@ class Client::Impl {
     manifest_ = std::move(m);
   }
   std::shared_ptr<rpc::Daemon::Stub> DaemonStub(const std::string& address);
+  std::shared_ptr<const internal::FetchMethod> DaemonFetchMethod(const std::string& address);
   std::shared_ptr<grpc::Channel> DaemonChannelLocked(const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FetchFromDaemon(int64_t version, const std::string& address,
@@ -135,6 +138,8 @@ class Client::Impl {
   Manifest manifest_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<rpc::Daemon::Stub>> daemons_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<grpc::Channel>> daemon_channels_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const internal::FetchMethod>> fetch_methods_
+      ABSL_GUARDED_BY(mu_);
   FetchStats totals_ ABSL_GUARDED_BY(mu_);
   // The coordinator's recovery epoch as last seen (-1: none seen yet).
   int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = -1;

@@ -12,7 +12,10 @@
 //   cpp_client_tool bench ADDR DIRECTION REPEATS
 //       times REPEATS fetches of every tensor's DIRECTION (row|col) copy of
 //       the latest version into preallocated buffers (after one untimed
-//       fetch); prints JSON.
+//       fetch); prints JSON (with this process's page faults per fetch).
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -104,6 +107,14 @@ absl::Status Push(const std::string& address, int64_t version, const std::string
   return absl::OkStatus();
 }
 
+// This process's minor page faults so far (the timed fetches' faults are
+// the difference).
+long MinorFaults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 absl::Status Bench(const std::string& address, const std::string& direction, int repeats) {
   ASSIGN_OR_RETURN(auto c, Connect(address, false));
   const Direction d = direction == "col" ? Direction::kColumnwise : Direction::kRowwise;
@@ -120,6 +131,7 @@ absl::Status Bench(const std::string& address, const std::string& direction, int
   RETURN_IF_ERROR(c->Fetch(client::Client::kLatest, targets).status());
   nlohmann::json seconds = nlohmann::json::array();
   int64_t bytes = 0;
+  const long faults_before = MinorFaults();
   for (int i = 0; i < repeats; ++i) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(client::FetchResult r, c->Fetch(client::Client::kLatest, targets));
@@ -127,7 +139,11 @@ absl::Status Bench(const std::string& address, const std::string& direction, int
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     bytes = r.stats.received.total();
   }
-  std::cout << nlohmann::json{{"tensors", targets.size()}, {"bytes", bytes}, {"seconds", seconds}}
+  const double faults = static_cast<double>(MinorFaults() - faults_before) / std::max(repeats, 1);
+  std::cout << nlohmann::json{{"tensors", targets.size()},
+                              {"bytes", bytes},
+                              {"seconds", seconds},
+                              {"page_faults_per_fetch", faults}}
                    .dump()
             << "\n";
   return absl::OkStatus();

@@ -18,6 +18,7 @@ C library).
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,7 @@ def main():
         c = hp.Client(cl.address, observer=True)
         hpc.load_when_ready(c, path, RECIPE, timeout=120)
         cpp, py_reuse, py_alloc, overhead, lib = [], [], [], [], []
+        cpp_faults, py_faults = [], []
         nbytes = 0
         r = c.fetch(-1, device=a.device)  # warm up, and the buffers to reuse
         for _ in range(a.rounds):
@@ -64,7 +66,9 @@ def main():
                                  check=True, capture_output=True, text=True, timeout=600)
             j = json.loads(out.stdout)
             cpp += j["seconds"]
+            cpp_faults.append(j["page_faults_per_fetch"])
             nbytes = j["bytes"]
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             for _ in range(a.repeats):
                 t = time.perf_counter()
                 r = c.fetch(-1, device=a.device, out=r)
@@ -73,6 +77,8 @@ def main():
                 py_reuse.append(time.perf_counter() - t)
                 overhead.append(r.seconds - r.library_seconds)
                 lib.append(r.library_seconds)
+            py_faults.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) /
+                             a.repeats)
             for _ in range(a.repeats):
                 t = time.perf_counter()
                 r2 = c.fetch(-1, device=a.device)
@@ -92,6 +98,10 @@ def main():
         "python_overhead_ms_median": 1000 * med(overhead),
         "python_overhead_ms_max": 1000 * max(overhead),
         "library_seconds_median": med(lib),
+        # Minor page faults per fetch (C++ tool process / this process,
+        # reused destinations): receive buffers faulted in again show here.
+        "cpp_page_faults_per_fetch": med(cpp_faults),
+        "python_page_faults_per_fetch": med(py_faults),
     }
     print(json.dumps(res, indent=1))
 

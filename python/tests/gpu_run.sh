@@ -53,7 +53,7 @@ export PYTHONPATH=$U/python:$U/python/tests
   python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "grpc", grpc.__version__, "protobuf", p.__version__)'; } 2>&1 | tee "$OUT/gpu.txt"
 ldd "$HYBRID_PARAMD_LIB" | grep "not found" && echo "MISSING LIBRARIES"
 export PARAMD_HPCTL=$U/hpctl/hpctl
-STEPS=${STEPS:-gpu_test,gpt,hf,bench}
+STEPS=${STEPS:-gpu_test,gpt,hf,bench}  # also: bench_untuned
 if [[ ,$STEPS, == *,gpu_test,* ]]; then
   timeout ${GPU_TEST_TIMEOUT:-120} python3 python/tests/gpu_test.py > "$OUT/gpu_test.log" 2>&1
   echo "gpu_test rc=$?"
@@ -73,11 +73,21 @@ if [[ ,$STEPS, == *,hf,* ]]; then
   echo "hf_roundtrip_test rc=$?"
   grep -E "^test_|tensors equal|Error|FAIL|^OK|^Ran|skipped" "$OUT/hf_roundtrip.log" | head -20
 fi
+# bench: host fetch (cpu) and fetch into CUDA tensors (cuda);
+# bench_untuned: the host fetch again with the client's malloc tuning off in
+# both clients (PARAMD_CLIENT_MALLOC_TUNING=0; client/host_allocator.h).
+bench() {  # NAME DEVICE [ENV...]
+  local name=$1 dev=$2
+  shift 2
+  env "$@" timeout ${BENCH_TIMEOUT:-90} python3 python/tests/fetch_bench.py --server=$PARAMD_SERVER \
+    --cpp_tool=$PARAMD_CPP_TOOL --daemon_flags="--backend=gpu --gpu=0" --device=$dev --tensors=200 \
+    --rows=1024 --cols=1024 --repeats=10 > "$OUT/bench_$name.json" 2>"$OUT/bench_$name.err"
+  echo "bench $name rc=$?"; tr -d '\n' < "$OUT/bench_$name.json"; echo; tail -3 "$OUT/bench_$name.err"
+}
 if [[ ,$STEPS, == *,bench,* ]]; then
-  for dev in cpu cuda; do
-    timeout ${BENCH_TIMEOUT:-90} python3 python/tests/fetch_bench.py --server=$PARAMD_SERVER --cpp_tool=$PARAMD_CPP_TOOL \
-      --daemon_flags="--backend=gpu --gpu=0" --device=$dev --tensors=200 --rows=1024 --cols=1024 \
-      --repeats=10 > "$OUT/bench_$dev.json" 2>"$OUT/bench_$dev.err"
-    echo "bench $dev rc=$?"; tr -d '\n' < "$OUT/bench_$dev.json"; echo; tail -3 "$OUT/bench_$dev.err"
-  done
+  bench cpu cpu
+  bench cuda cuda
+fi
+if [[ ,$STEPS, == *,bench_untuned,* ]]; then
+  bench cpu_untuned cpu PARAMD_CLIENT_MALLOC_TUNING=0
 fi
