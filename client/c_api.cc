@@ -241,6 +241,14 @@ std::unique_ptr<hpd_manifest> MakeManifest(client::Manifest manifest) {
   return m;
 }
 
+void FillVersionInfo(const client::VersionInfo& v, hpd_version_info* info) {
+  *info = hpd_version_info{};
+  info->committed_version = v.committed_version;
+  info->rewound = v.rewound_to.has_value() ? 1 : 0;
+  info->rewound_to_version = v.rewound_to.value_or(-1);
+  info->recovery_epoch = v.recovery_epoch;
+}
+
 void FillStats(int64_t version, const client::DirectionBytes& received,
                const client::DirectionBytes& bf16, hpd_fetch_stats* stats) {
   if (stats == nullptr) return;
@@ -664,12 +672,26 @@ int32_t hpd_wait_for_version_info(hpd_client* client, int64_t min_version, int64
     if (timeout == absl::ZeroDuration()) timeout = absl::Seconds(30);
     ASSIGN_OR_RETURN(const paramd::client::VersionInfo v,
                      c->client->WaitForVersionInfo(min_version, timeout));
-    *info = hpd_version_info{};
-    info->committed_version = v.committed_version;
-    info->rewound = v.rewound_to.has_value() ? 1 : 0;
-    info->rewound_to_version = v.rewound_to.value_or(-1);
-    info->recovery_epoch = v.recovery_epoch;
+    paramd::FillVersionInfo(v, info);
     return absl::OkStatus();
+  });
+}
+
+int32_t hpd_watch_version(hpd_client* client, int64_t min_version, int64_t timeout_ms,
+                          hpd_version_event_fn on_event, void* arg, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    if (on_event == nullptr) return NullArgument("on_event");
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    absl::Duration timeout = paramd::Timeout(timeout_ms);
+    if (timeout == absl::ZeroDuration()) timeout = absl::Seconds(30);
+    return c->client->WatchVersion(
+        min_version,
+        [&](const paramd::client::VersionInfo& v) {
+          hpd_version_info info;
+          paramd::FillVersionInfo(v, &info);
+          return on_event(arg, &info) != 0;
+        },
+        timeout);
   });
 }
 

@@ -71,8 +71,8 @@ extern "C" {
 
 /* major * 1000 + minor. 1001 added TLS / token connect options
  * (tls_server_name, token_file appended), hpd_load_model, hpd_wait_for_version_info,
- * hpd_set_optimizer_schedule. */
-#define HPD_API_VERSION 1001
+ * hpd_set_optimizer_schedule; 1002 added hpd_watch_version. */
+#define HPD_API_VERSION 1002
 
 /* Status codes (gRPC / absl numbering). */
 #define HPD_OK 0
@@ -257,6 +257,23 @@ typedef struct hpd_version_info {
 HPD_EXPORT int32_t hpd_wait_for_version_info(hpd_client* client, int64_t min_version,
                                              int64_t timeout_ms, hpd_version_info* info,
                                              hpd_status* status);
+
+/* Called by hpd_watch_version on the calling thread for each version
+ * event; return nonzero to keep watching, 0 to stop (the watch then
+ * returns OK). `event` is valid during the call only. */
+typedef int32_t (*hpd_version_event_fn)(void* arg, const hpd_version_info* event);
+
+/* Streams the committed version (Coordinator.WatchVersion): `on_event`
+ * gets it once it is >= min_version and again at every newer commit, until
+ * it returns 0 (OK), timeout_ms passes (DEADLINE_EXCEEDED; 0: 30 s) or the
+ * stream fails (UNAVAILABLE, ...). A rewind comes as
+ * an event with `rewound` set (committed_version = rewound_to_version,
+ * possibly below earlier events), reported once per client as by
+ * hpd_wait_for_version_info, after the client's manifest was refreshed.
+ * Blocks; INVALID_ARGUMENT for a NULL `on_event`. (Since 1002.) */
+HPD_EXPORT int32_t hpd_watch_version(hpd_client* client, int64_t min_version,
+                                     int64_t timeout_ms, hpd_version_event_fn on_event,
+                                     void* arg, hpd_status* status);
 
 /* ---- Fetch ---- */
 

@@ -180,6 +180,7 @@ absl::Status Client::Impl::WatchVersion(int64_t min_version,
       coordinator_->WatchVersion(&context, request);
   rpc::VersionEvent event;
   absl::Status result;
+  bool stopped = false;  // by us: the stream is cancelled, not failed
   while (reader->Read(&event)) {
     {
       absl::MutexLock lock(&mu_);
@@ -193,12 +194,18 @@ absl::Status Client::Impl::WatchVersion(int64_t min_version,
       result = RefreshManifest(deadline).status();  // the replacement's address
       if (!result.ok()) break;
     }
-    if (!on_event(info)) break;
+    if (!on_event(info)) {
+      stopped = true;
+      break;
+    }
   }
-  context.TryCancel();
+  // Cancelled only when we left early: a stream that ended by itself (its
+  // deadline, a failure) keeps its own status, which a cancel before
+  // Finish() could turn into CANCELLED.
+  if (stopped || !result.ok()) context.TryCancel();
   const grpc::Status s = reader->Finish();
   if (!result.ok()) return result;
-  if (s.error_code() == grpc::StatusCode::CANCELLED) return absl::OkStatus();  // we stopped
+  if (stopped) return absl::OkStatus();
   return FromGrpcStatus(s, absl::StrCat("watch version ", min_version));
 }
 

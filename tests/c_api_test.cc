@@ -32,6 +32,19 @@ constexpr char kRecipe[] = R"pb(
   }
 )pb";
 
+// hpd_watch_version's events, kept until `stop_after` of them arrived.
+struct WatchLog {
+  std::vector<hpd_version_info> events;
+  size_t stop_after = 0;  // 0: never stop
+};
+
+int32_t CountEvent(void* arg, const hpd_version_info* event) {
+  if (arg == nullptr) return 1;
+  auto* log = static_cast<WatchLog*>(arg);
+  log->events.push_back(*event);
+  return log->stop_after == 0 || log->events.size() < log->stop_after ? 1 : 0;
+}
+
 class CApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -153,6 +166,7 @@ TEST_F(CApiTest, BadHandlesAreRefused) {
     EXPECT_EQ(hpd_step(h, 0, 0, 0, nullptr, &st_), HPD_INVALID_ARGUMENT);
     hpd_version_info vi;
     EXPECT_EQ(hpd_wait_for_version_info(h, 0, 100, &vi, &st_), HPD_INVALID_ARGUMENT);
+    EXPECT_EQ(hpd_watch_version(h, 0, 100, CountEvent, nullptr, &st_), HPD_INVALID_ARGUMENT);
     hpd_load_options lo;
     hpd_load_options_init(&lo);
     lo.model = "/x";
@@ -210,6 +224,36 @@ TEST_F(CApiTest, LoadScheduleAndWaitInfoErrors) {
   EXPECT_EQ(info.rewound, 0);
   EXPECT_EQ(info.recovery_epoch, 0);
   EXPECT_EQ(hpd_wait_for_version_info(admin_, 99, 200, &info, &st_), HPD_DEADLINE_EXCEEDED);
+}
+
+TEST_F(CApiTest, WatchVersionStreamsUntilTheCallbackStops) {
+  EXPECT_EQ(hpd_watch_version(admin_, 0, 100, nullptr, nullptr, &st_), HPD_INVALID_ARGUMENT);
+  // Version 0 at once; the callback's 0 ends the watch with OK.
+  WatchLog log;
+  log.stop_after = 1;
+  ASSERT_EQ(hpd_watch_version(admin_, 0, 5000, CountEvent, &log, &st_), HPD_OK) << st_.message;
+  ASSERT_EQ(log.events.size(), 1u);
+  EXPECT_EQ(log.events[0].committed_version, 0);
+  EXPECT_EQ(log.events[0].rewound, 0);
+  EXPECT_EQ(log.events[0].recovery_epoch, 0);
+  // Nothing newer: the timeout ends it, without a call.
+  WatchLog none;
+  EXPECT_EQ(hpd_watch_version(admin_, 1, 200, CountEvent, &none, &st_), HPD_DEADLINE_EXCEEDED);
+  EXPECT_TRUE(none.events.empty());
+  // A commit while watching arrives as the next event.
+  hpd_client* trainer = nullptr;
+  ASSERT_EQ(Connect(address_, 0, &trainer), HPD_OK) << st_.message;
+  std::vector<float> gw(64 * 96, 0.5f), gb(8, 1.0f);
+  hpd_gradient g[2] = {{"w", HPD_GRAD_FP32, gw.data(), gw.size() * 4},
+                       {"b", HPD_GRAD_FP32, gb.data(), gb.size() * 4}};
+  ASSERT_EQ(hpd_push_gradients(trainer, 0, g, 2, -1, nullptr, 0, nullptr, &st_), HPD_OK)
+      << st_.message;
+  WatchLog two;
+  two.stop_after = 1;
+  ASSERT_EQ(hpd_watch_version(admin_, 1, 20000, CountEvent, &two, &st_), HPD_OK) << st_.message;
+  ASSERT_EQ(two.events.size(), 1u);
+  EXPECT_EQ(two.events[0].committed_version, 1);
+  EXPECT_EQ(hpd_close(trainer, &st_), HPD_OK);
 }
 
 TEST_F(CApiTest, ManifestAndItsErrors) {

@@ -13,7 +13,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1001  # HPD_API_VERSION this module was written against
+API_VERSION = 1002  # HPD_API_VERSION this module was written against
 MAX_RANK = 8
 
 
@@ -125,6 +125,8 @@ class VersionInfo(ctypes.Structure):
 
 
 PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+VERSION_EVENT_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p,
+                                    ctypes.POINTER(VersionInfo))
 
 
 class LoadOptions(ctypes.Structure):
@@ -172,6 +174,7 @@ _SIGNATURES = {
     "hpd_load": (_i32, [_vp, ctypes.c_char_p, ctypes.c_char_p, _i64, _P(_i64), _st]),
     "hpd_step": (_i32, [_vp, _i64, _i32, _i64, _P(_i64), _st]),
     "hpd_wait_for_version_info": (_i32, [_vp, _i64, _i64, _P(VersionInfo), _st]),
+    "hpd_watch_version": (_i32, [_vp, _i64, _i64, VERSION_EVENT_FN, _vp, _st]),
     "hpd_load_options_init": (None, [_P(LoadOptions)]),
     "hpd_load_model": (_i32, [_vp, _P(LoadOptions), _P(_i64), _st]),
     "hpd_set_optimizer_schedule": (_i32, [_vp, ctypes.c_char_p, _i32, ctypes.c_float, _i64,

@@ -446,6 +446,38 @@ class Client:
             self._raise_rewound(min_version, info)
         return info.committed_version
 
+    def watch_version(self, on_event, min_version=0, timeout=30.0):
+        """Streams the committed version (Coordinator.WatchVersion): calls
+        on_event(VersionInfo) on this thread once the committed version is
+        >= min_version and again at every newer commit, until on_event
+        returns False (then watch_version returns None), `timeout` seconds
+        pass (DeadlineExceeded) or the stream fails. A rewind comes as an
+        event with rewound_to set (committed_version is then that version,
+        possibly below earlier events), reported once per Client as by
+        wait_for_version_info; the client's manifest was refreshed first.
+        An exception raised by on_event ends the watch and is re-raised
+        here."""
+        raised = []
+
+        def event(_, info):
+            c = info.contents
+            try:
+                go_on = on_event(VersionInfo(c.committed_version,
+                                             c.rewound_to_version if c.rewound else None,
+                                             c.recovery_epoch))
+            except BaseException as e:  # noqa: B902 (re-raised below, after the C call)
+                raised.append(e)
+                return 0
+            return 0 if go_on is False else 1
+
+        callback = _capi.VERSION_EVENT_FN(event)  # alive for the whole call
+        st = _capi.Status()
+        code = self._lib.hpd_watch_version(self._handle(), int(min_version), _ms(timeout),
+                                           callback, None, ctypes.byref(st))
+        if raised:
+            raise raised[0]
+        _raise_for(code, st)
+
     # ---- fetch ----
 
     def _plan(self, names, directions, targets):

@@ -4,8 +4,10 @@ docs/SECURITY.md "Keepalive and deadlines"):
 * a daemon is killed and a replacement takes its rank: every daemon goes
   back to the newest checkpoint; Client.wait_for_version raises
   RewoundError with .version, wait_for_version_info returns the rewind,
-  fetch of the latest version raises it too, each once per client; the
-  trainer pushes from the rewound version and the cluster steps on;
+  fetch of the latest version raises it too, each once per client;
+  Client.watch_version streams the versions with the rewind as one event
+  (rewound_to, recovery_epoch); the trainer pushes from the rewound version
+  and the cluster steps on;
 * a daemon stopped with SIGSTOP before a 32 MB push, and before or during
   a fetch: each Python call fails with DeadlineExceeded or Unavailable by
   its timeout plus a slack for a loaded machine (as //tests:deadline_test
@@ -24,7 +26,9 @@ import test_env
 import torch
 
 import hybrid_paramd as hp
+from hybrid_paramd import _capi
 from hybrid_paramd import cluster as hpc
+from hybrid_paramd import errors as hp_errors
 from hybrid_paramd import safetensors_io
 
 HPCTL = test_env.path("PARAMD_HPCTL", "bazel-bin/hpctl/hpctl")
@@ -33,6 +37,11 @@ TIMEOUT = 2.0
 # machine (//tests:deadline_test saw 3.3 s), never the tens of seconds of
 # an unbounded call.
 SLACK = 6.0
+
+
+def _raise(code):
+    if code != 0:
+        raise hp_errors.from_code(code, "code %d" % code)
 
 
 def rank_process(cluster, admin, rank):
@@ -64,6 +73,7 @@ class RewindTest(unittest.TestCase):
             t = hp.Client(cl.address, name="trainer")
             watcher = hp.Client(cl.address, observer=True)
             fetcher = hp.Client(cl.address, observer=True)
+            streamer = hp.Client(cl.address, observer=True)
             v = 0
             for _ in range(2):
                 t.push_gradients(v, grads)
@@ -76,6 +86,26 @@ class RewindTest(unittest.TestCase):
             for c in (watcher, fetcher):
                 self.assertEqual(c.wait_for_version_info(3),
                                  hp.VersionInfo(3, None, 0))
+            self.check_watch_basics(streamer)
+            # Streams every event from 3 on (its own thread) until the
+            # version after the rewind.
+            events, watch_error = [], []
+
+            def watch():
+                def on_event(info):
+                    events.append(info)
+                    rewinds = [e for e in events if e.rewound_to is not None]
+                    return not (rewinds and info.committed_version > rewinds[0].rewound_to)
+                try:
+                    streamer.watch_version(on_event, min_version=3, timeout=60)
+                except hp.Error as e:
+                    watch_error.append(e)
+            watching = threading.Thread(target=watch)
+            watching.start()
+            deadline = time.time() + 10
+            while not events and time.time() < deadline:
+                time.sleep(0.01)
+            self.assertEqual(events, [hp.VersionInfo(3, None, 0)])
 
             victim = rank_process(cl, admin, 1)
             cl.kill_daemon(victim)
@@ -106,8 +136,36 @@ class RewindTest(unittest.TestCase):
             t.push_gradients(back, grads)
             self.assertEqual(t.wait_for_version(back + 1, timeout=30), back + 1)
             self.assertEqual(fetcher.fetch(back + 1, names=["b.weight"]).version, back + 1)
-            for c in (t, watcher, fetcher, admin):
+            watching.join(timeout=60)
+            self.assertFalse(watching.is_alive())
+            self.assertEqual(watch_error, [])
+            # 3, the rewind (once, with its epoch), then the next commit.
+            self.assertEqual(events[0], hp.VersionInfo(3, None, 0), events)
+            self.assertEqual([e for e in events if e.rewound_to is not None],
+                             [hp.VersionInfo(back, back, 1)], events)
+            self.assertEqual(events[-1], hp.VersionInfo(back + 1, None, 1), events)
+            for c in (t, watcher, fetcher, streamer, admin):
                 c.close()
+
+    def check_watch_basics(self, c):
+        """watch_version stops on False, re-raises the callback's exception,
+        ends with DeadlineExceeded by its timeout."""
+        seen = []
+        self.assertIsNone(c.watch_version(lambda i: seen.append(i) or False, min_version=0))
+        self.assertEqual(seen, [hp.VersionInfo(3, None, 0)])
+
+        def boom(_):
+            raise KeyError("from the callback")
+        with self.assertRaises(KeyError):
+            c.watch_version(boom)
+        start = time.time()
+        with self.assertRaises(hp.DeadlineExceeded):
+            c.watch_version(lambda i: self.fail("no version 99 yet"), min_version=99,
+                            timeout=0.3)
+        self.assertLess(time.time() - start, 0.3 + SLACK)
+        with self.assertRaises(hp.InvalidArgument):  # the C API refuses a NULL callback
+            _raise(c._lib.hpd_watch_version(c._handle(), 0, 100, _capi.VERSION_EVENT_FN(),
+                                            None, None))
 
 
 class DeadlineTest(unittest.TestCase):
