@@ -207,6 +207,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   absl::Status CheckPush(int64_t version, const std::string& pusher) override {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    RETURN_IF_ERROR(CheckDevicePushAllowedLocked());
     return CheckPushLocked(version, pusher);
   }
 
@@ -215,6 +216,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
                           rpc::PushGradientsResponse* response) override {
     absl::ReaderMutexLock device_lock(&device_mu_);
     absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckDevicePushAllowedLocked());
     RETURN_IF_ERROR(CheckPushLocked(version, pusher));
     if (view_ == nullptr || view_->generation != generation || shards_ == nullptr) {
       return absl::FailedPreconditionError("the model was reloaded during the push");
@@ -742,6 +744,16 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
     }
   }
 
+  // The pipelined step takes its gradients from the host push streams
+  // (server/push_pipeline.h), bucket by bucket: a push already in device
+  // memory would not be seen.
+  absl::Status CheckDevicePushAllowedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (push_pipeline_ == nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "this daemon runs --pipelined_step, which takes host pushes (PushGradients) only; "
+        "push over the host stream, or run the daemons without --pipelined_step");
+  }
+
   absl::Status CheckPushLocked(int64_t version, const std::string& pusher)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (pusher.empty()) return absl::InvalidArgumentError("push without pusher_id");
@@ -915,19 +927,18 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // returns the abandon, and RunStep leaves everything as it was).
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
       ShardBackend* shards, int64_t from, const AllReduceMaxFn& all_reduce, bool update_delayed) {
-    ShardSet* set = shards->host_state();
     std::shared_ptr<PushPipeline> pipeline;
     {
       absl::MutexLock lock(&mu_);
       pipeline = push_pipeline_;
     }
-    if (set == nullptr) return absl::InternalError("pipelined step without host state");
-    const std::vector<StepBucket> buckets = PlanStepBuckets(*set, options_.step_bucket_elements);
+    const std::vector<StepBucket> buckets =
+        PlanStepBuckets(shards->tensors(), shards->shards(), options_.step_bucket_elements);
     const std::function<bool()> yield = [this] { return worker_.HasPending(); };
     for (;;) {
       // Sized before fetches can see it (InFlightPart).
       std::shared_ptr<PublishedVersion> out =
-          NewPipelinedVersion(from + 1, buckets, static_cast<int>(set->tensors().size()));
+          NewPipelinedVersion(from + 1, buckets, static_cast<int>(shards->tensors().size()));
       {
         absl::MutexLock lock(&mu_);
         // Once every push is counted (stepping_), only committed ones count.
@@ -950,8 +961,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       };
       hooks.before_commit = [&] { return pipeline->AwaitCommit(absl::InfiniteFuture(), yield); };
       absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
-          RunPipelinedStep(*set, from + 1, /*apply_optimizer=*/true, all_reduce, update_delayed,
-                           buckets, hooks, out);
+          shards->StepPipelined(from + 1, all_reduce, update_delayed, buckets, hooks, out);
       pipeline->EndAttempt();
       if (!IsStepAbandoned(result.status())) return result;
       bool again = false;
@@ -1088,15 +1098,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
       shards_ = std::move(shards);
       view_ = view;
       expected_pushers_ = expected_pushers;
-      // The pipelined step needs the host ShardSet (the cpu backend).
-      push_pipeline_ = options_.pipelined_step && shards_->name() == "cpu"
-                           ? std::make_shared<PushPipeline>(view->tensors, view->shards,
-                                                            expected_pushers)
-                           : nullptr;
-      if (options_.pipelined_step && push_pipeline_ == nullptr) {
-        Log(kTag, absl::StrCat("--pipelined_step: not supported by the ", shards_->name(),
-                               " backend; steps run whole"));
-      }
+      push_pipeline_ = options_.pipelined_step ? std::make_shared<PushPipeline>(
+                                                     view->tensors, view->shards, expected_pushers)
+                                               : nullptr;
       pipeline_attempt_ = false;
       in_flight_host_ = InFlightHost();
       latest_ = nullptr;
@@ -2529,6 +2533,7 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
   // The host stream's rules first, with its codes.
   RETURN_IF_ERROR(CheckPushLocked(request.version(), request.pusher_id()));
+  RETURN_IF_ERROR(CheckDevicePushAllowedLocked());
   if (request.tag() > kMaxUserTag) {
     return absl::InvalidArgumentError("PushGradientsDevice tag too large");
   }

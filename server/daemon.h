@@ -102,11 +102,12 @@ struct DaemonOptions {
   int snapshot_every_steps = 0;
   // Limits on what requests may ask (server/request_checks.h).
   RequestLimits limits;
-  // Pipelined step (cpu backend; docs/ARCHITECTURE.md "Pipelined step"):
+  // Pipelined step (docs/ARCHITECTURE.md "Pipelined step"):
   // the optimizer of a bucket of tensors starts once every expected
   // pusher's share of it has arrived, and FetchRequest.as_ready serves each
   // tensor as soon as it is quantized. Every daemon of a world must agree
-  // (their all-reduce calls differ). Ignored (logged) by the gpu backend.
+  // (their all-reduce calls differ; the coordinator refuses a join that
+  // differs). Both backends; device pushes are refused while it is on.
   bool pipelined_step = false;
   // Parameters per bucket of the pipelined step (server/step_pipeline.h).
   int64_t step_bucket_elements = int64_t{1} << 22;

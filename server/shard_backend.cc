@@ -30,6 +30,13 @@ class CpuShardBackend : public ShardBackend {
                                                                bool update_delayed) override {
     return set_->Step(new_version, apply_optimizer, all_reduce, update_delayed);
   }
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
+      int64_t new_version, const AllReduceMaxFn& all_reduce, bool update_delayed,
+      const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
+      std::shared_ptr<PublishedVersion> out) override {
+    return RunPipelinedStep(*set_, new_version, /*apply_optimizer=*/true, all_reduce,
+                            update_delayed, buckets, hooks, std::move(out));
+  }
   ShardSet* host_state() override { return set_.get(); }
 
  private:

@@ -28,12 +28,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/gpu_backend/select.h"
 #include "server/optimizer.h"
 #include "server/shard_set.h"
+#include "server/step_pipeline.h"
 
 namespace paramd {
 
@@ -110,6 +112,25 @@ class ShardBackend {
   virtual absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(
       int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
       bool update_delayed) = 0;
+
+  // The pipelined step (server/step_pipeline.h; the daemon's
+  // --pipelined_step): RunPipelinedStep's contract, arguments and results
+  // (apply_optimizer is implied), so that both backends serve the same
+  // hooks. When hooks.on_bucket_ready(b) is called, the bucket's pieces of
+  // `out` carry their bytes on the host (gpu: copied from the device for
+  // the daemon's as_ready fetches). Abandoned (IsStepAbandoned) or failed
+  // before its commit barrier, nothing changed and the step may run again.
+  // Every daemon of a world must run it alike (the daemons' join checks
+  // --pipelined_step). Same threading as Step. Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
+      int64_t new_version, const AllReduceMaxFn& all_reduce, bool update_delayed,
+      const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
+      std::shared_ptr<PublishedVersion> out) {
+    (void)new_version, (void)all_reduce, (void)update_delayed, (void)buckets, (void)hooks,
+        (void)out;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " daemon backend has no pipelined step"));
+  }
 
   // The host state for checkpoint write/restore and export (checkpoint/),
   // or null when the backend cannot provide one: callers then return

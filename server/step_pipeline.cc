@@ -52,8 +52,12 @@ bool IsStepAbandoned(const absl::Status& status) {
 }
 
 std::vector<StepBucket> PlanStepBuckets(const ShardSet& set, int64_t bucket_elements) {
-  const std::vector<TensorDef>& tensors = set.tensors();
-  const std::vector<ShardDef>& shards = set.shards();
+  return PlanStepBuckets(set.tensors(), set.shards(), bucket_elements);
+}
+
+std::vector<StepBucket> PlanStepBuckets(const std::vector<TensorDef>& tensors,
+                                        const std::vector<ShardDef>& shards,
+                                        int64_t bucket_elements) {
   std::vector<StepBucket> buckets;
   int64_t in_bucket = 0;
   for (int t = 0; t < static_cast<int>(tensors.size()); ++t) {

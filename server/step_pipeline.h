@@ -71,6 +71,11 @@ struct StepBucket {
 // The buckets of `set`'s manifest (every tensor in exactly one, in order).
 // `bucket_elements` < 1: one bucket per tensor.
 std::vector<StepBucket> PlanStepBuckets(const ShardSet& set, int64_t bucket_elements);
+// The same over a manifest's `tensors` and this daemon's `shards` (sorted by
+// (tensor, row_begin), as ShardSet and ShardBackend keep them).
+std::vector<StepBucket> PlanStepBuckets(const std::vector<TensorDef>& tensors,
+                                        const std::vector<ShardDef>& shards,
+                                        int64_t bucket_elements);
 
 // Bucket gradients handed over by await_bucket: per shard of the bucket (in
 // StepBucket::shards order) rows*cols FP32 values. Left empty, the step

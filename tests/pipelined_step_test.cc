@@ -6,6 +6,8 @@
 // had streamed that step's first tensor answers ABORTED); FetchRequest.
 // as_ready streams a tensor before the version is published; a step that
 // fails after some buckets fails their as_ready fetches with ABORTED.
+// PARAMD_TEST_DAEMON_BACKEND=gpu: the daemons run --backend=gpu (one GPU).
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -66,6 +68,11 @@ class PipelinedStepTest : public ::testing::Test {
       options.optimizer = "sgd";
       options.lr = kLr;
       options.daemon_flags = {"--step_timeout_s=3"};
+      // The GPU machine runs it again on the gpu backend
+      // (tests/gpu_pipeline_run.sh: PARAMD_TEST_DAEMON_BACKEND=gpu).
+      if (const char* backend = std::getenv("PARAMD_TEST_DAEMON_BACKEND")) {
+        options.daemon_flags.push_back(absl::StrCat("--backend=", backend));
+      }
       if (pipelined) {
         options.daemon_flags.push_back("--pipelined_step");
         options.daemon_flags.push_back("--step_bucket_elements=1");

@@ -65,12 +65,16 @@ absl::Status Launch(absl::Span<const OptimizerTensor> tensors, bool adam,
       t.param = a.param;
       t.m = a.exp_avg;
       t.v = a.exp_avg_sq;
+      t.param_out = a.param_out != nullptr ? a.param_out : a.param;
+      t.m_out = a.exp_avg_out != nullptr ? a.exp_avg_out : a.exp_avg;
+      t.v_out = a.exp_avg_sq_out != nullptr ? a.exp_avg_sq_out : a.exp_avg_sq;
       t.grad = a.grad;
       t.amax = a.amax;
       t.count = a.count;
       t.round_bf16 = a.amax_source == SourceDtype::kBf16;
       t.vec = Aligned16(a.param) && Aligned16(a.grad) && (a.exp_avg == nullptr || Aligned16(a.exp_avg)) &&
-              (a.exp_avg_sq == nullptr || Aligned16(a.exp_avg_sq));
+              (a.exp_avg_sq == nullptr || Aligned16(a.exp_avg_sq)) && Aligned16(t.param_out) &&
+              (t.m_out == nullptr || Aligned16(t.m_out)) && (t.v_out == nullptr || Aligned16(t.v_out));
       t.chunk_begin = batch->total_chunks;
       batch->total_chunks += (a.count + detail::kOptChunk - 1) / detail::kOptChunk;
     }
@@ -108,6 +112,11 @@ absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AdamWQuantizeArgs& a = tensors[i];
     RETURN_IF_ERROR(CheckTensor(a.opt, i, true));
+    if (a.opt.param_out != nullptr || a.opt.exp_avg_out != nullptr ||
+        a.opt.exp_avg_sq_out != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, ": the one-pass step updates in place only"));
+    }
     QuantizeTensorArgs q = a.quant;
     q.source = a.opt.param;
     q.input_type = InputType::kFp32;

@@ -67,6 +67,14 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
   const bool scaled = batch.grad_scale != nullptr;
   const float c = scaled ? *batch.grad_scale : 1.0f;
   if (c != c) {
+    // Out of place: the unchanged values are the result.
+    if (t.param_out != t.param || t.m_out != t.m || t.v_out != t.v) {
+      for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+        t.param_out[i] = t.param[i];
+        if (has_m) t.m_out[i] = t.m[i];
+        if (kKind == 0) t.v_out[i] = t.v[i];
+      }
+    }
     if constexpr (kAmax) {
       for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
         amax = AbsMax(amax, ToSource(t.param[i], rb));
@@ -79,9 +87,12 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
   if (t.vec && (kKind == 0 || has_m)) {
     const int64_t n4 = (end - begin) / 4;
     tail = begin + 4 * n4;
-    float4* P = reinterpret_cast<float4*>(t.param + begin);
-    float4* Mm = reinterpret_cast<float4*>(t.m + begin);
-    float4* V = kKind == 0 ? reinterpret_cast<float4*>(t.v + begin) : nullptr;
+    const float4* P = reinterpret_cast<const float4*>(t.param + begin);
+    const float4* Mm = reinterpret_cast<const float4*>(t.m + begin);
+    const float4* V = kKind == 0 ? reinterpret_cast<const float4*>(t.v + begin) : nullptr;
+    float4* Po = reinterpret_cast<float4*>(t.param_out + begin);
+    float4* Mo = reinterpret_cast<float4*>(t.m_out + begin);
+    float4* Vo = kKind == 0 ? reinterpret_cast<float4*>(t.v_out + begin) : nullptr;
     const float4* Gv = reinterpret_cast<const float4*>(t.grad + begin);
     constexpr int kUnroll = 2;
     for (int64_t i0 = threadIdx.x; i0 < n4; i0 += kThreads * kUnroll) {
@@ -104,9 +115,9 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
           Update<kKind>(p[u].y, m[u].y, v[u].y, G(g[u].y), true, batch);
           Update<kKind>(p[u].z, m[u].z, v[u].z, G(g[u].z), true, batch);
           Update<kKind>(p[u].w, m[u].w, v[u].w, G(g[u].w), true, batch);
-          P[i] = p[u];
-          Mm[i] = m[u];
-          if (kKind == 0) V[i] = v[u];
+          Po[i] = p[u];
+          Mo[i] = m[u];
+          if (kKind == 0) Vo[i] = v[u];
           if (kAmax) {
             amax = AbsMax(amax, ToSource(p[u].x, rb));
             amax = AbsMax(amax, ToSource(p[u].y, rb));
@@ -122,9 +133,9 @@ __global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constan
     float m = has_m ? t.m[i] : 0.0f;
     float v = kKind == 0 ? t.v[i] : 0.0f;
     Update<kKind>(p, m, v, G(t.grad[i]), has_m, batch);
-    t.param[i] = p;
-    if (has_m) t.m[i] = m;
-    if (kKind == 0) t.v[i] = v;
+    t.param_out[i] = p;
+    if (has_m) t.m_out[i] = m;
+    if (kKind == 0) t.v_out[i] = v;
     if (kAmax) amax = AbsMax(amax, ToSource(p, rb));
   }
   if constexpr (kAmax) {

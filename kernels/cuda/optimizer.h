@@ -36,6 +36,14 @@ struct OptimizerTensor {
   int64_t count = 0;
   float* amax = nullptr;  // nullable; max-updated with amax(round(param_new))
   SourceDtype amax_source = SourceDtype::kBf16;
+  // Out of place (AdamWStep / SgdStep only): the updated param and moments
+  // are written here and param / exp_avg / exp_avg_sq are only read (null:
+  // in place). Same bits as in place; a skipped step (grad_scale NaN) copies
+  // the inputs unchanged. Set all the tensor's buffers or none (a null
+  // exp_avg_out with a non-null exp_avg updates that moment in place).
+  float* param_out = nullptr;
+  float* exp_avg_out = nullptr;
+  float* exp_avg_sq_out = nullptr;
 };
 
 struct AdamWHyper {

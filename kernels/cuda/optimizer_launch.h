@@ -51,6 +51,11 @@ struct OptItem {
   float* param = nullptr;
   float* m = nullptr;  // AdamW exp_avg, or SGD momentum buffer (null: no momentum)
   float* v = nullptr;  // AdamW exp_avg_sq
+  // Where the updated param / m / v go; equal to param / m / v: in place.
+  // Out of place, a skipped step (grad_scale NaN) copies the inputs over.
+  float* param_out = nullptr;
+  float* m_out = nullptr;
+  float* v_out = nullptr;
   const float* grad = nullptr;
   float* amax = nullptr;  // max-updated with amax of the updated param (nullable)
   int64_t count = 0;

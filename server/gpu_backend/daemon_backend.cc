@@ -1,6 +1,7 @@
 #include "server/gpu_backend/daemon_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -19,34 +20,21 @@
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
-#include "kernels/reference.h"
 #include "server/grad_norm.h"
+#include "server/gpu_backend/host_copies.h"
+#include "server/gpu_backend/pipelined_step.h"
+#include "server/gpu_backend/published_meta.h"
 #include "server/gpu_backend/shard_store.h"
+#include "server/gpu_backend/spec_rules.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
 namespace gpu_backend {
 namespace {
 
-bool PerTensorFp8(Format f) { return f == Format::kFp8Current || f == Format::kFp8Delayed; }
-bool Dequantized(const HybridSpec& s) {
-  return s.columnwise_source == ColumnwiseSource::kRowwiseDequantized;
-}
-bool Uses(const HybridSpec& s, int dir) { return dir == 0 ? s.rowwise_usage : s.columnwise_usage; }
-const QuantSpec& SpecOf(const HybridSpec& s, int dir) {
-  return dir == 0 ? s.rowwise : s.columnwise;
-}
-// As server/shard_set.cc: whether a direction's global amax is reduced (and
-// so reported in TensorScalingInfo; 0 otherwise).
-bool NeedsReduce(const HybridSpec& s, int dir) {
-  const bool computed = dir == 0 ? s.rowwise_usage || (s.columnwise_usage && Dequantized(s))
-                                 : s.columnwise_usage;
-  return computed && NeedsGlobalAmax(SpecOf(s, dir).format);
-}
-bool SecondRound(const HybridSpec& s) {
-  return NeedsReduce(s, 1) && Dequantized(s) && NeedsGlobalAmax(s.rowwise.format) &&
-         s.rowwise.format != Format::kFp8Delayed;
-}
+using rules::SecondRound;
+using rules::SpecOf;
+using rules::Uses;
 
 // Test hooks (tests/gpu_integration/daemon_overlap_test.cc; the daemons
 // under test are separate hybrid-paramd processes, and no flag should offer
@@ -91,135 +79,6 @@ gpu::SgdHyper SgdHyperOf(const OptimizerOptions& o) {
   return h;
 }
 
-// The host bytes of published versions, copied from the device on the first
-// request (ShardBackend::host_bytes). Shared by the backend and by the
-// HostBytesFn it hands out, so a fetch may finish after the backend is gone
-// (the store, and its device buffers, live as long as this).
-//
-// Threading: Get from any thread; Add/Retire from the step thread. The
-// device-to-host copy of a version runs outside the mutex, marked on its
-// entry (copying): Retire of a version (before a step rewrites its device
-// slot) waits for that version's copy only, so a slow first host fetch of
-// the latest version does not hold up the step that retires the older one.
-// A retired version is erased under the mutex: no copy of it starts after.
-class HostCopies {
- public:
-  // `copy_delay_ms` > 0 (test hook PARAMD_GPU_HOST_COPY_DELAY_MS): every
-  // copy to the host takes that much longer, as a large model's does.
-  HostCopies(std::shared_ptr<GpuShardStore> store, int64_t copy_delay_ms)
-      : store_(std::move(store)), copy_delay_ms_(copy_delay_ms) {}
-
-  // `meta` (pieces without bytes) was just published; `device[k]` holds the
-  // device buffers of meta->pieces[k].
-  void Add(std::shared_ptr<const PublishedVersion> meta,
-           std::vector<GpuPublishedDirection> device) {
-    auto e = std::make_shared<Entry>();
-    e->meta = std::move(meta);
-    e->device = std::move(device);
-    absl::MutexLock lock(&mu_);
-    entries_[e->meta->version] = std::move(e);
-  }
-
-  // The device slot of `version` is about to be rewritten: waits for a copy
-  // of it in progress, then forgets it. Its host copy, when nobody holds it
-  // any more, keeps its (already faulted-in) memory for a later copy.
-  void Retire(int64_t version) {
-    absl::MutexLock lock(&mu_);
-    auto it = entries_.find(version);
-    if (it == entries_.end()) return;
-    std::shared_ptr<Entry> e = it->second;
-    while (e->copying) copied_.Wait(&mu_);
-    e->retired = true;
-    if (e->bytes != nullptr && e->bytes.use_count() == 1) spare_ = std::move(e->bytes);
-    e->bytes = nullptr;
-    entries_.erase(version);
-  }
-
-  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Get(
-      const std::shared_ptr<const PublishedVersion>& meta) {
-    std::shared_ptr<Entry> e;
-    std::shared_ptr<PublishedVersion> copy;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = entries_.find(meta->version);
-      if (it == entries_.end() || it->second->meta != meta) return NotHeld(meta->version);
-      e = it->second;
-      // Another request is copying this version: share its copy (or, if it
-      // failed, try again).
-      while (e->copying) copied_.Wait(&mu_);
-      if (e->retired) return NotHeld(meta->version);
-      if (e->bytes != nullptr) return e->bytes;
-      e->copying = true;
-      copy = std::move(spare_);
-      spare_ = nullptr;
-    }
-    absl::Status s = CopyToHost(*e, copy);
-    absl::MutexLock lock(&mu_);
-    e->copying = false;
-    copied_.SignalAll();
-    RETURN_IF_ERROR(s);
-    e->bytes = std::move(copy);
-    return e->bytes;
-  }
-
- private:
-  struct Entry {
-    std::shared_ptr<const PublishedVersion> meta;
-    std::vector<GpuPublishedDirection> device;
-    // Written under mu_; the copy itself runs without it while `copying`.
-    std::shared_ptr<PublishedVersion> bytes;  // null until requested
-    bool copying = false;
-    bool retired = false;
-  };
-
-  static absl::Status NotHeld(int64_t version) {
-    return absl::NotFoundError(absl::StrCat(
-        "version ", version,
-        " is no longer held on the device (the gpu backend keeps the two latest versions)"));
-  }
-
-  // The bytes of `e` into `copy`: a retired copy's buffers when it has the
-  // same pieces (same shards, same layouts: resize keeps them), else new.
-  // Called with e.copying set (so e's slot is not rewritten meanwhile).
-  absl::Status CopyToHost(const Entry& e, std::shared_ptr<PublishedVersion>& copy) {
-    if (copy != nullptr && copy->pieces.size() == e.meta->pieces.size()) {
-      for (size_t k = 0; k < copy->pieces.size(); ++k) {
-        std::vector<uint8_t> data = std::move(copy->pieces[k].q.data);
-        std::vector<uint8_t> scales = std::move(copy->pieces[k].q.scales);
-        copy->pieces[k] = e.meta->pieces[k];
-        copy->pieces[k].q.data = std::move(data);
-        copy->pieces[k].q.scales = std::move(scales);
-      }
-      copy->version = e.meta->version;
-      copy->tensors = e.meta->tensors;
-      copy->report = e.meta->report;
-    } else {
-      copy = std::make_shared<PublishedVersion>(*e.meta);
-    }
-    if (copy_delay_ms_ > 0) absl::SleepFor(absl::Milliseconds(copy_delay_ms_));
-    ScopedDevice guard(store_->device());
-    for (size_t k = 0; k < copy->pieces.size(); ++k) {
-      PublishedPiece& p = copy->pieces[k];
-      const GpuPublishedDirection& d = e.device[k];
-      p.q.data.resize(d.layout.data_bytes());
-      RETURN_IF_ERROR(Copy(p.q.data.data(), d.data, p.q.data.size(), cudaMemcpyDeviceToHost));
-      p.q.scales.resize(d.layout.scale_bytes());
-      if (d.scales != nullptr) {
-        RETURN_IF_ERROR(
-            Copy(p.q.scales.data(), d.scales, p.q.scales.size(), cudaMemcpyDeviceToHost));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  const std::shared_ptr<GpuShardStore> store_;
-  const int64_t copy_delay_ms_;
-  absl::Mutex mu_;
-  absl::CondVar copied_;  // an entry's copying went false
-  std::map<int64_t, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<PublishedVersion> spare_ ABSL_GUARDED_BY(mu_);  // a retired host copy
-};
-
 class GpuShardBackend : public ShardBackend {
  public:
   GpuShardBackend(std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
@@ -253,6 +112,7 @@ class GpuShardBackend : public ShardBackend {
   ~GpuShardBackend() override {
     ScopedDevice guard(store_->device());
     for (void* p : registered_) cudaHostUnregister(p);
+    if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
   }
 
   absl::string_view name() const override { return "gpu"; }
@@ -345,21 +205,7 @@ class GpuShardBackend : public ShardBackend {
       GPU_RETURN_IF_ERROR(cudaLaunchHostFunc(store_->stream(), HoldStream,
                                              const_cast<int64_t*>(&step_delay_ms_)));
     }
-    // Bridge: the packed [tensor][direction] device amaxes <-> the daemon's
-    // host all-reduce (same length on every daemon).
-    DeviceAllReduce bridge = [&](float* values, size_t count,
-                                 cudaStream_t stream) -> absl::Status {
-      std::vector<float> host(count);
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), values, count * sizeof(float),
-                                          cudaMemcpyDeviceToHost, stream));
-      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      absl::Status s = all_reduce(absl::MakeSpan(host));
-      if (!s.ok()) return absl::AbortedError(absl::StrCat("amax all-reduce failed: ", s.message()));
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(values, host.data(), count * sizeof(float),
-                                          cudaMemcpyHostToDevice, stream));
-      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      return absl::OkStatus();
-    };
+    const DeviceAllReduce bridge = Bridge(all_reduce);
     // The step rewrites the older of two held versions: no host copy of it
     // may run meanwhile.
     const std::vector<int64_t> held = store_->versions();
@@ -407,21 +253,7 @@ class GpuShardBackend : public ShardBackend {
       stepped = absl::InternalError(absl::StrCat(
           "injected failure of the step to version ", new_version, " (PARAMD_GPU_FAIL_STEP)"));
     }
-    if (stepped.ok() && apply_optimizer) {
-      // As ShardSet::Step's report (same functions of the same float64 sum).
-      if (optimizer_.needs_grad_norm()) {
-        const double sum_sq = store_->last_norm_sum_sq();
-        report_.grad_norm = std::sqrt(sum_sq);
-        report_.clip_factor = ClipFactor(optimizer_, sum_sq);
-        if (!std::isfinite(sum_sq) && optimizer_.non_finite == NonFinitePolicy::kSkipStep) {
-          ++report_.skipped_steps;
-        } else {
-          report_.lr = ScheduledLr(optimizer_, step);
-        }
-      } else {
-        report_.lr = ScheduledLr(optimizer_, step);
-      }
-    }
+    if (stepped.ok() && apply_optimizer) UpdateReport(step);
     report_.optimizer_steps = store_->optimizer_steps();
     if (stepped.ok()) stepped = Publish(new_version);
     if (!stepped.ok()) {
@@ -439,7 +271,168 @@ class GpuShardBackend : public ShardBackend {
     return published_;
   }
 
+  // The pipelined step (ShardBackend::StepPipelined; pipelined_step.h):
+  // each bucket's gradients uploaded as the daemon's pushes deliver them,
+  // each bucket's bytes copied to the host pieces of `out` before it is
+  // announced (the daemon's as_ready fetches stream host bytes), `out`
+  // itself published. Transactional until its commit barrier.
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
+      int64_t new_version, const AllReduceMaxFn& all_reduce, bool update_delayed,
+      const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
+      std::shared_ptr<PublishedVersion> out) override {
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "an earlier gpu step failed (", broken_.message(),
+          "); the device state is undefined: load the model again"));
+    }
+    if (out == nullptr) {
+      out = NewPipelinedVersion(new_version, buckets, static_cast<int>(tensors_.size()));
+    }
+    absl::Status uploaded = Upload(/*apply_optimizer=*/false);
+    NoteDeviceBytes();
+    RETURN_IF_ERROR(uploaded);
+    GpuPipelineSetup setup;
+    setup.buckets = buckets;
+    for (const StepBucket& b : buckets) {
+      bool round2 = false;
+      for (int t = b.tensor_begin; t < b.tensor_end; ++t) round2 |= SecondRound(tensors_[t].spec);
+      setup.second_round.push_back(round2 ? 1 : 0);
+    }
+    setup.deadline = absl::Now() + step_timeout_;
+    setup.update_delayed = update_delayed;
+    std::vector<int> group;
+    const absl::Time collective_deadline = absl::Now() + collective_timeout_;
+    if (NcclTransport* nccl = DeviceAllReduceTransport()) {
+      group.resize(nccl->world_size());
+      std::iota(group.begin(), group.end(), 0);
+      setup.all_reduce = [&, nccl](float* values, size_t count, cudaStream_t stream) {
+        return nccl->AllReduceMaxDevice(group, values, count, stream, collective_deadline);
+      };
+      setup.wait_stream = [&, nccl](cudaStream_t stream, absl::Time deadline) {
+        return nccl->WaitStream(stream, std::min(deadline, collective_deadline));
+      };
+    } else if (!(data_plane_known_ && transport_ == nullptr)) {
+      setup.all_reduce = Bridge(all_reduce);
+    }
+    const std::vector<int64_t> held = store_->versions();
+    if (held.size() == 2) copies_->Retire(held[0]);
+    const int64_t step = store_->optimizer_steps() + 1;
+    store_->set_step_lr(ScheduledLr(optimizer_, step));
+    std::vector<BucketGradients> kept;  // uploads read them until the step ends
+    GpuBucketHooks gpu_hooks;
+    gpu_hooks.await_bucket = [&](const StepBucket& b) -> absl::Status {
+      if (!hooks.await_bucket) return absl::OkStatus();
+      BucketGradients g;
+      RETURN_IF_ERROR(hooks.await_bucket(b, &g));
+      return UploadBucket(b, std::move(g), &kept);
+    };
+    gpu_hooks.check_bucket = hooks.check_bucket;
+    gpu_hooks.before_commit = hooks.before_commit;
+    absl::Status copy_error;  // the announcer's, read after the step
+    gpu_hooks.on_bucket_ready = [&](int b) {
+      absl::Status s = CopyBucketToHost(*store_, tensors_, shards_, new_version, buckets[b],
+                                        &copy_stream_, out.get());
+      if (!s.ok()) {
+        copy_error = s;  // not announced: its fetches end with the step's error
+        return;
+      }
+      if (hooks.on_bucket_ready) hooks.on_bucket_ready(b);
+    };
+    gpu_hooks.enqueued = [&] {
+      if (step_enqueued_) step_enqueued_(new_version);
+    };
+    bool committed = false;
+    absl::Status s =
+        RunGpuPipelinedStep(*store_, new_version, setup, gpu_hooks, scratch_, &committed);
+    NoteDeviceBytes();
+    if (s.ok() && !copy_error.ok()) s = copy_error;
+    if (s.ok() && new_version == fail_step_) {
+      s = absl::InternalError(absl::StrCat("injected failure of the step to version ",
+                                           new_version, " (PARAMD_GPU_FAIL_STEP)"));
+    }
+    if (!committed) return s;  // nothing changed: the step may run again
+    if (s.ok()) UpdateReport(step);
+    report_.optimizer_steps = store_->optimizer_steps();
+    if (s.ok()) s = PublishPipelined(new_version, out);
+    if (!s.ok()) {
+      broken_ = s;
+      return s;
+    }
+    ++generation_;
+    host_grads_used_ = device_grads_used_ = false;
+    return published_;
+  }
+
  private:
+  // Bridge: the packed [tensor][direction] device amaxes <-> the daemon's
+  // host all-reduce (same length on every daemon).
+  static DeviceAllReduce Bridge(AllReduceMaxFn all_reduce) {
+    return [all_reduce](float* values, size_t count, cudaStream_t stream) -> absl::Status {
+      std::vector<float> host(count);
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), values, count * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream));
+      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      absl::Status s = all_reduce(absl::MakeSpan(host));
+      if (!s.ok()) return absl::AbortedError(absl::StrCat("amax all-reduce failed: ", s.message()));
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(values, host.data(), count * sizeof(float),
+                                          cudaMemcpyHostToDevice, stream));
+      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+      return absl::OkStatus();
+    };
+  }
+
+  // As ShardSet::Step's report (same functions of the same float64 sum),
+  // after optimizer step `step` finished.
+  void UpdateReport(int64_t step) {
+    if (optimizer_.needs_grad_norm()) {
+      const double sum_sq = store_->last_norm_sum_sq();
+      report_.grad_norm = std::sqrt(sum_sq);
+      report_.clip_factor = ClipFactor(optimizer_, sum_sq);
+      if (!std::isfinite(sum_sq) && optimizer_.non_finite == NonFinitePolicy::kSkipStep) {
+        ++report_.skipped_steps;
+        return;
+      }
+    }
+    report_.lr = ScheduledLr(optimizer_, step);
+  }
+
+  // A bucket's gradients (per shard of the bucket, or none: the device
+  // accumulators hold them) copied over the device accumulators on the
+  // store's stream; `kept` holds the host rows until the step ends.
+  absl::Status UploadBucket(const StepBucket& b, BucketGradients g,
+                            std::vector<BucketGradients>* kept) {
+    if (g.empty()) return absl::OkStatus();
+    if (g.size() != b.shards.size()) {
+      return absl::InternalError("pipelined step: gradients for the wrong number of shards");
+    }
+    ScopedDevice guard(store_->device());
+    for (size_t k = 0; k < g.size(); ++k) {
+      const int i = b.shards[k];
+      if (g[k].size() != Count(i)) {
+        return absl::InternalError("pipelined step: gradient of the wrong size");
+      }
+      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(store_->grad(i), g[k].data(), g[k].size() * 4,
+                                          cudaMemcpyHostToDevice, store_->stream()));
+    }
+    kept->push_back(std::move(g));
+    return absl::OkStatus();
+  }
+
+  // `out` (every bucket copied by CopyBucketToHost) is the published
+  // version: with its report, registered with copies_ (which hands `out`
+  // itself to host readers: it carries its bytes).
+  absl::Status PublishPipelined(int64_t version, const std::shared_ptr<PublishedVersion>& out) {
+    out->report = report_;
+    std::vector<GpuPublishedDirection> device;
+    for (const PublishedPiece& p : out->pieces) {
+      ASSIGN_OR_RETURN(GpuPublishedDirection d, store_->Published(version, p.shard, p.direction));
+      device.push_back(d);
+    }
+    published_ = out;
+    copies_->Add(out, std::move(device));
+    return absl::OkStatus();
+  }
+
   // The NCCL transport of a world of daemons on distinct GPUs, or null (host
   // bridge or single daemon).
   NcclTransport* DeviceAllReduceTransport() const {
@@ -646,47 +639,17 @@ class GpuShardBackend : public ShardBackend {
     published->tensors.resize(tensors_.size());
     for (size_t i = 0; i < shards_.size(); ++i) {
       const ShardDef& d = shards_[i];
-      const TensorDef& t = tensors_[d.tensor];
-      const HybridSpec& spec = t.spec;
-      TensorScalingInfo& info = published->tensors[d.tensor];
-      info.held = true;
+      GpuPublishedDirection dirs[2];
       for (int dir = 0; dir < 2; ++dir) {
-        const QuantSpec& qs = SpecOf(spec, dir);
-        const Direction direction = static_cast<Direction>(dir);
-        // The tensor's reduced amax of this direction (slot 2t+1: the
-        // dequantized rowwise values of a rowwise_dequantized copy).
-        const float global =
-            amax[2 * d.tensor + (dir == 1 && Dequantized(spec) ? 1 : 0)];
-        const float* s = scalars.data() + (2 * i + dir) * GpuShardStore::kScalarsPerDirection;
-        float scale = 1.0f;
-        if (Uses(spec, dir) && PerTensorFp8(qs.format)) {
-          scale = s[GpuShardStore::kScalarScale];  // the exact multiplier of this cast
-        } else if (qs.format == Format::kFp8Current) {
-          scale = ref::ScalingFromAmax(qs, global).scale;
-        }
-        const float info_amax = NeedsReduce(spec, dir) ? global : 0.0f;
-        (dir == 0 ? info.rowwise_scale : info.columnwise_scale) = scale;
-        (dir == 0 ? info.rowwise_amax : info.columnwise_amax) = info_amax;
-        if (!Uses(spec, dir)) continue;
-        ASSIGN_OR_RETURN(GpuPublishedDirection pub,
-                         store_->Published(version, static_cast<int>(i), direction));
-        PublishedPiece p;
-        p.shard = static_cast<int>(i);
-        p.tensor = d.tensor;
-        p.row_begin = d.row_begin;
-        p.row_end = d.row_end;
-        p.direction = direction;
-        p.layout = pub.layout;
-        p.q.format = qs.format;
-        p.q.direction = direction;
-        p.q.rows = d.rows();
-        p.q.cols = t.cols;
-        p.q.scale_inv = s[GpuShardStore::kScalarInv];
-        if (NeedsGlobalAmax(qs.format)) p.q.amax = s[GpuShardStore::kScalarAmax];
-        p.scale = scale;
-        published->pieces.push_back(std::move(p));
-        device.push_back(pub);
+        if (!Uses(tensors_[d.tensor].spec, dir)) continue;
+        ASSIGN_OR_RETURN(dirs[dir], store_->Published(version, static_cast<int>(i),
+                                                      static_cast<Direction>(dir)));
+        device.push_back(dirs[dir]);
       }
+      DescribeShard(static_cast<int>(i), d, tensors_[d.tensor],
+                    scalars.data() + 2 * i * GpuShardStore::kScalarsPerDirection,
+                    amax.data() + 2 * d.tensor, dirs, &published->tensors[d.tensor],
+                    &published->pieces);
     }
     published_ = published;
     copies_->Add(std::move(published), std::move(device));
@@ -731,6 +694,8 @@ class GpuShardBackend : public ShardBackend {
   const int64_t step_delay_ms_ = TestHookFromEnv("PARAMD_GPU_STEP_DELAY_MS");
   bool logged_device_all_reduce_ = false;
   int64_t mirror_generation_ = -1;
+  GpuPipelineScratch scratch_;  // StepPipelined's
+  cudaStream_t copy_stream_ = nullptr;  // StepPipelined's host copies
 };
 
 const bool kRegistered = RegisterGpuShardBackend(&CreateGpuShardBackend);

@@ -36,6 +36,11 @@
 //     Step (as is any mirror handed out: one full upload after a
 //     checkpoint). Step with update_delayed=false republishes a restored
 //     version without a delayed-scaling update.
+//   - StepPipelined (--pipelined_step): server/gpu_backend/pipelined_step.h
+//     on the store, each bucket's gradients uploaded as the pushes deliver
+//     them, each bucket's bytes copied to the host version (for as_ready
+//     fetches) once its event completed; transactional until its commit
+//     barrier (an abandoned attempt changes nothing).
 // What it does not do (clear Status, never silent):
 //   - a failed step is not transactional: the device masters may have moved,
 //     so every later Step is FAILED_PRECONDITION until the model is loaded

@@ -17,6 +17,7 @@
 #include "kernels/cuda/scaling.h"
 #include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/grad_norm.h"
+#include "server/gpu_backend/spec_rules.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -26,48 +27,10 @@ constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-bool PerTensorFp8(Format f) { return f == Format::kFp8Current || f == Format::kFp8Delayed; }
-
-bool Uses(const HybridSpec& spec, int dir) {
-  return dir == 0 ? spec.rowwise_usage : spec.columnwise_usage;
-}
-
-const QuantSpec& SpecOf(const HybridSpec& spec, int dir) {
-  return dir == 0 ? spec.rowwise : spec.columnwise;
-}
-
-bool Dequantized(const HybridSpec& s) {
-  return s.columnwise_source == ColumnwiseSource::kRowwiseDequantized;
-}
-
-// Whether direction `dir` is quantized at all: published, or (rowwise) the
-// temporary source of a rowwise_dequantized columnwise copy (D16).
-bool Computed(const HybridSpec& s, int dir) {
-  return Uses(s, dir) || (dir == 0 && s.columnwise_usage && Dequantized(s));
-}
-
-// Same rules as server/shard_set.cc: a rowwise_dequantized columnwise copy
-// that needs a global amax takes it over the dequantized rowwise values,
-// in round 1 when the rowwise scale is local, else in round 2.
-bool ColumnwiseSourceAmaxNeeded(const HybridSpec& s) {
-  return s.columnwise_usage && Dequantized(s) && NeedsGlobalAmax(s.columnwise.format);
-}
-// Whether a tensor's quantization can run inside its AdamW step: every
-// direction computed takes its scale from before the step (not the new
-// master's amax: no FP8 current, no NVFP4) and reads the master itself.
-bool OnePassFormats(const HybridSpec& s) {
-  if (Dequantized(s)) return false;
-  for (int dir = 0; dir < 2; ++dir) {
-    if (!Computed(s, dir)) continue;
-    const Format f = SpecOf(s, dir).format;
-    if (f == Format::kFp8Current || f == Format::kNvfp4) return false;
-  }
-  return true;
-}
-bool SecondRound(const HybridSpec& s) {
-  return ColumnwiseSourceAmaxNeeded(s) && NeedsGlobalAmax(s.rowwise.format) &&
-         s.rowwise.format != Format::kFp8Delayed;
-}
+using rules::Computed;
+using rules::PerTensorFp8;
+using rules::SpecOf;
+using rules::Uses;
 
 }  // namespace
 
@@ -305,7 +268,7 @@ absl::Status GpuShardStore::Accumulate(int shard, const void* gradient, bool bf1
 
 int GpuShardStore::AmaxSlot(int i, int dir) const {
   const int t = shards_[i].tensor >= 0 ? shards_[i].tensor : i;
-  return 2 * t + (dir == 1 && Dequantized(shards_[i].spec) ? 1 : 0);
+  return 2 * t + (dir == 1 && rules::Dequantized(shards_[i].spec) ? 1 : 0);
 }
 
 absl::Status GpuShardStore::CheckPiece(int shard, int64_t offset, int64_t count) const {
@@ -403,266 +366,6 @@ absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {
                                        skip_non_finite_, norm_host_device_, clip_factor_,
                                        stream_));
   GPU_RETURN_IF_ERROR(cudaEventRecord(norm_done_, stream_));
-  return absl::OkStatus();
-}
-
-absl::Status GpuShardStore::EnqueueOptimizer(bool one_pass,
-                                             const std::vector<gpu::QuantizeTensorArgs>& quant,
-                                             std::vector<char>& quantized) {
-  // Shards grouped by (lr multiplier, weight decay): one launch per group,
-  // with server/optimizer.cc TensorStepHyper's numbers (the float64
-  // product of the schedule's lr and the multiplier). Frozen shards are
-  // not updated: their amax only (and the per-tensor quantize).
-  struct Group {
-    std::vector<gpu::OptimizerTensor> opt;
-    std::vector<gpu::AdamWQuantizeArgs> fused;
-  };
-  std::map<std::pair<float, float>, Group> groups;
-  std::vector<gpu::AmaxArgs> frozen;
-  const float default_wd = static_cast<float>(options_.sgd ? options_.sgd_hyper.weight_decay
-                                                           : options_.adamw.weight_decay);
-  for (size_t i = 0; i < shards_.size(); ++i) {
-    TensorState& t = tensors_[i];
-    const GpuShardDef& d = shards_[i];
-    const int64_t count = d.rows * d.cols;
-    if (d.frozen) {
-      gpu::AmaxArgs a;
-      a.source = t.master;
-      a.count = count;
-      a.source_dtype = d.spec.source_dtype;
-      a.amax = amax_ + AmaxSlot(i, 0);
-      frozen.push_back(a);
-      continue;
-    }
-    gpu::OptimizerTensor o;
-    o.param = t.master;
-    o.exp_avg = t.exp_avg;
-    o.exp_avg_sq = t.exp_avg_sq;
-    o.grad = t.grad;
-    o.count = count;
-    o.amax = amax_ + AmaxSlot(i, 0);
-    o.amax_source = d.spec.source_dtype;
-    Group& g = groups[{d.lr_multiplier, d.weight_decay >= 0.0f ? d.weight_decay : default_wd}];
-    if (!one_pass) {
-      g.opt.push_back(o);
-      continue;
-    }
-    // Update, amax (into the slot AdamWStep would max-update: the amax of
-    // the source-rounded new master, what each direction quantizes) and
-    // both directions in one pass.
-    quantized[i] = 1;
-    if (count == 0) continue;
-    gpu::AdamWQuantizeArgs a;
-    a.opt = o;
-    a.quant = quant[i];
-    if (Uses(d.spec, 0)) a.quant.rowwise.amax = amax_ + AmaxSlot(i, 0);
-    if (Uses(d.spec, 1)) a.quant.columnwise.amax = amax_ + AmaxSlot(i, 0);
-    g.fused.push_back(a);
-  }
-  const float* scale = norm_in_step_ ? clip_factor_ : nullptr;
-  const double base =
-      step_lr_ >= 0.0 ? step_lr_ : (options_.sgd ? options_.sgd_hyper.lr : options_.adamw.lr);
-  for (const auto& [key, g] : groups) {
-    const double lr = base * static_cast<double>(key.first);
-    if (options_.sgd) {
-      gpu::SgdHyper hyper = options_.sgd_hyper;
-      hyper.lr = lr;
-      hyper.weight_decay = key.second;
-      hyper.first_step = optimizer_steps_ == 1 || sgd_fresh_;
-      hyper.grad_scale = scale;
-      RETURN_IF_ERROR(gpu::SgdStep(g.opt, hyper, stream_));
-      continue;
-    }
-    gpu::AdamWHyper hyper = options_.adamw;
-    hyper.lr = lr;
-    hyper.weight_decay = key.second;
-    hyper.step = optimizer_steps_;
-    hyper.grad_scale = scale;
-    if (one_pass) {
-      if (!g.fused.empty()) RETURN_IF_ERROR(gpu::AdamWStepAndQuantize(g.fused, hyper, stream_));
-    } else {
-      RETURN_IF_ERROR(gpu::AdamWStep(g.opt, hyper, stream_));
-    }
-  }
-  if (one_pass) ++one_pass_steps_;
-  sgd_fresh_ = false;
-  if (!frozen.empty()) RETURN_IF_ERROR(gpu::ComputeAmax(frozen, stream_));
-  return absl::OkStatus();
-}
-
-absl::Status GpuShardStore::EnqueueStep(int64_t new_version, bool apply_optimizer,
-                                        const DeviceAllReduce& all_reduce, bool update_delayed) {
-  int slot;
-  {
-    absl::MutexLock lock(&meta_mu_);
-    if (writing_slot_ >= 0) return absl::FailedPreconditionError("a step is in flight");
-    // Overwrite the older slot; readers of the newer one are untouched.
-    slot = slots_[0].version <= slots_[1].version ? 0 : 1;
-    slots_[slot].version = -1;
-    writing_slot_ = slot;
-    pending_version_ = new_version;
-  }
-  absl::Status s = EnqueueInto(slot, apply_optimizer, all_reduce, update_delayed);
-  if (!s.ok()) {
-    // Nothing in flight: the slot stays unpublished (its bytes may be part
-    // written) and Published() must not hand it out as the new version.
-    absl::MutexLock lock(&meta_mu_);
-    writing_slot_ = -1;
-    pending_version_ = -1;
-  }
-  return s;
-}
-
-absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
-                                        const DeviceAllReduce& all_reduce, bool update_delayed) {
-  ScopedDevice guard(options_.device);
-  const int n = static_cast<int>(shards_.size());
-  Slot& out = slots_[slot];
-
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
-  GPU_RETURN_IF_ERROR(cudaMemsetAsync(amax_, 0, amax_count() * sizeof(float), stream_));
-  // The quantize arguments of every shard (buffers of `out`), also used for
-  // the columnwise-source amaxes of rowwise_dequantized copies.
-  std::vector<gpu::QuantizeTensorArgs> quant(n);
-  for (int i = 0; i < n; ++i) {
-    const GpuShardDef& s = shards_[i];
-    TensorState& t = tensors_[i];
-    gpu::QuantizeTensorArgs& q = quant[i];
-    q.source = t.master;
-    q.input_type = gpu::InputType::kFp32;
-    q.rows = s.rows;
-    q.cols = s.cols;
-    q.spec = s.spec;
-    for (int dir = 0; dir < 2; ++dir) {
-      if (!Computed(s.spec, dir)) continue;
-      gpu::DirectionScaling& scaling = dir == 0 ? q.rowwise_scaling : q.columnwise_scaling;
-      scaling.scale = t.dirs[dir].scale;
-      scaling.global_amax = amax_ + AmaxSlot(i, dir);
-      if (!Uses(s.spec, dir)) continue;
-      const GpuPublishedDirection& pub = out.buffers[i][dir];
-      gpu::DirectionBuffers& buffers = dir == 0 ? q.rowwise : q.columnwise;
-      buffers.data = pub.data;
-      buffers.scales = pub.scales;
-      buffers.scale_inv = PerTensorFp8(SpecOf(s.spec, dir).format) ? pub.scale_inv : nullptr;
-    }
-  }
-  bool one_pass = apply_optimizer && !options_.sgd && options_.one_pass_step;
-  for (int i = 0; i < n && one_pass; ++i) one_pass = OnePassFormats(shards_[i].spec);
-  norm_in_step_ = apply_optimizer && norm_on_;
-  if (norm_in_step_) RETURN_IF_ERROR(EnqueueGradNorm(all_reduce));
-  // Shards the one pass quantized (the per-tensor quantize below skips them).
-  std::vector<char> quantized(n, 0);
-  // Source amaxes (max-updated: shards of one tensor share its slot).
-  if (apply_optimizer) {
-    // The next version's pushes start new row sums (norm on or off).
-    for (TensorState& t : tensors_) {
-      t.fresh_rows = 0;
-      t.sums_stale = false;
-    }
-    fresh_before_step_ = sgd_fresh_;
-    ++optimizer_steps_;
-    RETURN_IF_ERROR(EnqueueOptimizer(one_pass, quant, quantized));
-    for (int i = 0; i < n; ++i) {
-      GPU_RETURN_IF_ERROR(
-          cudaMemsetAsync(tensors_[i].grad, 0, shards_[i].rows * shards_[i].cols * 4, stream_));
-    }
-  } else {
-    std::vector<gpu::AmaxArgs> args(n);
-    for (int i = 0; i < n; ++i) {
-      args[i].source = tensors_[i].master;
-      args[i].count = shards_[i].rows * shards_[i].cols;
-      args[i].source_dtype = shards_[i].spec.source_dtype;
-      args[i].amax = amax_ + AmaxSlot(i, 0);
-    }
-    RETURN_IF_ERROR(gpu::ComputeAmax(args, stream_));
-  }
-  auto columnwise_source_amax = [&](bool second_round) -> absl::Status {
-    std::vector<gpu::QuantizeTensorArgs> args;
-    std::vector<float*> outs;
-    for (int i = 0; i < n; ++i) {
-      const HybridSpec& spec = shards_[i].spec;
-      if (!ColumnwiseSourceAmaxNeeded(spec) || SecondRound(spec) != second_round) continue;
-      args.push_back(quant[i]);
-      outs.push_back(amax_ + AmaxSlot(i, 1));
-    }
-    if (args.empty()) return absl::OkStatus();
-    return gpu::ColumnwiseSourceAmax(args, outs, stream_);
-  };
-  // Current scaling of the directions whose amax is final after `round`.
-  auto current_scaling = [&](int round) -> absl::Status {
-    std::vector<gpu::CurrentScalingArgs> current;
-    for (int i = 0; i < n; ++i) {
-      for (int dir = 0; dir < 2; ++dir) {
-        const QuantSpec& q = SpecOf(shards_[i].spec, dir);
-        if (!Computed(shards_[i].spec, dir) || q.format != Format::kFp8Current) continue;
-        const int r = dir == 1 && SecondRound(shards_[i].spec) ? 2 : 1;
-        if (r != round) continue;
-        gpu::CurrentScalingArgs a;
-        a.amax = amax_ + AmaxSlot(i, dir);
-        a.scale = tensors_[i].dirs[dir].scale;
-        a.scale_inv = nullptr;  // the quantize kernel writes the published scale_inv
-        a.spec = q;
-        current.push_back(a);
-      }
-    }
-    if (current.empty()) return absl::OkStatus();
-    return gpu::CurrentScalingUpdate(current, stream_);
-  };
-  // By manifest (options), so that every daemon makes the same all-reduce
-  // calls whatever it holds.
-  bool second_round = options_.second_round;
-  for (const GpuShardDef& s : shards_) second_round |= SecondRound(s.spec);
-
-  RETURN_IF_ERROR(columnwise_source_amax(false));
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[1], stream_));
-  if (all_reduce) RETURN_IF_ERROR(all_reduce(amax_, amax_count(), stream_));
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[2], stream_));
-  RETURN_IF_ERROR(current_scaling(1));
-  if (second_round) {
-    RETURN_IF_ERROR(columnwise_source_amax(true));
-    if (all_reduce) RETURN_IF_ERROR(all_reduce(amax_, amax_count(), stream_));
-    RETURN_IF_ERROR(current_scaling(2));
-  }
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[3], stream_));
-
-  std::vector<gpu::DelayedScalingArgs> delayed;
-  for (int i = 0; i < n; ++i) {
-    const GpuShardDef& s = shards_[i];
-    TensorState& t = tensors_[i];
-    for (int dir = 0; dir < 2; ++dir) {
-      if (!Uses(s.spec, dir)) continue;
-      const QuantSpec& spec = SpecOf(s.spec, dir);
-      const GpuPublishedDirection& pub = out.buffers[i][dir];
-      if (!PerTensorFp8(spec.format)) {
-        const float one = 1.0f;
-        GPU_RETURN_IF_ERROR(
-            cudaMemcpyAsync(pub.scale_inv, &one, 4, cudaMemcpyHostToDevice, stream_));
-      } else {
-        // The multiplier of this cast (delayed: before the update below).
-        GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.scale, t.dirs[dir].scale, 4,
-                                            cudaMemcpyDeviceToDevice, stream_));
-      }
-      // Published amax: the tensor's global amax of this direction's source.
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.amax, amax_ + AmaxSlot(i, dir), 4,
-                                          cudaMemcpyDeviceToDevice, stream_));
-      if (spec.format == Format::kFp8Delayed && update_delayed) {
-        gpu::DelayedScalingArgs d;
-        d.history = t.dirs[dir].history;
-        d.scale = t.dirs[dir].scale;
-        d.scale_inv = nullptr;
-        d.reduced_amax = amax_ + AmaxSlot(i, dir);
-        d.spec = spec;
-        delayed.push_back(d);
-      }
-    }
-    if (!quantized[i]) RETURN_IF_ERROR(gpu::QuantizeHybrid({quant[i]}, stream_));
-    GPU_RETURN_IF_ERROR(cudaEventRecord(t.ready, stream_));
-  }
-  // Delayed scaling: this step's cast used the previous scale; now roll the
-  // history and compute the next one (FORMATS.md §1 ordering).
-  if (!delayed.empty()) RETURN_IF_ERROR(gpu::DelayedScalingUpdate(delayed, stream_));
-  GPU_RETURN_IF_ERROR(cudaEventRecord(events_[4], stream_));
-  step_start_ = absl::Now();
   return absl::OkStatus();
 }
 

@@ -63,7 +63,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/cuda/optimizer.h"
+#include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
 #include "server/ipc/cuda_vmm.h"
 #include "server/gpu_backend/grad_norm.h"
@@ -266,6 +268,47 @@ class GpuShardStore {
                            const DeviceAllReduce& all_reduce, bool update_delayed = true);
   absl::Status FinishStep(absl::Time deadline);
 
+  // ---- A step bucket by bucket (server/gpu_backend/pipelined_step.h) ----
+  // An optimizer step producing `new_version` enqueued in buckets of
+  // consecutive manifest tensors, so that a bucket's work can start while
+  // the gradients of later ones still arrive:
+  //   BeginBuckets, [EnqueueBucketNorm with the norm on, once every
+  //   gradient is in grad()], EnqueueBucket per bucket in manifest order,
+  //   then CommitBuckets + FinishStep, or AbandonBuckets.
+  // The same stages as EnqueueStep restricted to each bucket's shards, so
+  // the same bytes (the one-pass kernel is not used: it updates in place).
+  // Transactional until CommitBuckets: the optimizer writes the new masters
+  // and moments into spare buffers (allocated by the first BeginBuckets:
+  // +4 B/param for the master and +4 per moment), the delayed-scaling
+  // update waits for the commit, and AbandonBuckets leaves the masters,
+  // moments, counters and scaling state as before BeginBuckets (the
+  // accumulators too: CommitBuckets zeroes them). From BeginBuckets the
+  // older slot's version is gone (as EnqueueStep) and the new one is found
+  // in flight; after an abandon it is not found.
+  absl::Status BeginBuckets(int64_t new_version);
+  absl::Status EnqueueBucketNorm(const DeviceAllReduce& all_reduce);
+  // `shards`: this store's shards of manifest tensors [tensor_begin,
+  // tensor_end); `second_round`: whether any of those tensors needs the
+  // second all-reduce round (by manifest: every daemon makes the same
+  // calls). `all_reduce` gets the bucket's run of the packed amax vector
+  // (2 * (tensor_end - tensor_begin) floats). Records TensorReady of each
+  // shard after its quantization.
+  absl::Status EnqueueBucket(absl::Span<const int> shards, int tensor_begin, int tensor_end,
+                             bool second_round, const DeviceAllReduce& all_reduce,
+                             bool update_delayed);
+  // Makes the buckets' state the store's (pointer swaps; the delayed-scaling
+  // update and the accumulators' zeroing are enqueued) and marks the end of
+  // the step for FinishStep. last_timings(): optimizer_ms is the bucketed
+  // part whole, all_reduce_ms / scaling_ms / quantize_ms 0.
+  absl::Status CommitBuckets();
+  // Drops the bucketed step (no-op when none); the work already enqueued
+  // may still run, writing only spares, amaxes and the unpublished slot.
+  void AbandonBuckets();
+  bool buckets_active() const { return buckets_.active; }
+  // Whether optimizer steps take the global gradient norm (clipping or
+  // skip_step; SetOptimizerHyper).
+  bool grad_norm_on() const { return norm_on_; }
+
   // The published versions (at most two), newest last.
   std::vector<int64_t> versions() const;
   // Buffers of `version`'s shard/direction; NOT_FOUND for an unknown version.
@@ -322,6 +365,10 @@ class GpuShardStore {
     float* master = nullptr;
     float* exp_avg = nullptr;
     float* exp_avg_sq = nullptr;
+    // Bucketed steps write the new state here (null until EnsureSpares).
+    float* spare_master = nullptr;
+    float* spare_exp_avg = nullptr;
+    float* spare_exp_avg_sq = nullptr;
     float* grad = nullptr;
     double* row_sums = nullptr;  // [rows] gradient norm row sums (norm on)
     int64_t fresh_rows = 0;      // rows whose row_sums the last push took
@@ -336,18 +383,55 @@ class GpuShardStore {
     std::vector<std::array<GpuPublishedDirection, 2>> buffers;
   };
 
+  // A bucketed step in progress (BeginBuckets .. CommitBuckets).
+  struct BucketState {
+    bool active = false;
+    bool norm_done = false;
+    int slot = -1;
+    int64_t steps_before = 0;
+    bool sgd_first_step = false;
+    std::vector<gpu::QuantizeTensorArgs> quant;  // per shard, from the spares
+    std::vector<char> quantized;
+    std::vector<gpu::DelayedScalingArgs> delayed;  // enqueued at the commit
+  };
+
   GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOptions& options);
   absl::Status Allocate();
+  // The older slot for `new_version` (in flight from now on) / none again.
+  absl::StatusOr<int> ClaimSlot(int64_t new_version);
+  void ReleaseSlot();
   // EnqueueStep's work after the slot was claimed.
   absl::Status EnqueueInto(int slot, bool apply_optimizer, const DeviceAllReduce& all_reduce,
                            bool update_delayed);
   // EnqueueInto's gradient norm (options_.grad_norm): clip_factor_
   // holds the factor once it ran on stream_.
   absl::Status EnqueueGradNorm(const DeviceAllReduce& all_reduce);
-  // EnqueueInto's optimizer launches; `quantized[i]` set for the shards the
-  // one pass (gpu::AdamWStepAndQuantize) quantized.
-  absl::Status EnqueueOptimizer(bool one_pass, const std::vector<gpu::QuantizeTensorArgs>& quant,
+  // The stages of a step over `shards` (shard_store_step.cc). The quantize
+  // arguments of shard i into `slot`'s buffers from `source`:
+  gpu::QuantizeTensorArgs QuantArgs(int slot, int i, const float* source) const;
+  // Optimizer launches (`out_of_place`: into the spares); `quantized[i]`
+  // set for the shards the one pass (gpu::AdamWStepAndQuantize) quantized.
+  absl::Status EnqueueOptimizer(absl::Span<const int> shards, bool one_pass, bool out_of_place,
+                                bool sgd_first_step,
+                                const std::vector<gpu::QuantizeTensorArgs>& quant,
                                 std::vector<char>& quantized);
+  absl::Status EnqueueColumnwiseSourceAmax(absl::Span<const int> shards,
+                                           const std::vector<gpu::QuantizeTensorArgs>& quant,
+                                           bool second_round);
+  absl::Status EnqueueCurrentScaling(absl::Span<const int> shards, int round);
+  // Columnwise-source amaxes, the all-reduce of amax[0, amax_count), current
+  // scaling, and the second round when `second_round`.
+  absl::Status EnqueueReduceAndScaling(absl::Span<const int> shards,
+                                       const std::vector<gpu::QuantizeTensorArgs>& quant,
+                                       float* amax, size_t amax_count, bool second_round,
+                                       const DeviceAllReduce& all_reduce, bool record_events);
+  // Published scalars and quantization of `shards`, TensorReady recorded;
+  // their delayed-scaling updates appended to `delayed`.
+  absl::Status EnqueueQuantize(int slot, absl::Span<const int> shards,
+                               const std::vector<gpu::QuantizeTensorArgs>& quant,
+                               const std::vector<char>& quantized, bool update_delayed,
+                               std::vector<gpu::DelayedScalingArgs>* delayed);
+  absl::Status EnsureSpares();
   // INVALID_ARGUMENT unless [offset, offset + count) lies in shard's elements.
   absl::Status CheckPiece(int shard, int64_t offset, int64_t count) const;
   // Index in amax_ of shard `i`'s direction `dir` amax.
@@ -396,6 +480,8 @@ class GpuShardStore {
   cudaEvent_t norm_done_ = nullptr;
   bool norm_in_step_ = false;
   bool fresh_before_step_ = false;
+  bool spares_allocated_ = false;
+  BucketState buckets_;
 };
 
 }  // namespace gpu_backend
