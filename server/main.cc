@@ -149,9 +149,10 @@ ABSL_FLAG(double, momentum, 0.0, "SGD momentum; daemons: checked at join");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
 ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
 ABSL_FLAG(bool, pipelined_step, false,
-          "daemon (cpu backend): step bucket by bucket as the pushes arrive and serve "
+          "daemon (cpu and gpu backends): step bucket by bucket as the pushes arrive and serve "
           "FetchRequest.as_ready tensors as each is quantized (docs/ARCHITECTURE.md \"Pipelined "
-          "step\"); every daemon of a cluster must agree");
+          "step\"); host pushes only (device pushes are refused); every daemon of a cluster "
+          "must agree (checked at join)");
 ABSL_FLAG(int64_t, step_bucket_elements, int64_t{1} << 22,
           "daemon: parameters per bucket of --pipelined_step (consecutive tensors; a larger "
           "tensor is a bucket of its own)");
