@@ -4,6 +4,7 @@
 // outside the tensor or overlapping, rows of another daemon, tag too large)
 // come first, then a --backend=cpu daemon answers FAILED_PRECONDITION; no
 // refusal counts the pusher, and the daemons keep stepping on host pushes.
+// A --pipelined_step daemon refuses device pushes (host pushes only).
 // The accepted path (NCCL receive + device accumulate) is
 // daemon_push_test's (gpu tag).
 #include <cstdint>
@@ -134,6 +135,35 @@ TEST(DevicePushRefusal, HostRulesThenCpuBackendNothingCounted) {
   expect(Request(0, "p3", {own}), grpc::StatusCode::FAILED_PRECONDITION, "stale push");
   absl::StatusOr<QuantizedTensor> host = c.FetchAssembled(1, own.tensor, Direction::kRowwise);
   EXPECT_TRUE(host.ok()) << host.status();
+}
+
+// --pipelined_step takes its gradients from the host push streams, bucket
+// by bucket: a valid device push is refused (FAILED_PRECONDITION naming
+// the option) before any byte travels, nothing is counted, and host pushes
+// still step.
+TEST(DevicePushRefusal, PipelinedStepTakesHostPushesOnly) {
+  TestClusterOptions options;
+  options.daemons = 1;
+  options.expected_pushers = 1;
+  options.daemon_flags = {"--backend=cpu", "--pipelined_step"};
+  absl::StatusOr<std::unique_ptr<RawCluster>> cluster = RawCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  RawCluster& c = **cluster;
+  const std::vector<TestTensor> tensors = {{"a", {128, 64}, RandomValues(128 * 64, 1)}};
+  const std::string path = c.cluster().dir() + "/m.safetensors";
+  ASSERT_TRUE(WriteModel(path, tensors).ok());
+  ASSERT_TRUE(c.Load(path, "").ok());
+  const grpc::Status s = PushDevice(c, 0, Request(0, "p1", {{"a", 0, 128}}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "--pipelined_step")) << s.error_message();
+  absl::StatusOr<rpc::DaemonStats> after = c.Stats(0);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->pushers_received(), 0);
+  const std::map<std::string, std::vector<float>> g = {{"a", RandomValues(128 * 64, 5, 0.1f)}};
+  ASSERT_TRUE(c.PushAll(0, "p1", g).ok());
+  absl::StatusOr<int64_t> v = c.WaitForVersion(1);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, 1);
 }
 
 }  // namespace
