@@ -512,7 +512,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
           {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
           {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
       // The optimizer config and per-tensor overrides the model steps with
-      // (a restore steps on with them: server/coordinator.cc).
+      // (a restore steps on with them: server/coordinator_load.cc).
       if (manifest.has_optimizer_config()) {
         std::string config, tensors;
         rpc::Manifest overrides;

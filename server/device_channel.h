@@ -10,7 +10,7 @@
 // answers FAILED_PRECONDITION.
 //
 // Threading: Connect, Send, ReceivePush and ApplyPush are called from one
-// thread (the channel's serial worker in server/daemon.cc); Shutdown from
+// thread (the channel's serial worker in server/daemon_device.cc); Shutdown from
 // any thread, at any time, and it unblocks a Send or ReceivePush in
 // progress. The destructor must not race with the others.
 #ifndef PARAMD_SERVER_DEVICE_CHANNEL_H_

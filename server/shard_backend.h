@@ -1,6 +1,6 @@
 // File: server/shard_backend.h
 //
-// The seam between the daemon (server/daemon.cc) and the state it steps:
+// The seam between the daemon (server/daemon.h) and the state it steps:
 // everything the daemon does with its shards goes through ShardBackend.
 //
 //   cpu: server/shard_set.h (FP32 masters, optimizer, reference kernels on

@@ -46,7 +46,7 @@
 // small mutex, never held across device work). Published buffers of a
 // version stay valid and unchanged until the step after next; keeping a
 // reader's version from being overwritten by that step is the caller's job
-// (the daemon pins fetched versions, server/daemon.cc).
+// (the daemon pins fetched versions, server/daemon_device.cc).
 #ifndef PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 #define PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 

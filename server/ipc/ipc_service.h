@@ -112,7 +112,7 @@ struct IpcSnapshot {
   int64_t previous = -1;
 };
 
-// Implemented by the daemon (server/daemon.cc).
+// Implemented by the daemon (server/daemon.cc, server/daemon_push.cc).
 class IpcHost {
  public:
   virtual ~IpcHost() = default;

@@ -1,0 +1,404 @@
+// File: server/coordinator_load.cc
+//
+// The coordinator's Load (server/coordinator.h): the manifest from a
+// safetensors file, declared tensors or a checkpoint (with the optimizer it
+// was saved with), the shard plan, and LoadShards fanned out to the daemons.
+// GetManifest.
+
+#include "server/coordinator_internal.h"
+
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "checkpoint/daemon_io.h"
+#include "checkpoint/store.h"
+#include "common/file_util.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+#include "safetensors/safetensors.h"
+#include "server/convert.h"
+#include "server/fan_out.h"
+#include "server/optimizer_config.h"
+#include "sharding/balance.h"
+
+namespace paramd {
+
+using coordinator_internal::kTag;
+
+namespace {
+
+absl::StatusOr<SavedOptimizer> ReadSavedOptimizer(const checkpoint::Manifest& manifest) {
+  SavedOptimizer saved;
+  auto it = manifest.metadata().find("optimizer_config");
+  if (it == manifest.metadata().end()) return saved;
+  absl::StatusOr<OptimizerOptions> config =
+      ParseOptimizerConfig(it->second, "checkpoint metadata optimizer_config");
+  if (!config.ok()) return absl::DataLossError(config.status().message());
+  saved.config = *config;
+  auto t = manifest.metadata().find("optimizer_tensors");
+  if (t != manifest.metadata().end()) {
+    rpc::Manifest tensors;
+    if (!google::protobuf::TextFormat::ParseFromString(t->second, &tensors)) {
+      return absl::DataLossError("checkpoint metadata optimizer_tensors does not parse");
+    }
+    for (const rpc::TensorInfo& info : tensors.tensors()) {
+      saved.tensors[info.name()] = TensorOptimizerFromProto(info.optimizer());
+    }
+  }
+  return saved;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* Coordinator::Impl::Load(grpc::CallbackServerContext* context,
+                                                  const rpc::LoadRequest* request,
+                                                  rpc::LoadResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Coordinator/Load");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  StartLoad(*request, [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
+    if (s.ok()) *response = r;
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerContext* context,
+                                                         const rpc::GetManifestRequest* /*request*/,
+                                                         rpc::GetManifestResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Coordinator/GetManifest");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
+  absl::MutexLock lock(&mu_);
+  *response->mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
+  return Done(context, absl::OkStatus());
+}
+
+rpc::Manifest Coordinator::Impl::ManifestLocked(bool with_pieces) const {
+  rpc::Manifest m = manifest_;
+  if (!with_pieces) m.clear_pieces();
+  m.set_committed_version(committed_);
+  m.set_expected_pushers(options_.expected_pushers);
+  m.clear_daemons();
+  for (int r = 0; r < table_.size(); ++r) {
+    const DaemonSlot& d = table_.slot(r);
+    if (!d.joined) continue;
+    rpc::DaemonInfo* info = m.add_daemons();
+    info->set_rank(r);
+    info->set_address(d.member.address());
+    info->set_data_plane_address(d.member.data_plane_address());
+    info->set_published_version(d.published);
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<rpc::TensorDecl>> Coordinator::Impl::LoadTensors(
+    const rpc::LoadRequest& request) {
+  std::vector<rpc::TensorDecl> tensors;
+  if (!request.safetensors_path().empty()) {
+    if (request.tensors_size() > 0) {
+      return absl::InvalidArgumentError("Load: give a safetensors path or tensors, not both");
+    }
+    ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
+                     safetensors::SafetensorsFile::Open(request.safetensors_path(),
+                                                        options_.limits.max_tensor_name_bytes));
+    // (request.safetensors_path() is already resolved below --model_root:
+    // ConfineLoadPaths.)
+    for (const safetensors::TensorInfo& t : file.tensors()) {
+      rpc::TensorDecl d;
+      d.set_name(t.name);
+      for (int64_t s : t.shape) d.add_shape(s);
+      tensors.push_back(std::move(d));
+    }
+  } else {
+    tensors.assign(request.tensors().begin(), request.tensors().end());
+  }
+  if (tensors.empty()) return absl::InvalidArgumentError("Load: no tensors");
+  RETURN_IF_ERROR(CheckTensorDecls(tensors, options_.limits));
+  return tensors;
+}
+
+absl::StatusOr<std::vector<std::pair<rpc::TensorDecl, HybridSpec>>>
+Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
+                                     SavedOptimizer* saved_optimizer) {
+  ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
+                   checkpoint::CheckpointStore::Open(path, /*create=*/false));
+  ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
+                   checkpoint::OpenForRestore(store, version, /*verify=*/true));
+  version = static_cast<int64_t>(reader->manifest().version());
+  ASSIGN_OR_RETURN(*saved_optimizer, ReadSavedOptimizer(reader->manifest()));
+  std::vector<std::pair<rpc::TensorDecl, HybridSpec>> out;
+  for (const checkpoint::TensorInfo& t : reader->manifest().tensors()) {
+    rpc::TensorDecl d;
+    d.set_name(t.name());
+    *d.mutable_shape() = t.shape();
+    rpc::HybridSpec proto;
+    if (!proto.ParseFromString(t.spec())) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", version, ": tensor ", t.name(), " has a bad spec"));
+    }
+    ASSIGN_OR_RETURN(HybridSpec spec, HybridSpecFromProto(proto));
+    out.emplace_back(std::move(d), spec);
+  }
+  return out;
+}
+
+absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRequest& request,
+                                                               int64_t& checkpoint_version) {
+  RETURN_IF_ERROR(CheckLoadRequest(request, options_.limits));
+  std::vector<rpc::TensorDecl> decls;
+  std::vector<HybridSpec> saved_specs;
+  SavedOptimizer saved_optimizer;
+  if (!request.checkpoint_path().empty()) {
+    if (!request.safetensors_path().empty() || request.tensors_size() > 0 ||
+        !request.recipe_text().empty()) {
+      return absl::InvalidArgumentError(
+          "Load: a checkpoint restore takes no safetensors path, tensors or recipe");
+    }
+    checkpoint_version = request.checkpoint_version();
+    ASSIGN_OR_RETURN(auto saved, CheckpointTensors(request.checkpoint_path(), checkpoint_version,
+                                                   &saved_optimizer));
+    for (auto& [decl, spec] : saved) {
+      decls.push_back(std::move(decl));
+      saved_specs.push_back(spec);
+    }
+  } else {
+    ASSIGN_OR_RETURN(decls, LoadTensors(request));
+  }
+  SpecResolver resolver = options_.resolver;
+  OptimizerResolver optimizer_resolver = options_.optimizer_resolver;
+  OptimizerOptions optimizer;
+  {
+    absl::MutexLock lock(&mu_);
+    optimizer = optimizer_;
+  }
+  if (!saved_specs.empty()) {
+    resolver = [&](const std::string& name,
+                   absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
+      for (size_t i = 0; i < decls.size(); ++i) {
+        if (decls[i].name() == name) return saved_specs[i];
+      }
+      return absl::InternalError(name);
+    };
+  }
+  if (!request.recipe_text().empty()) {
+    if (!options_.recipe_parser) {
+      return absl::UnimplementedError("this coordinator cannot parse recipes");
+    }
+    ASSIGN_OR_RETURN(ParsedRecipe parsed, options_.recipe_parser(request.recipe_text()));
+    resolver = parsed.resolver;
+    optimizer_resolver = parsed.optimizer_resolver;
+    if (parsed.optimizer.has_value()) optimizer = *parsed.optimizer;
+  }
+  // A restore steps on with the checkpoint's optimizer config and
+  // overrides, unless this coordinator was given a config: that one is
+  // an override, logged here and recorded by the next checkpoint.
+  if (!request.checkpoint_path().empty() && saved_optimizer.config.has_value()) {
+    if (!options_.optimizer_explicit) {
+      optimizer = *saved_optimizer.config;
+      optimizer_resolver = [tensors = saved_optimizer.tensors](const std::string& name) {
+        auto it = tensors.find(name);
+        return it == tensors.end() ? TensorOptimizer() : it->second;
+      };
+    } else if (DescribeOptimizer(optimizer) != DescribeOptimizer(*saved_optimizer.config)) {
+      Log(kTag, absl::StrCat("restore of checkpoint ", checkpoint_version,
+                             ": optimizer config override: the checkpoint has ",
+                             DescribeOptimizer(*saved_optimizer.config), "; stepping with ",
+                             DescribeOptimizer(optimizer)));
+    }
+  }
+  rpc::Manifest manifest;
+  std::vector<sharding::ManifestTensor> entries;
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const rpc::TensorDecl& d = decls[i];
+    int64_t rows = 1;
+    for (int j = 0; j + 1 < d.shape_size(); ++j) rows *= d.shape(j);
+    const int64_t cols = d.shape_size() > 0 ? d.shape(d.shape_size() - 1) : 1;
+    for (int64_t s : d.shape()) {
+      if (s < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", d.name(), " has an empty dimension"));
+      }
+    }
+    HybridSpec spec;
+    if (resolver) {
+      ASSIGN_OR_RETURN(spec, resolver(d.name(), std::vector<int64_t>(d.shape().begin(),
+                                                                       d.shape().end())));
+    }
+    rpc::TensorInfo* t = manifest.add_tensors();
+    t->set_name(d.name());
+    *t->mutable_shape() = d.shape();
+    t->set_rows(rows);
+    t->set_cols(cols);
+    *t->mutable_spec() = HybridSpecToProto(spec);
+    t->set_index(static_cast<int>(i));
+    *t->mutable_optimizer() = TensorOptimizerToProto(
+        optimizer_resolver ? optimizer_resolver(d.name()) : TensorOptimizer(), optimizer);
+    ASSIGN_OR_RETURN(sharding::ManifestTensor e, sharding::ManifestEntry(d.name(), rows, cols, spec));
+    entries.push_back(std::move(e));
+  }
+  ASSIGN_OR_RETURN(sharding::ShardPlan plan,
+                   sharding::MakeShardPlan(entries, options_.expected_daemons, options_.plan));
+  absl::MutexLock lock(&mu_);
+  for (const sharding::Piece& p : plan.pieces) {
+    rpc::ShardPiece* sp = manifest.add_pieces();
+    sp->set_tensor(plan.tensors[p.tensor].name);
+    sp->set_tensor_index(p.tensor);
+    sp->set_row_begin(p.row_begin);
+    sp->set_row_end(p.row_end);
+    sp->set_daemon_rank(p.daemon);
+    sp->set_daemon_address(table_.slot(p.daemon).member.address());
+  }
+  manifest.set_expected_pushers(options_.expected_pushers);
+  manifest.set_optimizer(std::string(OptimizerName(optimizer.kind)));
+  *manifest.mutable_optimizer_config() = OptimizerToProto(optimizer);
+  RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
+  manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
+  // Every daemon's address: snapshots go to the buddy (server/snapshot.h).
+  for (int r = 0; r < table_.size(); ++r) {
+    rpc::DaemonInfo* info = manifest.add_daemons();
+    info->set_rank(r);
+    info->set_address(table_.slot(r).member.address());
+  }
+  if (DescribeOptimizer(optimizer) != DescribeOptimizer(optimizer_)) {
+    Log(kTag, absl::StrCat("optimizer for this model: ", DescribeOptimizer(optimizer)));
+  }
+  optimizer_ = optimizer;
+  return manifest;
+}
+
+absl::StatusOr<rpc::LoadRequest> Coordinator::Impl::ConfineLoadPaths(
+    rpc::LoadRequest request) const {
+  const std::vector<std::string>& roots = options_.limits.file_roots;
+  if (!request.safetensors_path().empty()) {
+    ASSIGN_OR_RETURN(*request.mutable_safetensors_path(),
+                     ResolveBelow(roots, request.safetensors_path(), "--model_root"));
+  }
+  if (!request.checkpoint_path().empty()) {
+    ASSIGN_OR_RETURN(*request.mutable_checkpoint_path(),
+                     ResolveBelow(roots, request.checkpoint_path(), "--model_root"));
+  }
+  return request;
+}
+
+void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone done) {
+  absl::StatusOr<rpc::LoadRequest> confined = ConfineLoadPaths(original);
+  if (!confined.ok()) {
+    done(confined.status(), rpc::LoadResponse());
+    return;
+  }
+  const rpc::LoadRequest& request = *confined;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s;
+    if (!table_.all_joined()) {
+      s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", table_.joined(), " of ",
+                                              options_.expected_daemons, " joined"));
+    } else if (absl::Status ready = table_.CheckAllReady("a load", absl::Now()); !ready.ok()) {
+      s = ready;
+    } else if (loading_) {
+      s = absl::FailedPreconditionError("a load is already in progress");
+    }
+    if (!s.ok()) {
+      done(s, rpc::LoadResponse());
+      return;
+    }
+    loading_ = true;
+  }
+  int64_t checkpoint_version = -1;
+  absl::StatusOr<rpc::Manifest> manifest = BuildManifest(request, checkpoint_version);
+  if (manifest.ok() && !request.force()) {
+    // After BuildManifest, so that a bad request gets its own error; the
+    // running model is untouched either way.
+    absl::MutexLock lock(&mu_);
+    if (committed_ >= 0) {
+      manifest = absl::FailedPreconditionError(absl::StrCat(
+          "the cluster already holds a model (", manifest_.tensors_size(),
+          " tensors, committed version ", committed_,
+          "); loading another discards it and its training state: set force "
+          "(hpctl load --force) to replace it"));
+    }
+  }
+  if (!manifest.ok()) {
+    absl::MutexLock lock(&mu_);
+    loading_ = false;
+    done(manifest.status(), rpc::LoadResponse());
+    return;
+  }
+  std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
+  {
+    absl::MutexLock lock(&mu_);
+    manifest_ = *manifest;
+    committed_ = -1;
+    for (int r = 0; r < table_.size(); ++r) table_.slot(r).published = -1;
+    stubs = StubsLocked();
+  }
+  LogInfo(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
+                             manifest->pieces_size(), " pieces on ", stubs.size(), " daemons",
+                             request.checkpoint_path().empty()
+                                 ? absl::StrCat(" from ", request.safetensors_path().empty()
+                                                              ? "pushed weights"
+                                                              : request.safetensors_path())
+                                 : absl::StrCat(" from checkpoint ", checkpoint_version, " of ",
+                                                request.checkpoint_path())));
+  const absl::Time load_start = absl::Now();
+  FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
+      stubs, options_.load_timeout,
+      [this, &manifest, &request, checkpoint_version](int rank, rpc::LoadShardsRequest* r) {
+        *r->mutable_manifest() = *manifest;
+        r->set_daemon_rank(rank);
+        r->set_safetensors_path(request.safetensors_path());
+        r->set_expected_pushers(options_.expected_pushers);
+        r->set_checkpoint_path(request.checkpoint_path());
+        r->set_checkpoint_version(checkpoint_version);
+      },
+      [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::LoadShardsRequest* req,
+         rpc::LoadShardsResponse* resp, std::function<void(grpc::Status)> cb) {
+        stub->async()->LoadShards(c, req, resp, std::move(cb));
+      },
+      [this, load_start, done = std::move(done)](auto& calls) {
+        absl::Status s = FirstError(calls, "LoadShards");
+        const std::string took = absl::FormatDuration(
+            absl::Trunc(absl::Now() - load_start, absl::Milliseconds(1)));
+        if (s.ok()) {
+          LogInfo(kTag, absl::StrCat("load done in ", took, " on ", calls.size(), " daemons"));
+        } else {
+          LogError(kTag, absl::StrCat("load failed after ", took, ": ", s.ToString()));
+        }
+        rpc::LoadResponse response;
+        bool advanced = false;
+        {
+          absl::MutexLock lock(&mu_);
+          loading_ = false;
+          StateChangedLocked();
+          if (s.ok()) {
+            for (size_t i = 0; i < calls.size(); ++i) {
+              DaemonSlot& d = table_.slot(static_cast<int>(i));
+              d.published = std::max(d.published, calls[i]->response.published_version());
+            }
+            advanced = RecomputeCommittedLocked();
+          }
+          *response.mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
+          response.set_committed_version(committed_);
+        }
+        if (advanced) version_waiters_.WakeAll();
+        done(s, response);
+      });
+}
+
+}  // namespace paramd

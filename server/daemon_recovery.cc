@@ -1,0 +1,214 @@
+// File: server/daemon_recovery.cc
+//
+// The daemon's side of a recovery (server/recovery.h is the coordinator's):
+// PrepareRecovery, Recover, the buddy snapshot copies (PutSnapshot,
+// GetSnapshot), and the stable state checkpoints and exports read
+// (WithStableState).
+
+#include "server/daemon_internal.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace paramd {
+
+using daemon_internal::kTag;
+
+grpc::ServerUnaryReactor* Daemon::Impl::PrepareRecovery(grpc::CallbackServerContext* context,
+                                                        const rpc::PrepareRecoveryRequest* request,
+                                                        rpc::PrepareRecoveryResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/PrepareRecovery");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
+  absl::StatusOr<std::string> address = OpenNextWorld(request->epoch());
+  if (address.ok()) response->set_data_plane_address(*address);
+  for (rpc::SnapshotHeld& h : snapshots_->HoldForRecovery()) {
+    *response->add_snapshots() = std::move(h);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(address.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* context,
+                                                const rpc::RecoverRequest* request,
+                                                rpc::RecoverResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/Recover");
+      !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<const ModelView> view;
+  if (request->load().manifest().tensors_size() > 0) {
+    absl::StatusOr<ModelView> v;
+    {
+      absl::MutexLock lock(&mu_);
+      v = MakeModelView(request->load().manifest(), request->load().daemon_rank(),
+                        ++generation_);
+    }
+    if (!v.ok()) {
+      reactor->Finish(ToGrpcStatus(v.status()));
+      return reactor;
+    }
+    view = std::make_shared<const ModelView>(*std::move(v));
+  }
+  worker_.Post([this, request = *request, view, reactor, response] {
+    absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
+    if (v.ok()) response->set_published_version(*v);
+    if (!v.ok()) Log(kTag, absl::StrCat("recovery failed: ", v.status().ToString()));
+    reactor->Finish(ToGrpcStatus(v.status()));
+  });
+  return reactor;
+}
+
+absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
+  {
+    absl::MutexLock lock(&mu_);
+    recovering_ = true;
+  }
+  absl::MutexLock lock(&plane_mu_);
+  if (pending_plane_ != nullptr && pending_epoch_ == epoch) return pending_plane_->address();
+  if (data_plane_) data_plane_->Shutdown();
+  ASSIGN_OR_RETURN(pending_plane_,
+                   DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
+                                         options_.step_timeout));
+  pending_epoch_ = epoch;
+  Log(kTag, absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ",
+                         pending_plane_->address()));
+  return pending_plane_->address();
+}
+
+absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest& request,
+                                                      std::shared_ptr<const ModelView> view) {
+  const int rank = request.load().daemon_rank();
+  std::unique_ptr<DaemonDataPlane> old;
+  {
+    absl::MutexLock lock(&plane_mu_);
+    if (pending_plane_ == nullptr || pending_epoch_ != request.epoch()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
+    }
+    old = std::move(data_plane_);
+    data_plane_ = std::move(pending_plane_);
+  }
+  ASSIGN_OR_RETURN(AllReduceMaxFn all_reduce, data_plane_->Connect(request.data_plane(), rank));
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank != rank_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Recover for daemon rank ", rank, " sent to rank ", rank_));
+    }
+    all_reduce_ = std::move(all_reduce);
+    data_plane_transport_ = data_plane_->transport();
+    recovery_epoch_ = request.epoch();
+    join_error_.clear();
+    join_done_ = true;
+  }
+  old.reset();  // its transport served only this worker's steps
+  int64_t version = -1;
+  if (view != nullptr) {
+    LoadSource source;
+    if (request.has_snapshot_version()) {
+      // This rank's own copy, or the buddy's copy of a replaced rank.
+      if (request.snapshot_source().empty()) {
+        source.snapshot = snapshots_->Find(rank, request.snapshot_version());
+        if (source.snapshot == nullptr) {
+          return absl::NotFoundError(absl::StrCat("no snapshot v", request.snapshot_version(),
+                                                  " of rank ", rank, " held here"));
+        }
+      } else {
+        ASSIGN_OR_RETURN(source.snapshot,
+                         snapshots_->Fetch(request.snapshot_source(), rank,
+                                           request.snapshot_version()));
+      }
+    } else {
+      source.checkpoint_path = request.load().checkpoint_path();
+      source.checkpoint_version = request.load().checkpoint_version();
+    }
+    ASSIGN_OR_RETURN(version, LoadOnWorker(view, source, request.load().expected_pushers()));
+    snapshots_->AfterRecovery(version, source.snapshot);
+  }
+  absl::MutexLock lock(&mu_);
+  recovering_ = false;
+  Log(kTag, absl::StrCat("recovery ", request.epoch(), ": rank ", rank, " in the new world",
+                         version >= 0 ? absl::StrCat(", at version ", version) : ""));
+  return version;
+}
+
+grpc::ServerReadReactor<rpc::SnapshotChunk>* Daemon::Impl::PutSnapshot(
+    grpc::CallbackServerContext* context, rpc::PutSnapshotResponse* response) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/PutSnapshot");
+      !s.ok()) {
+    return auth::RefusedReader<rpc::SnapshotChunk>(s);
+  }
+  return snapshots_->StartPut(context, response);
+}
+
+grpc::ServerWriteReactor<rpc::SnapshotChunk>* Daemon::Impl::GetSnapshot(
+    grpc::CallbackServerContext* context, const rpc::GetSnapshotRequest* request) {
+  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
+                                       "/paramd.rpc.Daemon/GetSnapshot");
+      !s.ok()) {
+    return auth::RefusedWriter<rpc::SnapshotChunk>(s);
+  }
+  return snapshots_->StartGet(*request);
+}
+
+absl::Status Daemon::Impl::WithStableState(const Daemon::StableStateFn& fn,
+                                           absl::Duration timeout) {
+  struct Gate {
+    absl::Notification entered;
+    absl::Notification release;
+  };
+  auto gate = std::make_shared<Gate>();
+  worker_.Post([gate] {
+    gate->entered.Notify();
+    gate->release.WaitForNotification();
+  });
+  // Release the worker on every path, also if it never got here.
+  struct Releaser {
+    Gate* g;
+    ~Releaser() { g->release.Notify(); }
+  } releaser{gate.get()};
+  if (!gate->entered.WaitForNotificationWithTimeout(timeout)) {
+    return absl::UnavailableError("the daemon's worker is busy (a step or load is running)");
+  }
+  snapshots_->BeforeChange();  // host_state() below may rewrite what a snapshot copies
+  std::shared_ptr<const PublishedVersion> latest, previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("daemon shutting down");
+    if (!latest_ || !shards_) {
+      return absl::FailedPreconditionError("no model published on this daemon yet");
+    }
+    latest = latest_;
+    previous = previous_;
+  }
+  const ShardSet* host = shards_->host_state();
+  if (host == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        "checkpoints and exports are not supported by the ", shards_->name(),
+        " daemon backend (run the daemons with --backend=cpu)"));
+  }
+  // gpu backend: the published bytes of both versions on the host.
+  if (HostBytesFn bytes = shards_->host_bytes()) {
+    ASSIGN_OR_RETURN(latest, bytes(latest));
+    if (previous) {
+      absl::StatusOr<std::shared_ptr<const PublishedVersion>> p = bytes(previous);
+      previous = p.ok() ? *std::move(p) : nullptr;
+    }
+  }
+  return fn(*host, *latest, previous.get());
+}
+
+}  // namespace paramd
