@@ -7,7 +7,13 @@
 // as_ready streams a tensor before the version is published; a step that
 // fails after some buckets fails their as_ready fetches with ABORTED.
 // PARAMD_TEST_DAEMON_BACKEND=gpu: the daemons run --backend=gpu (one GPU).
+// A daemon whose --pipelined_step differs from the world's is refused at
+// join.
+#include <sys/wait.h>
+
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -381,6 +387,45 @@ TEST_F(PipelinedStepTest, AStepFailingAfterSomeBucketsAbortsTheirFetches) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->published_version(), v);
   EXPECT_NE(stats->error().find("step from"), std::string::npos) << stats->error();
+}
+
+// Every daemon of a world steps alike: a daemon started without
+// --pipelined_step, joining a world whose first daemon runs with it, is
+// refused at join and exits 1 naming both values.
+TEST(PipelinedJoinTest, ADaemonWithAnotherPipelinedStepIsRefusedAtJoin) {
+  TestClusterOptions o;
+  o.daemons = 1;
+  o.expected_pushers = 1;
+  o.coordinator_flags = {"--daemons=2"};  // the second daemon is started below
+  o.daemon_flags = {"--pipelined_step"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // The first daemon has joined (and waits for the world) before the second
+  // asks: the coordinator logs it.
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (read((*c)->dir() + "/coordinator.log").find("daemon rank 0 joined") ==
+             std::string::npos &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  demo::ChildProcesses children;
+  const std::string log = (*c)->dir() + "/refused.log";
+  absl::StatusOr<int> child = children.Start(
+      {"daemon", {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
+                  "--coordinator=" + (*c)->coordinator_address(), "--optimizer=sgd",
+                  "--lr=0.5", "--momentum=0"},
+       log, log});
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<int> status = children.Wait(*child, absl::Seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+  const std::string out = read(log);
+  EXPECT_NE(out.find("this daemon runs with --pipelined_step=false"), std::string::npos) << out;
+  EXPECT_NE(out.find("with --pipelined_step=true"), std::string::npos) << out;
 }
 
 }  // namespace
