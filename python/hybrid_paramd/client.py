@@ -147,12 +147,16 @@ class Fetched:
     scale_inv   per-tensor FP8: rcp(scale) (float; `scale_inv_tensor` as a
                 0-dim float32 tensor on the data's device); 1 otherwise.
     amax        the direction's amax (NVFP4: the global A).
+                After a CUDA fetch both live on the device: scale_inv_tensor
+                / amax_tensor cost nothing, while the first read of a float
+                copies every tensor's values of that fetch to the host at
+                once (one synchronising copy per fetch, not per tensor).
     format / format_name / element / scale_name / transposed / two_d,
     shape (the model file's shape), rows, cols (M, K).
     The tensors are views into one allocation per fetch.
     """
 
-    __slots__ = ("tensor", "direction", "info", "rows", "cols", "shape", "scale_inv", "amax",
+    __slots__ = ("tensor", "direction", "info", "rows", "cols", "shape", "_scale_inv", "_amax",
                  "_buf", "_off", "_soff", "_data", "_scales", "_dev_scalars", "_index")
 
     def __init__(self, tensor_info, dinfo, buf, off, soff, scale_inv, amax, dev_scalars, index):
@@ -162,15 +166,27 @@ class Fetched:
         self.rows = tensor_info.rows
         self.cols = tensor_info.cols
         self.shape = tensor_info.shape
-        self.scale_inv = scale_inv
-        self.amax = amax
+        self._scale_inv = scale_inv  # None: read from dev_scalars on first use
+        self._amax = amax
         self._buf = buf
         self._off = off
         self._soff = soff
         self._data = None
         self._scales = None
-        self._dev_scalars = dev_scalars
+        self._dev_scalars = dev_scalars  # _DeviceScalars of a CUDA fetch, or None
         self._index = index
+
+    @property
+    def scale_inv(self):
+        if self._scale_inv is None:
+            self._scale_inv = self._dev_scalars.host()[_SCALARS_STRIDE * self._index]
+        return self._scale_inv
+
+    @property
+    def amax(self):
+        if self._amax is None:
+            self._amax = self._dev_scalars.host()[_SCALARS_STRIDE * self._index + 1]
+        return self._amax
 
     # Views are made on first access: a fetch of many tensors costs one
     # allocation, not a view per buffer.
@@ -196,14 +212,14 @@ class Fetched:
 
     @property
     def scale_inv_tensor(self):
-        if self._dev_scalars is not None and self._dev_scalars.device == self._buf.device:
-            return self._dev_scalars[_SCALARS_STRIDE * self._index]
+        if self._dev_scalars is not None:
+            return self._dev_scalars.tensor[_SCALARS_STRIDE * self._index]
         return torch.tensor(self.scale_inv, dtype=torch.float32, device=self._buf.device)
 
     @property
     def amax_tensor(self):
-        if self._dev_scalars is not None and self._dev_scalars.device == self._buf.device:
-            return self._dev_scalars[_SCALARS_STRIDE * self._index + 1]
+        if self._dev_scalars is not None:
+            return self._dev_scalars.tensor[_SCALARS_STRIDE * self._index + 1]
         return torch.tensor(self.amax, dtype=torch.float32, device=self._buf.device)
 
     format = property(lambda self: self.info.format)
@@ -222,6 +238,23 @@ class Fetched:
         return "Fetched(%s %s %s, data %s%s)" % (
             self.tensor, F.DIRECTION_NAMES[self.direction], self.format_name,
             tuple(self.info.data_shape), ", transposed" if self.transposed else "")
+
+
+class _DeviceScalars:
+    """The scale_inv / amax floats of one CUDA fetch, a _SCALARS_STRIDE slot
+    per target on the device; copied to the host (once, all together) only
+    when a float is asked for."""
+
+    __slots__ = ("tensor", "_host")
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self._host = None
+
+    def host(self):
+        if self._host is None:
+            self._host = self.tensor.cpu().tolist()
+        return self._host
 
 
 class FetchResult:
@@ -289,6 +322,10 @@ class _Plan:
             off += (di.scale_bytes + _ALIGN - 1) // _ALIGN * _ALIGN
             self.entries.append((t, di, data_off, scale_off))
         self.total = max(off, 1)
+        # The destination addresses now written into `targets` (a fetch
+        # into the same memory skips rewriting them).
+        self.base = None
+        self.scalars_ptr = None
 
 
 class Client:
@@ -533,10 +570,12 @@ class Client:
             buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
         base = buf.data_ptr()
         tg = plan.targets
-        for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
-            t = tg[i]
-            t.data = base + data_off
-            t.scales = base + scale_off
+        if plan.base != base:
+            for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
+                t = tg[i]
+                t.data = base + data_off
+                t.scales = base + scale_off
+            plan.base = base
         stats = _capi.FetchStats()
         st = self._status if dev.type == "cpu" else _capi.Status()
         dev_scalars = None
@@ -550,12 +589,21 @@ class Client:
             scalars = [(outs[i].scale_inv, outs[i].amax) for i in range(n)]
         elif dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
-            dev_scalars = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32,
-                                      device=dev)
-            sp = dev_scalars.data_ptr()
-            for i in range(n):
-                tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
-                tg[i].amax = sp + 4 * _SCALARS_STRIDE * i + 4
+            # The values stay on the device (no synchronising read here);
+            # a reused result's slots are overwritten in stream order.
+            if (out is not None and buf is out._buf and out._scalars is not None
+                    and out._scalars.tensor.device == dev):
+                scalars_t = out._scalars.tensor
+            else:
+                scalars_t = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32,
+                                        device=dev)
+            dev_scalars = _DeviceScalars(scalars_t)
+            sp = scalars_t.data_ptr()
+            if plan.scalars_ptr != sp:
+                for i in range(n):
+                    tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
+                    tg[i].amax = sp + 4 * _SCALARS_STRIDE * i + 4
+                plan.scalars_ptr = sp
             stream = torch.cuda.current_stream(index).cuda_stream
             lib_start = time.perf_counter()
             code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
@@ -563,20 +611,23 @@ class Client:
                                               ctypes.byref(stats), ctypes.byref(st))
             lib_seconds = time.perf_counter() - lib_start + wait_seconds
             _raise_for(code, st)
-            host = dev_scalars.cpu().tolist()
-            scalars = [(host[_SCALARS_STRIDE * i], host[_SCALARS_STRIDE * i + 1])
-                       for i in range(n)]
+            scalars = None
         else:
             raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
-        items = [Fetched(t, di, buf, data_off, scale_off, scalars[i][0], scalars[i][1],
-                         dev_scalars, i)
-                 for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
+        if scalars is None:
+            items = [Fetched(t, di, buf, data_off, scale_off, None, None, dev_scalars, i)
+                     for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
+        else:
+            items = [Fetched(t, di, buf, data_off, scale_off, scalars[i][0], scalars[i][1],
+                             None, i)
+                     for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
         s = {"rowwise_bytes": stats.rowwise_bytes, "columnwise_bytes": stats.columnwise_bytes,
              "rowwise_bf16_bytes": stats.rowwise_bf16_bytes,
              "columnwise_bf16_bytes": stats.columnwise_bf16_bytes}
         result = FetchResult(stats.version, items, s, time.perf_counter() - start, lib_seconds)
         result._plan = plan
         result._buf = buf
+        result._scalars = dev_scalars
         return result
 
     # ---- push ----

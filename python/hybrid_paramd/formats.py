@@ -150,12 +150,12 @@ def dequantize(fetched, dtype=torch.float32):
         q = fp4_unpack(fetched.data.view(torch.uint8), C)
         s = _expand_blocks(_fp8_to_float(fetched.scales.view(torch.uint8), E4M3), R, C, 1, 16)
         # decode: q * mul(mul(sd, A), RN(1/2688)) (D4)
-        a = torch.tensor(fetched.amax, dtype=torch.float32, device=q.device)
+        a = fetched.amax_tensor.to(q.device)  # stays on the device (no sync)
         v = q * ((s * a) * torch.tensor(1.0 / 2688.0, dtype=torch.float32, device=q.device))
     else:
         q = fp8_bytes_to_float(fetched.data, fetched.fp8_type).reshape(R, C)
         if fmt in PER_TENSOR_FP8:
-            v = q * torch.tensor(fetched.scale_inv, dtype=torch.float32, device=q.device)
+            v = q * fetched.scale_inv_tensor.to(q.device)
         elif fmt == MXFP8:
             # Never transposed; rowwise scale [i][j/32], columnwise [i/32][j]
             # (2-D tiles repeat their value in the same layout).

@@ -78,6 +78,18 @@ class GpuTest(unittest.TestCase):
             # Dequantized on the GPU == on the CPU.
             torch.testing.assert_close(d.dequantize().cpu(), h.dequantize(), rtol=0, atol=0,
                                        msg=what)
+        # Into the same CUDA memory again (out=): the same buffers and scale
+        # slots, and the values read lazily from them equal the host's.
+        again = self.c.fetch(0, directions=["rowwise", "columnwise"], device="cuda:0", out=dev)
+        self.assertEqual(again._buf.data_ptr(), dev._buf.data_ptr())
+        self.assertIs(again._scalars.tensor, dev._scalars.tensor)
+        for h in host:
+            a = again[h.tensor, h.direction]
+            what = "again: %s %s" % (h.tensor, F.DIRECTION_NAMES[h.direction])
+            self.assertTrue(torch.equal(a.data.view(torch.uint8).cpu(),
+                                        h.data.view(torch.uint8)), what)
+            self.assertEqual(a.scale_inv, h.scale_inv, what)
+            self.assertEqual(a.amax_tensor.item(), a.amax, what)
 
     def test_scaled_mm_forward_and_dgrad_vs_bf16_reference(self):
         calls = []
