@@ -156,37 +156,31 @@ class Fetched:
     The tensors are views into one allocation per fetch.
     """
 
-    __slots__ = ("tensor", "direction", "info", "rows", "cols", "shape", "_scale_inv", "_amax",
-                 "_buf", "_off", "_soff", "_data", "_scales", "_dev_scalars", "_index")
+    __slots__ = ("tensor", "direction", "info", "rows", "cols", "shape", "_buf", "_off", "_soff",
+                 "_data", "_scales", "_scalars", "_index")
 
-    def __init__(self, tensor_info, dinfo, buf, off, soff, scale_inv, amax, dev_scalars, index):
+    def __init__(self, tensor_info, dinfo, buf, off, soff, scalars, index):
         self.tensor = tensor_info.name
         self.direction = dinfo.direction
         self.info = dinfo
         self.rows = tensor_info.rows
         self.cols = tensor_info.cols
         self.shape = tensor_info.shape
-        self._scale_inv = scale_inv  # None: read from dev_scalars on first use
-        self._amax = amax
         self._buf = buf
         self._off = off
         self._soff = soff
         self._data = None
         self._scales = None
-        self._dev_scalars = dev_scalars  # _DeviceScalars of a CUDA fetch, or None
+        self._scalars = scalars  # the fetch's _Scalars, shared by its targets
         self._index = index
 
     @property
     def scale_inv(self):
-        if self._scale_inv is None:
-            self._scale_inv = self._dev_scalars.host()[_SCALARS_STRIDE * self._index]
-        return self._scale_inv
+        return self._scalars.get(self._index, 0)
 
     @property
     def amax(self):
-        if self._amax is None:
-            self._amax = self._dev_scalars.host()[_SCALARS_STRIDE * self._index + 1]
-        return self._amax
+        return self._scalars.get(self._index, 1)
 
     # Views are made on first access: a fetch of many tensors costs one
     # allocation, not a view per buffer.
@@ -212,14 +206,16 @@ class Fetched:
 
     @property
     def scale_inv_tensor(self):
-        if self._dev_scalars is not None:
-            return self._dev_scalars.tensor[_SCALARS_STRIDE * self._index]
+        t = self._scalars.tensor
+        if t is not None:
+            return t[_SCALARS_STRIDE * self._index]
         return torch.tensor(self.scale_inv, dtype=torch.float32, device=self._buf.device)
 
     @property
     def amax_tensor(self):
-        if self._dev_scalars is not None:
-            return self._dev_scalars.tensor[_SCALARS_STRIDE * self._index + 1]
+        t = self._scalars.tensor
+        if t is not None:
+            return t[_SCALARS_STRIDE * self._index + 1]
         return torch.tensor(self.amax, dtype=torch.float32, device=self._buf.device)
 
     format = property(lambda self: self.info.format)
@@ -240,21 +236,26 @@ class Fetched:
             tuple(self.info.data_shape), ", transposed" if self.transposed else "")
 
 
-class _DeviceScalars:
-    """The scale_inv / amax floats of one CUDA fetch, a _SCALARS_STRIDE slot
-    per target on the device; copied to the host (once, all together) only
-    when a float is asked for."""
+class _Scalars:
+    """The scale_inv / amax floats of one fetch's targets, shared by its
+    Fetched objects: host floats of a CPU fetch ([scale_inv, amax] per
+    target), or a CUDA fetch's device slots (_SCALARS_STRIDE per target),
+    copied to the host once, all together, when a float is first read."""
 
-    __slots__ = ("tensor", "_host")
+    __slots__ = ("tensor", "_host", "_stride")
 
-    def __init__(self, tensor):
+    def __init__(self):
+        self.set(None, None)
+
+    def set(self, host, tensor):
+        self._host = host
         self.tensor = tensor
-        self._host = None
+        self._stride = 2 if tensor is None else _SCALARS_STRIDE
 
-    def host(self):
+    def get(self, index, which):
         if self._host is None:
             self._host = self.tensor.cpu().tolist()
-        return self._host
+        return self._host[self._stride * index + which]
 
 
 class FetchResult:
@@ -265,9 +266,12 @@ class FetchResult:
     inside the C library)."""
 
     def __init__(self, version, items, stats, seconds, library_seconds):
-        self.version = version
         self.items = items  # list of Fetched in target order
         self._index = {(f.tensor, f.direction): f for f in items}
+        self._update(version, stats, seconds, library_seconds)
+
+    def _update(self, version, stats, seconds, library_seconds):
+        self.version = version
         self.stats = stats
         self.seconds = seconds
         self.library_seconds = library_seconds
@@ -547,9 +551,10 @@ class Client:
         library); the fetch waits for the current CUDA stream first.
         targets: instead of names x directions, an explicit list of
         (name, direction) pairs. out: a previous FetchResult of the same
-        targets and device whose memory is reused (overwritten) instead of
-        allocating. Returns a FetchResult. RewoundError when the latest
-        version is asked for and the cluster rewound since the last wait."""
+        targets and device, reused instead of allocating: its memory and
+        Fetched objects are overwritten and `out` itself is returned
+        (otherwise a new FetchResult). RewoundError when the latest version
+        is asked for and the cluster rewound since the last wait."""
         start = time.perf_counter()
         wait_seconds = 0.0
         if version < 0:
@@ -564,10 +569,10 @@ class Client:
             _check_cuda()
         plan = self._plan(names, directions, targets)
         n = plan.n
-        if out is not None and out._plan is plan and out._buf.device == dev:
-            buf = out._buf
-        else:
-            buf = torch.empty(plan.total, dtype=torch.uint8, device=dev)
+        # A reused result keeps its memory and its objects: nothing of a
+        # fetch's size is allocated, in C or in Python.
+        reuse = out is not None and out._plan is plan and out._buf.device == dev
+        buf = out._buf if reuse else torch.empty(plan.total, dtype=torch.uint8, device=dev)
         base = buf.data_ptr()
         tg = plan.targets
         if plan.base != base:
@@ -578,27 +583,23 @@ class Client:
             plan.base = base
         stats = _capi.FetchStats()
         st = self._status if dev.type == "cpu" else _capi.Status()
-        dev_scalars = None
+        scalars = out._scalars if reuse else _Scalars()
         if dev.type == "cpu":
             lib_start = time.perf_counter()
             code = self._lib.hpd_fetch(self._handle(), int(version), tg, n, _ms(timeout),
                                        plan.outputs, ctypes.byref(stats), ctypes.byref(st))
             lib_seconds = time.perf_counter() - lib_start + wait_seconds
             _raise_for(code, st)
-            outs = plan.outputs
-            scalars = [(outs[i].scale_inv, outs[i].amax) for i in range(n)]
+            # hpd_fetch_output is two floats: [scale_inv, amax] per target.
+            scalars.set(memoryview(plan.outputs).cast("B").cast("f").tolist(), None)
         elif dev.type == "cuda":
             index = dev.index if dev.index is not None else torch.cuda.current_device()
             # The values stay on the device (no synchronising read here);
             # a reused result's slots are overwritten in stream order.
-            if (out is not None and buf is out._buf and out._scalars is not None
-                    and out._scalars.tensor.device == dev):
-                scalars_t = out._scalars.tensor
-            else:
-                scalars_t = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32,
-                                        device=dev)
-            dev_scalars = _DeviceScalars(scalars_t)
-            sp = scalars_t.data_ptr()
+            slots = scalars.tensor
+            if slots is None:
+                slots = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32, device=dev)
+            sp = slots.data_ptr()
             if plan.scalars_ptr != sp:
                 for i in range(n):
                     tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
@@ -611,23 +612,21 @@ class Client:
                                               ctypes.byref(stats), ctypes.byref(st))
             lib_seconds = time.perf_counter() - lib_start + wait_seconds
             _raise_for(code, st)
-            scalars = None
+            scalars.set(None, slots)
         else:
             raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
-        if scalars is None:
-            items = [Fetched(t, di, buf, data_off, scale_off, None, None, dev_scalars, i)
-                     for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
-        else:
-            items = [Fetched(t, di, buf, data_off, scale_off, scalars[i][0], scalars[i][1],
-                             None, i)
-                     for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
         s = {"rowwise_bytes": stats.rowwise_bytes, "columnwise_bytes": stats.columnwise_bytes,
              "rowwise_bf16_bytes": stats.rowwise_bf16_bytes,
              "columnwise_bf16_bytes": stats.columnwise_bf16_bytes}
+        if reuse:
+            out._update(stats.version, s, time.perf_counter() - start, lib_seconds)
+            return out
+        items = [Fetched(t, di, buf, data_off, scale_off, scalars, i)
+                 for i, (t, di, data_off, scale_off) in enumerate(plan.entries)]
         result = FetchResult(stats.version, items, s, time.perf_counter() - start, lib_seconds)
         result._plan = plan
         result._buf = buf
-        result._scalars = dev_scalars
+        result._scalars = scalars
         return result
 
     # ---- push ----

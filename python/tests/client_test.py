@@ -162,6 +162,17 @@ class ClientTest(unittest.TestCase):
         r2 = self.admin.fetch(-1, names=["mixed", "bias"], directions=["columnwise"])
         self.assertNotEqual(r["bias"].data.data_ptr(), r2["bias"].data.data_ptr())
         self.assertTrue(torch.equal(r["bias"].data, r2["bias"].data))
+        # out=: the same result object, memory and Fetched objects, refilled.
+        mixed = r["mixed"]
+        mixed.data.view(torch.uint8).fill_(0)
+        r3 = self.admin.fetch(-1, names=["mixed", "bias"], directions=["columnwise"], out=r)
+        self.assertIs(r3, r)
+        self.assertIs(r3["mixed"], mixed)
+        self.assertTrue(torch.equal(r3["mixed"].data.view(torch.uint8),
+                                    r2["mixed"].data.view(torch.uint8)))
+        self.assertEqual(r3["mixed"].scale_inv, r2["mixed"].scale_inv)
+        self.assertEqual(r3["bias"].amax, r2["bias"].amax)
+        self.assertEqual(r3.stats, r2.stats)
 
     def test_errors_carry_codes(self):
         c = self.admin

@@ -78,11 +78,12 @@ class GpuTest(unittest.TestCase):
             # Dequantized on the GPU == on the CPU.
             torch.testing.assert_close(d.dequantize().cpu(), h.dequantize(), rtol=0, atol=0,
                                        msg=what)
-        # Into the same CUDA memory again (out=): the same buffers and scale
-        # slots, and the values read lazily from them equal the host's.
+        # Into the same CUDA memory again (out=): the same result, buffers and
+        # scale slots, and the values read lazily from them equal the host's.
+        slots = dev._scalars.tensor
         again = self.c.fetch(0, directions=["rowwise", "columnwise"], device="cuda:0", out=dev)
-        self.assertEqual(again._buf.data_ptr(), dev._buf.data_ptr())
-        self.assertIs(again._scalars.tensor, dev._scalars.tensor)
+        self.assertIs(again, dev)
+        self.assertIs(again._scalars.tensor, slots)
         for h in host:
             a = again[h.tensor, h.direction]
             what = "again: %s %s" % (h.tensor, F.DIRECTION_NAMES[h.direction])
