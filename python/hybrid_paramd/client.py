@@ -21,6 +21,7 @@ import collections
 import ctypes
 import json
 import sys
+import threading
 import time
 
 import torch
@@ -330,6 +331,16 @@ class _Plan:
         # into the same memory skips rewriting them).
         self.base = None
         self.scalars_ptr = None
+        # Held by the fetch using `targets` / `outputs`; a concurrent fetch
+        # of the same targets (another thread) works on copies instead.
+        self.lock = threading.Lock()
+
+    def private_arrays(self):
+        """Copies of `targets` (destinations to be written) and a fresh
+        `outputs`, for a fetch that runs while another holds `lock`."""
+        tg = (_capi.FetchTarget * self.n)()
+        ctypes.memmove(tg, self.targets, ctypes.sizeof(tg))
+        return tg, (_capi.FetchOutput * self.n)()
 
 
 class Client:
@@ -540,6 +551,61 @@ class Client:
             self._plans[key] = plan
         return plan
 
+    def _fetch_into(self, plan, own, buf, scalars, dev, version, timeout):
+        """The library call of fetch(): plan's targets pointed at `buf` (and,
+        for CUDA, at the device slots of `scalars`), which it refills.
+        `own`: this call holds plan.lock and may use (and keep) the plan's
+        arrays; otherwise it works on private copies. Returns (FetchStats,
+        seconds inside the library)."""
+        n = plan.n
+        if own:
+            tg, outputs = plan.targets, plan.outputs
+        else:
+            tg, outputs = plan.private_arrays()
+        base = buf.data_ptr()
+        if not own or plan.base != base:
+            for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
+                t = tg[i]
+                t.data = base + data_off
+                t.scales = base + scale_off
+            if own:
+                plan.base = base
+        stats = _capi.FetchStats()
+        st = _capi.Status()
+        if dev.type == "cpu":
+            lib_start = time.perf_counter()
+            code = self._lib.hpd_fetch(self._handle(), int(version), tg, n, _ms(timeout),
+                                       outputs, ctypes.byref(stats), ctypes.byref(st))
+            lib_seconds = time.perf_counter() - lib_start
+            _raise_for(code, st)
+            # hpd_fetch_output is two floats: [scale_inv, amax] per target.
+            scalars.set(memoryview(outputs).cast("B").cast("f").tolist(), None)
+        elif dev.type == "cuda":
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+            # The values stay on the device (no synchronising read here);
+            # a reused result's slots are overwritten in stream order.
+            slots = scalars.tensor
+            if slots is None:
+                slots = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32, device=dev)
+            sp = slots.data_ptr()
+            if not own or plan.scalars_ptr != sp:
+                for i in range(n):
+                    tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
+                    tg[i].amax = sp + 4 * _SCALARS_STRIDE * i + 4
+                if own:
+                    plan.scalars_ptr = sp
+            stream = torch.cuda.current_stream(index).cuda_stream
+            lib_start = time.perf_counter()
+            code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
+                                              ctypes.c_void_p(stream), _ms(timeout),
+                                              ctypes.byref(stats), ctypes.byref(st))
+            lib_seconds = time.perf_counter() - lib_start
+            _raise_for(code, st)
+            scalars.set(None, slots)
+        else:
+            raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
+        return stats, lib_seconds
+
     def fetch(self, version=-1, names=None, directions=("rowwise",), device="cpu",
               timeout=None, targets=None, out=None):
         """Fetches (tensor, direction) copies of `version` (-1: the committed
@@ -568,53 +634,18 @@ class Client:
         if dev.type == "cuda":
             _check_cuda()
         plan = self._plan(names, directions, targets)
-        n = plan.n
         # A reused result keeps its memory and its objects: nothing of a
         # fetch's size is allocated, in C or in Python.
         reuse = out is not None and out._plan is plan and out._buf.device == dev
         buf = out._buf if reuse else torch.empty(plan.total, dtype=torch.uint8, device=dev)
-        base = buf.data_ptr()
-        tg = plan.targets
-        if plan.base != base:
-            for i, (_, _, data_off, scale_off) in enumerate(plan.entries):
-                t = tg[i]
-                t.data = base + data_off
-                t.scales = base + scale_off
-            plan.base = base
-        stats = _capi.FetchStats()
-        st = self._status if dev.type == "cpu" else _capi.Status()
-        scalars = out._scalars if reuse else _Scalars()
-        if dev.type == "cpu":
-            lib_start = time.perf_counter()
-            code = self._lib.hpd_fetch(self._handle(), int(version), tg, n, _ms(timeout),
-                                       plan.outputs, ctypes.byref(stats), ctypes.byref(st))
-            lib_seconds = time.perf_counter() - lib_start + wait_seconds
-            _raise_for(code, st)
-            # hpd_fetch_output is two floats: [scale_inv, amax] per target.
-            scalars.set(memoryview(plan.outputs).cast("B").cast("f").tolist(), None)
-        elif dev.type == "cuda":
-            index = dev.index if dev.index is not None else torch.cuda.current_device()
-            # The values stay on the device (no synchronising read here);
-            # a reused result's slots are overwritten in stream order.
-            slots = scalars.tensor
-            if slots is None:
-                slots = torch.empty(_SCALARS_STRIDE * max(n, 1), dtype=torch.float32, device=dev)
-            sp = slots.data_ptr()
-            if plan.scalars_ptr != sp:
-                for i in range(n):
-                    tg[i].scale_inv = sp + 4 * _SCALARS_STRIDE * i
-                    tg[i].amax = sp + 4 * _SCALARS_STRIDE * i + 4
-                plan.scalars_ptr = sp
-            stream = torch.cuda.current_stream(index).cuda_stream
-            lib_start = time.perf_counter()
-            code = self._lib.hpd_fetch_device(self._handle(), int(version), tg, n, index,
-                                              ctypes.c_void_p(stream), _ms(timeout),
-                                              ctypes.byref(stats), ctypes.byref(st))
-            lib_seconds = time.perf_counter() - lib_start + wait_seconds
-            _raise_for(code, st)
-            scalars.set(None, slots)
-        else:
-            raise errors.InvalidArgument(3, "device must be cpu or cuda, not %s" % dev)
+        own = plan.lock.acquire(blocking=False)
+        try:
+            scalars = out._scalars if reuse else _Scalars()
+            stats, lib_seconds = self._fetch_into(plan, own, buf, scalars, dev, version, timeout)
+        finally:
+            if own:
+                plan.lock.release()
+        lib_seconds += wait_seconds
         s = {"rowwise_bytes": stats.rowwise_bytes, "columnwise_bytes": stats.columnwise_bytes,
              "rowwise_bf16_bytes": stats.rowwise_bf16_bytes,
              "columnwise_bf16_bytes": stats.columnwise_bf16_bytes}

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -173,6 +174,27 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r3["mixed"].scale_inv, r2["mixed"].scale_inv)
         self.assertEqual(r3["bias"].amax, r2["bias"].amax)
         self.assertEqual(r3.stats, r2.stats)
+
+    def test_concurrent_fetches_of_the_same_targets(self):
+        """Threads fetching the same targets at once each get their own
+        bytes (the shared target array is not repointed under a fetch)."""
+        names = [t.name for t in self.admin.manifest()]
+        ref = self.admin.fetch(0, names=names)
+        bad = []
+
+        def run():
+            for _ in range(15):
+                r = self.admin.fetch(0, names=names)
+                for f in r:
+                    if not torch.equal(f.data.view(torch.uint8),
+                                       ref[f.tensor].data.view(torch.uint8)):
+                        bad.append(f.tensor)
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(bad, [])
 
     def test_errors_carry_codes(self):
         c = self.admin
