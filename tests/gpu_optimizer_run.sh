@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The optimizer's GPU checks (schedule, clipping, per-rule overrides,
-# skip_step on the gpu backend) in one device call: the gpu backend == the
-# cpu backend bit for bit (gpu_backend_clip_test), the one-pass step
-# (one_pass_step_test), the optimizer and quantize kernels (optimizer_test,
-# quantize_test, gpu_backend_optimizer_test), the gpu backend vs cpu daemons
-# and its checkpoints (gpu_daemon_backend_test, gpu_backend_checkpoint_test),
-# then the clipping cost at 1.07 B parameters (gpu_clip_bench, alone on the
-# GPU).
+# skip_step, SGD momentum on/off on the gpu backend) in one device call:
+# first the clipping cost at 1.07 B parameters (gpu_clip_bench, alone on the
+# GPU), then in parallel: the device gradient norm == its definition
+# (grad_norm_test), the gpu backend == the cpu backend bit for bit
+# (gpu_backend_clip_test), the one-pass step (one_pass_step_test), the
+# optimizer kernels (optimizer_test, gpu_backend_optimizer_test; QUANTIZE=1
+# adds quantize_test), the gpu backend vs cpu daemons and its checkpoints
+# (gpu_daemon_backend_test, gpu_backend_checkpoint_test), the NCCL device
+# push with clipping (daemon_push_test DeviceEqualsHost.*) and the same-GPU
+# in-place push under SKIP_STEP (ipc_test PushInPlace*).
 #
 #   Here:  bash tests/gpu_optimizer_run.sh bundle [BUNDLE]
 #          (--config=cuda build; BUNDLE, default .gpu_bundle_optimizer, holds
@@ -17,11 +20,12 @@
 #              carry=[".gpu_bundle_optimizer"], kind="nvidia-h200")
 #          Logs go to one $OUT/logs.tar.gz (the run tool returns few files);
 #          the summary and the bench print to stdout.
-# Knobs (run): BENCH=0 skips the bench, TESTS=0 the tests, BENCH_ARGS adds
-# gpu_clip_bench flags.
+# Knobs (run): BENCH=0 skips the bench, TESTS=0 the tests, BENCH_ARGS
+# replaces the gpu_clip_bench flags (default --steps=41).
 set -uo pipefail
 TARGETS=(
   //server:hybrid-paramd
+  //server/gpu_backend:grad_norm_test
   //server/gpu_backend:gpu_backend_clip_test
   //server/gpu_backend:one_pass_step_test
   //server/gpu_backend:gpu_backend_optimizer_test
@@ -30,6 +34,8 @@ TARGETS=(
   //kernels/cuda:quantize_test
   //tests:gpu_daemon_backend_test
   //tests:gpu_backend_checkpoint_test
+  //tests/gpu_integration:daemon_push_test
+  //tests/gpu_integration:ipc_test
 )
 
 if [ "${1:-}" = bundle ]; then
@@ -59,13 +65,25 @@ export TEST_TMPDIR=${TEST_TMPDIR:-/tmp/gpu_optimizer_tmp}
 mkdir -p "$TEST_TMPDIR"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.memory --format=csv,noheader
 date -u +%Y-%m-%dT%H:%M:%SZ
+# The bench first, alone on the GPU (its figures are what a cut call loses
+# otherwise).
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout "${BENCH_TIMEOUT:-100}" ./server/gpu_backend/gpu_clip_bench ${BENCH_ARGS:---steps=41} 2>&1 |
+    tee "$LOGS/gpu_clip_bench.log"
+fi
 if [ "${TESTS:-1}" = 1 ]; then
   # name:binary:shards, in parallel (the binaries start server/hybrid-paramd
   # relative to this folder).
-  tests=(server/gpu_backend/gpu_backend_clip_test:1 server/gpu_backend/one_pass_step_test:1
+  tests=(server/gpu_backend/grad_norm_test:1 server/gpu_backend/gpu_backend_clip_test:1
+         server/gpu_backend/one_pass_step_test:1
          server/gpu_backend/gpu_backend_optimizer_test:1 kernels/cuda/optimizer_test:1
-         kernels/cuda/quantize_test:2 tests/gpu_daemon_backend_test:3
-         tests/gpu_backend_checkpoint_test:1)
+         tests/gpu_daemon_backend_test:3 tests/gpu_backend_checkpoint_test:1
+         tests/gpu_integration/daemon_push_test:1 tests/gpu_integration/ipc_test:1)
+  [ "${QUANTIZE:-0}" = 1 ] && tests+=(kernels/cuda/quantize_test:2)
+  # Only the cases of this code (the others are the device-fetch and
+  # same-GPU scripts'); gtest filters by binary name.
+  declare -A filter=([daemon_push_test]='*DeviceEqualsHost.*'
+                     [ipc_test]='Ipc.PushInPlace*')
   pids=()
   for entry in "${tests[@]}"; do
     bin=${entry%%:*}
@@ -74,7 +92,8 @@ if [ "${TESTS:-1}" = 1 ]; then
     for ((i = 0; i < shards; ++i)); do
       mkdir -p "$TEST_TMPDIR/$name.$i"
       GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i TEST_TMPDIR="$TEST_TMPDIR/$name.$i" \
-        timeout "${TEST_TIMEOUT:-100}" "./$bin" > "$LOGS/$name.$i.log" 2>&1 &
+        timeout "${TEST_TIMEOUT:-100}" "./$bin" ${filter[$name]:+--gtest_filter=${filter[$name]}} \
+        > "$LOGS/$name.$i.log" 2>&1 &
       pids+=("$name.$i:$!")
     done
   done
@@ -85,9 +104,5 @@ if [ "${TESTS:-1}" = 1 ]; then
     echo "${tp%%:*} rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | tr '\n' ' ')"
   done
   grep -h -B2 -A8 "Failure$\|^\[  FAILED  \]" "$LOGS"/*.log | head -80
-fi
-if [ "${BENCH:-1}" = 1 ]; then
-  timeout "${BENCH_TIMEOUT:-150}" ./server/gpu_backend/gpu_clip_bench ${BENCH_ARGS:-} 2>&1 |
-    tee "$LOGS/gpu_clip_bench.log"
 fi
 tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .

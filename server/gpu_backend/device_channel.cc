@@ -135,10 +135,10 @@ class NcclDeviceChannel : public DeviceChannel {
     return std::unique_ptr<StagedDevicePush>(std::move(staged));
   }
 
-  // The adds are plain (push_apply.h): the step takes the gradient norm's
-  // row sums of device-pushed rows (`last_pusher` is not used here).
+  // The adds of push_apply.h: the last pusher's whole rows take the
+  // gradient norm's row sums in their add.
   absl::Status ApplyPush(ShardBackend& backend, StagedDevicePush& staged_base,
-                         bool /*last_pusher*/) override {
+                         bool last_pusher) override {
     GpuShardStore* store = DeviceStoreOf(&backend);
     if (store == nullptr) {
       return absl::FailedPreconditionError(
@@ -149,7 +149,7 @@ class NcclDeviceChannel : public DeviceChannel {
     if (staged.base == nullptr) return absl::OkStatus();
     // From here on the staging is read on the store's stream.
     staged.free_stream = store->stream();
-    return EnqueuePushAdds(*store, staged.Sources());
+    return EnqueuePushAdds(*store, staged.Sources(), last_pusher);
   }
 
   absl::Status Send(ShardBackend& backend, int64_t version,

@@ -21,6 +21,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/optimizer_test_model.h"
@@ -75,6 +76,8 @@ struct World {
       EXPECT_TRUE(b.ok()) << b.status();
       daemons.push_back(*std::move(b));
       ShardBackend& d = *daemons.back();
+      // One daemon: no all-reduce (the gpu store's one-launch norm phase).
+      if (n == 1) d.set_data_plane(nullptr, absl::Seconds(60));
       for (size_t i = 0; i < d.shards().size(); ++i) {
         const ShardDef& s = d.shards()[i];
         const std::vector<float> w =

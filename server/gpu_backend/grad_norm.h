@@ -20,7 +20,9 @@ namespace gpu_backend {
 // acc += add (pushed values, FP32 or `add_bf16` BF16, the same add as
 // accumulate.h; null: nothing added), then row_sums[r] = the row's sum of
 // squares (RowSumSq). The add and the sum in one pass: what the last
-// pusher's push costs beyond a plain add.
+// pusher's push costs beyond a plain add. 16-byte loads when cols % 4 == 0
+// and the rows are 16-byte aligned (`add` 16 bytes FP32, 8 bytes BF16);
+// scalar loads otherwise; the same bits either way.
 cudaError_t LaunchRowSumSq(float* acc, const void* add, bool add_bf16, int64_t rows,
                            int64_t cols, double* row_sums, cudaStream_t stream);
 
@@ -48,6 +50,15 @@ cudaError_t LaunchEncodeNormSlots(const NormSlotSource* table, int64_t num_slots
 cudaError_t LaunchClipFactor(const float* slots, int64_t num_slots, float max_grad_norm,
                              bool skip_non_finite, double* sum_sq, float* factor,
                              cudaStream_t stream);
+
+// A single daemon's norm phase in one launch: LaunchEncodeNormSlots, then
+// (its last block to finish) LaunchClipFactor's sum and factor, with the
+// same results. `counter` is a device uint32 that is 0 between launches
+// (the kernel leaves it 0); one launch at a time per counter.
+cudaError_t LaunchNormSlotsAndClipFactor(const NormSlotSource* table, int64_t num_slots,
+                                         float* slots, unsigned int* counter, float max_grad_norm,
+                                         bool skip_non_finite, double* sum_sq, float* factor,
+                                         cudaStream_t stream);
 
 }  // namespace gpu_backend
 }  // namespace paramd

@@ -45,7 +45,8 @@ absl::Status CheckPushFinite(absl::Span<const DevicePushSource> pieces, uint32_t
   return absl::OkStatus();
 }
 
-absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces) {
+absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
+                             bool last_pusher) {
   ScopedDevice guard(store.device());
   // Every piece is checked before the first add: a refusal changes nothing.
   for (const DevicePushSource& p : pieces) {
@@ -90,17 +91,17 @@ absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSo
       at += Aligned(n * sizeof(float));
     }
   }
-  // Phase 2: the adds, piece by piece in order. Only a launch failure (a
-  // broken device) can stop it part-way.
-  cudaError_t e = cudaSuccess;
-  for (size_t i = 0; i < pieces.size() && e == cudaSuccess; ++i) {
+  // Phase 2: the adds, piece by piece in order (the store's: the last
+  // pusher's whole rows take the norm's row sums in the add). Only a launch
+  // failure (a broken device) can stop it part-way.
+  absl::Status s;
+  for (size_t i = 0; i < pieces.size() && s.ok(); ++i) {
     const DevicePushSource& p = pieces[i];
-    e = LaunchAccumulate(store.grad(p.shard) + p.offset, sources[i], p.bf16 && !widened[i],
-                         p.count, stream);
+    s = store.AddPiece(p.shard, p.offset, sources[i], p.bf16 && !widened[i], p.count,
+                       last_pusher);
   }
   if (wide != nullptr) cudaFreeAsync(wide, stream);
-  GPU_RETURN_IF_ERROR(e);
-  return absl::OkStatus();
+  return s;
 }
 
 }  // namespace gpu_backend

@@ -38,8 +38,12 @@ absl::Status CheckPushFinite(absl::Span<const DevicePushSource> pieces, uint32_t
 // Enqueues the adds of `pieces`, in order, on the store's stream (its
 // device current). Every piece is checked against its shard first: a
 // refusal (INVALID_ARGUMENT) adds nothing. The sources must stay valid until
-// the store's stream has passed the adds.
-absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces);
+// the store's stream has passed the adds. `last_pusher` (the push that
+// completes the version): whole-row pieces take the gradient norm's row
+// sums in their add (GpuShardStore::AddPiece), so the step does not read
+// those gradients again.
+absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
+                             bool last_pusher = false);
 
 }  // namespace gpu_backend
 }  // namespace paramd

@@ -163,6 +163,8 @@ absl::Status GpuShardStore::Allocate() {
     GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     ASSIGN_OR_RETURN(void* factor, Alloc(sizeof(float)));
     clip_factor_ = static_cast<float*>(factor);
+    ASSIGN_OR_RETURN(void* counter, Alloc(sizeof(unsigned int)));
+    norm_counter_ = static_cast<unsigned int*>(counter);
     void* host = nullptr;
     GPU_RETURN_IF_ERROR(cudaHostAlloc(&host, sizeof(double), cudaHostAllocMapped));
     norm_host_ = static_cast<double*>(host);
@@ -359,12 +361,19 @@ absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {
     t.fresh_rows = 0;
     t.sums_stale = false;
   }
-  GPU_RETURN_IF_ERROR(
-      LaunchEncodeNormSlots(norm_sources_, options_.norm_slots, norm_slots_, stream_));
-  if (all_reduce) RETURN_IF_ERROR(all_reduce(norm_slots_, 4 * options_.norm_slots, stream_));
-  GPU_RETURN_IF_ERROR(LaunchClipFactor(norm_slots_, options_.norm_slots, max_grad_norm_,
-                                       skip_non_finite_, norm_host_device_, clip_factor_,
-                                       stream_));
+  if (!all_reduce) {
+    // One daemon: the slots, their sum and the factor in one launch.
+    GPU_RETURN_IF_ERROR(LaunchNormSlotsAndClipFactor(
+        norm_sources_, options_.norm_slots, norm_slots_, norm_counter_, max_grad_norm_,
+        skip_non_finite_, norm_host_device_, clip_factor_, stream_));
+  } else {
+    GPU_RETURN_IF_ERROR(
+        LaunchEncodeNormSlots(norm_sources_, options_.norm_slots, norm_slots_, stream_));
+    RETURN_IF_ERROR(all_reduce(norm_slots_, 4 * options_.norm_slots, stream_));
+    GPU_RETURN_IF_ERROR(LaunchClipFactor(norm_slots_, options_.norm_slots, max_grad_norm_,
+                                         skip_non_finite_, norm_host_device_, clip_factor_,
+                                         stream_));
+  }
   GPU_RETURN_IF_ERROR(cudaEventRecord(norm_done_, stream_));
   return absl::OkStatus();
 }

@@ -7,8 +7,9 @@
 //
 //   [the global gradient norm when clipping or skip_step: row sums (taken
 //    in the last pusher's add, else here), 128-row block slots, one
-//    all-reduce MAX of the slots, the clip factor as a device scalar;
-//    server/grad_norm.h's order, so the cpu backend's float64 bits]
+//    all-reduce MAX of the slots, the clip factor as a device scalar (one
+//    daemon: slots, sum and factor in one launch); server/grad_norm.h's
+//    order, so the cpu backend's float64 bits]
 //   -> AdamW or SGD (fused, gradients times the clip factor, a NaN factor
 //   skipping the update; per-tensor lr multiplier and weight decay, frozen
 //   tensors not updated; max-updates each tensor's partial source amax in
@@ -475,6 +476,7 @@ class GpuShardStore {
   float* norm_slots_ = nullptr;
   NormSlotSource* norm_sources_ = nullptr;  // [max(norm_slots, 1)]
   float* clip_factor_ = nullptr;
+  unsigned int* norm_counter_ = nullptr;  // LaunchNormSlotsAndClipFactor's
   double* norm_host_ = nullptr;         // mapped page-locked
   double* norm_host_device_ = nullptr;  // its device address
   cudaEvent_t norm_done_ = nullptr;

@@ -274,6 +274,10 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
   std::iota(all.begin(), all.end(), 0);
 
   GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
+  // The gradient norm first: the device runs it while this thread builds
+  // the step's arguments (it needs only the row sums).
+  norm_in_step_ = apply_optimizer && norm_on_;
+  if (norm_in_step_) RETURN_IF_ERROR(EnqueueGradNorm(all_reduce));
   GPU_RETURN_IF_ERROR(cudaMemsetAsync(amax_, 0, amax_count() * sizeof(float), stream_));
   // The quantize arguments of every shard (buffers of the slot), also used
   // for the columnwise-source amaxes of rowwise_dequantized copies.
@@ -281,8 +285,6 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
   for (int i = 0; i < n; ++i) quant[i] = QuantArgs(slot, i, tensors_[i].master);
   bool one_pass = apply_optimizer && !options_.sgd && options_.one_pass_step;
   for (int i = 0; i < n && one_pass; ++i) one_pass = OnePassFormats(shards_[i].spec);
-  norm_in_step_ = apply_optimizer && norm_on_;
-  if (norm_in_step_) RETURN_IF_ERROR(EnqueueGradNorm(all_reduce));
   // Shards the one pass quantized (the per-tensor quantize below skips them).
   std::vector<char> quantized(n, 0);
   // Source amaxes (max-updated: shards of one tensor share its slot).

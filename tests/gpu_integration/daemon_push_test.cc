@@ -9,7 +9,10 @@
 //     (DeviceFetcher::Push) and stepping publishes byte-identical versions
 //     (FP32 rowwise identity = the master itself, and MXFP8 columnwise) to
 //     pushing the same values over the host stream (Client::PushGradients),
-//     two steps each; NaN refused (INVALID_ARGUMENT), stale refused;
+//     two steps each; NaN refused (INVALID_ARGUMENT), stale refused; the
+//     *Clip cases with global-norm clipping (the last pusher's device add
+//     takes the norm's row sums: the same clip factor and bytes as the
+//     host push's);
 //   - KillTrainerMidPush: a trainer process (device_fetch_loop --mode=push)
 //     pushing BF16 gradients from its GPU every version is SIGKILLed; the daemon closes the channel, has
 //     counted no pusher for the version it is at, and after host pushes of
@@ -154,6 +157,9 @@ struct PushCase {
   std::string name;
   int daemons = 1;
   bool bf16 = false;
+  // Global-norm clipping on (a bound every step clips at): the last
+  // pusher's device add takes the norm's row sums.
+  bool clip = false;
 };
 
 class DeviceEqualsHost : public ::testing::TestWithParam<PushCase> {};
@@ -186,8 +192,11 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
       p.bf16 ? client::Gradient::DType::kBf16 : client::Gradient::DType::kFp32;
   std::vector<std::map<std::string, QuantizedTensor>> host(kSteps), device(kSteps);
   for (int run = 0; run < 2; ++run) {
+    const std::string recipe =
+        std::string(kRecipe) +
+        (p.clip ? " optimizer { kind: ADAMW lr: 0.01 max_grad_norm: 0.05 }" : "");
     absl::StatusOr<int64_t> v0 =
-        trainer->Load(path, kRecipe, absl::Seconds(60), /*replace_model=*/run > 0);
+        trainer->Load(path, recipe, absl::Seconds(60), /*replace_model=*/run > 0);
     ASSERT_TRUE(v0.ok()) << v0.status();
     ASSERT_EQ(*v0, 0);
     ASSERT_TRUE(trainer->RefreshManifest().ok());
@@ -222,6 +231,11 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
       }
       absl::StatusOr<int64_t> v = trainer->WaitForVersion(s + 1, absl::Seconds(30));
       ASSERT_TRUE(v.ok()) << v.status();
+      if (p.clip) {
+        absl::StatusOr<rpc::DaemonStats> st = c->Stats(0);
+        ASSERT_TRUE(st.ok()) << st.status();
+        EXPECT_LT(st->clip_factor(), 1.0f) << "not clipped: the case does not test clipping";
+      }
       (run == 0 ? host : device)[s] = Published(*c, s + 1, tensors);
     }
   }
@@ -274,7 +288,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceEqualsHost,
                          ::testing::Values(PushCase{"OneDaemonFp32", 1, false},
                                            PushCase{"OneDaemonBf16", 1, true},
                                            PushCase{"TwoDaemonsFp32", 2, false},
-                                           PushCase{"TwoDaemonsBf16", 2, true}),
+                                           PushCase{"TwoDaemonsBf16", 2, true},
+                                           PushCase{"OneDaemonBf16Clip", 1, true, true},
+                                           PushCase{"TwoDaemonsFp32Clip", 2, false, true}),
                          [](const ::testing::TestParamInfo<PushCase>& info) {
                            return info.param.name;
                          });
