@@ -162,14 +162,12 @@ class GpuShardBackend : public ShardBackend {
                                                      OptimizerName(optimizer_.kind), ", not ",
                                                      OptimizerName(optimizer.kind)));
     }
-    if (Sgd() && (optimizer.momentum != 0.0f) != (optimizer_.momentum != 0.0f)) {
-      // The momentum buffer is allocated (or not) at load.
-      return absl::UnimplementedError(
-          "the gpu daemon backend cannot turn SGD momentum on or off in a loaded model");
-    }
-    RETURN_IF_ERROR(store_->SetOptimizerHyper(
+    // SGD momentum turned on allocates the store's buffers (once).
+    absl::Status set = store_->SetOptimizerHyper(
         AdamWHyperOf(optimizer), SgdHyperOf(optimizer), optimizer.needs_grad_norm(),
-        optimizer.max_grad_norm, optimizer.non_finite == NonFinitePolicy::kSkipStep));
+        optimizer.max_grad_norm, optimizer.non_finite == NonFinitePolicy::kSkipStep);
+    NoteDeviceBytes();
+    RETURN_IF_ERROR(set);
     optimizer_ = optimizer;
     if (mirror_ != nullptr) RETURN_IF_ERROR(mirror_->SetOptimizer(optimizer));
     return absl::OkStatus();
@@ -542,15 +540,19 @@ class GpuShardBackend : public ShardBackend {
         RETURN_IF_ERROR(Copy(master.data(), store_->master(static_cast<int>(i)),
                              master.size() * sizeof(float), cudaMemcpyDeviceToHost));
       }
-      // As ShardSet: moments exist once a step sized them (SGD: momentum only).
+      // As ShardSet: moments exist once a step sized them (SGD: momentum
+      // only, and not while the buffers wait for their first momentum step;
+      // never for a frozen tensor, which is not stepped).
       OptimizerState state;
       const size_t n = Count(static_cast<int>(i));
-      if (steps > 0 && store_->exp_avg(static_cast<int>(i)) != nullptr) {
+      const bool stepped = steps > 0 && !store_->shards()[i].frozen;
+      if (stepped && store_->exp_avg(static_cast<int>(i)) != nullptr &&
+          !(Sgd() && store_->sgd_buffers_fresh())) {
         state.m.resize(n);
         RETURN_IF_ERROR(Copy(state.m.data(), store_->exp_avg(static_cast<int>(i)),
                              n * sizeof(float), cudaMemcpyDeviceToHost));
       }
-      if (steps > 0 && store_->exp_avg_sq(static_cast<int>(i)) != nullptr) {
+      if (stepped && store_->exp_avg_sq(static_cast<int>(i)) != nullptr) {
         state.v.resize(n);
         RETURN_IF_ERROR(Copy(state.v.data(), store_->exp_avg_sq(static_cast<int>(i)),
                              n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -581,6 +583,20 @@ class GpuShardBackend : public ShardBackend {
   absl::Status UploadMirror() {
     ScopedDevice guard(store_->device());
     bool fresh_momentum = false;
+    // SGD state with a momentum buffer (a checkpoint or snapshot of a
+    // momentum phase) in a store without one (momentum off so far): the
+    // buffers are kept, for a later momentum phase, as ShardSet keeps them.
+    bool host_momentum = false;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const size_t n = Count(static_cast<int>(i));
+      host_momentum |=
+          n > 0 && mirror_->optimizer_state(MirrorIndex(static_cast<int>(i))).m.size() == n;
+    }
+    if (Sgd() && host_momentum) {
+      absl::StatusOr<bool> allocated = store_->AllocateMomentumBuffers();
+      NoteDeviceBytes();
+      RETURN_IF_ERROR(allocated.status());
+    }
     for (size_t i = 0; i < shards_.size(); ++i) {
       const int s = MirrorIndex(static_cast<int>(i));
       const size_t n = Count(static_cast<int>(i));
@@ -596,7 +612,8 @@ class GpuShardBackend : public ShardBackend {
           RETURN_IF_ERROR(Copy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
         } else {
           GPU_RETURN_IF_ERROR(cudaMemset(device, 0, n * sizeof(float)));
-          if (k == 0) fresh_momentum = true;
+          // (A frozen tensor's state is always empty: it says nothing.)
+          if (k == 0 && !store_->shards()[i].frozen) fresh_momentum = true;
         }
       }
       const HybridSpec& spec = tensors_[shards_[i].tensor].spec;

@@ -20,7 +20,8 @@
 //     (server/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes:
 //     every config the cpu backend runs (lr schedule, global-norm clipping,
 //     skip_step, per-tensor lr multiplier / weight decay / frozen, and
-//     SetOptimizer between steps), the norm in server/grad_norm.h's order.
+//     SetOptimizer between steps, SGD momentum turned on or off included),
+//     the norm in server/grad_norm.h's order.
 //   - Publish without a device-to-host copy of the data: Step returns the
 //     version's metadata (pieces with layouts, scale_inv, amax, scales; data
 //     and scales empty) after one small copy of the version's scalars;

@@ -10,7 +10,14 @@
 // push's add, GpuShardStore::AddPiece: FP32, and BF16 for the last pusher,
 // whose add takes the norm's row sums); on even steps all push from the
 // host. Two steps hold a NaN (one on each path) and are skipped; after step
-// 10 SetOptimizer lowers the peak lr and the clip bound.
+// 10 SetOptimizer lowers the peak lr and the clip bound. One daemon runs
+// without an all-reduce (the gpu store's one-launch norm phase), three
+// through the host all-reduce (two launches around it).
+// SgdMomentumOnAndOff: SGD loaded without momentum, then momentum turned
+// on (new buffers, started from the gradient), off (plain SGD, buffers
+// kept) and on again (the kept buffers carry on), with a skipped step in
+// the first momentum phase: bit-identical to the cpu backend, and the
+// host state (momentum buffers present or not) the same.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -279,6 +286,87 @@ TEST_P(GpuClipTest, BitIdenticalToCpuBackend) {
     EXPECT_EQ(store->one_pass_steps() > 0, adamw && one_pass);
   }
 }
+
+class GpuSgdMomentumTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuSgdMomentumTest, SgdMomentumOnAndOff) {
+  const int daemons = GetParam();
+  OptimizerOptions o = SgdLinear();
+  o.momentum = 0.0f;
+  const std::vector<TensorDef> model = Model(false);
+  World cpu(gpu_backend::DaemonBackend::kCpu, model, daemons, o);
+  World gpu(gpu_backend::DaemonBackend::kGpu, model, daemons, o);
+  ASSERT_EQ(gpu.daemons.size(), static_cast<size_t>(daemons));
+  cpu.Step(0, false);
+  gpu.Step(0, false);
+  // Momentum by step: off 0-2, on 3-6 (a NaN skipped at 3, the first
+  // momentum step), off 7-8, on 9-11.
+  auto momentum = [](int step) { return (step >= 3 && step <= 6) || step >= 9 ? 0.8f : 0.0f; };
+  for (int step = 0; step < 12; ++step) {
+    if (step == 0 || momentum(step) != momentum(step - 1)) {
+      OptimizerOptions changed = o;
+      changed.momentum = momentum(step);
+      for (World* w : {&cpu, &gpu}) {
+        for (auto& d : w->daemons) ASSERT_TRUE(d->SetOptimizer(changed).ok()) << step;
+      }
+      // The host state between the change and the next step: the same
+      // momentum buffers (none before the first momentum step ran).
+      for (size_t d = 0; d < cpu.daemons.size(); ++d) {
+        ShardSet* c = cpu.daemons[d]->host_state();
+        ShardSet* g = gpu.daemons[d]->host_state();
+        ASSERT_NE(g, nullptr);
+        for (size_t i = 0; i < c->shards().size(); ++i) {
+          ASSERT_EQ(c->optimizer_state(i).m.size(), g->optimizer_state(i).m.size())
+              << "step " << step << " daemon " << d << " shard " << i;
+          EXPECT_EQ(c->optimizer_state(i).m, g->optimizer_state(i).m);
+        }
+      }
+    }
+    std::vector<std::vector<std::vector<float>>> pushes(3);
+    for (int p = 0; p < 3; ++p) {
+      for (size_t t = 0; t < model.size(); ++t) {
+        pushes[p].push_back(
+            RandomGradient(model[t].rows * model[t].cols, 500 + 10 * step + p + 1000 * t, 0.05f));
+      }
+    }
+    pushes[2] = {Bf16Values(pushes[2][0]), Bf16Values(pushes[2][1]), Bf16Values(pushes[2][2]),
+                 Bf16Values(pushes[2][3])};
+    if (step == 3) pushes[1][0][7] = std::nanf("");
+    const bool device = step % 2 == 1;
+    cpu.Push(pushes, device);
+    gpu.Push(pushes, device);
+    std::vector<std::shared_ptr<const PublishedVersion>> meta;
+    const auto pc = cpu.Step(step + 1, true);
+    const auto pg = gpu.Step(step + 1, true, &meta);
+    ASSERT_EQ(pc.size(), static_cast<size_t>(daemons));
+    ASSERT_EQ(pg.size(), pc.size());
+    for (size_t d = 0; d < pc.size(); ++d) {
+      SCOPED_TRACE(::testing::Message() << "step " << step << " daemon " << d);
+      EXPECT_EQ(pc[d]->report.optimizer_steps, meta[d]->report.optimizer_steps);
+      EXPECT_EQ(pc[d]->report.skipped_steps, meta[d]->report.skipped_steps);
+      ExpectSamePieces(*pc[d], *pg[d]);
+    }
+  }
+  for (size_t d = 0; d < cpu.daemons.size(); ++d) {
+    ShardSet* c = cpu.daemons[d]->host_state();
+    ShardSet* g = gpu.daemons[d]->host_state();
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(c->skipped_steps(), 1);
+    EXPECT_EQ(g->skipped_steps(), 1);
+    EXPECT_EQ(g->optimizer_steps(), c->optimizer_steps());
+    for (size_t i = 0; i < c->shards().size(); ++i) {
+      ASSERT_EQ(std::memcmp(c->master(i).data(), g->master(i).data(), c->master(i).size() * 4), 0)
+          << "daemon " << d << " shard " << i;
+      ASSERT_EQ(c->optimizer_state(i).m.size(), g->optimizer_state(i).m.size());
+      EXPECT_EQ(std::memcmp(c->optimizer_state(i).m.data(), g->optimizer_state(i).m.data(),
+                            c->optimizer_state(i).m.size() * 4),
+                0)
+          << "daemon " << d << " shard " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GpuSgdMomentumTest, ::testing::Values(1, 3));
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GpuClipTest,
                          ::testing::Combine(::testing::Values(1, 3), ::testing::Values(0, 1),

@@ -333,6 +333,14 @@ absl::Status GpuShardStore::SetOptimizerHyper(const gpu::AdamWHyper& adamw,
     return absl::FailedPreconditionError(
         "this store was created without the gradient norm's state (GpuStoreOptions::grad_norm)");
   }
+  // SGD momentum turned on: the buffers, if this store has none yet (as
+  // ShardSet, a first momentum step then starts them from the gradient;
+  // buffers kept from an earlier momentum phase carry on). First: a
+  // failed allocation changes nothing else.
+  if (options_.sgd && sgd.momentum != 0.0) {
+    ASSIGN_OR_RETURN(const bool allocated, AllocateMomentumBuffers());
+    if (allocated) sgd_fresh_ = true;
+  }
   const int64_t step = options_.adamw.step;
   const bool first = options_.sgd_hyper.first_step;
   options_.adamw = adamw;
@@ -343,6 +351,28 @@ absl::Status GpuShardStore::SetOptimizerHyper(const gpu::AdamWHyper& adamw,
   max_grad_norm_ = max_grad_norm;
   skip_non_finite_ = skip_non_finite;
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> GpuShardStore::AllocateMomentumBuffers() {
+  if (!options_.sgd) return false;
+  ScopedDevice guard(options_.device);
+  bool allocated = false;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    TensorState& t = tensors_[i];
+    if (t.exp_avg != nullptr) continue;
+    // Zeroed on stream_ (Alloc), before any step that reads it.
+    const int64_t bytes = shards_[i].rows * shards_[i].cols * sizeof(float);
+    ASSIGN_OR_RETURN(void* mem, Alloc(bytes));
+    t.exp_avg = static_cast<float*>(mem);
+    // A store that already ran bucketed steps has spares for the
+    // out-of-place optimizer (EnsureSpares): the new buffer gets one too.
+    if (spares_allocated_ && !shards_[i].frozen) {
+      ASSIGN_OR_RETURN(void* spare, Alloc(bytes));
+      t.spare_exp_avg = static_cast<float*>(spare);
+    }
+    allocated = true;
+  }
+  return allocated;
 }
 
 absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {

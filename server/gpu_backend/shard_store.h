@@ -215,6 +215,17 @@ class GpuShardStore {
     optimizer_steps_ = steps;
     sgd_fresh_ = sgd_buffers_fresh;
   }
+  // Whether the SGD momentum buffers hold nothing yet (the next momentum
+  // step starts them from the gradient): ShardSet's unsized state.
+  bool sgd_buffers_fresh() const { return sgd_fresh_; }
+  // SGD: allocates (zeroed) the momentum buffers of the shards that have
+  // none; true if it allocated any (they are then fresh: the caller says
+  // so with set_optimizer_steps, or SetOptimizerHyper does). Between steps
+  // only.
+  absl::StatusOr<bool> AllocateMomentumBuffers();
+  // Whether the optimizer steps use the first moment (AdamW, or SGD with
+  // momentum on).
+  bool MomentumStep() const { return !options_.sgd || options_.sgd_hyper.momentum != 0.0; }
   // Push staging buffer `i` (BF16, largest shard's size), or null.
   void* push_staging(int i) { return i < static_cast<int>(staging_.size()) ? staging_[i] : nullptr; }
 
@@ -239,7 +250,11 @@ class GpuShardStore {
   // New hyperparameters for the next optimizer steps (AdamW / SGD numbers;
   // the step count and first_step stay the store's) and the gradient norm
   // on or off with its clip bound and skip policy. FAILED_PRECONDITION to
-  // turn the norm on in a store without its state. Between steps only.
+  // turn the norm on in a store without its state. SGD momentum may turn
+  // on (the buffers are allocated then, if there are none: the next step
+  // starts them from the gradient) or off (plain SGD steps; the buffers
+  // stay, unchanged, for a later momentum phase), as ShardSet. Between
+  // steps only.
   absl::Status SetOptimizerHyper(const gpu::AdamWHyper& adamw, const gpu::SgdHyper& sgd,
                                  bool grad_norm, float max_grad_norm, bool skip_non_finite);
   // The base lr (schedule) of the next optimizer step; < 0: options' lr.

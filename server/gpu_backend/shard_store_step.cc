@@ -84,11 +84,14 @@ absl::Status GpuShardStore::EnqueueOptimizer(absl::Span<const int> shards, bool 
     }
     gpu::OptimizerTensor o;
     o.param = t.master;
-    o.exp_avg = t.exp_avg;
+    // SGD with momentum off: plain SGD (a buffer kept from an earlier
+    // momentum phase is left as it is, as ShardSet leaves its state).
+    const bool momentum = MomentumStep();
+    o.exp_avg = momentum ? t.exp_avg : nullptr;
     o.exp_avg_sq = t.exp_avg_sq;
     if (out_of_place) {
       o.param_out = t.spare_master;
-      o.exp_avg_out = t.spare_exp_avg;
+      o.exp_avg_out = momentum ? t.spare_exp_avg : nullptr;
       o.exp_avg_sq_out = t.spare_exp_avg_sq;
     }
     o.grad = t.grad;
@@ -300,7 +303,9 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
     RETURN_IF_ERROR(EnqueueOptimizer(all, one_pass, /*out_of_place=*/false, first_step, quant,
                                      quantized));
     if (one_pass) ++one_pass_steps_;
-    sgd_fresh_ = false;
+    // Only a momentum step starts the buffers (a plain SGD step leaves them
+    // as they are, as ShardSet leaves an unsized state).
+    if (MomentumStep()) sgd_fresh_ = false;
     for (int i = 0; i < n; ++i) {
       GPU_RETURN_IF_ERROR(
           cudaMemsetAsync(tensors_[i].grad, 0, shards_[i].rows * shards_[i].cols * 4, stream_));
@@ -378,7 +383,7 @@ absl::Status GpuShardStore::BeginBuckets(int64_t new_version) {
   }
   ++optimizer_steps_;
   buckets_.sgd_first_step = optimizer_steps_ == 1 || sgd_fresh_;
-  sgd_fresh_ = false;
+  if (MomentumStep()) sgd_fresh_ = false;
   norm_in_step_ = norm_on_;
   absl::Status s = [&]() -> absl::Status {
     GPU_RETURN_IF_ERROR(cudaEventRecord(events_[0], stream_));
@@ -449,7 +454,8 @@ absl::Status GpuShardStore::CommitBuckets() {
     TensorState& t = tensors_[i];
     if (shards_[i].frozen) continue;
     std::swap(t.master, t.spare_master);
-    std::swap(t.exp_avg, t.spare_exp_avg);
+    // (Momentum off: the buffer was not written and stays as it is.)
+    if (MomentumStep()) std::swap(t.exp_avg, t.spare_exp_avg);
     std::swap(t.exp_avg_sq, t.spare_exp_avg_sq);
   }
   buckets_ = BucketState();
