@@ -125,10 +125,11 @@ class GpuIpcExporter : public ipc::IpcExporter {
   absl::Status CheckPush(uint64_t session, ShardBackend& backend,
                          absl::Span<const ipc::IpcPushPiece> pieces) override {
     ASSIGN_OR_RETURN(GpuShardStore * store, StoreOf(backend));
-    (void)store;
     ScopedDevice guard(kDevice);
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(std::vector<DevicePushSource> sources, SourcesLocked(session, pieces));
+    // As the host stream: SKIP_STEP takes NaN/Inf (the step then skips).
+    if (store->takes_non_finite()) return absl::OkStatus();
     if (stream_ == nullptr) {
       GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       void* p = nullptr;

@@ -39,7 +39,8 @@ GpuShardStore::GpuShardStore(std::vector<GpuShardDef> shards, const GpuStoreOpti
       options_(options),
       norm_on_(options.grad_norm),
       max_grad_norm_(options.max_grad_norm),
-      skip_non_finite_(options.skip_non_finite) {}
+      skip_non_finite_(options.skip_non_finite),
+      takes_non_finite_(options.grad_norm && options.skip_non_finite) {}
 
 GpuShardStore::~GpuShardStore() {
   ScopedDevice guard(options_.device);
@@ -350,6 +351,7 @@ absl::Status GpuShardStore::SetOptimizerHyper(const gpu::AdamWHyper& adamw,
   norm_on_ = grad_norm;
   max_grad_norm_ = max_grad_norm;
   skip_non_finite_ = skip_non_finite;
+  takes_non_finite_.store(grad_norm && skip_non_finite, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

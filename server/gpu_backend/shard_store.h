@@ -52,6 +52,7 @@
 #define PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -257,6 +258,11 @@ class GpuShardStore {
   // steps only.
   absl::Status SetOptimizerHyper(const gpu::AdamWHyper& adamw, const gpu::SgdHyper& sgd,
                                  bool grad_norm, float max_grad_norm, bool skip_non_finite);
+  // Whether the next step takes a non-finite gradient and skips (the norm
+  // on with skip_non_finite: non_finite SKIP_STEP), so pushes must not
+  // refuse NaN/Inf. Any thread (a push's check may run beside
+  // SetOptimizerHyper; it then sees the old or the new policy).
+  bool takes_non_finite() const { return takes_non_finite_.load(std::memory_order_relaxed); }
   // The base lr (schedule) of the next optimizer step; < 0: options' lr.
   void set_step_lr(double lr) { step_lr_ = lr; }
   // After FinishStep of an optimizer step with the norm on: its float64
@@ -496,6 +502,7 @@ class GpuShardStore {
   double* norm_host_device_ = nullptr;  // its device address
   cudaEvent_t norm_done_ = nullptr;
   bool norm_in_step_ = false;
+  std::atomic<bool> takes_non_finite_{false};  // norm_on_ && skip_non_finite_
   bool fresh_before_step_ = false;
   bool spares_allocated_ = false;
   BucketState buckets_;

@@ -14,6 +14,8 @@
 //   - PushInPlaceEqualsHostPush: BF16 gradients read in place by the daemon
 //     give the bytes of the same push over the host stream; NaN, stale and
 //     early pushes are refused and add nothing;
+//   - PushInPlaceNanUnderSkipStepSkipsTheStep: under non_finite: SKIP_STEP
+//     a NaN pushed in place is taken and its step skipped;
 //   - DaemonKilledWhileMapped: the next call fails UNAVAILABLE, and the
 //     mapping still reads the last bytes (no crash, no freed memory);
 //   - Bench.CoLocated (PARAMD_IPC_BENCH=1 only): the figures of
@@ -383,6 +385,69 @@ TEST_F(Ipc, PushInPlaceEqualsHostPush) {
       ++i;
     }
   }
+}
+
+// Under non_finite: SKIP_STEP a NaN pushed in place is taken, as on the
+// host stream and the NCCL device push: the version advances with the
+// masters unchanged and the skip counted; the next finite push steps.
+TEST_F(Ipc, PushInPlaceNanUnderSkipStepSkipsTheStep) {
+  ASSERT_NE(fetcher_, nullptr);
+  const std::string spec =
+      "default_spec { rowwise { format: FP8_CURRENT } columnwise { format: MXFP8 } } ";
+  Reload(spec + "optimizer { kind: ADAMW lr: 0.01 max_grad_norm: 1.0 non_finite: SKIP_STEP }");
+  std::vector<uint16_t> packed;
+  std::vector<std::pair<std::string, size_t>> at;
+  for (const TestTensor& t : tensors_) {
+    at.push_back({t.name, packed.size() * 2});
+    for (float f : RandomValues(t.values.size(), 43, 0.3f)) packed.push_back(ToBf16(f));
+  }
+  absl::StatusOr<void*> buffer = fetcher_->GradientBuffer(packed.size() * 2);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  char* base = static_cast<char*>(*buffer);
+  std::vector<gpu_fetch::IpcGradient> grads;
+  for (const auto& [name, offset] : at) {
+    grads.push_back({name, client::Gradient::DType::kBf16, base + offset});
+  }
+  auto weights = [&](int64_t version) {
+    std::vector<std::vector<uint8_t>> out;
+    for (const TestTensor& t : tensors_) {
+      for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
+        absl::StatusOr<QuantizedTensor> q = cluster_->FetchAssembled(version, t.name, d);
+        EXPECT_TRUE(q.ok()) << q.status();
+        if (!q.ok()) return out;
+        out.push_back(q->data);
+        out.push_back(q->scales);
+      }
+    }
+    return out;
+  };
+  auto push = [&](int64_t version, const std::vector<uint16_t>& values) {
+    ASSERT_EQ(cudaMemcpy(base, values.data(), values.size() * 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    absl::StatusOr<rpc::PushGradientsResponse> r = fetcher_->Push(version, grads);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(cluster_->WaitForVersion(version + 1).ok());
+  };
+  push(0, packed);
+  const std::vector<std::vector<uint8_t>> w1 = weights(1);
+  std::vector<uint16_t> bad = packed;
+  bad[bad.size() / 2] = 0x7fc0;  // NaN
+  push(1, bad);
+  EXPECT_EQ(weights(2), w1);  // masters unchanged
+  absl::StatusOr<rpc::DaemonStats> s = cluster_->Stats(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->skipped_steps(), 1);
+  EXPECT_EQ(s->optimizer_steps(), 1);
+  EXPECT_TRUE(std::isnan(s->grad_norm()));
+  push(2, packed);
+  EXPECT_NE(weights(3), w1);
+  s = cluster_->Stats(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->skipped_steps(), 1);
+  EXPECT_EQ(s->optimizer_steps(), 2);
+  EXPECT_GT(s->grad_norm(), 0.0);
+  // Back to the suite's default optimizer (the flags') for the tests after.
+  Reload(spec);
 }
 
 // ---- The figures (docs/BENCHMARKS.md); PARAMD_IPC_BENCH=1 only ----
