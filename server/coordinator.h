@@ -11,7 +11,8 @@
 // Loading: once every expected daemon has joined, Load (or the startup
 // model, CoordinatorOptions::model_path) builds the manifest and sends each
 // daemon LoadShards; version 0 is committed when every daemon has published
-// it. Steps are driven by the trainers' pushes (each daemon steps on its
+// it. A Load that arrives before every daemon has joined waits for the
+// joins (CoordinatorOptions::load_join_wait) instead of being refused. Steps are driven by the trainers' pushes (each daemon steps on its
 // own when all expected pushers have pushed) or by the admin Step RPC.
 //
 // Membership (server/membership.h): a daemon keeps its rank by heartbeats;
@@ -91,6 +92,12 @@ struct CoordinatorOptions {
   // other calls to daemons.
   absl::Duration load_timeout = absl::Minutes(10);
   absl::Duration daemon_call_timeout = absl::Seconds(10);
+  // A Load that arrives before every expected daemon has joined waits for
+  // the joins until its deadline (answering a little before it, so that the
+  // caller sees why), and at most this long (also without a deadline); then
+  // it is refused with UNAVAILABLE naming the ranks still missing. No
+  // gRPC thread is held while it waits.
+  absl::Duration load_join_wait = absl::Seconds(60);
   // Every Nth committed version is logged at INFO (the others at --v=1):
   // a line per version would be 360k lines an hour at 10 ms steps.
   int log_every_versions = 100;

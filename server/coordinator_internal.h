@@ -240,6 +240,18 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
 
   void StartLoad(const rpc::LoadRequest& original, LoadDone done);
 
+  // A Load that came before every expected daemon had joined: its request,
+  // its answer and how long it may wait (coordinator_load.cc).
+  struct LoadJoinWait;
+  // Registers `wait` on world_waiters_ (before looking, so that a join in
+  // between still wakes it), then: every daemon joined and ready
+  // (DaemonTable::CheckAllReady): StartLoad; shut down, or `give_up`
+  // reached (`at_give_up`: called by its alarm): UNAVAILABLE naming the
+  // missing ranks (or the daemon not ready); else keeps waiting. Settles
+  // `wait` once; `woken`: called by world_waiters_ (the registration was
+  // taken). Takes wait->mu, then mu_.
+  void TryLoadJoinWait(const std::shared_ptr<LoadJoinWait>& wait, bool woken, bool at_give_up);
+
   const CoordinatorOptions options_;
   const bool cluster_secret_configured_;
   const std::string cluster_secret_;

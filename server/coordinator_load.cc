@@ -19,12 +19,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/store.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "grpcpp/alarm.h"
 #include "safetensors/safetensors.h"
 #include "server/convert.h"
 #include "server/fan_out.h"
@@ -60,6 +62,19 @@ absl::StatusOr<SavedOptimizer> ReadSavedOptimizer(const checkpoint::Manifest& ma
 
 }  // namespace
 
+struct Coordinator::Impl::LoadJoinWait {
+  rpc::LoadRequest request;
+  LoadDone done;      // called once, by the call that settles the wait
+  absl::Time since;   // when the Load arrived
+  absl::Time give_up;
+  grpc::Alarm alarm;  // TryLoadJoinWait at give_up
+  absl::Mutex mu;
+  bool settled ABSL_GUARDED_BY(mu) = false;
+  // A registration on world_waiters_ (it holds the wait) is pending.
+  bool registered ABSL_GUARDED_BY(mu) = false;
+  WaitList::Id id ABSL_GUARDED_BY(mu) = 0;
+};
+
 grpc::ServerUnaryReactor* Coordinator::Impl::Load(grpc::CallbackServerContext* context,
                                                   const rpc::LoadRequest* request,
                                                   rpc::LoadResponse* response) {
@@ -69,11 +84,99 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Load(grpc::CallbackServerContext* c
     return auth::RefusedUnary(context, s);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  StartLoad(*request, [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
+  LoadDone done = [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
     if (s.ok()) *response = r;
     reactor->Finish(ToGrpcStatus(s));
-  });
+  };
+  bool joined;
+  {
+    absl::MutexLock lock(&mu_);
+    joined = table_.all_joined() || shut_down_;
+  }
+  if (joined) {
+    StartLoad(*request, std::move(done));
+    return reactor;
+  }
+  // Daemons still joining (a cluster being started): wait for them, up to
+  // load_join_wait and a little before the call's deadline, so that the
+  // caller gets UNAVAILABLE naming the missing ranks rather than
+  // DEADLINE_EXCEEDED.
+  const absl::Time now = absl::Now();
+  absl::Time give_up = now + options_.load_join_wait;
+  const auto deadline = context->deadline();
+  if (deadline < absl::ToChronoTime(give_up)) {
+    const absl::Time d = absl::FromChrono(deadline);
+    give_up = d - std::min(absl::Seconds(1), std::max(absl::ZeroDuration(), (d - now) / 10));
+  }
+  auto wait = std::make_shared<LoadJoinWait>();
+  wait->request = *request;
+  wait->done = std::move(done);
+  wait->since = now;
+  wait->give_up = give_up;
+  // The alarm holds the wait weakly: a settled wait is freed (and its alarm
+  // cancelled) without waiting for give_up.
+  wait->alarm.Set(absl::ToChronoTime(give_up),
+                  [this, weak = std::weak_ptr<LoadJoinWait>(wait)](bool fired) {
+                    if (!fired) return;
+                    if (std::shared_ptr<LoadJoinWait> w = weak.lock()) {
+                      TryLoadJoinWait(w, /*woken=*/false, /*at_give_up=*/true);
+                    }
+                  });
+  TryLoadJoinWait(wait, /*woken=*/false, /*at_give_up=*/false);
   return reactor;
+}
+
+void Coordinator::Impl::TryLoadJoinWait(const std::shared_ptr<LoadJoinWait>& wait, bool woken,
+                                        bool at_give_up) {
+  absl::Status refused;
+  {
+    absl::MutexLock wait_lock(&wait->mu);
+    if (woken) wait->registered = false;
+    if (wait->settled) return;
+    if (!wait->registered) {
+      wait->id = world_waiters_.Add(
+          [this, wait] { TryLoadJoinWait(wait, /*woken=*/true, /*at_give_up=*/false); });
+      wait->registered = true;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      // Once all have joined, also until each is ready: a daemon that waited
+      // for the world longer than its lease is DOWN until its first
+      // heartbeat (Heartbeat wakes world_waiters_ when it is back).
+      absl::Status ready = table_.all_joined() ? table_.CheckAllReady("a load", now)
+                                               : absl::UnavailableError("not all joined");
+      if (shut_down_) {
+        refused = absl::UnavailableError("coordinator shutting down");
+      } else if (!ready.ok()) {
+        if (!at_give_up && now < wait->give_up) return;  // a join or the alarm comes back
+        if (table_.all_joined()) {
+          refused = ready;
+        } else {
+          std::vector<std::string> missing;
+          for (int r = 0; r < table_.size(); ++r) {
+            if (!table_.slot(r).joined) missing.push_back(table_.Name(r));
+          }
+          refused = absl::UnavailableError(absl::StrCat(
+              "waiting for daemons: ", table_.joined(), " of ", options_.expected_daemons,
+              " joined after ",
+              absl::FormatDuration(absl::Trunc(now - wait->since, absl::Milliseconds(100))),
+              " (missing ", absl::StrJoin(missing, ", "),
+              "); start them (hybrid-paramd --role=daemon) and load again"));
+        }
+      }
+    }
+    wait->settled = true;
+    if (wait->registered && world_waiters_.Remove(wait->id)) wait->registered = false;
+  }
+  // Settled here: nothing else reads request or done from now on.
+  LoadDone done = std::move(wait->done);
+  if (!refused.ok()) {
+    LogInfo(kTag, absl::StrCat("Load refused: ", refused.message()));
+    done(refused, rpc::LoadResponse());
+    return;
+  }
+  StartLoad(wait->request, std::move(done));
 }
 
 grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerContext* context,

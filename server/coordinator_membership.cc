@@ -78,13 +78,13 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Heartbeat(grpc::CallbackServerConte
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
+  bool revived = false;
   {
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     const int rank = request->rank();
     const absl::Time down_since =
         rank >= 0 && rank < table_.size() ? table_.slot(rank).down_since : now;
-    bool revived = false;
     response->set_verdict(table_.Heartbeat(*request, now, &revived));
     response->set_committed_version(committed_);
     if (revived) {
@@ -92,6 +92,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Heartbeat(grpc::CallbackServerConte
                                 table_.Name(rank), absl::ToDoubleSeconds(now - down_since)));
     }
   }
+  if (revived) world_waiters_.WakeAll();  // a Load waiting for it (TryLoadJoinWait)
   return Done(context, absl::OkStatus());
 }
 
