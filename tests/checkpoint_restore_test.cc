@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "common/status_macros.h"
+#include "tests/checkpoint_test_util.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -91,38 +92,6 @@ TestClusterOptions Options(int daemons, const std::string& checkpoint_dir) {
     o.daemon_flags = {"--checkpoint_dir=" + checkpoint_dir};
   }
   return o;
-}
-
-absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
-  rpc::LoadRequest request;
-  request.set_checkpoint_path(path);
-  request.set_checkpoint_version(-1);
-  for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
-    rpc::LoadResponse response;
-    const grpc::Status s = cluster.coordinator().Load(&context, request, &response);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < 200) {
-      absl::SleepFor(absl::Milliseconds(50));  // daemons still joining
-      continue;
-    }
-    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-    RETURN_IF_ERROR(cluster.RefreshManifest());
-    return response.committed_version();
-  }
-}
-
-// CheckpointCoordinator.Checkpoint of `version` into the cluster's
-// --checkpoint_dir.
-grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
-  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-      cluster.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(30));
-  checkpoint::CheckpointRequest request;
-  request.set_version(version);
-  checkpoint::CheckpointResponse response;
-  return stub->Checkpoint(&context, request, &response);
 }
 
 TEST(CheckpointRestoreTest, RestoredClustersContinueByteIdentically) {

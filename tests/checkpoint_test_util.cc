@@ -33,6 +33,29 @@ grpc::Status CheckpointVia(const std::string& address, int64_t version, absl::Du
   return stub->Checkpoint(&context, request, response != nullptr ? response : &ignored);
 }
 
+grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
+  return CheckpointVia(cluster.cluster().coordinator_address(), version, absl::Seconds(30));
+}
+
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
+  rpc::LoadRequest request;
+  request.set_checkpoint_path(path);
+  request.set_checkpoint_version(-1);
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(30));
+    rpc::LoadResponse response;
+    const grpc::Status s = cluster.coordinator().Load(&context, request, &response);
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < 200) {
+      absl::SleepFor(absl::Milliseconds(50));  // daemons still joining
+      continue;
+    }
+    if (!s.ok()) return FromGrpcStatus(s, "restore");
+    RETURN_IF_ERROR(cluster.RefreshManifest());
+    return response.committed_version();
+  }
+}
+
 absl::StatusOr<std::vector<float>> ExportMasters(RawCluster& cluster, int64_t version,
                                                  const std::string& tensor) {
   const rpc::TensorInfo& info = cluster.tensor(tensor);

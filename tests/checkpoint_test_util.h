@@ -2,7 +2,7 @@
 //
 // Helpers for the multi-process checkpoint / export tests against real
 // hybrid-paramd processes (tests/server_test_util.h's RawCluster): the
-// CheckpointCoordinator RPC, FP32 masters read back through the daemons'
+// CheckpointCoordinator RPC, a restore (Load of a checkpoint), FP32 masters read back through the daemons'
 // ExportRows, a byte snapshot of a version (masters and every published
 // copy) to compare a restored cluster with, SIGKILL of the cluster's
 // coordinator process, and running a program (hpctl, python3) to its end.
@@ -32,6 +32,13 @@ namespace testing {
 // on the coordinator at `address`; `keep` as in CheckpointRequest.
 grpc::Status CheckpointVia(const std::string& address, int64_t version, absl::Duration timeout,
                            checkpoint::CheckpointResponse* response = nullptr, int keep = 0);
+// CheckpointVia on `cluster`'s coordinator (its --checkpoint_dir), 30 s.
+grpc::Status Checkpoint(RawCluster& cluster, int64_t version);
+
+// Coordinator.Load of the newest complete checkpoint of the store at
+// `path` (a restore), retried while UNAVAILABLE (daemons still joining),
+// then RefreshManifest. The version it republished.
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path);
 
 // The FP32 masters of `tensor` at `version` (the daemons' current version),
 // read through every daemon's ExportRows (EXPORT_DTYPE_FP32, master values)

@@ -25,6 +25,7 @@
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "server/optimizer.h"
 #include "server/optimizer_config.h"
+#include "tests/checkpoint_test_util.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -168,36 +169,6 @@ TEST(OptimizerClusterTest, SkipStepOnNan) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->optimizer_steps(), 2);
   EXPECT_EQ(s->skipped_steps(), 1);
-}
-
-grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
-  auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-      cluster.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(30));
-  checkpoint::CheckpointRequest request;
-  request.set_version(version);
-  checkpoint::CheckpointResponse response;
-  return stub->Checkpoint(&context, request, &response);
-}
-
-absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
-  rpc::LoadRequest request;
-  request.set_checkpoint_path(path);
-  request.set_checkpoint_version(-1);
-  for (int attempt = 0;; ++attempt) {
-    grpc::ClientContext context;
-    SetDeadline(context, absl::Seconds(30));
-    rpc::LoadResponse response;
-    const grpc::Status s = cluster.coordinator().Load(&context, request, &response);
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && attempt < 200) {
-      absl::SleepFor(absl::Milliseconds(50));
-      continue;
-    }
-    if (!s.ok()) return FromGrpcStatus(s, "restore");
-    RETURN_IF_ERROR(cluster.RefreshManifest());
-    return response.committed_version();
-  }
 }
 
 // A cluster of `o` with Model() loaded under kRecipe.
