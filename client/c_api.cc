@@ -4,6 +4,7 @@
 // SetStatus.
 #define HPD_BUILDING_LIBRARY 1
 #include "client/c_api.h"
+#include "client/c_api_internal.h"
 
 #include <cctype>
 #include <cstddef>
@@ -796,3 +797,19 @@ int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait, int64_t time
 void hpd_free_string(char* s) { std::free(s); }
 
 }  // extern "C"
+
+// For the C API's other files (client/c_api_internal.h).
+namespace paramd {
+namespace capi {
+
+absl::StatusOr<client::Client*> ClientOf(hpd_client* handle) {
+  ASSIGN_OR_RETURN(hpd_client * c, LiveClient(handle));
+  return c->client.get();
+}
+
+int32_t Call(hpd_status* status, const std::function<absl::Status()>& f) {
+  return CApiCall(status, f);
+}
+
+}  // namespace capi
+}  // namespace paramd

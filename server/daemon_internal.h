@@ -98,6 +98,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // ---- Same-GPU sessions (ipc::IpcHost, server/ipc/ipc_service.h) ----
 
   ipc::IpcService* ipc_service() { return ipc_.get(); }
+  // The step's thread, once a step's outcome is recorded: the versions the
+  // sessions' pin pages offer (pinning them needs no RPC; daemon_step.cc).
+  void OfferIpcVersions(int64_t generation, ShardBackend* backend);
 
   absl::Status WithSnapshot(
       const std::function<absl::Status(const ipc::IpcSnapshot&)>& fn) override;

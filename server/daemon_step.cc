@@ -126,6 +126,16 @@ absl::Status Daemon::Impl::StartAdminStepLocked(int64_t from) {
   return absl::OkStatus();
 }
 
+void Daemon::Impl::OfferIpcVersions(int64_t generation, ShardBackend* backend) {
+  int64_t latest = -1, previous = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    latest = latest_ ? latest_->version : -1;
+    previous = previous_ ? previous_->version : -1;
+  }
+  ipc_->Published(generation, backend, latest, previous);
+}
+
 void Daemon::Impl::RunStep(int64_t from, bool apply_optimizer, bool update_delayed) {
   snapshots_->BeforeChange();  // the state a snapshot copies stays until then
   AllReduceMaxFn all_reduce;
@@ -179,6 +189,7 @@ void Daemon::Impl::RunStep(int64_t from, bool apply_optimizer, bool update_delay
       overwriting_version_ = -1;
     }
     ipc_->EndRetire(retire.first, retire.second);
+    OfferIpcVersions(retire.first, shards);
     return;
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -205,6 +216,7 @@ void Daemon::Impl::RunStep(int64_t from, bool apply_optimizer, bool update_delay
     }
   }
   ipc_->EndRetire(retire.first, retire.second);
+  OfferIpcVersions(retire.first, shards);
   publish_waiters_.WakeAll();
   if (!result.ok()) {
     LogError(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));

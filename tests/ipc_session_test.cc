@@ -20,6 +20,7 @@
 #include "client/ipc/ipc_session.h"
 #include "gtest/gtest.h"
 #include "server/ipc/ipc_service.h"
+#include "server/ipc/pin_page.h"
 #include "server/server.h"
 #include "tests/server_test_util.h"
 
@@ -87,6 +88,9 @@ class FakeExporter : public ipc::IpcExporter {
                                                  absl::MakeConstSpan(v, p.count), false));
     }
     return absl::OkStatus();
+  }
+  absl::StatusOr<int> SlotOf(ShardBackend&, int64_t version) override {
+    return static_cast<int>(version % 2);  // the two slots alternate
   }
   int dropped() {
     absl::MutexLock lock(&mu_);
@@ -306,6 +310,49 @@ TEST_F(IpcSessionTest, InPlacePushFollowsThePushRules) {
   ASSERT_TRUE(client_->WaitForVersion(2, absl::Seconds(10)).ok());
   const std::vector<float> v2 = FetchRowwise(2);
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(v2[i], v1[i] - kLr * g[i]) << i;
+}
+
+// The session's pin page (server/ipc/pin_page.h): the daemon offers each
+// published version in its slot; a pin written into the page (no RPC)
+// holds back the step that would rewrite that version like a PinIpc pin;
+// the step withdraws the version first, so a page pin of it fails after.
+TEST_F(IpcSessionTest, PagePinsHandOverVersionsWithoutAnRpc) {
+  std::unique_ptr<ipc::IpcSession> s = Session(absl::Seconds(5));
+  ASSERT_NE(s, nullptr);
+  absl::StatusOr<std::unique_ptr<ipc::PinPage>> page = s->GetPinPage();
+  ASSERT_TRUE(page.ok()) << page.status();
+  absl::StatusOr<rpc::PinIpcResponse> pin0 = s->Pin(-1, {});  // the model's generation
+  ASSERT_TRUE(pin0.ok()) << pin0.status();
+  const int64_t gen = static_cast<int64_t>(pin0->regions_epoch());
+  ASSERT_TRUE(s->Unpin(0).ok());
+  const uint64_t v0 = ipc::PackPin(gen, 0), v1 = ipc::PackPin(gen, 1), v2 = ipc::PackPin(gen, 2);
+  EXPECT_EQ((*page)->SlotOf(v0), 0);  // the fake exporter's slot: version % 2
+  const int held = (*page)->TryPin(0, v0);
+  ASSERT_GE(held, 0);
+
+  const std::vector<float> ones(kRows * kCols, 1.0f);
+  int fd = GradientFd(ones);
+  ASSERT_TRUE(s->RegisterBuffer(1, fd, ones.size() * 4).ok());
+  close(fd);
+  ASSERT_TRUE(PushIpc(*s, 0, 1).ok());
+  ASSERT_TRUE(client_->WaitForVersion(1, absl::Seconds(10)).ok());
+  // Offered before the version's waiters are answered.
+  EXPECT_EQ((*page)->SlotOf(v1), 1);
+  EXPECT_EQ((*page)->SlotOf(v0), 0);
+  // v1 -> v2 rewrites v0's buffers: the page pin holds the step.
+  ASSERT_TRUE(PushIpc(*s, 1, 1).ok());
+  EXPECT_FALSE(client_->WaitForVersion(2, absl::Milliseconds(700)).ok())
+      << "the step rewrote a page-pinned version";
+  EXPECT_EQ((*page)->SlotOf(v0), -1);        // withdrawn by the waiting step
+  EXPECT_EQ((*page)->TryPin(0, v0), -1);     // so a second pin of it fails
+  EXPECT_EQ(FetchRowwise(0), initial_);       // still intact
+  const int next = (*page)->TryPin(1, v1);  // the hand-over: pin v1, release v0
+  ASSERT_GE(next, 0);
+  (*page)->Unpin(held);
+  ASSERT_TRUE(client_->WaitForVersion(2, absl::Seconds(10)).ok());
+  EXPECT_EQ((*page)->SlotOf(v2), 0);
+  EXPECT_EQ((*page)->SlotOf(v1), 1);
+  (*page)->Unpin(next);
 }
 
 TEST_F(IpcSessionTest, ADeadDaemonIsAClearErrorAtTheNextCall) {

@@ -331,6 +331,21 @@ IpcFetcher* DeviceFetcher::LocalDaemon(int daemon) {
   return nullptr;
 }
 
+DevicePathStats DeviceFetcher::path_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+absl::StatusOr<void*> DeviceFetcher::GradientBuffer(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const client::Manifest manifest = client_->manifest();
+  for (int rank = 0; rank < manifest.num_daemons; ++rank) {
+    if (IpcFetcher* ipc = LocalDaemon(rank)) return ipc->GradientBuffer(bytes);
+  }
+  return absl::FailedPreconditionError(
+      "no daemon of this model runs on this trainer's GPU: allocate gradients with cudaMalloc");
+}
+
 int DeviceFetcher::same_gpu_daemons() const {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;
@@ -563,6 +578,8 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   }
   if (!first_error.ok()) return first_error;
   result.daemons = static_cast<int>(jobs.size()) + in_place;
+  stats_.fetch_same_gpu += in_place;
+  stats_.fetch_nccl += static_cast<int64_t>(jobs.size());
 
   // Assembly of split tensors (FORMATS.md layouts, //sharding:assemble).
   bool copied = false;
@@ -600,6 +617,44 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
   return result;
 }
 
+absl::StatusOr<std::vector<IpcGradient>> DeviceFetcher::InPlaceGradients(
+    IpcFetcher& ipc, int rank, const client::Manifest& manifest,
+    const std::vector<DeviceGradient>& gradients) {
+  // The gradients with rows on daemon `rank`: where they lie in one of the
+  // session's GradientBuffers, as they are; the others copied (whole
+  // tensors) into one staging GradientBuffer of the session.
+  std::vector<IpcGradient> out;
+  std::vector<std::pair<size_t, size_t>> copies;  // (gradient, staging offset)
+  size_t staging = 0;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const DeviceGradient& g = gradients[i];
+    const client::TensorMeta* meta = manifest.Find(g.tensor);
+    if (meta == nullptr) return absl::NotFoundError(absl::StrCat("unknown tensor ", g.tensor));
+    bool here = false;
+    for (const client::PieceLocation& p : meta->pieces) here = here || p.daemon_rank == rank;
+    if (!here) continue;
+    out.push_back({g.tensor, g.dtype, g.data});
+    if (!ipc.InGradientBuffer(g.data, g.bytes)) {
+      copies.push_back({out.size() - 1, staging});
+      staging += (g.bytes + 255) / 256 * 256;
+    }
+  }
+  if (copies.empty()) return out;
+  ASSIGN_OR_RETURN(void* base, ipc.StagingBuffer(staging));
+  for (const auto& [k, offset] : copies) {
+    const DeviceGradient* g = nullptr;
+    for (const DeviceGradient& x : gradients) {
+      if (x.tensor == out[k].tensor) g = &x;
+    }
+    char* dst = static_cast<char*>(base) + offset;
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, g->data, g->bytes, cudaMemcpyDeviceToDevice, copy_stream_));
+    out[k].data = dst;
+  }
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(copy_stream_));
+  return out;
+}
+
 absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     int64_t version, const std::vector<DeviceGradient>& gradients, cudaStream_t stream,
     absl::Duration timeout) {
@@ -626,6 +681,8 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     rpc::PushGradientsDeviceRequest request;
     std::vector<DeviceBytes> pieces;
     Channel* channel = nullptr;  // null: no rows here (nothing sent)
+    IpcFetcher* ipc = nullptr;   // a daemon on this GPU: read in place
+    std::vector<IpcGradient> ipc_gradients;
     rpc::PushGradientsResponse response;
     absl::Status status;
   };
@@ -648,6 +705,11 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
       j.pieces.push_back({g.bytes.data() + r.byte_offset, static_cast<size_t>(r.bytes)});
     }
     if (j.pieces.empty()) continue;
+    if (IpcFetcher* ipc = LocalDaemon(rank)) {
+      ASSIGN_OR_RETURN(j.ipc_gradients, InPlaceGradients(*ipc, rank, manifest, gradients));
+      j.ipc = ipc;
+      continue;
+    }
     ASSIGN_OR_RETURN(j.channel, ChannelTo(rank, j.address, deadline));
     j.request.set_channel(j.channel->id);
     j.request.set_channel_secret(j.channel->secret);
@@ -669,6 +731,16 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     context.set_deadline(absl::ToChronoTime(deadline));
     const std::string where = absl::StrCat("device push of version ", j->request.version(),
                                            " to daemon ", j->rank, " (", j->address, ")");
+    if (j->ipc != nullptr) {
+      absl::StatusOr<rpc::PushGradientsResponse> r =
+          j->ipc->Push(j->request.version(), j->ipc_gradients);
+      if (r.ok()) {
+        j->response = *std::move(r);
+      } else {
+        j->status = r.status();
+      }
+      return;
+    }
     if (j->channel == nullptr) {
       j->status = FromGrpcStatus(s->PushGradientsDevice(&context, j->request, &j->response), where);
       return;
@@ -705,6 +777,12 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
   result.pushers_received = -1;
   absl::Status first_error;
   for (PushJob& j : jobs) {
+    if (j.ipc != nullptr) {
+      ++stats_.push_same_gpu;
+      if (absl::IsUnavailable(j.status)) local_.erase(j.rank);  // reopened next time
+    } else if (j.channel != nullptr) {
+      ++stats_.push_nccl;
+    }
     if (!j.status.ok()) {
       // The channel may hold half a message: reopen it next time.
       if (j.channel != nullptr) CloseChannel(j.rank);

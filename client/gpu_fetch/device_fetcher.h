@@ -105,6 +105,14 @@ struct DeviceFetcherOptions {
   bool same_gpu_ipc = true;
 };
 
+// Which path the calls so far took, per daemon reached (tests, stats).
+struct DevicePathStats {
+  int64_t fetch_same_gpu = 0;  // daemon fetches read in place (same-GPU session)
+  int64_t fetch_nccl = 0;      // daemon fetches received over NCCL
+  int64_t push_same_gpu = 0;   // daemon pushes read in place by the daemon
+  int64_t push_nccl = 0;       // daemon pushes sent over NCCL
+};
+
 // One (tensor, direction) to fetch.
 struct DeviceTarget {
   std::string tensor;
@@ -158,8 +166,12 @@ class DeviceFetcher {
                                           absl::Duration timeout = absl::ZeroDuration());
 
   // Pushes `gradients` (whole tensors, device buffers) for `version` to the
-  // daemons over the device channels (Daemon.PushGradientsDevice; NOT YET
-  // RUN ON A GPU): routed by row range exactly as client::Client::
+  // daemons: a daemon on this GPU (same_gpu_ipc) reads them in place
+  // through its same-GPU session (IpcFetcher::Push: gradients lying in a
+  // GradientBuffer() of this fetcher are read where they are, others are
+  // first copied into one, whole tensors, on the fetcher's copy stream);
+  // the others over the device channels (Daemon.PushGradientsDevice):
+  // routed by row range exactly as client::Client::
   // PushGradients routes (client::PushRoutesTo), one PushGradientsDevice
   // call and one SendDevice message per daemon holding rows (in parallel
   // when `parallel`), and a call without tensors (nothing sent) to every
@@ -175,8 +187,16 @@ class DeviceFetcher {
                                           cudaStream_t stream = nullptr,
                                           absl::Duration timeout = absl::ZeroDuration());
 
+  // Device memory of at least `bytes` on the fetcher's device that a
+  // daemon on this GPU maps once (IpcFetcher::GradientBuffer of the first
+  // such daemon): gradients pushed from it are read there, no copy. Owned
+  // by the fetcher. FAILED_PRECONDITION when no daemon of the manifest
+  // runs on this GPU (use cudaMalloc then).
+  absl::StatusOr<void*> GradientBuffer(size_t bytes);
+
   // Channels currently open (for tests and stats).
   int open_channels() const;
+  DevicePathStats path_stats() const;
   // Daemons read through a same-GPU session (DeviceFetcherOptions::same_gpu_ipc).
   int same_gpu_daemons() const;
   // The CUDA device the fetcher receives on.
@@ -199,6 +219,10 @@ class DeviceFetcher {
   // The same-GPU session with daemon `daemon` when it runs on this GPU, else
   // null (decided at the first call; a session that died is reopened).
   IpcFetcher* LocalDaemon(int daemon);
+  // Push's gradients for same-GPU daemon `rank`, in its session's buffers.
+  absl::StatusOr<std::vector<IpcGradient>> InPlaceGradients(
+      IpcFetcher& ipc, int rank, const client::Manifest& manifest,
+      const std::vector<DeviceGradient>& gradients);
 
   client::Client* const client_;
   const DeviceFetcherOptions options_;
@@ -209,6 +233,7 @@ class DeviceFetcher {
   std::map<std::string, DeviceDirection> owned_;  // by key (tensor, direction, piece)
   cudaStream_t copy_stream_ = nullptr;
   uint64_t next_tag_ = 1;
+  DevicePathStats stats_;
 };
 
 }  // namespace gpu_fetch

@@ -34,11 +34,15 @@ absl::StatusOr<std::unique_ptr<IpcFetcher>> IpcFetcher::Open(client::Client* cli
         "daemon rank ", daemon_rank, " runs on another GPU than CUDA device ", options.device,
         " of this trainer; fetch over NCCL (DeviceFetcher) instead"));
   }
+  // Best effort: without the page every acquire goes over PinIpc.
+  if (absl::StatusOr<std::unique_ptr<ipc::PinPage>> page = f->session_->GetPinPage(); page.ok()) {
+    f->page_ = *std::move(page);
+  }
   return f;
 }
 
 IpcFetcher::~IpcFetcher() {
-  if (acquired_.version >= 0 && session_ != nullptr) (void)session_->Unpin(acquired_.version);
+  if (session_ != nullptr) (void)ReleaseHeld();
   // Kernels of this process may still read the mappings: wait for them.
   if (mapped_ || !gradient_buffers_.empty()) cudaDeviceSynchronize();
   session_.reset();  // closes the session (the daemon unmaps our buffers)
@@ -75,14 +79,61 @@ absl::Status IpcFetcher::MapRegions(uint64_t epoch) {
   }
   // Views into the old regions go with them (they were of another model).
   cudaDeviceSynchronize();
+  for (SlotView& v : slot_views_) v = SlotView();
   regions_ = std::move(regions);
   epoch_ = epoch;
   mapped_ = true;
   return absl::OkStatus();
 }
 
+absl::StatusOr<const IpcVersion*> IpcFetcher::AcquireFromPage(
+    int64_t version, const std::vector<std::pair<std::string, Direction>>& targets) {
+  RETURN_IF_ERROR(session_->Healthy());
+  uint64_t key = 0;
+  int slot = -1;
+  if (version >= 0) {
+    key = ipc::PackPin(static_cast<int64_t>(epoch_), version);
+    slot = page_->SlotOf(key);
+  } else {  // the latest the page offers of this model
+    for (int i = 0; i < ipc::kPageSlots; ++i) {
+      const uint64_t k = page_->page().slots[i].load();
+      if (k == 0 || (k >> 48) != (epoch_ & 0xffffu)) continue;
+      if (slot < 0 || ipc::PinVersion(k) > ipc::PinVersion(key)) {
+        key = k;
+        slot = i;
+      }
+    }
+  }
+  if (slot < 0) return nullptr;
+  const SlotView& known = slot_views_[slot];
+  if (!known.valid || known.epoch != epoch_ || known.targets != targets) return nullptr;
+  const int pin = page_->TryPin(slot, key);
+  if (pin < 0) return nullptr;  // withdrawn meanwhile (a step rewrites it)
+  (void)ReleaseHeld();
+  page_pin_ = pin;
+  acquired_ = known.view;
+  acquired_.version = ipc::PinVersion(key);
+  ++page_acquires_;
+  return &acquired_;
+}
+
+absl::Status IpcFetcher::ReleaseHeld() {
+  const int64_t v = acquired_.version;
+  acquired_ = IpcVersion();
+  if (page_pin_ >= 0) {
+    page_->Unpin(page_pin_);
+    page_pin_ = -1;
+    return absl::OkStatus();
+  }
+  return v >= 0 ? session_->Unpin(v) : absl::OkStatus();
+}
+
 absl::StatusOr<const IpcVersion*> IpcFetcher::Acquire(
     int64_t version, const std::vector<std::pair<std::string, Direction>>& targets) {
+  if (page_ != nullptr && mapped_) {
+    ASSIGN_OR_RETURN(const IpcVersion* v, AcquireFromPage(version, targets));
+    if (v != nullptr) return v;
+  }
   std::vector<rpc::TensorDirections> request;
   for (const auto& [name, dir] : targets) {
     rpc::TensorDirections td;
@@ -90,8 +141,13 @@ absl::StatusOr<const IpcVersion*> IpcFetcher::Acquire(
     td.add_directions(static_cast<rpc::Direction>(dir));
     request.push_back(td);
   }
-  const int64_t previous = acquired_.version;
+  // A PinIpc pin of the version acquired before is released in the same
+  // call; a page pin of it once the new one is held.
+  const int64_t previous = page_pin_ >= 0 ? -1 : acquired_.version;
   ASSIGN_OR_RETURN(rpc::PinIpcResponse pin, session_->Pin(version, request, previous));
+  const int previous_page_pin = page_pin_;
+  page_pin_ = -1;
+  if (previous_page_pin >= 0) page_->Unpin(previous_page_pin);
   acquired_ = IpcVersion();
   if (!mapped_ || pin.regions_epoch() != epoch_) {
     if (absl::Status s = MapRegions(pin.regions_epoch()); !s.ok()) {
@@ -157,15 +213,29 @@ absl::StatusOr<const IpcVersion*> IpcFetcher::Acquire(
     t.pieces.push_back(piece);
   }
   acquired_ = std::move(out);
+  ++rpc_acquires_;
+  // The slot's pointers are known now: later versions in it are handed over
+  // through the page. The PinIpc pin becomes a page pin when the page
+  // offers this version (one more RPC here, none on the next hand-overs).
+  if (page_ != nullptr) {
+    const uint64_t key = ipc::PackPin(static_cast<int64_t>(epoch_), acquired_.version);
+    const int slot = page_->SlotOf(key);
+    if (slot >= 0) {
+      slot_views_[slot] = {true, epoch_, targets, acquired_};
+      const int page_pin = page_->TryPin(slot, key);
+      if (page_pin >= 0) {
+        if (session_->Unpin(acquired_.version).ok()) {
+          page_pin_ = page_pin;
+        } else {
+          page_->Unpin(page_pin);  // keep the PinIpc pin
+        }
+      }
+    }
+  }
   return &acquired_;
 }
 
-absl::Status IpcFetcher::Release() {
-  if (acquired_.version < 0) return absl::OkStatus();
-  const int64_t v = acquired_.version;
-  acquired_ = IpcVersion();
-  return session_->Unpin(v);
-}
+absl::Status IpcFetcher::Release() { return ReleaseHeld(); }
 
 absl::Status IpcFetcher::CopyTo(const IpcTensor& t, const DeviceDirection& dst,
                                 cudaStream_t stream) {
@@ -192,11 +262,41 @@ absl::Status IpcFetcher::CopyTo(const IpcTensor& t, const DeviceDirection& dst,
   return absl::OkStatus();
 }
 
+bool IpcFetcher::InGradientBuffer(const void* data, size_t bytes) const {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(data);
+  for (const Buffer& b : gradient_buffers_) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(b.memory.data());
+    if (at >= base && at + bytes <= base + b.memory.size()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<void*> IpcFetcher::StagingBuffer(size_t bytes) {
+  auto it = gradient_buffers_.begin();
+  while (it != gradient_buffers_.end() && (staging_id_ == 0 || it->id != staging_id_)) ++it;
+  if (it != gradient_buffers_.end() && it->memory.size() >= bytes) return it->memory.data();
+  RETURN_IF_ERROR(Check());
+  ASSIGN_OR_RETURN(ipc::VmmBuffer b, ipc::VmmBuffer::Allocate(bytes, options_.device));
+  ASSIGN_OR_RETURN(int fd, b.Export());
+  if (staging_id_ == 0) staging_id_ = next_buffer_id_++;
+  // The same id: the daemon replaces (unmaps) its mapping of the old one.
+  absl::Status s = session_->RegisterBuffer(staging_id_, fd, b.size());
+  close(fd);
+  RETURN_IF_ERROR(s);
+  if (it != gradient_buffers_.end()) {
+    cudaDeviceSynchronize();  // no copy still writes the old one
+    gradient_buffers_.erase(it);
+  }
+  void* p = b.data();
+  gradient_buffers_.push_back({staging_id_, std::move(b)});
+  return p;
+}
+
 absl::StatusOr<void*> IpcFetcher::GradientBuffer(size_t bytes) {
   RETURN_IF_ERROR(Check());
   ASSIGN_OR_RETURN(ipc::VmmBuffer b, ipc::VmmBuffer::Allocate(bytes, options_.device));
   ASSIGN_OR_RETURN(int fd, b.Export());
-  const uint64_t id = gradient_buffers_.size() + 1;
+  const uint64_t id = next_buffer_id_++;
   absl::Status s = session_->RegisterBuffer(id, fd, b.size());
   close(fd);
   RETURN_IF_ERROR(s);

@@ -17,6 +17,14 @@
 // process's lease: a killed trainer's pins lapse). CopyTo copies a version
 // into caller-owned memory for keeping it longer.
 //
+// Hand-over without an RPC: the session's pin page (server/ipc/pin_page.h)
+// offers the daemon's published versions; once a version of a slot was
+// acquired over RPC (the pointers of that slot's buffers are then known,
+// and fixed for the model), later versions in that slot with the same
+// targets are pinned by a store into the page and a re-check: no RPC, no
+// device work. Anything else (first acquire, other targets, a version no
+// longer offered, a reload) goes over PinIpc.
+//
 // A daemon that dies is reported at the next call (Acquire, Check, CopyTo,
 // Push: UNAVAILABLE, "no longer valid"); the mappings stay mapped until this
 // fetcher is destroyed, so a kernel already reading them reads the last
@@ -47,6 +55,7 @@
 #include "client/ipc/ipc_session.h"
 #include "kernels/format.h"
 #include "server/ipc/cuda_vmm.h"
+#include "server/ipc/pin_page.h"
 
 namespace paramd {
 namespace gpu_fetch {
@@ -122,6 +131,11 @@ class IpcFetcher {
   // Exportable device memory of at least `bytes` that the daemon maps;
   // owned by the fetcher (freed with it).
   absl::StatusOr<void*> GradientBuffer(size_t bytes);
+  // Whether [data, data + bytes) lies in one GradientBuffer.
+  bool InGradientBuffer(const void* data, size_t bytes) const;
+  // One GradientBuffer of at least `bytes` kept for copies of gradients that
+  // lie elsewhere (DeviceFetcher::Push), grown (replaced) as needed.
+  absl::StatusOr<void*> StagingBuffer(size_t bytes);
   // Pushes `gradients` (in GradientBuffers; this daemon's rows of each) for
   // `version`, read in place by the daemon. The push rules' codes; on
   // return the buffers may be reused.
@@ -129,6 +143,10 @@ class IpcFetcher {
                                                   const std::vector<IpcGradient>& gradients);
 
   int daemon_rank() const { return rank_; }
+  // How the acquires so far were pinned: through the pin page (no RPC) or
+  // over PinIpc.
+  int64_t page_acquires() const { return page_acquires_; }
+  int64_t rpc_acquires() const { return rpc_acquires_; }
   const std::string& device_uuid() const { return session_->device_uuid(); }
   int64_t acquired_version() const { return acquired_.version; }
   // Bytes of the daemon's regions mapped here (address space, not memory:
@@ -139,6 +157,12 @@ class IpcFetcher {
   IpcFetcher(client::Client* client, int rank, const IpcFetcherOptions& options)
       : client_(client), rank_(rank), options_(options) {}
   absl::Status MapRegions(uint64_t epoch);
+  // The page path of Acquire: the acquired version, or null when it must
+  // go over RPC. UNAVAILABLE: the daemon died.
+  absl::StatusOr<const IpcVersion*> AcquireFromPage(
+      int64_t version, const std::vector<std::pair<std::string, Direction>>& targets);
+  // Releases the pin of the acquired version (page or RPC) and forgets it.
+  absl::Status ReleaseHeld();
 
   client::Client* const client_;
   const int rank_;
@@ -148,11 +172,26 @@ class IpcFetcher {
   bool mapped_ = false;
   std::vector<ipc::VmmBuffer> regions_;
   IpcVersion acquired_;
+  // The pin page (null: the daemon gave none) and, per double-buffer slot,
+  // the view of the last version acquired over RPC in it (its pointers).
+  std::unique_ptr<ipc::PinPage> page_;
+  struct SlotView {
+    bool valid = false;
+    uint64_t epoch = 0;
+    std::vector<std::pair<std::string, Direction>> targets;
+    IpcVersion view;
+  };
+  SlotView slot_views_[ipc::kPageSlots];
+  int page_pin_ = -1;  // the acquired version's pin in the page; -1: a PinIpc pin
+  int64_t page_acquires_ = 0;
+  int64_t rpc_acquires_ = 0;
   struct Buffer {
     uint64_t id;
     ipc::VmmBuffer memory;
   };
   std::vector<Buffer> gradient_buffers_;
+  uint64_t next_buffer_id_ = 1;
+  uint64_t staging_id_ = 0;  // StagingBuffer's entry in gradient_buffers_ (0: none)
 };
 
 // The 16-byte CUDA UUID of `device`.

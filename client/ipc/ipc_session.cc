@@ -164,10 +164,10 @@ absl::Status IpcSession::Unpin(int64_t version) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<FdReply> IpcSession::GetRegions() {
+absl::StatusOr<FdReply> IpcSession::SocketCall(FdOp op) {
   RETURN_IF_ERROR(Healthy());
   FdRequest r;
-  r.op = FdOp::kGetRegions;
+  r.op = op;
   r.secret = open_.socket_secret();
   r.session = id();
   absl::StatusOr<FdReply> reply = FdSocketCall(open_.socket_name(), r, -1, options_.call_timeout);
@@ -177,6 +177,17 @@ absl::StatusOr<FdReply> IpcSession::GetRegions() {
     return reply->status;
   }
   return reply;
+}
+
+absl::StatusOr<FdReply> IpcSession::GetRegions() { return SocketCall(FdOp::kGetRegions); }
+
+absl::StatusOr<std::unique_ptr<PinPage>> IpcSession::GetPinPage() {
+  ASSIGN_OR_RETURN(FdReply reply, SocketCall(FdOp::kGetPinPage));
+  if (reply.fds.size() != 1) {
+    for (int fd : reply.fds) close(fd);
+    return absl::InternalError("pin page reply without one descriptor");
+  }
+  return PinPage::Map(reply.fds[0]);
 }
 
 absl::Status IpcSession::RegisterBuffer(uint64_t id, int fd, uint64_t bytes) {

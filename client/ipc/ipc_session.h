@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/ipc.grpc.pb.h"
 #include "server/ipc/fd_socket.h"
+#include "server/ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {
@@ -74,6 +75,9 @@ class IpcSession {
   // The daemon's exported regions: new descriptors (owned by the caller),
   // sizes and epoch.
   absl::StatusOr<FdReply> GetRegions();
+  // The session's shared-memory pin page (server/ipc/pin_page.h), mapped
+  // here; NOT_FOUND from a daemon that made none.
+  absl::StatusOr<std::unique_ptr<PinPage>> GetPinPage();
   // Hands the daemon the descriptor of a trainer buffer (not closed here).
   absl::Status RegisterBuffer(uint64_t id, int fd, uint64_t bytes);
   // PushGradientsIpc; the session field is filled in.
@@ -82,6 +86,9 @@ class IpcSession {
  private:
   IpcSession(std::shared_ptr<grpc::Channel> channel, const IpcSessionOptions& options);
   void KeepAlive();
+  // A request without a descriptor to the daemon's socket; a reply that is
+  // not OK closes its descriptors.
+  absl::StatusOr<FdReply> SocketCall(FdOp op);
   // A failed call: kills the session when the daemon is gone.
   absl::Status Failed(const grpc::Status& s, const char* what);
   void SetDeadline(grpc::ClientContext& context) const;

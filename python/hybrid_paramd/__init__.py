@@ -12,6 +12,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      PermissionDenied, ResourceExhausted, RewoundError, Unauthenticated,
                      Unavailable, Unimplemented, Unknown)
 from .formats import (COLUMNWISE, ROWWISE, HAS_FP8_DTYPES, dequantize)
+from .ipc import IpcSession, IpcVersion, IpcView
 
 __all__ = [
     "Client", "DirectionInfo", "Fetched", "FetchResult", "Manifest", "TensorInfo", "VersionInfo",
@@ -20,4 +21,5 @@ __all__ = [
     "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "NotFound",
     "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",
     "Unimplemented", "Unknown", "ROWWISE", "COLUMNWISE", "HAS_FP8_DTYPES", "dequantize",
+    "IpcSession", "IpcVersion", "IpcView",
 ]

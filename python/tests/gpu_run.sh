@@ -60,6 +60,12 @@ if [[ ,$STEPS, == *,gpu_test,* ]]; then
   grep -E "^test_|^linear|Error|FAIL|^OK|^Ran|ok$" "$OUT/gpu_test.log" | head -40
   grep -q "^OK" "$OUT/gpu_test.log" || tail -40 "$OUT/gpu_test.log"
 fi
+if [[ ,$STEPS, == *,ipc,* ]]; then  # hybrid_paramd.IpcSession (same-GPU views in place)
+  timeout ${IPC_TEST_TIMEOUT:-120} python3 python/tests/ipc_gpu_test.py > "$OUT/ipc_gpu_test.log" 2>&1
+  echo "ipc_gpu_test rc=$?"
+  grep -E "^test_|Error|FAIL|^OK|^Ran|ok$" "$OUT/ipc_gpu_test.log" | head -20
+  grep -q "^OK" "$OUT/ipc_gpu_test.log" || tail -40 "$OUT/ipc_gpu_test.log"
+fi
 if [[ ,$STEPS, == *,gpt,* ]]; then
   timeout ${GPT_TIMEOUT:-120} python3 python/examples/train_gpt.py --server_binary=$PARAMD_SERVER --daemons=1 \
     --daemon_flags="--backend=gpu --gpu=0" --device=cuda --fetch_device=cuda --steps=60 \

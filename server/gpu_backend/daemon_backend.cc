@@ -452,18 +452,13 @@ class GpuShardBackend : public ShardBackend {
   }
   bool Sgd() const { return optimizer_.kind == OptimizerKind::kSgd; }
 
-  // memory() is read from any thread (GetStats) while the store's own count
-  // changes only on the threads that use the store (AccumulateHost's
-  // staging buffer): those publish it here after each change.
+  // memory() is read from any thread (GetStats): the store's count, which
+  // is fixed from its Create on (the upload staging is allocated with it).
   void NoteDeviceBytes() { device_bytes_.store(store_->device_bytes(), std::memory_order_relaxed); }
 
   // Host FP32 values added to shard `i`'s device accumulator from element
-  // `offset` on, at most kStagingFloats at a time: the store's upload
-  // staging buffer (device memory) grows to the largest piece it is given,
-  // and one whole-tensor push would otherwise cost 4 bytes per parameter
-  // for good (24 instead of 20 B/param with AdamW + FP8 row+col). The
-  // pieces are stream-ordered on the store's stream, so each upload into
-  // the staging buffer waits for the previous piece's add.
+  // `offset` on, through the store's fixed upload staging (4 MiB pieces:
+  // a whole-tensor push never costs 4 bytes per parameter of staging).
   absl::Status AccumulateInPieces(int i, int64_t offset, const float* values, int64_t count,
                                   bool last_pusher = false) {
     // Checked whole first: a bad piece adds nothing.
@@ -472,19 +467,8 @@ class GpuShardBackend : public ShardBackend {
       return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
                                                      ") outside shard ", i));
     }
-    // The last pusher's pieces in whole rows (when a row fits the staging
-    // buffer): the store takes their norm row sums in the add.
-    const int64_t cols = tensors_[shards_[i].tensor].cols;
-    const int64_t piece = cols <= kStagingFloats ? kStagingFloats / cols * cols : kStagingFloats;
-    absl::Status s;
-    for (int64_t done = 0; done < count && s.ok(); done += piece) {
-      s = store_->AccumulateHost(i, offset + done, values + done, std::min(piece, count - done),
-                                 last_pusher);
-    }
-    NoteDeviceBytes();
-    return s;
+    return store_->AccumulateHost(i, offset, values, count, last_pusher);
   }
-  static constexpr int64_t kStagingFloats = int64_t{1} << 20;  // 4 MiB of staging
 
   // Masters (once, after loading, or after the host mirror was handed out)
   // and, for an optimizer step, the host accumulators (the device
@@ -509,12 +493,14 @@ class GpuShardBackend : public ShardBackend {
     // device ones, or added after device pushes (AccumulateGradient).
     if (apply_optimizer && host_grads_used_) {
       for (size_t i = 0; i < shards_.size(); ++i) {
-        if (device_grads_used_) {
+        // (A same-GPU push writes the device accumulator directly.)
+        if (device_grads_used_ || !store_->grad_zero(static_cast<int>(i))) {
           RETURN_IF_ERROR(AccumulateInPieces(static_cast<int>(i), 0, grads_[i].data(),
                                              static_cast<int64_t>(grads_[i].size())));
         } else {
           RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
                                grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
+          store_->note_grad_written(static_cast<int>(i));
         }
       }
     }

@@ -2,8 +2,9 @@
 // gpu backend's published buffers live in exportable VMM allocations
 // (GpuShardStore::exported_regions, server/ipc/cuda_vmm.h), handed out as
 // POSIX file descriptors; a trainer's gradient buffer comes the other way
-// and is read in place by the NaN check and the accumulate kernels
-// (push_apply.h). Registers itself when linked (alwayslink; hybrid-paramd
+// and is read in place by one pass that checks it and writes it (the first
+// push into a zero accumulator) or by the check and add kernels
+// (push_apply.h ApplyCheckedPush). Registers itself when linked (alwayslink; hybrid-paramd
 // under --config=cuda).
 //
 // Why VMM handles and not cudaIpcGetMemHandle: a legacy IPC mapping is
@@ -57,7 +58,6 @@ class GpuIpcExporter : public ipc::IpcExporter {
   ~GpuIpcExporter() override {
     ScopedDevice guard(kDevice);
     if (flag_ != nullptr) cudaFree(flag_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::StatusOr<std::string> DeviceUuid() override {
@@ -105,6 +105,11 @@ class GpuIpcExporter : public ipc::IpcExporter {
     return r;
   }
 
+  absl::StatusOr<int> SlotOf(ShardBackend& backend, int64_t version) override {
+    ASSIGN_OR_RETURN(GpuShardStore * store, StoreOf(backend));
+    return store->SlotOf(version);
+  }
+
   absl::Status ImportBuffer(uint64_t session, uint64_t id, int fd, uint64_t bytes) override {
     ScopedDevice guard(kDevice);
     ASSIGN_OR_RETURN(ipc::VmmBuffer b, ipc::VmmBuffer::Import(fd, bytes, kDevice));
@@ -122,21 +127,15 @@ class GpuIpcExporter : public ipc::IpcExporter {
     }
   }
 
+  // The buffers only: the NaN/Inf check runs in ApplyPush's one pass
+  // (push_apply.h ApplyCheckedPush), under the daemon's push lock, where a
+  // refusal still adds nothing.
   absl::Status CheckPush(uint64_t session, ShardBackend& backend,
                          absl::Span<const ipc::IpcPushPiece> pieces) override {
     ASSIGN_OR_RETURN(GpuShardStore * store, StoreOf(backend));
-    ScopedDevice guard(kDevice);
+    (void)store;
     absl::MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(std::vector<DevicePushSource> sources, SourcesLocked(session, pieces));
-    // As the host stream: SKIP_STEP takes NaN/Inf (the step then skips).
-    if (store->takes_non_finite()) return absl::OkStatus();
-    if (stream_ == nullptr) {
-      GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-      void* p = nullptr;
-      GPU_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint32_t)));
-      flag_ = static_cast<uint32_t*>(p);
-    }
-    return CheckPushFinite(sources, flag_, stream_);
+    return SourcesLocked(session, pieces).status();
   }
 
   absl::Status ApplyPush(uint64_t session, ShardBackend& backend,
@@ -145,10 +144,14 @@ class GpuIpcExporter : public ipc::IpcExporter {
     ScopedDevice guard(kDevice);
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(std::vector<DevicePushSource> sources, SourcesLocked(session, pieces));
-    RETURN_IF_ERROR(EnqueuePushAdds(*store, sources));
-    // The trainer may reuse its buffer once the call returns.
-    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(store->stream()));
-    return absl::OkStatus();
+    if (flag_ == nullptr) {
+      void* p = nullptr;
+      GPU_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(uint32_t)));
+      flag_ = static_cast<uint32_t*>(p);
+    }
+    // Returns once the work ran: the trainer may reuse its buffer then.
+    // As the host stream: SKIP_STEP takes NaN/Inf (the step then skips).
+    return ApplyCheckedPush(*store, sources, flag_, !store->takes_non_finite());
   }
 
  private:
@@ -178,7 +181,6 @@ class GpuIpcExporter : public ipc::IpcExporter {
   absl::Mutex mu_;
   std::map<std::pair<uint64_t, uint64_t>, std::unique_ptr<ipc::VmmBuffer>> buffers_
       ABSL_GUARDED_BY(mu_);
-  cudaStream_t stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t* flag_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 

@@ -4,8 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_status.h"
+#include "common/status_macros.h"
 #include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/finite_check.h"
+#include "server/gpu_backend/push_write.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -45,10 +47,8 @@ absl::Status CheckPushFinite(absl::Span<const DevicePushSource> pieces, uint32_t
   return absl::OkStatus();
 }
 
-absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
-                             bool last_pusher) {
-  ScopedDevice guard(store.device());
-  // Every piece is checked before the first add: a refusal changes nothing.
+static absl::Status CheckPieces(const GpuShardStore& store,
+                                absl::Span<const DevicePushSource> pieces) {
   for (const DevicePushSource& p : pieces) {
     const GpuShardDef* shard = p.shard >= 0 && p.shard < static_cast<int>(store.shards().size())
                                    ? &store.shards()[p.shard]
@@ -59,6 +59,62 @@ absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSo
                                                      p.count, ") outside shard ", p.shard));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyCheckedPush(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
+                              uint32_t* flag, bool refuse_non_finite) {
+  ScopedDevice guard(store.device());
+  RETURN_IF_ERROR(CheckPieces(store, pieces));
+  const cudaStream_t stream = store.stream();
+  // Which pieces land in a zero accumulator, decided before any of them is
+  // written (pieces of one push never overlap: the service checks that).
+  std::vector<char> write(pieces.size(), 0);
+  std::vector<DevicePushSource> adds;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    write[i] = store.grad_zero(pieces[i].shard) ? 1 : 0;
+    if (!write[i]) adds.push_back(pieces[i]);
+  }
+  GPU_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0, sizeof(uint32_t), stream));
+  cudaError_t e = cudaSuccess;
+  for (size_t i = 0; i < pieces.size() && e == cudaSuccess; ++i) {
+    const DevicePushSource& p = pieces[i];
+    e = write[i] ? LaunchWriteChecked(store.grad(p.shard) + p.offset, p.source, p.bf16, p.count,
+                                      flag, stream)
+                 : LaunchNonFiniteCheck(p.source, p.bf16, p.count, flag, stream);
+  }
+  uint32_t bad = 0;
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(&bad, flag, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess || (bad != 0 && refuse_non_finite)) {
+    // Back to zeros: the refused push adds nothing.
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (!write[i]) continue;
+      cudaMemsetAsync(store.grad(pieces[i].shard) + pieces[i].offset, 0,
+                      pieces[i].count * sizeof(float), stream);
+    }
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    GPU_RETURN_IF_ERROR(e);
+    return absl::InvalidArgumentError(
+        "device push holds a non-finite gradient value (NaN/Inf are refused); nothing applied");
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (write[i]) store.note_grad_written(pieces[i].shard);
+  }
+  if (!adds.empty()) {
+    RETURN_IF_ERROR(EnqueuePushAdds(store, adds, /*last_pusher=*/false));
+    GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
+                             bool last_pusher) {
+  ScopedDevice guard(store.device());
+  // Every piece is checked before the first add: a refusal changes nothing.
+  RETURN_IF_ERROR(CheckPieces(store, pieces));
   const cudaStream_t stream = store.stream();
   // Phase 1 (touches no accumulator): widen the pieces that need it.
   std::vector<const void*> sources(pieces.size());

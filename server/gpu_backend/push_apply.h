@@ -35,6 +35,19 @@ struct DevicePushSource {
 absl::Status CheckPushFinite(absl::Span<const DevicePushSource> pieces, uint32_t* flag,
                              cudaStream_t stream);
 
+// The whole device side of a push whose pieces were not checked yet (the
+// same-GPU in-place push): pieces into an accumulator that is still zero
+// (GpuShardStore::grad_zero when called) are written by one pass that
+// also checks them (push_write.h); the others are checked, then added. On
+// a NaN/Inf (INVALID_ARGUMENT) the written ranges are zeroed again and
+// nothing is added. Runs on the store's stream and returns once the work
+// is done (the sources may be reused then). `flag` is a device uint32 of
+// the caller's. Under the daemon's push lock (no other add meanwhile).
+// `refuse_non_finite` false (the store's policy takes NaN/Inf: SKIP_STEP)
+// applies such a push as it is (the step then skips).
+absl::Status ApplyCheckedPush(GpuShardStore& store, absl::Span<const DevicePushSource> pieces,
+                              uint32_t* flag, bool refuse_non_finite);
+
 // Enqueues the adds of `pieces`, in order, on the store's stream (its
 // device current). Every piece is checked against its shard first: a
 // refusal (INVALID_ARGUMENT) adds nothing. The sources must stay valid until

@@ -52,7 +52,6 @@ GpuShardStore::~GpuShardStore() {
     if (e != nullptr) cudaEventDestroy(e);
   }
   for (void* p : allocations_) cudaFree(p);
-  if (host_staging_ != nullptr) cudaFree(host_staging_);
   if (norm_host_ != nullptr) cudaFreeHost(norm_host_);
   if (norm_done_ != nullptr) cudaEventDestroy(norm_done_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -99,6 +98,7 @@ absl::StatusOr<void*> GpuShardStore::AllocPublished(size_t bytes) {
   ASSIGN_OR_RETURN(ipc::VmmBuffer b, ipc::VmmBuffer::Allocate(bytes, options_.device));
   void* p = b.data();
   device_bytes_ += static_cast<int64_t>(b.size());
+  padding_bytes_ += static_cast<int64_t>(b.size() - bytes);
   exported_.push_back(std::make_unique<ipc::VmmBuffer>(std::move(b)));
   GPU_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, stream_));
   return p;
@@ -130,6 +130,11 @@ absl::Status GpuShardStore::Allocate() {
   for (int i = 0; i < options_.push_staging_buffers; ++i) {
     ASSIGN_OR_RETURN(void* mem, Alloc(largest * options_.push_staging_element_bytes));
     staging_.push_back(mem);
+  }
+  host_staging_count_ = std::min(largest, std::max<int64_t>(options_.host_staging_floats, 1));
+  if (largest > 0) {
+    ASSIGN_OR_RETURN(void* mem, Alloc(host_staging_count_ * sizeof(float)));
+    host_staging_ = static_cast<float*>(mem);
   }
   if (options_.grad_norm || options_.grad_norm_state) {
     // Row sums per non-frozen shard, the slot vector with its source table
@@ -213,18 +218,19 @@ absl::Status GpuShardStore::Allocate() {
       }
     }
   }
-  // Published buffers: one allocation per slot, and one for its scalars.
+  // Published buffers: one allocation per slot holding its data, scales
+  // and (last) its scalars: each exportable allocation is rounded up to the
+  // VMM granularity, so one per slot keeps that rounding to one granule.
+  const size_t scalar_bytes = std::max<size_t>(n_shards, 1) * 2 * kScalarsPerDirection * 4;
   for (Slot& slot : slots_) {
     slot.buffers.resize(n_shards);
-    ASSIGN_OR_RETURN(void* scalars,
-                     AllocPublished(std::max<size_t>(n_shards, 1) * 2 * kScalarsPerDirection * 4));
-    slot.scalars = static_cast<float*>(scalars);
     size_t bytes = 0;
+    uint8_t* p = nullptr;
     for (int pass = 0; pass < 2; ++pass) {
-      uint8_t* p = nullptr;
       if (pass == 1) {
-        ASSIGN_OR_RETURN(void* mem, AllocPublished(bytes));
+        ASSIGN_OR_RETURN(void* mem, AllocPublished(bytes + scalar_bytes));
         p = static_cast<uint8_t*>(mem);
+        slot.scalars = reinterpret_cast<float*>(p + bytes);
       }
       size_t offset = 0;
       for (size_t i = 0; i < n_shards; ++i) {
@@ -242,8 +248,8 @@ absl::Status GpuShardStore::Allocate() {
           };
           void* data = take(layout.data_bytes());
           void* scales = layout.scale_bytes() > 0 ? take(layout.scale_bytes()) : nullptr;
-          float* scalars = slot.scalars + (2 * i + dir) * kScalarsPerDirection;
           if (pass == 1) {
+            float* scalars = slot.scalars + (2 * i + dir) * kScalarsPerDirection;
             out.present = true;
             out.layout = layout;
             out.data = data;
@@ -287,24 +293,22 @@ absl::Status GpuShardStore::AccumulateHost(int shard, int64_t offset, const floa
                                            int64_t count, bool last_pusher) {
   RETURN_IF_ERROR(CheckPiece(shard, offset, count));
   if (count == 0) return absl::OkStatus();
+  if (host_staging_ == nullptr) return absl::InternalError("store without upload staging");
   ScopedDevice guard(options_.device);
-  if (count > host_staging_count_) {
-    if (host_staging_ != nullptr) {
-      GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-      GPU_RETURN_IF_ERROR(cudaFree(host_staging_));
-      device_bytes_ -= host_staging_count_ * 4;
-      host_staging_ = nullptr;
-      host_staging_count_ = 0;
-    }
-    void* p = nullptr;
-    GPU_RETURN_IF_ERROR(cudaMalloc(&p, count * sizeof(float)));
-    host_staging_ = static_cast<float*>(p);
-    host_staging_count_ = count;
-    device_bytes_ += count * 4;
+  // Pieces of whole rows when a row fits the staging buffer (the row sums
+  // of the last pusher's add need whole rows), else of the buffer's size.
+  const int64_t cols = shards_[shard].cols;
+  const int64_t piece = cols <= host_staging_count_ && offset % cols == 0
+                            ? host_staging_count_ / cols * cols
+                            : host_staging_count_;
+  for (int64_t done = 0; done < count; done += piece) {
+    const int64_t n = std::min(piece, count - done);
+    // Stream-ordered after the previous piece's add (same stream).
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host_staging_, host_values + done, n * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream_));
+    RETURN_IF_ERROR(AddPiece(shard, offset + done, host_staging_, /*bf16=*/false, n, last_pusher));
   }
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host_staging_, host_values, count * sizeof(float),
-                                      cudaMemcpyHostToDevice, stream_));
-  return AddPiece(shard, offset, host_staging_, /*bf16=*/false, count, last_pusher);
+  return absl::OkStatus();
 }
 
 absl::Status GpuShardStore::AddPiece(int shard, int64_t offset, const void* values, bool bf16,
@@ -319,10 +323,12 @@ absl::Status GpuShardStore::AddPiece(int shard, int64_t offset, const void* valu
     GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad + offset, values, bf16, count / cols, cols,
                                        t.row_sums + offset / cols, stream_));
     t.fresh_rows += count / cols;
+    t.grad_zero = false;
     return absl::OkStatus();
   }
   // Rows summed by an earlier add may change: the step sums them again.
   if (t.fresh_rows > 0) t.sums_stale = true;
+  t.grad_zero = false;
   GPU_RETURN_IF_ERROR(LaunchAccumulate(t.grad + offset, values, bf16, count, stream_));
   return absl::OkStatus();
 }
@@ -511,6 +517,14 @@ absl::StatusOr<GpuPublishedDirection> GpuShardStore::Published(int64_t version, 
       }
       return d;
     }
+  }
+  return absl::NotFoundError(absl::StrCat("version ", version, " is not published here"));
+}
+
+absl::StatusOr<int> GpuShardStore::SlotOf(int64_t version) const {
+  absl::MutexLock lock(&meta_mu_);
+  for (int i = 0; i < 2; ++i) {
+    if (version >= 0 && slots_[i].version == version && i != writing_slot_) return i;
   }
   return absl::NotFoundError(absl::StrCat("version ", version, " is not published here"));
 }

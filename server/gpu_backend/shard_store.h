@@ -111,6 +111,11 @@ struct GpuStoreOptions {
   // pushes are pipelined over them). 0 buffers = none.
   int push_staging_buffers = 2;
   int push_staging_element_bytes = 2;
+  // AccumulateHost's upload buffer (device FP32), allocated with the store
+  // (min(this, the largest shard's elements)): host values are uploaded and
+  // added that many at a time, so no step or push allocates device memory
+  // and device_bytes() is fixed from Create on.
+  int64_t host_staging_floats = int64_t{1} << 20;  // 4 MiB
   // AdamW steps of a store whose every format takes its scale from before
   // the step (FP8 delayed, MXFP8, FP8 blocks, identity) run as one pass
   // over the masters (gpu::AdamWStepAndQuantize: update, amax and both
@@ -227,19 +232,26 @@ class GpuShardStore {
   // Whether the optimizer steps use the first moment (AdamW, or SGD with
   // momentum on).
   bool MomentumStep() const { return !options_.sgd || options_.sgd_hyper.momentum != 0.0; }
+  // Whether shard's accumulator is still all zero: nothing was added since
+  // the store was created or the last optimizer step zeroed it (a first
+  // pusher may then write instead of add, push_apply.h). Whoever writes
+  // grad() directly calls note_grad_written. Step thread / push lock.
+  bool grad_zero(int shard) const { return tensors_[shard].grad_zero; }
+  void note_grad_written(int shard) { tensors_[shard].grad_zero = false; }
   // Push staging buffer `i` (BF16, largest shard's size), or null.
   void* push_staging(int i) { return i < static_cast<int>(staging_.size()) ? staging_[i] : nullptr; }
 
   // grad(shard) += gradient (device, BF16 or FP32), enqueued on stream().
   absl::Status Accumulate(int shard, const void* gradient, bool bf16);
   // grad(shard)[offset, offset + count) += host_values (host FP32): copied
-  // to a device staging buffer (grown as needed) and added, both on
-  // stream() (the host buffer may be reused on return; the step that
-  // follows on stream() sees the sum). Bit-identical to a host FP32 add.
-  // `last_pusher` (the push completing the version) with the norm on and
-  // whole rows: the rows' norm sums are taken in the same kernel as the add
-  // (grad_norm.h LaunchRowSumSq), so the step needs no pass of its own
-  // over them.
+  // to the store's fixed device staging buffer (host_staging_floats, in
+  // pieces of whole rows where a row fits) and added, both on stream()
+  // (the host buffer may be reused on return; the step that follows on
+  // stream() sees the sum; each upload waits for the previous piece's add
+  // on the stream). Bit-identical to a host FP32 add. `last_pusher` (the
+  // push completing the version) with the norm on and whole rows: the
+  // rows' norm sums are taken in the same kernel as the add (grad_norm.h
+  // LaunchRowSumSq), so the step needs no pass of its own over them.
   absl::Status AccumulateHost(int shard, int64_t offset, const float* host_values, int64_t count,
                               bool last_pusher = false);
   // grad(shard)[offset, offset + count) += values (device memory on this
@@ -338,6 +350,10 @@ class GpuShardStore {
   // are valid once TensorReady(shard) has completed.
   absl::StatusOr<GpuPublishedDirection> Published(int64_t version, int shard,
                                                   Direction direction) const;
+  // The double-buffer slot (0 or 1) holding published `version` (not one
+  // in flight); its buffers' pointers are fixed after Create, so a reader
+  // may keep them per slot. NOT_FOUND as Published.
+  absl::StatusOr<int> SlotOf(int64_t version) const;
   // The scalars of every published direction of `version` in one device
   // array, [shard][direction][kScalarsPerDirection] floats at kScalarInv,
   // kScalarAmax, kScalarScale (what Published()'s scale_inv / amax / scale
@@ -362,8 +378,8 @@ class GpuShardStore {
   // Recorded at the end of the step in flight (or the last one).
   cudaEvent_t StepDone() const { return events_[4]; }
 
-  // The exportable allocations holding the published buffers (both slots'
-  // data and scales, and their scalars), fixed after Create; empty when not
+  // The exportable allocations holding the published buffers (one per
+  // slot: its data, scales and scalars), fixed after Create; empty when not
   // exportable. Every pointer Published() returns lies inside one of them.
   const std::vector<std::unique_ptr<ipc::VmmBuffer>>& exported_regions() const {
     return exported_;
@@ -371,8 +387,13 @@ class GpuShardStore {
 
   const GpuStepTimings& last_timings() const { return timings_; }
   // Every device byte this store allocated (masters, moments, accumulators,
-  // staging, published buffers and scaling state), and per parameter.
+  // staging, published buffers and scaling state), and per parameter; fixed
+  // after Create (nothing allocates later). Exportable allocations count
+  // their size rounded up to the VMM granularity (2 MiB on an H200): that
+  // rounding, at most one granule per slot, is published_padding_bytes().
   int64_t device_bytes() const { return device_bytes_; }
+  int64_t published_padding_bytes() const { return padding_bytes_; }
+  int64_t host_staging_bytes() const { return host_staging_count_ * 4; }
   int64_t parameters() const { return parameters_; }
   double bytes_per_parameter() const {
     return parameters_ > 0 ? static_cast<double>(device_bytes_) / parameters_ : 0.0;
@@ -393,6 +414,7 @@ class GpuShardStore {
     float* spare_exp_avg_sq = nullptr;
     float* grad = nullptr;
     double* row_sums = nullptr;  // [rows] gradient norm row sums (norm on)
+    bool grad_zero = true;       // grad_zero()
     int64_t fresh_rows = 0;      // rows whose row_sums the last push took
     bool sums_stale = false;     // a plain add came after some of them
     DirState dirs[2];
@@ -467,7 +489,7 @@ class GpuShardStore {
   cudaStream_t stream_ = nullptr;
   std::vector<TensorState> tensors_;
   std::vector<void*> staging_;
-  float* host_staging_ = nullptr;  // AccumulateHost's device buffer
+  float* host_staging_ = nullptr;  // AccumulateHost's device buffer (in allocations_)
   int64_t host_staging_count_ = 0;
   float* amax_ = nullptr;  // packed [tensor][direction]
   int num_tensors_ = 0;
@@ -482,6 +504,7 @@ class GpuShardStore {
   std::vector<void*> allocations_;
   std::vector<std::unique_ptr<ipc::VmmBuffer>> exported_;
   int64_t device_bytes_ = 0;
+  int64_t padding_bytes_ = 0;
   int64_t parameters_ = 0;
   int64_t optimizer_steps_ = 0;
   int64_t one_pass_steps_ = 0;

@@ -309,6 +309,7 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
     for (int i = 0; i < n; ++i) {
       GPU_RETURN_IF_ERROR(
           cudaMemsetAsync(tensors_[i].grad, 0, shards_[i].rows * shards_[i].cols * 4, stream_));
+      tensors_[i].grad_zero = true;
     }
   } else {
     std::vector<gpu::AmaxArgs> args(n);
@@ -444,6 +445,7 @@ absl::Status GpuShardStore::CommitBuckets() {
     for (size_t i = 0; i < shards_.size(); ++i) {
       GPU_RETURN_IF_ERROR(
           cudaMemsetAsync(tensors_[i].grad, 0, shards_[i].rows * shards_[i].cols * 4, stream_));
+      tensors_[i].grad_zero = true;
     }
     GPU_RETURN_IF_ERROR(cudaEventRecord(events_[4], stream_));
     return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 namespace ipc {
@@ -135,7 +136,7 @@ bool VmmBuffer::Supported(int device) {
   return value != 0 && vmm != 0;
 }
 
-absl::StatusOr<VmmBuffer> VmmBuffer::Allocate(size_t bytes, int device) {
+absl::StatusOr<size_t> VmmBuffer::Granularity(int device) {
   const Driver& d = D();
   if (!d.status.ok()) return d.status;
   if (!Supported(device)) {
@@ -146,6 +147,14 @@ absl::StatusOr<VmmBuffer> VmmBuffer::Allocate(size_t bytes, int device) {
   size_t granularity = 0;
   VMM_RETURN_IF_ERROR(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
                       "cuMemGetAllocationGranularity");
+  return granularity;
+}
+
+absl::StatusOr<VmmBuffer> VmmBuffer::Allocate(size_t bytes, int device) {
+  const Driver& d = D();
+  if (!d.status.ok()) return d.status;
+  ASSIGN_OR_RETURN(const size_t granularity, Granularity(device));
+  CUmemAllocationProp prop = Prop(device);
   const size_t size = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
   CUmemGenericAllocationHandle handle = 0;
   VMM_RETURN_IF_ERROR(d.create(&handle, size, &prop, 0), "cuMemCreate");

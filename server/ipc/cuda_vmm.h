@@ -40,6 +40,9 @@ class VmmBuffer {
   // Maps the allocation behind `fd` (from Export in another process; `fd`
   // is closed) of `bytes` (its rounded size) on `device`.
   static absl::StatusOr<VmmBuffer> Import(int fd, size_t bytes, int device);
+  // The size every allocation on `device` is rounded up to (2 MiB on an
+  // H200). UNIMPLEMENTED as Allocate.
+  static absl::StatusOr<size_t> Granularity(int device);
   // Whether `device` supports exportable allocations.
   static bool Supported(int device);
 

@@ -36,6 +36,7 @@ constexpr int kSecretBytes = 32;
 enum class FdOp : uint32_t {
   kGetRegions = 1,      // reply: the exported regions' fds, sizes and epoch
   kRegisterBuffer = 2,  // request fd: a trainer buffer (arg0 id, arg1 bytes)
+  kGetPinPage = 3,      // reply: the session's pin page (server/ipc/pin_page.h)
 };
 
 struct FdRequest {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,46 @@ void IpcService::Shutdown() {
   socket.reset();  // joins its thread (which may call OnSocket: not under mu_)
 }
 
+IpcExporter* IpcService::ExporterOrNull() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (exporter_ != nullptr || no_exporter_) return exporter_.get();
+  }
+  IpcExporterFactory factory;
+  {
+    std::lock_guard<std::mutex> lock(FactoryMu());
+    factory = Factory();
+  }
+  absl::MutexLock lock(&mu_);
+  if (exporter_ == nullptr && !no_exporter_) {
+    absl::StatusOr<std::unique_ptr<IpcExporter>> e =
+        factory ? factory() : absl::StatusOr<std::unique_ptr<IpcExporter>>(
+                                  absl::FailedPreconditionError("no exporter"));
+    if (e.ok()) {
+      exporter_ = *std::move(e);
+    } else {
+      no_exporter_ = true;
+    }
+  }
+  return exporter_.get();
+}
+
+void IpcService::Published(int64_t generation, ShardBackend* backend, int64_t latest,
+                           int64_t previous) {
+  std::array<uint64_t, kPageSlots> slots = {};
+  // (A backend that does not export answers SlotOf with an error: nothing
+  // is offered.)
+  IpcExporter* exporter = backend != nullptr ? ExporterOrNull() : nullptr;
+  if (exporter != nullptr) {
+    for (int64_t v : {latest, previous}) {
+      if (v < 0) continue;
+      absl::StatusOr<int> slot = exporter->SlotOf(*backend, v);
+      if (slot.ok() && *slot >= 0 && *slot < kPageSlots) slots[*slot] = PackPin(generation, v);
+    }
+  }
+  pins_.SetPageSlots(slots);
+}
+
 absl::StatusOr<IpcExporter*> IpcService::Ready() {
   IpcExporterFactory factory;
   {
@@ -131,6 +172,24 @@ FdReply IpcService::OnSocket(const FdRequest& request, int fd) {
         reply.sizes.clear();
       }
       return reply;
+    case FdOp::kGetPinPage: {
+      if (fd >= 0) close(fd);
+      absl::StatusOr<std::shared_ptr<PinPage>> page = pins_.Page(request.session);
+      if (!page.ok()) {
+        reply.status = page.status();
+      } else if (*page == nullptr) {
+        reply.status = absl::NotFoundError("this session has no pin page");
+      } else {
+        absl::StatusOr<int> dup = (*page)->Dup();
+        if (dup.ok()) {
+          reply.fds.push_back(*dup);
+          reply.sizes.push_back(4096);
+        } else {
+          reply.status = dup.status();
+        }
+      }
+      return reply;
+    }
     case FdOp::kRegisterBuffer:
       if (fd < 0) {
         reply.status = absl::InvalidArgumentError("register buffer without a descriptor");
@@ -167,6 +226,14 @@ absl::Status IpcService::Open(const rpc::OpenIpcSessionRequest& request,
       request.lease_ms() == 0 ? options_.default_lease : absl::Milliseconds(request.lease_ms());
   if (request.name().size() > 1024) return absl::InvalidArgumentError("session name too long");
   ASSIGN_OR_RETURN(uint64_t id, pins_.Open(request.name(), lease));
+  // Its pin page (no RPC for the common hand-over); a session without one
+  // pins over PinIpc only.
+  if (absl::StatusOr<std::unique_ptr<PinPage>> page = PinPage::Create(); page.ok()) {
+    pins_.AttachPage(id, std::shared_ptr<PinPage>(*std::move(page))).IgnoreError();
+  } else {
+    LogWarning(kTag, absl::StrCat("IPC session ", id, ": no pin page (", page.status().message(),
+                                  "); versions are pinned over RPC"));
+  }
   response->set_session(id);
   response->set_lease_ms(absl::ToInt64Milliseconds(lease));
   response->set_device_uuid(uuid);

@@ -7,6 +7,12 @@
 // FdSocket), pins a version and reads its buffers in place; it pushes
 // gradients from a buffer of its own that the daemon maps the same way.
 //
+// Every session also gets a shared-memory pin page (server/ipc/pin_page.h,
+// over the FdSocket): the daemon offers the published versions there
+// (Published) and the trainer pins one by a store into its page, so the
+// common hand-over of v+1 needs no RPC; PinIpc is the fallback (first
+// acquire, other tensors, a version no longer offered).
+//
 // Split: this class does sessions, pins (PinTable), validation and the
 // push rules (through IpcHost, the daemon); the device work is behind
 // IpcExporter, registered by the gpu backend's library
@@ -36,6 +42,7 @@
 #include "proto/ipc.grpc.pb.h"
 #include "server/chunks.h"
 #include "server/ipc/fd_socket.h"
+#include "server/ipc/pin_page.h"
 #include "server/ipc/pin_table.h"
 #include "server/shard_backend.h"
 
@@ -90,14 +97,19 @@ class IpcExporter {
   virtual absl::Status ImportBuffer(uint64_t session, uint64_t id, int fd, uint64_t bytes) = 0;
   // Unmaps the session's buffers (session closed or expired).
   virtual void DropSession(uint64_t session) = 0;
-  // Checks `pieces` against the session's buffers and for NaN/Inf (reads
-  // only). INVALID_ARGUMENT names the problem.
+  // Checks `pieces` against the session's buffers, and may check them for
+  // NaN/Inf (reads only). INVALID_ARGUMENT names the problem.
   virtual absl::Status CheckPush(uint64_t session, ShardBackend& backend,
                                  absl::Span<const IpcPushPiece> pieces) = 0;
   // Adds `pieces` into the accumulators; returns once the adds completed
-  // (the trainer may reuse its buffer then).
+  // (the trainer may reuse its buffer then). An exporter whose CheckPush
+  // left the NaN/Inf check to this call refuses here (INVALID_ARGUMENT)
+  // with nothing added.
   virtual absl::Status ApplyPush(uint64_t session, ShardBackend& backend,
                                  absl::Span<const IpcPushPiece> pieces) = 0;
+  // The double-buffer slot (0 or 1) of the published buffers holding
+  // `version` (the pin page's slot index). NOT_FOUND: not held.
+  virtual absl::StatusOr<int> SlotOf(ShardBackend& backend, int64_t version) = 0;
 };
 
 using IpcExporterFactory = std::function<absl::StatusOr<std::unique_ptr<IpcExporter>>()>;
@@ -147,6 +159,11 @@ class IpcService : public rpc::DaemonIpc::CallbackService {
   // step's outcome is recorded.
   absl::Status RetireForStep(int64_t generation, int64_t version);
   void EndRetire(int64_t generation, int64_t version);
+  // The daemon's step thread, after EndRetire (or a load's first publish):
+  // `backend` publishes `latest` and `previous` (-1: none) of `generation`
+  // now; the sessions' pin pages offer them for pinning without an RPC
+  // (server/ipc/pin_page.h). Before the daemon answers waiters of `latest`.
+  void Published(int64_t generation, ShardBackend* backend, int64_t latest, int64_t previous);
   // Refuses new sessions, fails a RetireForStep, stops the socket.
   void Shutdown();
 
@@ -174,6 +191,8 @@ class IpcService : public rpc::DaemonIpc::CallbackService {
  private:
   // The exporter and the socket, created on the first session.
   absl::StatusOr<IpcExporter*> Ready();
+  // The exporter alone (created if the factory exists; null if none).
+  IpcExporter* ExporterOrNull();
   absl::Status Open(const rpc::OpenIpcSessionRequest& request,
                     rpc::OpenIpcSessionResponse* response);
   absl::Status Pin(const rpc::PinIpcRequest& request, rpc::PinIpcResponse* response);
@@ -187,6 +206,7 @@ class IpcService : public rpc::DaemonIpc::CallbackService {
   absl::Mutex mu_;
   std::unique_ptr<IpcExporter> exporter_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<FdSocketServer> socket_ ABSL_GUARDED_BY(mu_);
+  bool no_exporter_ ABSL_GUARDED_BY(mu_) = false;  // the factory failed or is absent
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

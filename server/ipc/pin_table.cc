@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 namespace ipc {
@@ -14,6 +15,9 @@ namespace {
 // How often a waiting Retire re-checks expiry (cheap: a map walk) and at
 // most how late it notices a lease that lapsed.
 constexpr absl::Duration kPoll = absl::Milliseconds(20);
+// A page pin's release wakes nobody (the trainer writes shared memory):
+// while one holds the key, Retire looks again this often.
+constexpr absl::Duration kPagePoll = absl::Microseconds(200);
 
 std::string KeyName(PinKey key) {
   return absl::StrCat("version ", key.second, " (model generation ", key.first, ")");
@@ -196,22 +200,59 @@ absl::StatusOr<std::vector<PinKey>> PinTable::Pins(uint64_t session) {
   return out;
 }
 
+bool PinTable::HoldsLocked(const Session& s, PinKey key) {
+  return s.pins.count(key) > 0 ||
+         (s.page != nullptr && s.page->Holds(PackPin(key.first, key.second)));
+}
+
 int PinTable::PinCount(PinKey key) {
   std::vector<uint64_t> ended;
   int n = 0;
   {
     absl::MutexLock lock(&mu_);
     ExpireLocked(&ended);
-    for (const auto& [id, s] : sessions_) n += s.pins.count(key) > 0 ? 1 : 0;
+    for (const auto& [id, s] : sessions_) n += HoldsLocked(s, key) ? 1 : 0;
   }
   NotifyEnded(ended);
   return n;
 }
 
+absl::Status PinTable::AttachPage(uint64_t session, std::shared_ptr<PinPage> page) {
+  return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (int i = 0; i < kPageSlots; ++i) page->Publish(i, page_slots_[i]);
+    live.page = std::move(page);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::shared_ptr<PinPage>> PinTable::Page(uint64_t session) {
+  std::shared_ptr<PinPage> page;
+  RETURN_IF_ERROR(WithLiveSession(session, [&](Session& live) {
+    page = live.page;
+    return absl::OkStatus();
+  }));
+  return page;
+}
+
+void PinTable::SetPageSlots(const std::array<uint64_t, kPageSlots>& offered) {
+  absl::MutexLock lock(&mu_);
+  std::array<uint64_t, kPageSlots> slots = offered;
+  for (uint64_t& slot : slots) {
+    for (const PinKey& r : retiring_) {
+      if (slot == PackPin(r.first, r.second)) slot = 0;
+    }
+  }
+  page_slots_ = slots;
+  for (auto& [id, s] : sessions_) {
+    if (s.page == nullptr) continue;
+    for (int i = 0; i < kPageSlots; ++i) s.page->Publish(i, slots[i]);
+  }
+}
+
 std::string PinTable::HoldersLocked(PinKey key) const {
   std::vector<std::string> names;
   for (const auto& [id, s] : sessions_) {
-    if (s.pins.count(key) > 0) names.push_back(absl::StrCat(s.name, " (session ", id, ")"));
+    if (HoldsLocked(s, key)) names.push_back(absl::StrCat(s.name, " (session ", id, ")"));
   }
   return absl::StrJoin(names, ", ");
 }
@@ -221,6 +262,15 @@ absl::Status PinTable::Retire(PinKey key, absl::Time deadline,
   {
     absl::MutexLock lock(&mu_);
     retiring_.insert(key);  // from now on Pin(key) is refused
+    // ... and a page pin of it fails its re-check (pin_page.h): withdrawn
+    // before the pins are looked at below.
+    const uint64_t packed = PackPin(key.first, key.second);
+    for (uint64_t& slot : page_slots_) {
+      if (slot == packed) slot = 0;
+    }
+    for (auto& [id, s] : sessions_) {
+      if (s.page != nullptr) s.page->Withdraw(packed);
+    }
   }
   absl::Time next_report = absl::Now() + absl::Seconds(1);
   for (;;) {
@@ -244,8 +294,14 @@ absl::Status PinTable::Retire(PinKey key, absl::Time deadline,
         auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return shut_down_ || changes_ != seen;
         };
-        // Bounded: a lease that lapses bumps nothing until ExpireLocked runs.
-        mu_.AwaitWithTimeout(absl::Condition(&changed), kPoll);
+        // Bounded: a lease that lapses bumps nothing until ExpireLocked
+        // runs, and a page pin's release nothing at all.
+        bool page_holder = false;
+        for (const auto& [id, s] : sessions_) {
+          page_holder = page_holder || (s.page != nullptr &&
+                                        s.page->Holds(PackPin(key.first, key.second)));
+        }
+        mu_.AwaitWithTimeout(absl::Condition(&changed), page_holder ? kPagePoll : kPoll);
         if (absl::Now() >= next_report) {
           report = true;
           next_report = absl::Now() + absl::Seconds(1);

@@ -11,15 +11,22 @@
 // Versions are keyed by (generation, version): a load starts a new
 // generation, and the old generation's pins never hold back the new model.
 //
+// A session may also pin through its shared-memory page (server/ipc/
+// pin_page.h: no RPC): Retire withdraws the key from every page's
+// pinnable slots first, then counts page pins like table pins (a page pin
+// of a session that expired counts no more).
+//
 // Threading: thread-safe; Retire blocks (bounded by its deadline, woken by
 // Unpin, Close, expiry and Shutdown); nothing else blocks. The clock is
 // injectable for tests.
 #ifndef PARAMD_SERVER_IPC_PIN_TABLE_H_
 #define PARAMD_SERVER_IPC_PIN_TABLE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -30,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {
@@ -77,11 +85,25 @@ class PinTable {
   // The session's pinned keys (renews). NOT_FOUND as Renew.
   absl::StatusOr<std::vector<PinKey>> Pins(uint64_t session);
 
-  // Live sessions pinning `key` (expired ones are dropped first).
+  // Live sessions pinning `key` (table or page; expired ones are dropped
+  // first).
   int PinCount(PinKey key);
 
+  // The session's shared-memory pin page (one per session; replaces an
+  // earlier one); it is offered the current pinnable slots at once.
+  // NOT_FOUND as Renew.
+  absl::Status AttachPage(uint64_t session, std::shared_ptr<PinPage> page);
+  // The session's page (null if none). NOT_FOUND as Renew.
+  absl::StatusOr<std::shared_ptr<PinPage>> Page(uint64_t session);
+  // The pinnable (generation, version) of each double-buffer slot (packed,
+  // PackPin; 0: none), written into every page now and into pages attached
+  // later. A key being retired is never offered (written as 0). Called by
+  // the step's thread once a step's outcome is recorded.
+  void SetPageSlots(const std::array<uint64_t, kPageSlots>& slots);
+
   // The step that rewrites `key`'s buffers: refuses new pins of `key` from
-  // now on and waits until no live session pins it. OK: nothing pins it;
+  // now on (table pins; page pins: withdrawn from every page's slots) and
+  // waits until no live session pins it. OK: nothing pins it;
   // DEADLINE_EXCEEDED (naming the holders) at `deadline`; CANCELLED after
   // Shutdown. `on_wait` (optional) is called about once a second while it
   // waits, with the holders' names (for the daemon's log). Pair every call
@@ -114,8 +136,11 @@ class PinTable {
     absl::Duration lease;
     absl::Time expires;
     std::set<PinKey> pins;
+    std::shared_ptr<PinPage> page;  // null: none attached
   };
   absl::Time Now() const;
+  // Whether `s` pins `key` in its table set or its page.
+  static bool HoldsLocked(const Session& s, PinKey key);
   // Drops expired sessions; their ids go to `ended`.
   void ExpireLocked(std::vector<uint64_t>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds a live session (renewing it) or NOT_FOUND.
@@ -136,6 +161,7 @@ class PinTable {
   std::multiset<PinKey> retiring_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by every unpin/close
+  std::array<uint64_t, kPageSlots> page_slots_ ABSL_GUARDED_BY(mu_) = {};
   std::function<void(uint64_t)> on_session_end_;
 };
 

@@ -1,10 +1,13 @@
 #include "server/ipc/pin_table.h"
 
+#include <memory>
+
 #include <atomic>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "server/ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {
@@ -162,6 +165,91 @@ TEST(PinTable, LimitsAndCloseAndGenerations) {
   EXPECT_EQ(table.PinCount(kV5), 0);
   EXPECT_EQ(table.Close(*a).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(table.Open("c", absl::Seconds(5)).ok());  // a's place is free
+}
+
+// Page pins (server/ipc/pin_page.h): a trainer's pin in its shared page
+// holds the step like a table pin; a version the step withdrew cannot be
+// page-pinned any more; the page pins of an expired session count no more.
+TEST(PinTable, PagePinsHoldTheStepAndLapseWithTheLease) {
+  FakeClock clock;
+  PinTable table(WithClock(&clock));
+  absl::StatusOr<uint64_t> s = table.Open("trainer-a", absl::Seconds(5));
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<std::unique_ptr<PinPage>> daemon_side = PinPage::Create();
+  ASSERT_TRUE(daemon_side.ok()) << daemon_side.status();
+  absl::StatusOr<int> fd = (*daemon_side)->Dup();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  absl::StatusOr<std::unique_ptr<PinPage>> trainer = PinPage::Map(*fd);  // the other mapping
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  ASSERT_TRUE(table.AttachPage(*s, std::shared_ptr<PinPage>(std::move(*daemon_side))).ok());
+  const uint64_t v5 = PackPin(kV5.first, kV5.second), v6 = PackPin(kV6.first, kV6.second);
+  EXPECT_EQ(PinVersion(v5), 5);
+  // Nothing offered yet: no page pin.
+  EXPECT_EQ((*trainer)->TryPin(0, v5), -1);
+  table.SetPageSlots({v5, v6});
+  EXPECT_EQ((*trainer)->SlotOf(v6), 1);
+  EXPECT_EQ((*trainer)->TryPin(1, v5), -1);  // slot 1 offers v6, not v5
+  const int pin = (*trainer)->TryPin(0, v5);
+  ASSERT_GE(pin, 0);
+  EXPECT_EQ(table.PinCount(kV5), 1);
+
+  std::atomic<bool> retired{false};
+  std::thread step([&] {
+    EXPECT_TRUE(table.Retire(kV5, absl::InfiniteFuture()).ok());
+    retired = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(retired) << "the step rewrote a page-pinned version";
+  // Withdrawn: another page pin of v5 fails its re-check; v6 still pins.
+  EXPECT_EQ((*trainer)->SlotOf(v5), -1);
+  EXPECT_EQ((*trainer)->TryPin(0, v5), -1);
+  const int pin6 = (*trainer)->TryPin(1, v6);
+  EXPECT_GE(pin6, 0);
+  (*trainer)->Unpin(pin);  // shared memory only: Retire notices by looking again
+  step.join();
+  EXPECT_TRUE(retired);
+  table.EndRetire(kV5);
+
+  // v6 stays page-pinned until the session's lease lapses.
+  EXPECT_EQ(table.PinCount(kV6), 1);
+  clock.Advance(absl::Seconds(6));
+  EXPECT_EQ(table.PinCount(kV6), 0);
+  EXPECT_TRUE(table.Retire(kV6, absl::Now()).ok());
+  table.EndRetire(kV6);
+}
+
+// A page pin racing a step's withdrawal: the trainer either sees its pin
+// refused or the step waits for it; never a pin the step does not see.
+TEST(PinTable, PagePinRacingTheStepIsNeverMissed) {
+  PinTable table;
+  absl::StatusOr<uint64_t> s = table.Open("trainer", absl::Seconds(30));
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<std::unique_ptr<PinPage>> daemon_side = PinPage::Create();
+  ASSERT_TRUE(daemon_side.ok());
+  absl::StatusOr<int> fd = (*daemon_side)->Dup();
+  ASSERT_TRUE(fd.ok());
+  absl::StatusOr<std::unique_ptr<PinPage>> trainer = PinPage::Map(*fd);
+  ASSERT_TRUE(trainer.ok());
+  ASSERT_TRUE(table.AttachPage(*s, std::shared_ptr<PinPage>(std::move(*daemon_side))).ok());
+  for (int round = 0; round < 2000; ++round) {
+    const PinKey key{1, round};
+    const uint64_t packed = PackPin(1, round);
+    table.SetPageSlots({packed, 0});
+    std::atomic<bool> rewriting{false};
+    std::atomic<int> pinned{-1};
+    std::thread step([&] {
+      ASSERT_TRUE(table.Retire(key, absl::InfiniteFuture()).ok());
+      rewriting = true;  // from here the step rewrites the buffers
+    });
+    const int pin = (*trainer)->TryPin(0, packed);
+    if (pin >= 0) {
+      // Pinned: the step must not be rewriting while the pin is held.
+      EXPECT_FALSE(rewriting) << "round " << round;
+      (*trainer)->Unpin(pin);
+    }
+    step.join();
+    table.EndRetire(key);
+  }
 }
 
 }  // namespace

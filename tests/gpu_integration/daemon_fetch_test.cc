@@ -46,6 +46,7 @@
 #include "kernels/reference.h"
 #include "server/reference_step.h"
 #include "tests/gpu_integration/device_test_util.h"
+#include "tests/gpu_integration/gpu_cluster_util.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -58,50 +59,19 @@ using gpu_fetch::DeviceTarget;
 
 // The device bytes of one fetched direction as a host QuantizedTensor.
 QuantizedTensor HostCopy(const gpu_fetch::DeviceFetched& f) {
-  QuantizedTensor q;
-  q.format = f.spec.format;
-  q.direction = f.direction;
-  q.rows = f.rows;
-  q.cols = f.cols;
-  q.data = ToHost(f.buffers.data, f.buffers.layout.data_bytes());
-  q.scales = ToHost(f.buffers.scales, f.buffers.layout.scale_bytes());
-  q.scale_inv = FloatToHost(f.buffers.scale_inv);
-  q.amax = FloatToHost(f.buffers.amax);
-  return q;
+  return paramd::testing::HostCopy(f.spec.format, f.direction, f.rows, f.cols, f.buffers);
 }
 
 bool CarriesAmax(Format f) {
   return NeedsGlobalAmax(f) || f == Format::kFp8Current || f == Format::kFp8Delayed;
 }
 
-std::vector<FormatCombo> GpuCombos() {
-  std::vector<FormatCombo> out;
-  for (FormatCombo& c : FormatCombos()) {
-    if (!absl::StrContains(c.spec, "ROWWISE_DEQUANTIZED")) out.push_back(std::move(c));
-  }
-  return out;
-}
-
 std::unique_ptr<RawCluster> StartCluster(int daemons, const std::string& backend = "gpu") {
-  TestClusterOptions options;
-  options.daemons = daemons;
-  options.expected_pushers = 1;
-  options.optimizer = "adamw";
-  options.lr = 0.01;
-  options.daemon_flags = {"--backend=" + backend, "--gpu=0"};
-  absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return StartGpuCluster(daemons, backend);
 }
 
 std::unique_ptr<client::Client> Observer(RawCluster& c) {
-  client::ClientOptions options;
-  options.coordinator_address = c.cluster().coordinator_address();
-  options.role = client::ClientOptions::Role::kObserver;
-  options.name = "daemon_fetch_test";
-  absl::StatusOr<std::unique_ptr<client::Client>> cl = client::Client::Connect(options);
-  EXPECT_TRUE(cl.ok()) << cl.status();
-  return cl.ok() ? *std::move(cl) : nullptr;
+  return paramd::testing::Observer(c, "daemon_fetch_test");
 }
 
 bool EnvSet(const char* name) {
@@ -288,6 +258,16 @@ TEST_P(OneDaemon, DeviceBytesEqualReferenceAndHostStream) {
   // Version 0 is still held (two versions are kept).
   ExpectDeviceFetchMatches(*client_, RawHostFetch(*cluster_), *fetcher_, 0, tensors_,
                            /*reference=*/true);
+  // The daemon runs on GPU 0: read in place from a trainer on GPU 0, over
+  // NCCL from one on another GPU.
+  const gpu_fetch::DevicePathStats st = fetcher_->path_stats();
+  if (TrainerDevice() == 0) {
+    EXPECT_GT(st.fetch_same_gpu, 0);
+    EXPECT_EQ(st.fetch_nccl, 0);
+  } else {
+    EXPECT_EQ(st.fetch_same_gpu, 0);
+    EXPECT_GT(st.fetch_nccl, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, OneDaemon, ::testing::ValuesIn(GpuCombos()),
@@ -496,6 +476,8 @@ TEST_P(SplitAcrossTwoDaemons, AssembledOnDeviceEqualsReference) {
   ExpectDeviceFetchMatches(*client_, host, *fetcher_, 1, tensors_, /*reference=*/false,
                            /*caller_buffers=*/true);
   ExpectDeviceFetchMatches(*client_, host, *same_gpu_, 1, tensors_, /*reference=*/false);
+  // The trainer on GPU 0 reads daemon 0 (GPU 0) in place.
+  EXPECT_GT(same_gpu_->path_stats().fetch_same_gpu, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, SplitAcrossTwoDaemons, ::testing::ValuesIn(GpuCombos()),

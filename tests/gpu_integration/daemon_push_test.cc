@@ -1,4 +1,5 @@
-// Gradient push over NCCL through real hybrid-paramd processes (issue 5).
+// Gradient push from device memory through real hybrid-paramd processes
+// (issue 5; issue 19: a daemon on the trainer's GPU reads it in place).
 // Runs on two GPUs through tests/gpu_fetch_run.sh (5/5 on 2 H200s,
 // 2026-11-30).
 //
@@ -100,9 +101,10 @@ std::unique_ptr<client::Client> Trainer(RawCluster& c) {
   return cl.ok() ? *std::move(cl) : nullptr;
 }
 
-std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c) {
+std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c, bool same_gpu_ipc = true) {
   gpu_fetch::DeviceFetcherOptions options;
   options.device = TrainerDevice();
+  options.same_gpu_ipc = same_gpu_ipc;
   options.timeout = absl::Seconds(20);
   absl::StatusOr<std::unique_ptr<DeviceFetcher>> f = DeviceFetcher::Create(c, options);
   EXPECT_TRUE(f.ok()) << f.status();
@@ -158,8 +160,13 @@ struct PushCase {
   int daemons = 1;
   bool bf16 = false;
   // Global-norm clipping on (a bound every step clips at): the last
-  // pusher's device add takes the norm's row sums.
+  // pusher's NCCL device add takes the norm's row sums (an in-place push's
+  // rows are summed by the step).
   bool clip = false;
+  // Daemons on the trainer's GPU read the gradients in place (same-GPU
+  // session); false: NCCL for every daemon (one daemon only: two NCCL
+  // daemons on one GPU are refused).
+  bool ipc = true;
 };
 
 class DeviceEqualsHost : public ::testing::TestWithParam<PushCase> {};
@@ -178,7 +185,7 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
   ASSERT_TRUE(WriteModel(path, tensors).ok());
   std::unique_ptr<client::Client> trainer = Trainer(*c);
   ASSERT_NE(trainer, nullptr);
-  std::unique_ptr<DeviceFetcher> fetcher = Fetcher(trainer.get());
+  std::unique_ptr<DeviceFetcher> fetcher = Fetcher(trainer.get(), p.ipc);
   ASSERT_NE(fetcher, nullptr);
   constexpr int kSteps = 2;
   // grads[step][tensor]
@@ -242,6 +249,19 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
   for (int s = 0; s < kSteps; ++s) {
     ExpectSameBytes(host[s], device[s], absl::StrCat(p.name, " version ", s + 1));
   }
+  // The path each daemon's push took: in place for a daemon on the
+  // trainer's GPU (daemon i runs on GPU i mod #GPUs), NCCL otherwise.
+  {
+    const int gpus = GpuCount() > 0 ? GpuCount() : 1;
+    int local = 0;
+    for (int i = 0; i < p.daemons; ++i) local += i % gpus == TrainerDevice() ? 1 : 0;
+    if (!p.ipc) local = 0;
+    const gpu_fetch::DevicePathStats st = fetcher->path_stats();
+    std::printf("PUSH_PATHS %s: same-GPU %lld, NCCL %lld daemon pushes\n", p.name.c_str(),
+                static_cast<long long>(st.push_same_gpu), static_cast<long long>(st.push_nccl));
+    EXPECT_EQ(st.push_same_gpu, int64_t{kSteps} * local) << p.name;
+    EXPECT_EQ(st.push_nccl, int64_t{kSteps} * (p.daemons - local)) << p.name;
+  }
   // NaN in every piece of every tensor (each daemon holds rows of w): refused as on the
   // host stream, nothing counted.
   {
@@ -287,9 +307,10 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceEqualsHost,
                          ::testing::Values(PushCase{"OneDaemonFp32", 1, false},
                                            PushCase{"OneDaemonBf16", 1, true},
+                                           PushCase{"OneDaemonBf16Nccl", 1, true, false, false},
                                            PushCase{"TwoDaemonsFp32", 2, false},
                                            PushCase{"TwoDaemonsBf16", 2, true},
-                                           PushCase{"OneDaemonBf16Clip", 1, true, true},
+                                           PushCase{"OneDaemonBf16Clip", 1, true, true, false},
                                            PushCase{"TwoDaemonsFp32Clip", 2, false, true}),
                          [](const ::testing::TestParamInfo<PushCase>& info) {
                            return info.param.name;
@@ -319,7 +340,7 @@ TEST(Kills, KillTrainerMidPush) {
   demo::ChildProcesses children;
   const std::string out = c->cluster().dir() + "/loop.log";
   absl::StatusOr<int> loop = children.Start(
-      {"trainer", {"tests/gpu_integration/device_fetch_loop", "--mode=push",
+      {"trainer", {"tests/gpu_integration/device_fetch_loop", "--mode=push", "--same_gpu_ipc=false",
                    "--coordinator=" + c->cluster().coordinator_address(),
                    absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60"},
        out, out});

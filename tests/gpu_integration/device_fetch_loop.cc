@@ -24,6 +24,8 @@ ABSL_FLAG(int32_t, device, 1, "CUDA device");
 ABSL_FLAG(std::string, tensor, "big", "tensor to fetch (both directions) or push (whole)");
 ABSL_FLAG(int32_t, seconds, 60, "how long to loop");
 ABSL_FLAG(std::string, mode, "fetch", "fetch or push");
+ABSL_FLAG(bool, same_gpu_ipc, true,
+          "read a daemon on this GPU in place (DeviceFetcherOptions::same_gpu_ipc); false: NCCL");
 
 namespace {
 
@@ -103,6 +105,7 @@ int main(int argc, char** argv) {
   gpu_fetch::DeviceFetcherOptions fo;
   fo.device = absl::GetFlag(FLAGS_device);
   fo.name = options.name;
+  fo.same_gpu_ipc = absl::GetFlag(FLAGS_same_gpu_ipc);
   absl::StatusOr<std::unique_ptr<gpu_fetch::DeviceFetcher>> f =
       gpu_fetch::DeviceFetcher::Create(c->get(), fo);
   if (!f.ok()) {
