@@ -188,7 +188,12 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // file which version it publishes (GetStats, every 200 ms until each has
   // answered once or is DOWN), so the committed version is the daemons'
   // (never below the file's) and steps can go on.
+  // A file with every daemon and no model (the earlier run died before its
+  // startup load finished) runs that load once they answered.
   void RebuildFromDaemons();
+  // --model / --restore_from, once per process: when the world completes
+  // (Join), or from RebuildFromDaemons.
+  void StartStartupLoad();
 
   int table_size_at_start() const { return options_.expected_daemons; }
 
@@ -287,6 +292,7 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // The startup load (model_path / restore_from) failed: fatal.
   mutable absl::Mutex startup_mu_;
   absl::Status startup_error_ ABSL_GUARDED_BY(startup_mu_);
+  bool startup_load_started_ ABSL_GUARDED_BY(startup_mu_) = false;
   std::thread rebuild_thread_;  // a restarted coordinator's RebuildFromDaemons
   // Last: destroyed first (its thread reads the state above).
   std::unique_ptr<StateWriter> state_writer_;

@@ -274,28 +274,36 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
   }
   if (world_complete) {
     world_waiters_.WakeAll();
-    if (!options_.model_path.empty() || !options_.restore_from.empty()) {
-      rpc::LoadRequest load;
-      if (!options_.restore_from.empty()) {
-        load.set_checkpoint_path(options_.restore_from);
-        load.set_checkpoint_version(options_.restore_version);
-      } else {
-        load.set_safetensors_path(options_.model_path);
-      }
-      StartLoad(load, [this](absl::Status s, const rpc::LoadResponse&) {
-        if (s.ok()) return;
-        LogError(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
-        // Its own mutex: StartLoad may call back with mu_ held.
-        absl::MutexLock lock(&startup_mu_);
-        startup_error_ = absl::Status(
-            s.code(), absl::StrCat(options_.restore_from.empty()
-                                       ? absl::StrCat("--model=", options_.model_path)
-                                       : absl::StrCat("--restore_from=", options_.restore_from),
-                                   ": loading the startup model failed: ", s.message()));
-      });
-    }
+    StartStartupLoad();
   }
   return result;
+}
+
+void Coordinator::Impl::StartStartupLoad() {
+  if (options_.model_path.empty() && options_.restore_from.empty()) return;
+  {
+    absl::MutexLock lock(&startup_mu_);
+    if (startup_load_started_) return;
+    startup_load_started_ = true;
+  }
+  rpc::LoadRequest load;
+  if (!options_.restore_from.empty()) {
+    load.set_checkpoint_path(options_.restore_from);
+    load.set_checkpoint_version(options_.restore_version);
+  } else {
+    load.set_safetensors_path(options_.model_path);
+  }
+  StartLoad(load, [this](absl::Status s, const rpc::LoadResponse&) {
+    if (s.ok()) return;
+    LogError(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
+    // Its own mutex: StartLoad may call back with mu_ held.
+    absl::MutexLock lock(&startup_mu_);
+    startup_error_ = absl::Status(
+        s.code(), absl::StrCat(options_.restore_from.empty()
+                                   ? absl::StrCat("--model=", options_.model_path)
+                                   : absl::StrCat("--restore_from=", options_.restore_from),
+                               ": loading the startup model failed: ", s.message()));
+  });
 }
 
 void Coordinator::Impl::FillJoinResponseLocked(const rpc::Member& m, rpc::JoinResponse* response) {

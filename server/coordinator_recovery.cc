@@ -245,8 +245,13 @@ void Coordinator::Impl::RebuildFromDaemons() {
     auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_; };
     if (mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200))) return;
   }
-  absl::MutexLock lock(&mu_);
-  Log(kTag, absl::StrCat("state rebuilt from the daemons: committed version ", committed_));
+  bool load;
+  {
+    absl::MutexLock lock(&mu_);
+    Log(kTag, absl::StrCat("state rebuilt from the daemons: committed version ", committed_));
+    load = manifest_.tensors_size() == 0 && table_.all_joined();
+  }
+  if (load) StartStartupLoad();  // the earlier run died before loading its model
 }
 
 }  // namespace paramd

@@ -42,6 +42,17 @@ void Daemon::Impl::Start(const std::string& address, const std::string& coordina
   // cluster secret from the reply.
   channel_ = auth::CreateChannel(coordinator, {options_.tls, coordinator_token_}, args);
   coordinator_ = rpc::Coordinator::NewStub(channel_);
+  reporter_ = std::make_unique<VersionReporter>(
+      [this](const rpc::ReportVersionRequest& request) {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.coordinator_call_timeout));
+        rpc::ReportVersionResponse response;
+        return coordinator_->ReportVersion(&context, request, &response);
+      },
+      [](const rpc::ReportVersionRequest& request, const grpc::Status& s) {
+        LogWarning(kTag, absl::StrCat("ReportVersion(", request.published_version(),
+                                      ") failed: ", s.error_message()));
+      });
   join_thread_ = std::thread([this] { JoinLoop(); });
   lease_ = std::make_unique<LeaseKeeper>(
       coordinator_.get(), options_.heartbeat_interval,
@@ -70,6 +81,7 @@ void Daemon::Impl::Shutdown() {
   ipc_->Shutdown();  // a step waiting for an IPC pin returns
   if (join_thread_.joinable()) join_thread_.join();
   lease_.reset();
+  if (reporter_) reporter_->Stop();
   std::vector<uint64_t> channels;
   {
     absl::MutexLock lock(&mu_);
@@ -156,6 +168,7 @@ void Daemon::Impl::OnHeartbeatVerdict(const rpc::HeartbeatRequest& request,
   }
 }
 
+// Queued for reporter_ (server/version_reporter.h): never blocks the worker.
 void Daemon::Impl::ReportVersion(int64_t version, double seconds) {
   rpc::ReportVersionRequest request;
   {
@@ -166,19 +179,7 @@ void Daemon::Impl::ReportVersion(int64_t version, double seconds) {
   }
   request.set_published_version(version);
   request.set_step_seconds(seconds);
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.coordinator_call_timeout));
-    rpc::ReportVersionResponse response;
-    grpc::Status s = coordinator_->ReportVersion(&context, request, &response);
-    if (s.ok()) return;
-    LogWarning(kTag, absl::StrCat("ReportVersion(", version, ") failed: ", s.error_message()));
-    {
-      absl::MutexLock lock(&mu_);
-      if (shut_down_) return;
-    }
-    absl::SleepFor(absl::Milliseconds(200 << attempt));
-  }
+  if (reporter_) reporter_->Report(std::move(request));
 }
 
 void Daemon::Impl::JoinLoop() {

@@ -52,6 +52,7 @@
 #include "server/serial_worker.h"
 #include "server/shard_backend.h"
 #include "server/snapshot.h"
+#include "server/version_reporter.h"
 #include "server/step_pipeline.h"
 
 namespace paramd {
@@ -332,6 +333,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::unique_ptr<SnapshotKeeper> snapshots_;  // thread-safe; outlives worker_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rpc::Coordinator::Stub> coordinator_;
+  std::unique_ptr<VersionReporter> reporter_;  // ReportVersion calls, off the worker
   std::thread join_thread_;
   std::unique_ptr<LeaseKeeper> lease_;
   // The data plane of the current world, and the endpoint of the next one

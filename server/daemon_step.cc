@@ -137,7 +137,7 @@ void Daemon::Impl::OfferIpcVersions(int64_t generation, ShardBackend* backend) {
 }
 
 void Daemon::Impl::RunStep(int64_t from, bool apply_optimizer, bool update_delayed) {
-  snapshots_->BeforeChange();  // the state a snapshot copies stays until then
+  snapshots_->BeforeStep();  // a snapshot reading the live state is copied first
   AllReduceMaxFn all_reduce;
   ShardBackend* shards;
   bool shutting_down;

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -43,12 +44,59 @@ class CpuShardBackend : public ShardBackend {
   std::unique_ptr<ShardSet> set_;
 };
 
+// The cpu backend's capture: its ShardSet read in place on the keeper's
+// thread (the daemon holds the next step until the copy is done).
+class HostStateCapture : public StateCapture {
+ public:
+  explicit HostStateCapture(const ShardSet* set) : set_(set) {}
+  absl::string_view kind() const override { return "host"; }
+  bool reads_live_state() const override { return true; }
+  absl::Status Copy(std::vector<std::array<std::vector<float>, 3>>& arrays) override {
+    arrays.clear();
+    for (size_t i = 0; i < set_->shards().size(); ++i) {
+      std::array<std::vector<float>, 3> a;
+      absl::Span<const float> m = set_->master(static_cast<int>(i));
+      a[0].assign(m.begin(), m.end());
+      const OptimizerState& o = set_->optimizer_state(static_cast<int>(i));
+      a[1] = o.m;
+      a[2] = o.v;
+      arrays.push_back(std::move(a));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const ShardSet* const set_;
+};
+
 ShardBackendFactory& GpuFactory() {
   static ShardBackendFactory* factory = new ShardBackendFactory();
   return *factory;
 }
 
 }  // namespace
+
+absl::StatusOr<CapturedState> ShardBackend::CaptureState() {
+  const ShardSet* host = host_state();
+  if (host == nullptr) {
+    return absl::UnimplementedError(
+        absl::StrCat("the ", name(), " backend has no host state to snapshot"));
+  }
+  CapturedState c;
+  c.optimizer = host->optimizer();
+  c.optimizer_steps = host->optimizer_steps();
+  c.skipped_steps = host->skipped_steps();
+  std::vector<bool> held(host->tensors().size(), false);
+  for (const ShardDef& d : host->shards()) held[d.tensor] = true;
+  c.delayed.resize(host->tensors().size());
+  for (size_t t = 0; t < held.size(); ++t) {
+    if (!held[t]) continue;
+    c.delayed[t] = {host->delayed_state(static_cast<int>(t), Direction::kRowwise),
+                    host->delayed_state(static_cast<int>(t), Direction::kColumnwise)};
+  }
+  c.arrays = std::make_unique<HostStateCapture>(host);
+  return c;
+}
 
 bool RegisterGpuShardBackend(ShardBackendFactory factory) {
   GpuFactory() = std::move(factory);

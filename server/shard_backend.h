@@ -22,6 +22,7 @@
 #ifndef PARAMD_SERVER_SHARD_BACKEND_H_
 #define PARAMD_SERVER_SHARD_BACKEND_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,6 +60,37 @@ struct BackendMemory {
   double device_bytes_per_parameter() const {
     return parameters > 0 ? static_cast<double>(device_bytes) / parameters : 0.0;
   }
+};
+
+// What a snapshot (server/snapshot.h) takes of a backend's state right
+// after a step: the small state at once, the arrays through Copy.
+class StateCapture {
+ public:
+  virtual ~StateCapture() = default;
+  // How the arrays are held until Copy: "host" (the cpu backend's live
+  // state), "device spare" (a device-side copy), "device direct" (the live
+  // device buffers). DaemonStats.snapshot_capture.
+  virtual absl::string_view kind() const = 0;
+  // Whether Copy reads the backend's live state: then nothing may change
+  // that state until Copy has returned (SnapshotKeeper::BeforeStep waits
+  // for it). false: the capture holds a copy of its own and the backend
+  // orders its later changes after that copy itself.
+  virtual bool reads_live_state() const = 0;
+  // Blocking, on the snapshot keeper's thread, once: every shard's FP32
+  // master, first and second moment as of the capture, by shard
+  // (moments empty where the optimizer has none yet).
+  virtual absl::Status Copy(std::vector<std::array<std::vector<float>, 3>>& arrays) = 0;
+};
+
+// The small state of a capture, taken on the step thread.
+struct CapturedState {
+  OptimizerOptions optimizer;
+  int64_t optimizer_steps = 0;
+  int64_t skipped_steps = 0;
+  // By manifest tensor index: [rowwise, columnwise] delayed-scaling state
+  // after the step (tensors this backend holds no shard of: unset).
+  std::vector<std::array<DelayedScalingState, 2>> delayed;
+  std::unique_ptr<StateCapture> arrays;
 };
 
 class ShardBackend {
@@ -138,6 +170,15 @@ class ShardBackend {
   // (call it with the worker parked, never beside Step); changes made to it
   // (restore) are uploaded before the next Step.
   virtual ShardSet* host_state() = 0;
+
+  // Right after a successful optimizer Step, on Step's thread: the state
+  // that produced it, for a snapshot. The default (cpu backend) reads
+  // host_state() (reads_live_state); the gpu backend copies its masters and
+  // moments into a device-side spare on a side stream that the next Step's
+  // device work waits for (an event), or, where the device has no room
+  // for the spare, hands out the live device buffers (reads_live_state).
+  // The StateCapture stays valid after the backend is gone.
+  virtual absl::StatusOr<CapturedState> CaptureState();
 
   // Null when Step's versions already carry their bytes (cpu); else how to
   // get them (gpu). The function stays valid after the backend is gone

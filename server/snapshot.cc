@@ -190,10 +190,13 @@ class GetReactor : public grpc::ServerWriteReactor<rpc::SnapshotChunk> {
 
 struct SnapshotKeeper::Pending {
   std::shared_ptr<DaemonSnapshot> snapshot;
-  const ShardSet* host = nullptr;
+  std::unique_ptr<StateCapture> capture;  // until Copy is done
+  bool reads_live_state = true;
   absl::Notification done;
   absl::Time started;
-  double capture_seconds = 0;  // on the worker
+  double capture_seconds = 0;        // on the worker (all of AfterPublish)
+  double previous_wait_seconds = 0;  // of that, waiting for the previous copy
+  bool block_noted = false;          // guarded by the keeper's mu_
 };
 
 std::vector<std::string> DaemonAddresses(const rpc::Manifest& manifest) {
@@ -315,8 +318,10 @@ void SnapshotKeeper::DropAll() {
 void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion& published) {
   const int64_t version = published.version;
   if (options_.every_steps <= 0 || version <= 0 || version % options_.every_steps != 0) return;
-  BeforeChange();  // the previous copy (a very short period) first
+  // The previous copy first: a gpu capture reuses its device spare. With
+  // snapshots N steps apart this is done long before.
   const absl::Time start = absl::Now();
+  const double waited = WaitForCopy();
   auto pending = std::make_shared<Pending>();
   {
     absl::MutexLock lock(&mu_);
@@ -326,65 +331,72 @@ void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion&
     pending->snapshot->header.set_rank(rank_);
     pending->snapshot->header.set_layout_hash(layout_hash_);
   }
-  // gpu: downloads the device state into the backend's host mirror, which
-  // stays as it is until the next host_state() call (after BeforeChange).
-  const ShardSet* host = backend.host_state();
-  if (host == nullptr) {
-    LogWarning(kTag, absl::StrCat("the ", backend.name(), " backend has no host state: no snapshot"));
+  absl::StatusOr<CapturedState> captured = backend.CaptureState();
+  if (!captured.ok()) {
+    LogWarning(kTag, absl::StrCat("no snapshot of version ", version, ": ",
+                                  captured.status().ToString()));
     return;
   }
   rpc::SnapshotHeader& h = pending->snapshot->header;
   h.set_version(version);
-  *h.mutable_optimizer() = OptimizerToProto(host->optimizer());
-  h.set_optimizer_steps(host->optimizer_steps());
-  h.set_skipped_steps(host->skipped_steps());
-  std::vector<bool> held(host->tensors().size(), false);
-  for (const ShardDef& d : host->shards()) {
+  *h.mutable_optimizer() = OptimizerToProto(captured->optimizer);
+  h.set_optimizer_steps(captured->optimizer_steps);
+  h.set_skipped_steps(captured->skipped_steps);
+  std::vector<bool> held(backend.tensors().size(), false);
+  for (const ShardDef& d : backend.shards()) {
     rpc::SnapshotShard* s = h.add_shards();
     s->set_tensor(d.tensor);
     s->set_row_begin(d.row_begin);
     s->set_row_end(d.row_end);
-    s->set_values(d.rows() * host->tensors()[d.tensor].cols);
+    s->set_values(d.rows() * backend.tensors()[d.tensor].cols);
     held[d.tensor] = true;
   }
   for (size_t t = 0; t < held.size(); ++t) {
-    if (!held[t]) continue;
+    if (!held[t] || t >= captured->delayed.size()) continue;
     TensorScalingInfo cast;
     if (t < published.tensors.size()) cast = published.tensors[t];
     rpc::SnapshotTensor* st = h.add_tensors();
     st->set_tensor(static_cast<int>(t));
-    FillScaling(host->delayed_state(static_cast<int>(t), Direction::kRowwise), cast.rowwise_scale,
-                st->mutable_rowwise());
-    FillScaling(host->delayed_state(static_cast<int>(t), Direction::kColumnwise),
-                cast.columnwise_scale, st->mutable_columnwise());
+    FillScaling(captured->delayed[t][0], cast.rowwise_scale, st->mutable_rowwise());
+    FillScaling(captured->delayed[t][1], cast.columnwise_scale, st->mutable_columnwise());
   }
-  pending->host = host;
+  pending->reads_live_state = captured->arrays->reads_live_state();
+  pending->capture = std::move(captured->arrays);
   pending->started = start;
   pending->capture_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  pending->previous_wait_seconds = waited;
   {
     absl::MutexLock lock(&mu_);
     copying_ = pending;
+    capture_kind_ = std::string(pending->capture->kind());
   }
   thread_->Post([this, pending] { Copy(pending); });
 }
 
 void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
   DaemonSnapshot& s = *pending->snapshot;
-  const ShardSet& host = *pending->host;
-  for (size_t i = 0; i < host.shards().size(); ++i) {
-    std::array<std::vector<float>, 3> a;
-    absl::Span<const float> m = host.master(static_cast<int>(i));
-    a[0].assign(m.begin(), m.end());
-    const OptimizerState& o = host.optimizer_state(static_cast<int>(i));
-    a[1] = o.m;
-    a[2] = o.v;
+  const absl::Time start = absl::Now();
+  absl::Status copied = pending->capture->Copy(s.arrays);
+  pending->capture.reset();  // a gpu capture's spare is free again
+  if (copied.ok() && s.arrays.size() != static_cast<size_t>(s.header.shards_size())) {
+    copied = absl::InternalError(absl::StrCat("the capture copied ", s.arrays.size(),
+                                              " shards, the header has ",
+                                              s.header.shards_size()));
+  }
+  if (!copied.ok()) {
+    LogWarning(kTag, absl::StrCat("snapshot of version ", s.header.version(),
+                                  " failed: ", copied.ToString()));
+    pending->done.Notify();
+    return;
+  }
+  for (size_t i = 0; i < s.arrays.size(); ++i) {
+    auto& a = s.arrays[i];
+    if (a[1].empty() && !a[2].empty()) a[1].assign(a[2].size(), 0.0f);  // never: m before v
     s.header.mutable_shards(static_cast<int>(i))->set_moments(a[2].empty() ? (a[1].empty() ? 0 : 1)
                                                                            : 2);
-    if (a[1].empty() && !a[2].empty()) a[1].assign(a[2].size(), 0.0f);  // never: m before v
-    s.arrays.push_back(std::move(a));
   }
   s.header.set_bytes(ArrayBytes(s));
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - pending->started);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::shared_ptr<const DaemonSnapshot> done = pending->snapshot;
   {
     absl::MutexLock lock(&mu_);
@@ -394,26 +406,42 @@ void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
   }
   pending->done.Notify();
   LogInfo(kTag, absl::StrCat("rank ", s.header.rank(), ": snapshot of version ",
-                             s.header.version(), " (", s.header.bytes() >> 20, " MiB) in ",
+                             s.header.version(), " (", s.header.bytes() >> 20, " MiB, ",
+                             capture_kind(), ") copied in ",
                              absl::FormatDuration(absl::Trunc(absl::Seconds(seconds),
                                                               absl::Milliseconds(1)))));
   sender_->Post([this, done] { Send(done); });
 }
 
-void SnapshotKeeper::BeforeChange() {
+std::string SnapshotKeeper::capture_kind() const {
+  absl::MutexLock lock(&mu_);
+  return capture_kind_;
+}
+
+double SnapshotKeeper::WaitFor(bool live_readers_only) {
   std::shared_ptr<Pending> pending;
   {
     absl::MutexLock lock(&mu_);
     pending = copying_;
   }
-  if (pending == nullptr) return;
+  if (pending == nullptr) return 0;
+  const bool wait = !live_readers_only || pending->reads_live_state;
   const absl::Time start = absl::Now();
-  pending->done.WaitForNotification();
+  if (wait) pending->done.WaitForNotification();
   const double waited = absl::ToDoubleSeconds(absl::Now() - start);
   absl::MutexLock lock(&mu_);
-  if (copying_ == pending) copying_ = nullptr;
-  last_block_seconds_ = pending->capture_seconds + waited;
+  // The step after a capture: what the capture and this wait held it up.
+  if (!pending->block_noted) {
+    pending->block_noted = true;
+    last_block_seconds_ = pending->capture_seconds + waited;
+  }
+  if (wait && copying_ == pending) copying_ = nullptr;
+  return waited;
 }
+
+double SnapshotKeeper::WaitForCopy() { return WaitFor(/*live_readers_only=*/false); }
+void SnapshotKeeper::BeforeChange() { WaitFor(/*live_readers_only=*/false); }
+void SnapshotKeeper::BeforeStep() { WaitFor(/*live_readers_only=*/true); }
 
 void SnapshotKeeper::Send(std::shared_ptr<const DaemonSnapshot> snapshot) {
   std::string address;
@@ -601,6 +629,7 @@ void SnapshotKeeper::FillStats(rpc::DaemonStats* stats) const {
   stats->set_snapshot_bytes(own_.empty() ? 0 : own_.back()->header.bytes());
   stats->set_snapshot_block_seconds(last_block_seconds_);
   stats->set_snapshot_copy_seconds(last_copy_seconds_);
+  stats->set_snapshot_capture(capture_kind_);
   int64_t buddy = -1;
   const int n = static_cast<int>(addresses_.size());
   if (n > 1 && rank_ >= 0) {

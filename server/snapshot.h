@@ -10,14 +10,20 @@
 // every rank. A recovery restores a replacement's rank from its buddy's
 // copy and every other rank from its own (server/recovery.h).
 //
-// Cost on the daemon's worker (what a step waits for): the capture of the
-// small state and of a host view of the backend (a device-to-host mirror on
-// the gpu backend, nothing on the cpu backend) runs on the worker; the
-// copy of the arrays runs on the keeper's own thread while the daemon
-// serves fetches and takes pushes (they write the gradient accumulators,
-// which a snapshot does not read), and the next step waits only for what
-// is left of it (BeforeChange). The buddy send runs on that thread after
-// the copy and never holds up a step.
+// Cost on the daemon's worker (what a step waits for): right after the
+// step, the small state is captured and the backend captures its arrays
+// (ShardBackend::CaptureState): the cpu backend hands out its live state,
+// which the keeper's own thread copies while the daemon serves fetches and
+// takes pushes (they write the gradient accumulators, which a snapshot
+// does not read); the next step waits only for what is left of that copy
+// (BeforeStep). The gpu backend copies masters and moments into a device
+// spare on a side stream (the next step's device work waits for that copy
+// on the device, not the worker) and the keeper's thread downloads the
+// spare; without room for a spare its capture reads the live device
+// buffers and is waited for like the cpu one. The buddy send runs on
+// another thread after the copy and never holds up a step. A capture waits
+// for the previous snapshot's copy (a gpu spare is reused): snapshots
+// further apart than a copy never wait.
 //
 // Each daemon keeps its newest `keep` complete snapshots and, per rank it
 // is buddy of, the newest copy received. With keep = 2, when a rank dies
@@ -26,8 +32,8 @@
 // copies of a daemon's masters and moments (the state itself not counted
 // for the gpu backend, which keeps it on the device).
 //
-// Threading: thread-safe. AfterPublish, BeforeChange, SetModel, DropAll and
-// AfterRecovery are called on the daemon's worker (they order the copy
+// Threading: thread-safe. AfterPublish, BeforeChange, BeforeStep, SetModel,
+// DropAll and AfterRecovery are called on the daemon's worker (they order the copy
 // against the state's next change); the rest from any thread. The RPC
 // entry points never block.
 #ifndef PARAMD_SERVER_SNAPSHOT_H_
@@ -115,9 +121,12 @@ class SnapshotKeeper {
   // if its version is a multiple of every_steps, captures a snapshot
   // (the arrays are copied on the keeper's thread).
   void AfterPublish(ShardBackend& backend, const PublishedVersion& published);
-  // Before anything changes the backend's state or its host view (a step,
-  // a load, a checkpoint): waits for the copy of a snapshot in progress.
+  // Before anything changes the backend's state or its host view (a load,
+  // a restore, a checkpoint): waits for the copy of a snapshot in progress.
   void BeforeChange();
+  // Before a step: waits for a copy in progress only if it reads the live
+  // state (StateCapture::reads_live_state).
+  void BeforeStep();
   // The daemon went back to `version` (a recovery): snapshots of newer
   // versions (another history) are dropped, `restored` (the one it
   // restored from, null for a checkpoint) is kept as its own, and
@@ -152,6 +161,11 @@ class SnapshotKeeper {
   void Copy(std::shared_ptr<Pending> pending);
   void Send(std::shared_ptr<const DaemonSnapshot> snapshot);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the copy in progress (all of it, or only one reading the
+  // live state); returns the seconds waited.
+  double WaitFor(bool live_readers_only);
+  double WaitForCopy();
+  std::string capture_kind() const;
 
   const SnapshotOptions options_;
   mutable absl::Mutex mu_;
@@ -167,6 +181,7 @@ class SnapshotKeeper {
   // The last snapshot's figures (DaemonStats).
   double last_block_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   double last_copy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string capture_kind_ ABSL_GUARDED_BY(mu_);  // StateCapture::kind
   std::unique_ptr<SerialWorker> thread_;  // copies
   std::unique_ptr<SerialWorker> sender_;  // buddy sends (a slow one never holds up a copy)
 };

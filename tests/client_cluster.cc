@@ -124,10 +124,15 @@ absl::StatusOr<int> TestCluster::StartDaemon(const std::vector<std::string>& ext
   return i;
 }
 
-absl::Status TestCluster::RestartCoordinator() {
+void TestCluster::KillCoordinator() {
   children_.Signal(coordinator_, SIGKILL);
   (void)children_.Wait(coordinator_, absl::Seconds(10));
+}
+
+absl::Status TestCluster::RestartCoordinator(const std::vector<std::string>& extra_flags) {
+  KillCoordinator();
   std::vector<std::string> argv = coordinator_argv_;
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   const std::string port_file = absl::StrCat(dir(), "/coordinator", coordinator_starts_, ".port");
   for (std::string& a : argv) {
     if (absl::StartsWith(a, "--listen=")) a = "--listen=" + coordinator_address_;

@@ -70,9 +70,12 @@ class TestCluster {
   int daemon_port(int d) const { return daemon_ports_[d]; }
   // SIGKILLs daemon `d` and reaps it.
   void KillDaemon(int d);
-  // SIGKILLs the coordinator and starts it again with the same flags on the
-  // same port (a restart; give it --state_file to take the cluster back).
-  absl::Status RestartCoordinator();
+  // SIGKILLs the coordinator (if it still runs) and starts it again with
+  // the same flags plus `extra_flags` on the same port (a restart; give it
+  // --state_file to take the cluster back).
+  absl::Status RestartCoordinator(const std::vector<std::string>& extra_flags = {});
+  // SIGKILLs the coordinator and reaps it (RestartCoordinator brings it back).
+  void KillCoordinator();
   // Sends `sig` to daemon `d` (SIGSTOP / SIGCONT: a silent daemon).
   void SignalDaemon(int d, int sig);
   // Starts one more daemon process (the options' daemon flags plus

@@ -16,6 +16,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -37,6 +38,7 @@
 #include "checkpoint/store.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "safetensors/safetensors.h"
+#include "server/coordinator_state.h"
 #include "tests/client_cluster.h"
 
 namespace paramd {
@@ -605,6 +607,22 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
 
 // ---- A restarted coordinator (--state_file) ----
 
+// A cluster with --state_file on its coordinator and one pusher (this test).
+std::unique_ptr<TestCluster> StateFileCluster() {
+  TestClusterOptions options;
+  options.daemons = 2;
+  options.expected_pushers = 1;
+  options.optimizer = "adamw";
+  options.lr = 0.01;
+  auto cluster = TestCluster::Start(options, [](const std::string& dir) {
+    TestClusterFlags flags;
+    flags.coordinator = {"--state_file=" + dir + "/coordinator.state"};
+    return flags;
+  });
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? *std::move(cluster) : nullptr;
+}
+
 // COORDINATOR_KILL_TRIALS (default 2; 10 for the full run) trials: while a
 // pusher pushes and waits continuously, the coordinator is SIGKILLed after
 // a random 0-400 ms and started again with the same --state_file. The
@@ -616,17 +634,9 @@ TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
   std::mt19937 rng(static_cast<uint32_t>(EnvInt("RECOVERY_KILL_SEED", time(nullptr))));
   for (int trial = 0; trial < trials; ++trial) {
     SCOPED_TRACE(absl::StrCat("trial ", trial));
-    TestClusterOptions options;
-    options.daemons = 2;
-    options.expected_pushers = 1;
-    options.optimizer = "adamw";
-    options.lr = 0.01;
-    auto cluster = TestCluster::Start(options, [](const std::string& dir) {
-      TestClusterFlags flags;
-      flags.coordinator = {"--state_file=" + dir + "/coordinator.state"};
-      return flags;
-    });
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    std::unique_ptr<TestCluster> owned = StateFileCluster();
+    ASSERT_NE(owned, nullptr);
+    std::unique_ptr<TestCluster>* cluster = &owned;
     ClientOptions co;
     co.coordinator_address = (*cluster)->coordinator_address();
     co.expected_pushers = 1;
@@ -693,6 +703,138 @@ TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
     EXPECT_EQ(status->recovery().epoch(), 0);
     EXPECT_NE((*cluster)->Logs().find("restarted from"), std::string::npos) << (*cluster)->Logs();
   }
+}
+
+// The version daemon process `d` publishes, asked of it directly (-1 if it
+// does not answer).
+int64_t PublishedBy(TestCluster& cluster, int d) {
+  auto stub = rpc::Daemon::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", cluster.daemon_port(d)), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  rpc::GetStatsRequest request;
+  rpc::GetStatsResponse response;
+  if (!stub->GetStats(&context, request, &response).ok()) return -1;
+  return response.stats().published_version();
+}
+
+// While the coordinator is down, the daemons take pushes and step on: their
+// reports of each version to the coordinator fail and are retried on a
+// thread of their own, never on the worker that runs the next step (a
+// worker sleeping through 0.2 + 0.4 + ... + 3.2 s of retries held every
+// step after the first for over 6 s). The restarted coordinator then
+// commits what they published.
+TEST(CoordinatorRestartTest, DaemonsStepOnWhileTheCoordinatorIsDown) {
+  std::unique_ptr<TestCluster> cluster = StateFileCluster();
+  ASSERT_NE(cluster, nullptr);
+  ClientOptions co;
+  co.coordinator_address = cluster->coordinator_address();
+  co.expected_pushers = 1;
+  auto client = Client::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::string model = cluster->dir() + "/model.safetensors";
+  WriteModel(model);
+  absl::StatusOr<int64_t> loaded;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    loaded = (*client)->Load(model, "", absl::Seconds(30));
+    if (!absl::IsUnavailable(loaded.status())) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(loaded.ok()) << loaded.status() << cluster->Logs();
+  auto push = [&](int64_t v) {
+    const std::vector<std::vector<float>> g = GradientsFor(v);
+    std::vector<client::Gradient> grads;
+    for (size_t t = 0; t < kTensors.size(); ++t) {
+      grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
+    }
+    return (*client)->PushGradients(v, grads).status();
+  };
+  ASSERT_TRUE(push(0).ok());
+  ASSERT_TRUE((*client)->WaitForVersion(1, absl::Seconds(30)).ok()) << cluster->Logs();
+  // The state file holds the model (written by the coordinator's own thread).
+  const absl::Time written_by = absl::Now() + absl::Seconds(20);
+  for (;;) {
+    auto state = ReadStateFile(cluster->dir() + "/coordinator.state");
+    if (state.ok() && state->has_value() && (*state)->manifest().tensors_size() == 2) break;
+    ASSERT_LT(absl::Now(), written_by) << "no model in the state file";
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+
+  cluster->KillCoordinator();
+  const absl::Time start = absl::Now();
+  constexpr int64_t kSteps = 4;
+  for (int64_t v = 1; v <= kSteps; ++v) {
+    ASSERT_TRUE(push(v).ok()) << cluster->Logs();
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while ((PublishedBy(*cluster, 0) < v + 1 || PublishedBy(*cluster, 1) < v + 1) &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_EQ(PublishedBy(*cluster, 0), v + 1) << cluster->Logs();
+    ASSERT_EQ(PublishedBy(*cluster, 1), v + 1) << cluster->Logs();
+  }
+  const absl::Duration took = absl::Now() - start;
+  std::printf("%lld pushed steps with the coordinator down: %.3f s\n",
+              static_cast<long long>(kSteps), absl::ToDoubleSeconds(took));
+  // A worker held by report retries needs over 6 s for the second step.
+  EXPECT_LT(took, absl::Seconds(5)) << cluster->Logs();
+
+  ASSERT_TRUE(cluster->RestartCoordinator().ok()) << cluster->Logs();
+  absl::StatusOr<int64_t> w;
+  const absl::Time committed_by = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < committed_by) {
+    w = (*client)->WaitForVersion(kSteps + 1, absl::Seconds(2));
+    if (!absl::IsUnavailable(w.status())) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(w.ok()) << w.status() << cluster->Logs();
+  EXPECT_EQ(*w, kSteps + 1);
+}
+
+// A coordinator restarted with --model after its earlier run died before a
+// model was loaded (its state file holds the daemons and no manifest): the
+// daemons are not joining again, so nothing completes the world; it loads
+// the startup model once they are back.
+TEST(CoordinatorRestartTest, RestartedBeforeAModelWasLoadedItLoadsItsStartupModel) {
+  std::unique_ptr<TestCluster> cluster = StateFileCluster();
+  ASSERT_NE(cluster, nullptr);
+  ClientOptions co;
+  co.coordinator_address = cluster->coordinator_address();
+  co.role = ClientOptions::Role::kObserver;
+  auto client = Client::Connect(co);
+  ASSERT_TRUE(client.ok()) << client.status();
+  // Both daemons joined (and so are in the state file, written on every change).
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  for (;;) {
+    auto s = (*client)->Status(false, absl::Seconds(5));
+    int alive = 0;
+    if (s.ok()) {
+      for (const rpc::Member& m : s->members()) {
+        alive += m.role() == rpc::ROLE_DAEMON && m.state() == rpc::MEMBER_STATE_ALIVE;
+      }
+    }
+    if (alive == 2) break;
+    ASSERT_LT(absl::Now(), give_up) << cluster->Logs();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the state writer's coalescing
+  const std::string model = cluster->dir() + "/model.safetensors";
+  WriteModel(model);
+  ASSERT_TRUE(cluster->RestartCoordinator({"--model=" + model}).ok()) << cluster->Logs();
+  // Before, nothing ever loaded the model: this gave up after 30 s.
+  absl::StatusOr<int64_t> v;
+  const absl::Time loaded_by = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < loaded_by) {
+    v = (*client)->WaitForVersion(0, absl::Seconds(2));
+    if (v.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(v.ok()) << v.status() << cluster->Logs();
+  EXPECT_EQ(*v, 0);
+  auto status = (*client)->Status(false, absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->manifest().tensors_size(), 2);
+  EXPECT_NE(cluster->Logs().find("restarted from"), std::string::npos) << cluster->Logs();
 }
 
 // WatchVersion reports a rewind once, with the version the cluster went back to.

@@ -26,6 +26,8 @@
 #include "server/gpu_backend/published_meta.h"
 #include "server/gpu_backend/shard_store.h"
 #include "server/gpu_backend/spec_rules.h"
+#include "server/gpu_backend/state_capture.h"
+#include "server/step_scaling.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {
@@ -88,6 +90,7 @@ class GpuShardBackend : public ShardBackend {
         store_(std::move(store)),
         copies_(std::make_shared<HostCopies>(
             store_, TestHookFromEnv("PARAMD_GPU_HOST_COPY_DELAY_MS"))),
+        snapshot_spare_(DeviceSnapshotSpare::Create(store_)),
         optimizer_(options.optimizer),
         step_timeout_(options.step_timeout) {
     for (const ShardDef& d : shards_) {
@@ -133,7 +136,8 @@ class GpuShardBackend : public ShardBackend {
   BackendMemory memory() const override {
     BackendMemory m;
     m.parameters = store_->parameters();  // fixed at Create
-    m.device_bytes = device_bytes_.load(std::memory_order_relaxed);
+    m.device_bytes =
+        device_bytes_.load(std::memory_order_relaxed) + snapshot_spare_->device_bytes();
     return m;
   }
   GpuShardStore* store() { return store_.get(); }
@@ -187,6 +191,36 @@ class GpuShardBackend : public ShardBackend {
     return mirror_.get();
   }
 
+  // The arrays through the device spare (state_capture.h); the small state
+  // read here (a few scalars per FP8-delayed direction).
+  absl::StatusOr<CapturedState> CaptureState() override {
+    if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
+    // A mirror handed out and not uploaded yet is the newest state.
+    if (mirror_dirty_ || !masters_uploaded_) return ShardBackend::CaptureState();
+    ScopedDevice guard(store_->device());
+    CapturedState c;
+    c.optimizer = optimizer_;
+    c.optimizer_steps = store_->optimizer_steps();
+    c.skipped_steps = report_.skipped_steps;
+    c.delayed.resize(tensors_.size());
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const HybridSpec& spec = tensors_[shards_[i].tensor].spec;
+      auto& delayed = c.delayed[shards_[i].tensor];
+      for (int dir = 0; dir < 2; ++dir) {
+        delayed[dir] = step_scaling::InitialDelayed(SpecOf(spec, dir));
+        float* history = store_->history(static_cast<int>(i), dir);
+        if (history == nullptr) continue;
+        RETURN_IF_ERROR(Copy(delayed[dir].amax_history.data(), history,
+                             delayed[dir].amax_history.size() * sizeof(float),
+                             cudaMemcpyDeviceToHost));
+        RETURN_IF_ERROR(Copy(&delayed[dir].scale, store_->scale(static_cast<int>(i), dir),
+                             sizeof(float), cudaMemcpyDeviceToHost));
+      }
+    }
+    ASSIGN_OR_RETURN(c.arrays, snapshot_spare_->Capture());
+    return c;
+  }
+
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
                                                                bool apply_optimizer,
                                                                const AllReduceMaxFn& all_reduce,
@@ -196,9 +230,14 @@ class GpuShardBackend : public ShardBackend {
           "an earlier gpu step failed (", broken_.message(),
           "); the device state is undefined: load the model again"));
     }
+    // A snapshot's spare copy reads the masters and moments: host writes
+    // into them (a mirror's upload) wait for it here, the step's device
+    // work on the device.
+    if (mirror_dirty_ || !masters_uploaded_) RETURN_IF_ERROR(snapshot_spare_->WaitHost());
     absl::Status uploaded = Upload(apply_optimizer);
     NoteDeviceBytes();
     RETURN_IF_ERROR(uploaded);
+    RETURN_IF_ERROR(snapshot_spare_->OrderBefore(store_->stream()));
     if (apply_optimizer && step_delay_ms_ > 0) {
       GPU_RETURN_IF_ERROR(cudaLaunchHostFunc(store_->stream(), HoldStream,
                                              const_cast<int64_t*>(&step_delay_ms_)));
@@ -286,6 +325,9 @@ class GpuShardBackend : public ShardBackend {
     if (out == nullptr) {
       out = NewPipelinedVersion(new_version, buckets, static_cast<int>(tensors_.size()));
     }
+    // The buckets' work runs on more streams than the store's: a snapshot's
+    // spare copy (a few ms) is waited for on the host.
+    RETURN_IF_ERROR(snapshot_spare_->WaitHost());
     absl::Status uploaded = Upload(/*apply_optimizer=*/false);
     NoteDeviceBytes();
     RETURN_IF_ERROR(uploaded);
@@ -663,6 +705,7 @@ class GpuShardBackend : public ShardBackend {
   std::vector<ShardDef> shards_;
   std::shared_ptr<GpuShardStore> store_;
   std::shared_ptr<HostCopies> copies_;
+  std::shared_ptr<DeviceSnapshotSpare> snapshot_spare_;  // CaptureState
   OptimizerOptions optimizer_;
   StepReport report_;  // of the latest published version
   absl::Duration step_timeout_;
