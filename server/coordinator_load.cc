@@ -500,7 +500,13 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
           response.set_committed_version(committed_);
         }
         if (advanced) version_waiters_.WakeAll();
-        done(s, response);
+        // Answered once the state file holds the model: a coordinator
+        // killed after the reply and restarted from the file still has it.
+        if (state_writer_) {
+          state_writer_->WhenWritten([done, s, response] { done(s, response); });
+        } else {
+          done(s, response);
+        }
       });
 }
 

@@ -68,6 +68,23 @@ StateWriter::~StateWriter() {
     stop_ = true;
   }
   thread_.join();
+  std::vector<std::pair<int64_t, std::function<void()>>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(waiting_);
+  }
+  for (auto& [mark, then] : left) then();
+}
+
+void StateWriter::WhenWritten(std::function<void()> then) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (written_ < marked_ && !stop_) {
+      waiting_.emplace_back(marked_, std::move(then));
+      return;
+    }
+  }
+  then();
 }
 
 void StateWriter::MarkDirty() {
@@ -101,9 +118,22 @@ void StateWriter::Run() {
     }
     const absl::Status s = WriteStateFile(path_, make_state_());
     if (!s.ok()) LogError("coordinator", absl::StrCat("writing the state file failed: ", s.ToString()));
+    std::vector<std::function<void()>> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      written_ = mark;
+      last_ = s;
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (it->first <= written_) {
+          ready.push_back(std::move(it->second));
+          it = waiting_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& then : ready) then();
     absl::MutexLock lock(&mu_);
-    written_ = mark;
-    last_ = s;
     if (last && marked_ == written_) return;
   }
 }

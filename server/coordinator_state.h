@@ -24,6 +24,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -52,6 +54,11 @@ class StateWriter {
   void MarkDirty();
   // Blocks until everything marked so far is written; the last write's status.
   absl::Status Flush();
+  // Never blocks: `then` runs once everything marked so far is written (on
+  // the writer's thread; at once on this one if it already is), or at
+  // destruction. So that a change is acknowledged only once a restart would
+  // find it (a load's reply), without holding a gRPC thread for the fsync.
+  void WhenWritten(std::function<void()> then);
 
  private:
   void Run();
@@ -63,6 +70,8 @@ class StateWriter {
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status last_ ABSL_GUARDED_BY(mu_);
+  // WhenWritten's callbacks by the mark they wait for.
+  std::vector<std::pair<int64_t, std::function<void()>>> waiting_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
