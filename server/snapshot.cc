@@ -100,7 +100,8 @@ struct Piece {
 
 std::vector<Piece> Pieces(const DaemonSnapshot& s, int64_t chunk_bytes) {
   std::vector<Piece> out;
-  const int64_t per = std::max<int64_t>(1, chunk_bytes / static_cast<int64_t>(sizeof(float)));
+  const int64_t per = std::max<int64_t>(
+      1, std::min(chunk_bytes, kMaxSnapshotChunkBytes) / static_cast<int64_t>(sizeof(float)));
   for (size_t i = 0; i < s.arrays.size(); ++i) {
     for (int k = 0; k < 3; ++k) {
       const int64_t n = static_cast<int64_t>(s.arrays[i][k].size());

@@ -86,6 +86,11 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnaps
 // missing there).
 std::vector<std::string> DaemonAddresses(const rpc::Manifest& manifest);
 
+// The most array bytes one SnapshotChunk carries, whatever
+// SnapshotOptions::chunk_bytes says: 4 MiB (gRPC's default receive limit)
+// less room for the chunk's other fields.
+inline constexpr int64_t kMaxSnapshotChunkBytes = (int64_t{4} << 20) - (int64_t{64} << 10);
+
 struct SnapshotOptions {
   // Snapshot every N optimizer steps (versions that are multiples of N);
   // 0: never (the buddy copies of others are still kept and served).
@@ -93,7 +98,10 @@ struct SnapshotOptions {
   int keep = 2;
   // Of one buddy send / one fetch of a snapshot.
   absl::Duration transfer_timeout = absl::Minutes(5);
-  int64_t chunk_bytes = int64_t{4} << 20;
+  // Array bytes per SnapshotChunk message. Capped at kMaxSnapshotChunkBytes:
+  // a chunk's framing (shard, array, offset) comes on top of its data, and a
+  // message over gRPC's default 4 MiB receive limit is refused by the reader.
+  int64_t chunk_bytes = int64_t{1} << 20;
   // How this daemon calls other daemons: TLS and the cluster secret
   // (set once joined).
   auth::TlsConfig tls;

@@ -50,9 +50,17 @@ using testing::TestCluster;
 using testing::TestClusterFlags;
 using testing::TestClusterOptions;
 
+// The test model. b.weight is large enough (9 MiB, 4.5 MiB per daemon when
+// split) that a daemon's snapshot arrays and checkpoint shards span several
+// gRPC messages, each under the default 4 MiB receive limit.
+const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors = {
+    {"a.weight", {256, 64}}, {"b.weight", {2304, 1024}}};
+
 void WriteModel(const std::string& path) {
-  std::vector<safetensors::TensorSpec> specs = {{"a.weight", safetensors::Dtype::kF32, {256, 64}},
-                                                {"b.weight", safetensors::Dtype::kF32, {128, 96}}};
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto& [name, shape] : kTensors) {
+    specs.push_back({name, safetensors::Dtype::kF32, {shape.first, shape.second}});
+  }
   auto writer = safetensors::SafetensorsWriter::Create(path, specs);
   ASSERT_TRUE(writer.ok()) << writer.status();
   for (const auto& spec : specs) {
@@ -233,8 +241,6 @@ TEST_F(MembershipTest, ReplacementWithTheRankTakesItsPlace) {
 
 // ---- Recovery from disk ----
 
-const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors = {
-    {"a.weight", {256, 64}}, {"b.weight", {128, 96}}};
 
 // The gradient every test pusher sends for `version` (deterministic).
 std::vector<std::vector<float>> GradientsFor(int64_t version) {
