@@ -44,18 +44,20 @@ absl::StatusOr<Daemon::Impl::FetchTarget> Daemon::Impl::ResolveFetch(int64_t ver
   return t;
 }
 
-bool Daemon::Impl::Park(const std::string& client) {
+bool Daemon::Impl::Park(const std::string& client, bool as_ready) {
   absl::MutexLock lock(&parked_mu_);
   int64_t& n = parked_[client];
   if (n >= options_.limits.max_parked_fetches_per_client) return false;
   ++n;
+  if (as_ready) as_ready_parked_.fetch_add(1);
   return true;
 }
 
-void Daemon::Impl::Unpark(const std::string& client) {
+void Daemon::Impl::Unpark(const std::string& client, bool as_ready) {
   absl::MutexLock lock(&parked_mu_);
   auto it = parked_.find(client);
   if (it != parked_.end() && --it->second <= 0) parked_.erase(it);
+  if (as_ready) as_ready_parked_.fetch_sub(1);
 }
 
 void Daemon::Impl::AddServed(Direction d, int64_t bytes) {
@@ -98,7 +100,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
         request_(request),
         client_(std::move(client)) {}
   ~FetchReactor() override {
-    if (parked_) daemon_->Unpark(client_);
+    if (parked_) daemon_->Unpark(client_, request_.as_ready());
   }
 
  private:
@@ -128,7 +130,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     absl::StatusOr<Daemon::Impl::FetchTarget> target = daemon_->ResolveFetch(request_.version());
     if (target.ok() && target->version == nullptr) {  // wait for a publish
       if (request_.as_ready() && StartInFlightLocked()) return;
-      if (!parked_ && !daemon_->Park(client_)) {
+      if (!parked_ && !daemon_->Park(client_, request_.as_ready())) {
         UnregisterLocked();
         started_ = true;
         FinishLocked(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
@@ -141,7 +143,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     }
     UnregisterLocked();
     if (parked_) {
-      daemon_->Unpark(client_);
+      daemon_->Unpark(client_, request_.as_ready());
       parked_ = false;
     }
     started_ = true;
@@ -171,7 +173,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     if (!ready) return false;
     UnregisterLocked();
     if (parked_) {
-      daemon_->Unpark(client_);
+      daemon_->Unpark(client_, request_.as_ready());
       parked_ = false;
     }
     started_ = true;

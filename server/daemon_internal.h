@@ -188,9 +188,14 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   const RequestLimits& limits() const { return options_.limits; }
 
   // Fetches parked (waiting for an unpublished version) per client host:
-  // false when `client` already has the limit parked here.
-  bool Park(const std::string& client);
-  void Unpark(const std::string& client);
+  // false when `client` already has the limit parked here. `as_ready`: the
+  // fetch asked for FetchRequest.as_ready (counted for AsReadyParked).
+  bool Park(const std::string& client, bool as_ready);
+  void Unpark(const std::string& client, bool as_ready);
+  // Whether an as_ready fetch is parked here now: the gpu backend's
+  // pipelined step copies its buckets to the host only then
+  // (PipelinedStepHooks::host_readers).
+  bool AsReadyParked() const { return as_ready_parked_.load() > 0; }
   void AddServed(Direction d, int64_t bytes);
 
   // First message of a push stream: fails fast on a bad version or pusher.
@@ -490,6 +495,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   absl::Mutex parked_mu_;
   std::map<std::string, int64_t> parked_ ABSL_GUARDED_BY(parked_mu_);
+  std::atomic<int64_t> as_ready_parked_{0};
 
   static ipc::IpcServiceOptions IpcOptions(const DaemonOptions& options);
   // Declared last: destroyed first (its socket thread calls WithSnapshot).

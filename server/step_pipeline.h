@@ -93,6 +93,13 @@ struct PipelinedStepHooks {
   std::function<absl::Status()> check_bucket;
   // Null: nobody listens. Must not block long or touch the ShardSet.
   std::function<void(int bucket)> on_bucket_ready;
+  // Whether anyone reads a ready bucket's host bytes now (the daemon: an
+  // as_ready fetch is parked). Null: always. The cpu backend ignores it
+  // (its buckets are on the host anyway); the gpu backend
+  // (ShardBackend::StepPipelined) neither copies nor announces a bucket
+  // while it is false, and copies the buckets it skipped before it
+  // announces a later one, so announced buckets stay a prefix with bytes.
+  std::function<bool()> host_readers;
   // Called after the last bucket, before the commit barrier; an error
   // abandons the step on every daemon (e.g. a push used by the step failed
   // after its bucket). Null: OK.

@@ -309,10 +309,11 @@ class GpuShardBackend : public ShardBackend {
   }
 
   // The pipelined step (ShardBackend::StepPipelined; pipelined_step.h):
-  // each bucket's gradients uploaded as the daemon's pushes deliver them,
-  // each bucket's bytes copied to the host pieces of `out` before it is
-  // announced (the daemon's as_ready fetches stream host bytes), `out`
-  // itself published. Transactional until its commit barrier.
+  // each bucket's gradients uploaded as the daemon's pushes deliver them;
+  // while hooks.host_readers says someone reads, each bucket's bytes
+  // copied to the host pieces of `out` before it is announced (the
+  // daemon's as_ready fetches stream host bytes); `out` itself published
+  // (with every bucket's metadata). Transactional until its commit barrier.
   absl::StatusOr<std::shared_ptr<const PublishedVersion>> StepPipelined(
       int64_t new_version, const AllReduceMaxFn& all_reduce, bool update_delayed,
       const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
@@ -369,12 +370,20 @@ class GpuShardBackend : public ShardBackend {
     gpu_hooks.check_bucket = hooks.check_bucket;
     gpu_hooks.before_commit = hooks.before_commit;
     absl::Status copy_error;  // the announcer's, read after the step
+    // Buckets [0, copied) are on the host. Announced buckets are checked
+    // ones, in order: a bucket skipped while nobody read is copied before a
+    // later one is announced.
+    int copied = 0;
     gpu_hooks.on_bucket_ready = [&](int b) {
-      absl::Status s = CopyBucketToHost(*store_, tensors_, shards_, new_version, buckets[b],
-                                        &copy_stream_, out.get());
-      if (!s.ok()) {
-        copy_error = s;  // not announced: its fetches end with the step's error
-        return;
+      if (!copy_error.ok() || (hooks.host_readers && !hooks.host_readers())) return;
+      for (; copied <= b; ++copied) {
+        absl::Status s = CopyBucketToHost(*store_, tensors_, shards_, new_version,
+                                          buckets[copied], /*bytes=*/true, &copy_stream_,
+                                          out.get());
+        if (!s.ok()) {
+          copy_error = s;  // not announced: its fetches end with the step's error
+          return;
+        }
       }
       if (hooks.on_bucket_ready) hooks.on_bucket_ready(b);
     };
@@ -391,6 +400,12 @@ class GpuShardBackend : public ShardBackend {
                                            new_version, " (PARAMD_GPU_FAIL_STEP)"));
     }
     if (!committed) return s;  // nothing changed: the step may run again
+    // The buckets nobody read: their metadata (whole-version host readers
+    // copy their bytes on demand, HostCopies).
+    for (int b = copied; s.ok() && b < static_cast<int>(buckets.size()); ++b) {
+      s = CopyBucketToHost(*store_, tensors_, shards_, new_version, buckets[b], /*bytes=*/false,
+                           &copy_stream_, out.get());
+    }
     if (s.ok()) UpdateReport(step);
     report_.optimizer_steps = store_->optimizer_steps();
     if (s.ok()) s = PublishPipelined(new_version, out);

@@ -480,5 +480,52 @@ TEST(GpuPipelinedAbandonTest, LeavingBeforeTheFirstAllReduceMakesNone) {
   }
 }
 
+// hooks.host_readers: while nobody reads, a bucket is neither copied to the
+// host nor announced; the first bucket announced after that carries the
+// skipped ones' bytes too. Never read: nothing announced, the published
+// version has every piece's metadata and host_bytes() copies its bytes on
+// demand. Both equal the whole step's bytes.
+TEST(GpuPipelinedHostReadersTest, SkippedBucketsAreCopiedBeforeALaterAnnouncement) {
+  const OptimizerOptions o = OptionsOf(0);
+  const std::vector<TensorDef> model =
+      OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
+  for (int readers_from : {2, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "readers from bucket " << readers_from);
+    World whole(gpu_backend::DaemonBackend::kGpu, model, 1, o);
+    World piped(gpu_backend::DaemonBackend::kGpu, model, 1, o);
+    whole.Step(0, false);
+    piped.Step(0, false);
+    const Grads pushes = RandomPushes(model, 0, 2);
+    whole.Push(pushes);
+    const auto pw = whole.Step(1, true);
+    std::vector<int> announced;
+    int asked = 0;
+    std::vector<StepResult> r = StepPipelined(piped, 1, 0, pushes, [&](int, PipelinedStepHooks& h) {
+      h.host_readers = [&] { return asked++ >= readers_from; };
+      h.on_bucket_ready = [&](int b) { announced.push_back(b); };
+    });
+    ASSERT_TRUE(r[0].ok()) << r[0].status();
+    const PublishedVersion& v = **r[0];
+    const int buckets = static_cast<int>(
+        PlanStepBuckets(piped.daemons[0]->tensors(), piped.daemons[0]->shards(), 0).size());
+    std::vector<int> expected;
+    for (int b = readers_from; b < buckets; ++b) expected.push_back(b);
+    EXPECT_EQ(announced, expected);
+    // Every piece has its metadata.
+    ASSERT_EQ(v.pieces.size(), pw[0]->pieces.size());
+    for (size_t k = 0; k < v.pieces.size(); ++k) {
+      EXPECT_EQ(v.pieces[k].shard, pw[0]->pieces[k].shard) << k;
+      EXPECT_EQ(v.pieces[k].direction, pw[0]->pieces[k].direction) << k;
+      // Announced through the last bucket: every bucket was copied; never
+      // read: none was.
+      EXPECT_EQ(v.pieces[k].q.data.empty(), announced.empty()) << k;
+    }
+    const auto pp = World::WithBytes(piped, r);
+    ASSERT_EQ(pp.size(), 1u);
+    ExpectSamePieces(*pw[0], *pp[0]);
+    ExpectSameReport(pw[0]->report, pp[0]->report);
+  }
+}
+
 }  // namespace
 }  // namespace paramd

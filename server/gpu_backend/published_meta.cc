@@ -53,7 +53,8 @@ void DescribeShard(int i, const ShardDef& d, const TensorDef& t, const float* sc
 
 absl::Status CopyBucketToHost(GpuShardStore& store, const std::vector<TensorDef>& tensors,
                               const std::vector<ShardDef>& shards, int64_t version,
-                              const StepBucket& b, cudaStream_t* stream, PublishedVersion* out) {
+                              const StepBucket& b, bool bytes, cudaStream_t* stream,
+                              PublishedVersion* out) {
   ScopedDevice guard(store.device());
   if (*stream == nullptr) {
     GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking));
@@ -91,7 +92,7 @@ absl::Status CopyBucketToHost(GpuShardStore& store, const std::vector<TensorDef>
   if (static_cast<int>(pieces.size()) != b.piece_end - b.piece_begin) {
     return absl::InternalError("pipelined step: piece count");
   }
-  for (size_t j = 0; j < pieces.size(); ++j) {
+  for (size_t j = 0; j < pieces.size() && bytes; ++j) {
     PublishedPiece& p = pieces[j];
     const GpuPublishedDirection& dev = device[j];
     p.q.data.resize(dev.layout.data_bytes());

@@ -31,13 +31,15 @@ void DescribeShard(int i, const ShardDef& d, const TensorDef& t, const float* sc
 
 // Bucket `b` of `version` (in flight in `store`, its bucket event
 // completed): its pieces of `out` (out->pieces[b.piece_begin, piece_end))
-// get their metadata and their bytes from the device, and its tensors'
-// TensorScalingInfo is set. Copies on `*stream` (created on first use;
-// the caller destroys it). `tensors` / `shards` are the backend's (its
-// shards in the store's order). Blocks until the copies are done.
+// get their metadata and, with `bytes`, their bytes from the device, and
+// its tensors' TensorScalingInfo is set. Copies on `*stream` (created on
+// first use; the caller destroys it). `tensors` / `shards` are the
+// backend's (its shards in the store's order). Blocks until the copies are
+// done.
 absl::Status CopyBucketToHost(GpuShardStore& store, const std::vector<TensorDef>& tensors,
                               const std::vector<ShardDef>& shards, int64_t version,
-                              const StepBucket& b, cudaStream_t* stream, PublishedVersion* out);
+                              const StepBucket& b, bool bytes, cudaStream_t* stream,
+                              PublishedVersion* out);
 
 }  // namespace gpu_backend
 }  // namespace paramd
