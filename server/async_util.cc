@@ -35,8 +35,9 @@ namespace {
 
 class WaitingUnary : public WaitingReactor<grpc::ServerUnaryReactor> {
  public:
-  WaitingUnary(WaitList* list, std::function<std::optional<grpc::Status>()> poll)
-      : WaitingReactor(list), poll_(std::move(poll)) {}
+  WaitingUnary(WaitList* list, std::function<std::optional<grpc::Status>()> poll,
+               std::function<void()> on_cancel)
+      : WaitingReactor(list), poll_(std::move(poll)), on_cancel_(std::move(on_cancel)) {}
 
   void Begin() {
     ScopedRef ref(this);
@@ -50,6 +51,7 @@ class WaitingUnary : public WaitingReactor<grpc::ServerUnaryReactor> {
     if (finished_) return;
     UnregisterLocked();
     finished_ = true;
+    if (on_cancel_) on_cancel_();
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled while waiting"));
   }
 
@@ -70,14 +72,16 @@ class WaitingUnary : public WaitingReactor<grpc::ServerUnaryReactor> {
   }
 
   const std::function<std::optional<grpc::Status>()> poll_;
+  const std::function<void()> on_cancel_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
 
 grpc::ServerUnaryReactor* StartWaitingUnary(WaitList* list,
-                                            std::function<std::optional<grpc::Status>()> poll) {
-  auto* reactor = new WaitingUnary(list, std::move(poll));
+                                            std::function<std::optional<grpc::Status>()> poll,
+                                            std::function<void()> on_cancel) {
+  auto* reactor = new WaitingUnary(list, std::move(poll), std::move(on_cancel));
   reactor->Begin();
   return reactor;
 }

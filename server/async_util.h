@@ -186,9 +186,13 @@ class WaitingWriter : public WaitingReactor<grpc::ServerWriteReactor<Response>> 
 // cancelled first (deadline, client gone), it finishes with CANCELLED, which
 // the client sees as DEADLINE_EXCEEDED when its deadline passed. `poll` runs
 // on gRPC or WakeAll threads, never concurrently with itself, and never
-// after the call finished. `list` must outlive the call.
+// after the call finished. `list` must outlive the call. `on_cancel`, if
+// set, runs once when the call is cancelled before `poll` finished it (on a
+// gRPC thread, with the same locks held as `poll`), so that a caller can
+// undo what the waiting call stood for (a Join that held a lease).
 grpc::ServerUnaryReactor* StartWaitingUnary(WaitList* list,
-                                            std::function<std::optional<grpc::Status>()> poll);
+                                            std::function<std::optional<grpc::Status>()> poll,
+                                            std::function<void()> on_cancel = nullptr);
 
 // LogInfo(tag, message) (common/log.h).
 void Log(absl::string_view tag, absl::string_view message);

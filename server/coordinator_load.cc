@@ -141,9 +141,10 @@ void Coordinator::Impl::TryLoadJoinWait(const std::shared_ptr<LoadJoinWait>& wai
     {
       absl::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
-      // Once all have joined, also until each is ready: a daemon that waited
-      // for the world longer than its lease is DOWN until its first
-      // heartbeat (Heartbeat wakes world_waiters_ when it is back).
+      // Once all have joined, also until each is ready: a DOWN daemon (say
+      // stopped) may heartbeat again (Heartbeat wakes world_waiters_ when it
+      // is back). One waiting in its Join is not DOWN: the open Join holds
+      // its lease (DaemonTable::JoinWaitBegan).
       absl::Status ready = table_.all_joined() ? table_.CheckAllReady("a load", now)
                                                : absl::UnavailableError("not all joined");
       if (shut_down_) {

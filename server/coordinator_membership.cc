@@ -37,14 +37,37 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
     FillJoinResponseLocked(*member, response);
     return Done(context, absl::OkStatus());
   }
-  return StartWaitingUnary(&world_waiters_,
-                           [this, m = *member, response]() -> std::optional<grpc::Status> {
-                             absl::MutexLock lock(&mu_);
-                             if (shut_down_) return Unavailable("coordinator shutting down");
-                             if (!table_.all_joined()) return std::nullopt;
-                             FillJoinResponseLocked(m, response);
-                             return grpc::Status::OK;
-                           });
+  // A daemon waiting here has no member id to heartbeat with yet: the open
+  // Join holds its lease (DaemonTable::JoinWaitBegan), so a daemon that
+  // waits longer than the lease is not DOWN when the world completes. A
+  // daemon that dies while waiting closes its connection, which cancels
+  // the call and starts its lease running.
+  const bool holds_lease = member->role() == rpc::ROLE_DAEMON;
+  if (holds_lease) {
+    absl::MutexLock lock(&mu_);
+    table_.JoinWaitBegan(member->rank(), request->incarnation());
+  }
+  auto end_wait = [this, holds_lease, rank = member->rank(),
+                   incarnation = request->incarnation()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (holds_lease) table_.JoinWaitEnded(rank, incarnation, absl::Now());
+  };
+  return StartWaitingUnary(
+      &world_waiters_,
+      [this, m = *member, response, end_wait]() -> std::optional<grpc::Status> {
+        absl::MutexLock lock(&mu_);
+        if (shut_down_) {
+          end_wait();
+          return Unavailable("coordinator shutting down");
+        }
+        if (!table_.all_joined()) return std::nullopt;
+        end_wait();
+        FillJoinResponseLocked(m, response);
+        return grpc::Status::OK;
+      },
+      [this, end_wait]() {
+        absl::MutexLock lock(&mu_);
+        end_wait();
+      });
 }
 
 grpc::ServerUnaryReactor* Coordinator::Impl::Leave(grpc::CallbackServerContext* context,

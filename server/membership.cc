@@ -1,5 +1,7 @@
 #include "server/membership.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -131,8 +133,28 @@ absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& re
   s.last_step_seconds = 0;
   s.last_heartbeat = now;
   s.down_since = absl::InfinitePast();
+  s.joins_waiting = 0;  // any still open belong to the process replaced
   result.member = s.member;
   return result;
+}
+
+void DaemonTable::JoinWaitBegan(int rank, absl::string_view incarnation) {
+  if (rank < 0 || rank >= size()) return;
+  DaemonSlot& s = slots_[rank];
+  if (!s.joined || (!incarnation.empty() && s.member.incarnation() != incarnation)) return;
+  ++s.joins_waiting;
+}
+
+void DaemonTable::JoinWaitEnded(int rank, absl::string_view incarnation, absl::Time now) {
+  if (rank < 0 || rank >= size()) return;
+  DaemonSlot& s = slots_[rank];
+  if (!s.joined || (!incarnation.empty() && s.member.incarnation() != incarnation)) return;
+  if (s.joins_waiting == 0) return;
+  --s.joins_waiting;
+  // The open Join stood for heartbeats up to now.
+  if (s.member.state() != rpc::MEMBER_STATE_DOWN) {
+    s.last_heartbeat = std::max(s.last_heartbeat, now);
+  }
 }
 
 rpc::HeartbeatVerdict DaemonTable::Heartbeat(const rpc::HeartbeatRequest& request,
@@ -160,7 +182,7 @@ std::vector<int> DaemonTable::ExpireLeases(absl::Time now) {
   for (int r = 0; r < size(); ++r) {
     DaemonSlot& s = slots_[r];
     if (!s.joined || s.member.state() == rpc::MEMBER_STATE_DOWN) continue;
-    if (now - s.last_heartbeat <= lease_) continue;
+    if (s.joins_waiting > 0 || now - s.last_heartbeat <= lease_) continue;
     s.member.set_state(rpc::MEMBER_STATE_DOWN);
     s.member.set_down_reason(absl::StrFormat("no heartbeat for %.1f s (lease %.1f s)",
                                              absl::ToDoubleSeconds(now - s.last_heartbeat),

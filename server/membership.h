@@ -38,6 +38,10 @@ struct DaemonSlot {
   // A replacement that joined after a model was loaded: it holds no shards
   // until the coordinator's recovery gives it the rank's state.
   bool needs_state = false;
+  // Join calls of the holder still open, waiting for the rest of the world
+  // (wait_for_world). Such a daemon cannot heartbeat yet (it learns its
+  // member id from the reply), so an open Join holds its lease instead.
+  int joins_waiting = 0;
 };
 
 class DaemonTable {
@@ -68,8 +72,19 @@ class DaemonTable {
   rpc::HeartbeatVerdict Heartbeat(const rpc::HeartbeatRequest& request, absl::Time now,
                                   bool* revived);
 
+  // The holder of `rank` (by `incarnation`; empty matches any) has a Join
+  // open that waits for the world: its lease does not expire until the
+  // matching JoinWaitEnded. The coordinator calls Ended when that Join
+  // finishes or is cancelled (the daemon died: its connection closed), and
+  // the lease then runs from `now`, so a daemon killed while waiting is
+  // DOWN one lease after its Join was cancelled. Calls for a rank whose
+  // holder changed in between are ignored.
+  void JoinWaitBegan(int rank, absl::string_view incarnation);
+  void JoinWaitEnded(int rank, absl::string_view incarnation, absl::Time now);
+
   // Marks DOWN every live daemon whose last heartbeat is older than the
-  // lease; returns the ranks that went DOWN with this call.
+  // lease and that has no Join waiting (JoinWaitBegan); returns the ranks
+  // that went DOWN with this call.
   std::vector<int> ExpireLeases(absl::Time now);
 
   // UNAVAILABLE naming the first rank that is not joined, DOWN or waiting

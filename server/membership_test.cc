@@ -90,6 +90,61 @@ TEST(DaemonTableTest, SilentDaemonGoesDownAndAReplacementTakesItsRank) {
   EXPECT_TRUE(t.CheckAllReady("a step", now).ok());
 }
 
+TEST(DaemonTableTest, DaemonWaitingInItsJoinKeepsItsLease) {
+  DaemonTable t(2, kLease);
+  absl::Time now = absl::Now();
+  auto a = t.Join(Daemon("h:1", "a"), now, false);
+  ASSERT_TRUE(a.ok());
+  t.JoinWaitBegan(0, "a");  // its Join waits for rank 1
+  now += absl::Seconds(3);  // twice the lease, no heartbeat (it has no member id yet)
+  EXPECT_TRUE(t.ExpireLeases(now).empty());
+  auto b = t.Join(Daemon("h:2", "b"), now, false);
+  ASSERT_TRUE(b.ok());
+  EXPECT_TRUE(t.CheckAllReady("a load", now).ok());
+  t.JoinWaitEnded(0, "a", now);  // the world is complete: the Join answered
+  // Until its first heartbeat (within the lease), a load finds it alive.
+  now += absl::Milliseconds(250);
+  EXPECT_TRUE(t.ExpireLeases(now).empty());
+  EXPECT_TRUE(t.CheckAllReady("a load", now).ok()) << t.CheckAllReady("a load", now);
+  // Without heartbeats after that, the usual lease applies.
+  now += kLease;
+  EXPECT_EQ(t.ExpireLeases(now), (std::vector<int>{0, 1}));
+}
+
+TEST(DaemonTableTest, DaemonKilledWhileWaitingInItsJoinGoesDownOneLeaseLater) {
+  DaemonTable t(2, kLease);
+  absl::Time now = absl::Now();
+  auto a = t.Join(Daemon("h:1", "a"), now, false);
+  ASSERT_TRUE(a.ok());
+  t.JoinWaitBegan(0, "a");
+  now += absl::Seconds(5);
+  EXPECT_TRUE(t.ExpireLeases(now).empty());
+  t.JoinWaitEnded(0, "a", now);  // killed: its connection closed, the Join is cancelled
+  now += absl::Milliseconds(1000);
+  EXPECT_TRUE(t.ExpireLeases(now).empty());
+  now += absl::Milliseconds(600);  // 1.6 s after it died
+  EXPECT_EQ(t.ExpireLeases(now), std::vector<int>{0});
+  EXPECT_FALSE(t.alive(0));
+  // A wait ended twice, or for another incarnation, changes nothing.
+  t.JoinWaitEnded(0, "a", now);
+  t.JoinWaitBegan(0, "stranger");
+  EXPECT_EQ(t.slot(0).joins_waiting, 0);
+}
+
+TEST(DaemonTableTest, ReplacementDropsTheOldProcessJoinWait) {
+  DaemonTable t(2, kLease);
+  absl::Time now = absl::Now();
+  ASSERT_TRUE(t.Join(Daemon("h:1", "a"), now, false).ok());
+  t.JoinWaitBegan(0, "a");
+  // A new process at the same address takes the rank; the old Join's wait
+  // no longer holds the lease.
+  ASSERT_TRUE(t.Join(Daemon("h:1", "a2"), now, false).ok());
+  EXPECT_EQ(t.slot(0).joins_waiting, 0);
+  t.JoinWaitEnded(0, "a", now + absl::Seconds(1));  // the old one's cancel: ignored
+  now += absl::Milliseconds(1600);
+  EXPECT_EQ(t.ExpireLeases(now), std::vector<int>{0});
+}
+
 TEST(DaemonTableTest, StoppedDaemonThatResumesIsAliveAgain) {
   DaemonTable t(1, kLease);
   absl::Time now = absl::Now();

@@ -127,7 +127,7 @@ TEST_F(LoadJoinWait, DeadlineRunsOutWithUnavailableNamingTheMissingDaemons) {
   EXPECT_EQ(coordinator_->coordinator()->committed_version(), -1);
   // The coordinator keeps serving: a Load waiting when the last daemon
   // joins succeeds, although rank 0 waited for the world longer than its
-  // lease (it is DOWN until its first heartbeat, and the Load waits for it).
+  // lease (its open Join holds the lease: DaemonWaitingInItsJoinIsNotDown).
   grpc::Status again;
   std::thread load([&] { again = Load(absl::Seconds(60), &response); });
   absl::SleepFor(absl::Milliseconds(300));
@@ -135,6 +135,52 @@ TEST_F(LoadJoinWait, DeadlineRunsOutWithUnavailableNamingTheMissingDaemons) {
   load.join();
   EXPECT_TRUE(again.ok()) << again.error_code() << ": " << again.error_message();
   EXPECT_EQ(response.committed_version(), 0);
+}
+
+// Rank 0 waits in its Join (wait_for_world) longer than its 1.5 s lease; it
+// has no member id to heartbeat with until the Join answers. It used to be
+// marked DOWN, and a Load in the ~250 ms after the last join (before rank 0's
+// first heartbeat) was refused UNAVAILABLE "rank 0 ... is down".
+TEST_F(LoadJoinWait, DaemonWaitingInItsJoinIsNotDown) {
+  StartCoordinator(/*daemons=*/2, /*load_join_wait=*/absl::ZeroDuration());
+  StartDaemon();
+  absl::SleepFor(absl::Milliseconds(2500));
+  const std::vector<rpc::Member> waiting = coordinator_->coordinator()->daemon_members();
+  ASSERT_EQ(waiting.size(), 1u);
+  EXPECT_EQ(waiting[0].state(), rpc::MEMBER_STATE_ALIVE) << waiting[0].down_reason();
+  StartDaemon();
+  for (int i = 0; i < 200 && coordinator_->coordinator()->joined_daemons() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(coordinator_->coordinator()->joined_daemons(), 2);
+  rpc::LoadResponse response;
+  const grpc::Status status = Load(absl::Seconds(30), &response);
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+  EXPECT_EQ(response.committed_version(), 0);
+  EXPECT_EQ(coordinator_->coordinator()->daemons_lost(), 0);
+}
+
+// A daemon that goes away while waiting in its Join cancels the call; its
+// lease then runs, and it is DOWN within 2 s as any dead daemon.
+TEST_F(LoadJoinWait, DaemonGoneWhileWaitingInItsJoinIsDownWithinTwoSeconds) {
+  StartCoordinator(/*daemons=*/2, /*load_join_wait=*/absl::ZeroDuration());
+  StartDaemon();
+  absl::SleepFor(absl::Milliseconds(2500));
+  ASSERT_EQ(coordinator_->coordinator()->daemons_lost(), 0);
+  const absl::Time gone = absl::Now();
+  daemons_[0]->Shutdown();  // cancels its open Join, as a killed process' closed connection does
+  absl::Duration took = absl::InfiniteDuration();
+  while (absl::Now() - gone < absl::Seconds(5)) {
+    const std::vector<rpc::Member> m = coordinator_->coordinator()->daemon_members();
+    if (!m.empty() && m[0].state() == rpc::MEMBER_STATE_DOWN) {
+      took = absl::Now() - gone;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_LE(took, absl::Seconds(2)) << took;
+  EXPECT_GE(took, absl::Milliseconds(1400)) << took;  // one lease after the cancel
+  EXPECT_EQ(coordinator_->coordinator()->daemons_lost(), 1);
 }
 
 TEST_F(LoadJoinWait, WaitIsBoundedWithoutADeadline) {
