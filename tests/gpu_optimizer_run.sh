@@ -45,12 +45,7 @@ if [ "${1:-}" = bundle ]; then
   [[ "$bundle" = /* ]] || bundle="$here/$bundle"
   cd "$(dirname "$0")/.."
   source tools/gpu_bundle_lib.sh
-  bazel build --config=cuda "${TARGETS[@]}"
-  rm -rf "$bundle"
-  bundle_targets "$bundle" pkg "${TARGETS[@]}"
-  cp tests/gpu_optimizer_run.sh tools/gpu_bundle_lib.sh "$bundle/"
-  bundle_pack "$bundle"
-  du -sh "$bundle"
+  bundle_build_pack "$bundle" "${TARGETS[@]}" -- tests/gpu_optimizer_run.sh tools/gpu_bundle_lib.sh
   exit 0
 fi
 

@@ -73,15 +73,20 @@ bundle_unpack() {
   mkdir -p "$2" && tar -C "$2" -xJf "$1/bundle.tar.xz"
 }
 
-# bundle_build_pack BUNDLE TARGET...
+# bundle_build_pack BUNDLE TARGET... [-- FILE...]
 #   The whole `bundle` step of a run script whose binaries find each other
 #   by workspace paths: --config=cuda build, "pkg" layout, packed archive.
+#   FILEs (the run script, this library) go into the archive's top level.
 bundle_build_pack() {
   local bundle=$1
   shift
-  bazel build --config=cuda "$@" || return 1
+  local targets=() files=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
+  if [ "${1:-}" = -- ]; then shift; files=("$@"); fi
+  bazel build --config=cuda "${targets[@]}" || return 1
   rm -rf "$bundle"
-  bundle_targets "$bundle" pkg "$@" || return 1
+  bundle_targets "$bundle" pkg "${targets[@]}" || return 1
+  if [ ${#files[@]} -gt 0 ]; then cp "${files[@]}" "$bundle/" || return 1; fi
   bundle_pack "$bundle"
   du -sh "$bundle"
 }
