@@ -124,7 +124,11 @@ TEST(SocketChannelTest, GarbageFromAStrangerIsDropped) {
   ASSERT_TRUE(stranger.ok());
   std::vector<std::shared_ptr<Mailbox>> none = {std::make_shared<Mailbox>()};
   (*stranger)->Start(7, {addresses[0], addresses[1]}, none);  // rank 7 of a 2-rank book
-  EXPECT_TRUE((*stranger)->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).ok());
+  // Rank 1 drops the connection as soon as it reads the bad hello, which
+  // can happen before the stranger's write: the write then lands in the
+  // kernel's buffer (OK) or finds the hang-up already seen (UNAVAILABLE).
+  const absl::Status sent = (*stranger)->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10)));
+  EXPECT_TRUE(sent.ok() || sent.code() == absl::StatusCode::kUnavailable) << sent;
   ASSERT_TRUE(pair.channels[0]->Send(1, 0, 1, Bytes("ok"), In(absl::Seconds(10))).ok());
   EXPECT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "ok");
 }
