@@ -32,7 +32,21 @@ fail() {
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 CTLD_PORT=$(free_port); D_PORT=$(free_port); PARAMD_PORT=$(free_port)
-DAEMON_PORT=$(free_port)
+# The launcher gives daemon i the port PARAMD_DAEMON_PORT + i: both must be free
+# (a free single port whose neighbour was taken made daemon 1 exit at once).
+DAEMON_PORT=$(python3 -c '
+import socket
+for _ in range(100):
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1)); print(p); break
+    except OSError:
+        pass
+    finally:
+        a.close(); b.close()
+else:
+    raise SystemExit("no two free consecutive ports")')
 
 dd if=/dev/urandom of="$T/munge.key" bs=1024 count=1 2>/dev/null
 chmod 600 "$T/munge.key"
