@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <memory>
@@ -55,6 +56,29 @@ using testing::TestClusterOptions;
 // gRPC messages, each under the default 4 MiB receive limit.
 const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors = {
     {"a.weight", {256, 64}}, {"b.weight", {2304, 1024}}};
+
+// The TCP sockets of this machine with `port` at either end, from
+// /proc/net/tcp ("local -> remote state"; state 0A is LISTEN, 01 ESTABLISHED,
+// 02 SYN_SENT). Printed when a client cannot reach a restarted coordinator:
+// it tells a listener that does not accept, or a socket connected to itself
+// on the coordinator's port, from a coordinator that is simply gone.
+std::string SocketsOnPort(int port) {
+  std::ifstream in("/proc/net/tcp");
+  std::string line, out;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    char local[64] = {}, remote[64] = {}, state[8] = {};
+    if (std::sscanf(line.c_str(), "%*d: %63s %63s %7s", local, remote, state) != 3) continue;
+    auto port_of = [](const char* address) {
+      const char* colon = std::strchr(address, ':');
+      return colon == nullptr ? -1 : static_cast<int>(std::strtol(colon + 1, nullptr, 16));
+    };
+    if (port_of(local) == port || port_of(remote) == port) {
+      absl::StrAppend(&out, "  ", local, " -> ", remote, " state ", state, "\n");
+    }
+  }
+  return out.empty() ? "  (none)\n" : out;
+}
 
 void WriteModel(const std::string& path) {
   std::vector<safetensors::TensorSpec> specs;
@@ -675,7 +699,14 @@ TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
       for (;;) {
         absl::StatusOr<int64_t> w = (*client)->WaitForVersion(v + 1, absl::Seconds(5));
         if (w.ok()) return absl::OkStatus();
-        if (!absl::IsUnavailable(w.status()) || absl::Now() > give_up) return w.status();
+        if (!absl::IsUnavailable(w.status())) return w.status();
+        if (absl::Now() > give_up) {
+          const std::string& address = (*cluster)->coordinator_address();
+          return absl::Status(
+              w.status().code(),
+              absl::StrCat(w.status().message(), "\nsockets on the coordinator's port:\n",
+                           SocketsOnPort(std::stoi(address.substr(address.rfind(':') + 1)))));
+        }
         absl::SleepFor(absl::Milliseconds(50));
       }
     };
