@@ -121,7 +121,7 @@ TEST(CrashTest, KillNineDuringCheckpointNeverLosesTheLastOne) {
       ASSERT_TRUE(exact.ok()) << exact;
     }
     const bool listed_new = std::find(listed.begin(), listed.end(), version) != listed.end();
-    if (finished) ASSERT_TRUE(listed_new);
+    if (finished) { ASSERT_TRUE(listed_new); }
     if (!listed_new) {
       ++killed_midway;
       int shard_files = 0;

@@ -220,7 +220,7 @@ TEST(ExportTest, SourceFailuresLeaveNoIndex) {
     options.out_dir = OutDir(absl::StrCat("broken", mode));
     auto result = ExportSafetensors(model.tensors, source, options);
     ASSERT_FALSE(result.ok()) << mode;
-    if (mode == 0) EXPECT_TRUE(absl::IsUnavailable(result.status()));
+    if (mode == 0) { EXPECT_TRUE(absl::IsUnavailable(result.status())); }
     if (mode > 0) {
       EXPECT_TRUE(absl::IsInternal(result.status())) << result.status();
       EXPECT_NE(result.status().message().find(model.tensors[0].name), absl::string_view::npos);

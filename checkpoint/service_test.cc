@@ -211,7 +211,7 @@ TEST_F(ServiceTest, KeepAndDirectories) {
     request.set_keep(2);
     CheckpointResponse response;
     ASSERT_TRUE(Checkpoint(request, &response).ok());
-    if (v == 7) EXPECT_EQ(response.removed_versions_size(), 1);
+    if (v == 7) { EXPECT_EQ(response.removed_versions_size(), 1); }
   }
   EXPECT_EQ(Listed("nightly/run1"), (std::vector<uint64_t>{7, 8}));
   EXPECT_TRUE(Listed().empty());  // the root itself holds none

@@ -303,7 +303,6 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::NewShardWriter(
 
 absl::Status CheckpointStore::CommitManifest(Manifest manifest) const {
   const uint64_t version = manifest.version();
-  const int world = manifest.world_size();
   const std::string dir = VersionDir(version);
   const std::string path = absl::StrCat(dir, "/", kManifestFileName);
   if (ReadManifest(version).ok()) {

@@ -26,8 +26,8 @@ TEST(NamesTest, LongNameIsRefusedNamingTheLimit) {
 
 TEST(NamesTest, EmptyNulAndControlCharactersAreRefused) {
   EXPECT_EQ(CheckTensorName("").code(), absl::StatusCode::kInvalidArgument);
-  for (const std::string name : {std::string("a\0b", 3), std::string("a\nb"), std::string("\x1b[2J"),
-                                 std::string("x\x7f")}) {
+  for (const std::string& name : {std::string("a\0b", 3), std::string("a\nb"),
+                                  std::string("\x1b[2J"), std::string("x\x7f")}) {
     const absl::Status s = CheckTensorName(name);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
     EXPECT_TRUE(absl::StrContains(s.message(), "control character")) << s;

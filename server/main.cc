@@ -2,8 +2,8 @@
 //
 //   hybrid-paramd                      # single node: coordinator + daemon on :7070
 //   hybrid-paramd --model=m.safetensors --recipe=r.textproto
-//   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070 \
-//                 --tls_cert=server.pem --tls_key=server.key --tls_ca=ca.pem \
+//   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070
+//                 --tls_cert=server.pem --tls_key=server.key --tls_ca=ca.pem
 //                 --auth_token_file=tokens
 //   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071 (same TLS/token flags)
 //

@@ -92,7 +92,7 @@ void ExpectAssembledEqualsReference(const PublishedVersion& va, const PublishedV
     EXPECT_EQ(assembled->data, expected->data);
     EXPECT_EQ(assembled->scales, expected->scales);
     EXPECT_EQ(assembled->scale_inv, expected->scale_inv);
-    if (NeedsGlobalAmax(qs.format)) EXPECT_EQ(assembled->amax, expected->amax);
+    if (NeedsGlobalAmax(qs.format)) { EXPECT_EQ(assembled->amax, expected->amax); }
   }
 }
 

@@ -23,11 +23,6 @@ struct Cut {
   int64_t row = 0;
 };
 
-bool operator<(const Cut& a, const Cut& b) {
-  return a.tensor != b.tensor ? a.tensor < b.tensor : a.row < b.row;
-}
-bool operator<=(const Cut& a, const Cut& b) { return !(b < a); }
-
 // Cost bookkeeping shared by planning and the ShardPlan accessors.
 class CostModel {
  public:

@@ -176,7 +176,9 @@ void RunKillTrials(Victim victim) {
       ASSERT_TRUE(exact.ok()) << exact;
     }
     const bool complete = std::find(listed.begin(), listed.end(), version) != listed.end();
-    if (status.ok()) ASSERT_TRUE(complete) << "the RPC succeeded but v" << version << " is not listed";
+    if (status.ok()) {
+      ASSERT_TRUE(complete) << "the RPC succeeded but v" << version << " is not listed";
+    }
     if (!complete) {
       ++interrupted;
       ASSERT_FALSE(CheckpointReader::Open(*store, version).ok());

@@ -128,7 +128,7 @@ class ServerErrorsTest : public ::testing::Test {
   static void ExpectValidStep(const Snapshot& before, bool a_pushed = false,
                               Tensors a = Gradients(100)) {
     const Tensors b = Gradients(200);
-    if (!a_pushed) ASSERT_TRUE(cluster_->PushAll(before.version, "a", a).ok());
+    if (!a_pushed) { ASSERT_TRUE(cluster_->PushAll(before.version, "a", a).ok()); }
     ASSERT_TRUE(cluster_->PushAll(before.version, "b", b).ok());
     absl::StatusOr<int64_t> v = cluster_->WaitForVersion(before.version + 1);
     ASSERT_TRUE(v.ok()) << v.status();

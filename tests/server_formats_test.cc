@@ -82,7 +82,7 @@ class ServerFormatsTest : public ::testing::TestWithParam<FormatCombo> {
         for (const QuantizedTensor& p : *pieces) {
           EXPECT_EQ(p.scale_inv, want->scale_inv) << "one global scale";
           const QuantSpec& qs = d == Direction::kRowwise ? spec.rowwise : spec.columnwise;
-          if (NeedsGlobalAmax(qs.format)) EXPECT_EQ(p.amax, want->amax) << "one global amax";
+          if (NeedsGlobalAmax(qs.format)) { EXPECT_EQ(p.amax, want->amax) << "one global amax"; }
         }
         absl::StatusOr<QuantizedTensor> got = cluster_->FetchAssembled(version, t.name, d);
         ASSERT_TRUE(got.ok()) << got.status();

@@ -617,7 +617,7 @@ int Run() {
   gpu_backend::GpuShardStore& store = **store_or;
   {
     std::vector<float> w1 = Random(size_t{H} * I, 1, 1.0f / std::sqrt(I));
-    std::vector<float> w2 = Random(size_t{O} * H, 2, 1.0f / std::sqrt(H));
+    std::vector<float> w2 = Random(static_cast<size_t>(O) * H, 2, 1.0f / std::sqrt(H));
     cudaMemcpy(store.master(0), w1.data(), w1.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(store.master(1), w2.data(), w2.size() * 4, cudaMemcpyHostToDevice);
   }
@@ -675,9 +675,9 @@ int Run() {
   };
   io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
     const uint64_t tag = 1000 + 10 * step;
-    RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, size_t{H} * I * 4}}, nullptr,
-                                         In(absl::Seconds(30))));
-    return trainer_t.SendDevice(0, tag + 2, {{g2, size_t{O} * H * 4}}, nullptr,
+    RETURN_IF_ERROR(trainer_t.SendDevice(0, tag + 1, {{g1, static_cast<size_t>(H) * I * 4}},
+                                         nullptr, In(absl::Seconds(30))));
+    return trainer_t.SendDevice(0, tag + 2, {{g2, static_cast<size_t>(O) * H * 4}}, nullptr,
                                 In(absl::Seconds(30)));
   };
   trainer_status = Train(io, spec, fp8, B, I, H, O, steps, losses, fp8_gemms_used);
