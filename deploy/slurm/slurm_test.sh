@@ -30,23 +30,33 @@ fail() {
   for f in "$T"/log/* "$T"/work/job.out; do [ -f "$f" ] && { echo "== $f"; tail -n 40 "$f"; }; done >&2
   exit 1
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CTLD_PORT=$(free_port); D_PORT=$(free_port); PARAMD_PORT=$(free_port)
-# The launcher gives daemon i the port PARAMD_DAEMON_PORT + i: both must be free
-# (a free single port whose neighbour was taken made daemon 1 exit at once).
-DAEMON_PORT=$(python3 -c '
-import socket
+# free_port [N]: a loopback port P with P..P+N-1 all free (N defaults to 1).
+free_port() {
+  python3 - "${1:-1}" <<'PY'
+import socket, sys
+n = int(sys.argv[1])
 for _ in range(100):
-    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
-    b = socket.socket()
+    held = [socket.socket()]
     try:
-        b.bind(("127.0.0.1", p + 1)); print(p); break
+        held[0].bind(("127.0.0.1", 0))
+        p = held[0].getsockname()[1]
+        for i in range(1, n):
+            held.append(socket.socket())
+            held[-1].bind(("127.0.0.1", p + i))
+        print(p)
+        break
     except OSError:
         pass
     finally:
-        a.close(); b.close()
+        for s in held:
+            s.close()
 else:
-    raise SystemExit("no two free consecutive ports")')
+    sys.exit(f"no {n} free consecutive ports")
+PY
+}
+CTLD_PORT=$(free_port); D_PORT=$(free_port); PARAMD_PORT=$(free_port)
+# The launcher gives daemon g the port PARAMD_DAEMON_PORT + g (2 daemons).
+DAEMON_PORT=$(free_port 2)
 
 dd if=/dev/urandom of="$T/munge.key" bs=1024 count=1 2>/dev/null
 chmod 600 "$T/munge.key"
