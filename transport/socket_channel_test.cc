@@ -264,6 +264,13 @@ class ForkedPeer {
     channel_->Start(0, {channel_->address(), theirs}, {box_});
     absl::StatusOr<std::string> up = Receive(1, absl::Seconds(20));
     if (!up.ok() || *up != "up") ADD_FAILURE() << "no 'up' from the child: " << up.status();
+    // "up" travelled on the child's connection; this rank's own connection
+    // to the child is opened by Start's connector thread and may still be
+    // mid-handshake. A Send returns only once it is up, so a test that then
+    // stops or kills the child tests a live connection, not a connect to a
+    // process that can no longer answer the challenge.
+    const absl::Status hi = channel_->Send(1, 0, 9, Bytes("hi"), In(absl::Seconds(20)));
+    if (!hi.ok()) ADD_FAILURE() << "no connection to the child: " << hi;
   }
 
   ~ForkedPeer() {

@@ -498,8 +498,8 @@ int RunWithDaemons() {
   // The initial weights, as the in-process run draws them.
   const std::string path = absl::StrCat("/tmp/gpu_trainer_", getpid(), ".safetensors");
   {
-    const std::vector<float> w1 = Random(size_t{H} * I, 1, 1.0f / std::sqrt(I));
-    const std::vector<float> w2 = Random(size_t{O} * H, 2, 1.0f / std::sqrt(H));
+    const std::vector<float> w1 = Random(static_cast<size_t>(H) * I, 1, 1.0f / std::sqrt(I));
+    const std::vector<float> w2 = Random(static_cast<size_t>(O) * H, 2, 1.0f / std::sqrt(H));
     absl::StatusOr<std::unique_ptr<safetensors::SafetensorsWriter>> w =
         safetensors::SafetensorsWriter::Create(
             path, {{"w1", safetensors::Dtype::kF32, {H, I}},
@@ -540,7 +540,7 @@ int RunWithDaemons() {
     for (const gpu_fetch::DeviceFetched& t : r.tensors) dst->push_back(t.buffers);
     return absl::OkStatus();
   };
-  std::vector<float> g1h(size_t{H} * I), g2h(size_t{O} * H);
+  std::vector<float> g1h(static_cast<size_t>(H) * I), g2h(static_cast<size_t>(O) * H);
   io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
     GPU_RETURN_IF_ERROR(cudaMemcpy(g1h.data(), g1, g1h.size() * 4, cudaMemcpyDeviceToHost));
     GPU_RETURN_IF_ERROR(cudaMemcpy(g2h.data(), g2, g2h.size() * 4, cudaMemcpyDeviceToHost));
@@ -616,7 +616,7 @@ int Run() {
   }
   gpu_backend::GpuShardStore& store = **store_or;
   {
-    std::vector<float> w1 = Random(size_t{H} * I, 1, 1.0f / std::sqrt(I));
+    std::vector<float> w1 = Random(static_cast<size_t>(H) * I, 1, 1.0f / std::sqrt(I));
     std::vector<float> w2 = Random(static_cast<size_t>(O) * H, 2, 1.0f / std::sqrt(H));
     cudaMemcpy(store.master(0), w1.data(), w1.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(store.master(1), w2.data(), w2.size() * 4, cudaMemcpyHostToDevice);
