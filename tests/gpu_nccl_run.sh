@@ -16,7 +16,7 @@
 #          Logs come back as $OUT/logs.tar.gz, the bench JSONs as
 #          $OUT/step_bench_<n>.json, the summary on stdout. NVLink multicast
 #          stays off (NCCL_NVLS_ENABLE=0).
-# Session 3's one call (kernels + transport + investigation + network path):
+# Everything in one call (kernels + transport + investigation + network path):
 #   run(command="BUNDLE=.gpu_bundle_transport3 KERNELS=1 NET=1 REPRO=visible TESTS=all
 #                BENCH_RUNS=1 EXTRA=0 bash tests/gpu_nccl_run.sh run",
 #       carry=[".gpu_bundle_transport3"], kind="nvidia-h200-x2")

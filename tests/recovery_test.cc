@@ -18,12 +18,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
-#include <fstream>
+#include <memory>
 #include <random>
 #include <thread>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,65 +37,21 @@
 #include "checkpoint/store.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "safetensors/safetensors.h"
-#include "server/coordinator_state.h"
 #include "tests/client_cluster.h"
+#include "tests/recovery_test_util.h"
 
 namespace paramd {
 namespace {
 
 using client::Client;
 using client::ClientOptions;
+using testing::EnvInt;
+using testing::PushGradientsFor;
+using testing::WriteAndLoadModel;
+using testing::kTensors;
 using testing::TestCluster;
 using testing::TestClusterFlags;
 using testing::TestClusterOptions;
-
-// The test model. b.weight is large enough (9 MiB, 4.5 MiB per daemon when
-// split) that a daemon's snapshot arrays and checkpoint shards span several
-// gRPC messages, each under the default 4 MiB receive limit.
-const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors = {
-    {"a.weight", {256, 64}}, {"b.weight", {2304, 1024}}};
-
-// The TCP sockets of this machine with `port` at either end, from
-// /proc/net/tcp ("local -> remote state"; state 0A is LISTEN, 01 ESTABLISHED,
-// 02 SYN_SENT). Printed when a client cannot reach a restarted coordinator:
-// it tells a listener that does not accept, or a socket connected to itself
-// on the coordinator's port, from a coordinator that is simply gone.
-std::string SocketsOnPort(int port) {
-  std::ifstream in("/proc/net/tcp");
-  std::string line, out;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    char local[64] = {}, remote[64] = {}, state[8] = {};
-    if (std::sscanf(line.c_str(), "%*d: %63s %63s %7s", local, remote, state) != 3) continue;
-    auto port_of = [](const char* address) {
-      const char* colon = std::strchr(address, ':');
-      return colon == nullptr ? -1 : static_cast<int>(std::strtol(colon + 1, nullptr, 16));
-    };
-    if (port_of(local) == port || port_of(remote) == port) {
-      absl::StrAppend(&out, "  ", local, " -> ", remote, " state ", state, "\n");
-    }
-  }
-  return out.empty() ? "  (none)\n" : out;
-}
-
-void WriteModel(const std::string& path) {
-  std::vector<safetensors::TensorSpec> specs;
-  for (const auto& [name, shape] : kTensors) {
-    specs.push_back({name, safetensors::Dtype::kF32, {shape.first, shape.second}});
-  }
-  auto writer = safetensors::SafetensorsWriter::Create(path, specs);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  for (const auto& spec : specs) {
-    std::vector<float> v(spec.shape[0] * spec.shape[1]);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>((i * 37) % 101) - 0.5f;
-    ASSERT_TRUE((*writer)
-                    ->WriteTensor(spec.name, absl::MakeConstSpan(
-                                                 reinterpret_cast<const uint8_t*>(v.data()),
-                                                 v.size() * 4))
-                    .ok());
-  }
-  ASSERT_TRUE((*writer)->Finish().ok());
-}
 
 class MembershipTest : public ::testing::Test {
  protected:
@@ -114,15 +68,8 @@ class MembershipTest : public ::testing::Test {
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
-    const std::string model = cluster_->dir() + "/model.safetensors";
-    WriteModel(model);
-    // UNAVAILABLE until both daemons have joined.
-    absl::StatusOr<int64_t> v;
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      v = client_->Load(model, "", absl::Seconds(30));
-      if (!absl::IsUnavailable(v.status())) break;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
+    absl::StatusOr<int64_t> v =
+        WriteAndLoadModel(*client_, cluster_->dir() + "/model.safetensors");
     ASSERT_TRUE(v.ok()) << v.status() << cluster_->Logs();
     auto stepped = client_->Step(0, /*wait=*/true, absl::Seconds(30));
     ASSERT_TRUE(stepped.ok()) << stepped.status() << cluster_->Logs();
@@ -265,23 +212,6 @@ TEST_F(MembershipTest, ReplacementWithTheRankTakesItsPlace) {
 
 // ---- Recovery from disk ----
 
-
-// The gradient every test pusher sends for `version` (deterministic).
-std::vector<std::vector<float>> GradientsFor(int64_t version) {
-  std::vector<std::vector<float>> out;
-  for (size_t t = 0; t < kTensors.size(); ++t) {
-    const int64_t n = kTensors[t].second.first * kTensors[t].second.second;
-    std::vector<float> g(n);
-    uint32_t s = static_cast<uint32_t>(version * 7919 + t * 104729 + 1);
-    for (int64_t i = 0; i < n; ++i) {
-      s = s * 1664525u + 1013904223u;
-      g[i] = (static_cast<float>(s >> 8) / 16777216.0f - 0.5f) * 0.1f;
-    }
-    out.push_back(std::move(g));
-  }
-  return out;
-}
-
 // A cluster with checkpoints and one pusher (this test).
 class RecoveryCluster {
  public:
@@ -320,14 +250,8 @@ class RecoveryCluster {
     if (!client.ok()) return nullptr;
     c->client = *std::move(client);
     if (restore_from.empty()) {
-      const std::string model = c->cluster->dir() + "/model.safetensors";
-      WriteModel(model);
-      absl::StatusOr<int64_t> v;
-      for (int attempt = 0; attempt < 200; ++attempt) {
-        v = c->client->Load(model, "", absl::Seconds(30));
-        if (!absl::IsUnavailable(v.status())) break;
-        absl::SleepFor(absl::Milliseconds(50));
-      }
+      absl::StatusOr<int64_t> v =
+          WriteAndLoadModel(*c->client, c->cluster->dir() + "/model.safetensors");
       EXPECT_TRUE(v.ok()) << v.status() << c->cluster->Logs();
     }
     return c;
@@ -335,12 +259,7 @@ class RecoveryCluster {
 
   // One pushed step from `version`; returns the version it committed.
   absl::StatusOr<int64_t> Push(int64_t version) {
-    const std::vector<std::vector<float>> g = GradientsFor(version);
-    std::vector<client::Gradient> grads;
-    for (size_t t = 0; t < kTensors.size(); ++t) {
-      grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
-    }
-    RETURN_IF_ERROR(client->PushGradients(version, grads).status());
+    RETURN_IF_ERROR(PushGradientsFor(*client, version));
     return client->WaitForVersion(version + 1, absl::Seconds(30));
   }
 
@@ -491,11 +410,6 @@ TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForBy
   ExpectSameAsRestoredReplay(c->ckpt());
 }
 
-int EnvInt(const char* name, int fallback) {
-  const char* value = getenv(name);
-  return value != nullptr ? atoi(value) : fallback;
-}
-
 // Snapshots every 2 steps, a checkpoint at 2 (so that a reference can be
 // restored) and at 4 (the snapshot and the checkpoint of 4 tie: the
 // snapshot wins). Rank 1 is killed at 5; its replacement gets rank 1's
@@ -633,245 +547,6 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
     ASSERT_TRUE(c->Checkpoint().ok());
     ExpectSameAsRestoredReplay(c->ckpt(), 2, back + 3);
   }
-}
-
-// ---- A restarted coordinator (--state_file) ----
-
-// A cluster with --state_file on its coordinator and one pusher (this test).
-std::unique_ptr<TestCluster> StateFileCluster() {
-  TestClusterOptions options;
-  options.daemons = 2;
-  options.expected_pushers = 1;
-  options.optimizer = "adamw";
-  options.lr = 0.01;
-  auto cluster = TestCluster::Start(options, [](const std::string& dir) {
-    TestClusterFlags flags;
-    flags.coordinator = {"--state_file=" + dir + "/coordinator.state"};
-    return flags;
-  });
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? *std::move(cluster) : nullptr;
-}
-
-// COORDINATOR_KILL_TRIALS (default 2; 10 for the full run) trials: while a
-// pusher pushes and waits continuously, the coordinator is SIGKILLed after
-// a random 0-400 ms and started again with the same --state_file. The
-// daemons keep serving meanwhile; the restarted coordinator takes them back,
-// its committed version is never below the last one the pusher saw, and
-// the pusher goes on (its waits retried while the coordinator is down).
-TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
-  const int trials = EnvInt("COORDINATOR_KILL_TRIALS", 2);
-  std::mt19937 rng(static_cast<uint32_t>(EnvInt("RECOVERY_KILL_SEED", time(nullptr))));
-  for (int trial = 0; trial < trials; ++trial) {
-    SCOPED_TRACE(absl::StrCat("trial ", trial));
-    std::unique_ptr<TestCluster> owned = StateFileCluster();
-    ASSERT_NE(owned, nullptr);
-    std::unique_ptr<TestCluster>* cluster = &owned;
-    ClientOptions co;
-    co.coordinator_address = (*cluster)->coordinator_address();
-    co.expected_pushers = 1;
-    auto client = Client::Connect(co);
-    ASSERT_TRUE(client.ok()) << client.status();
-    const std::string model = (*cluster)->dir() + "/model.safetensors";
-    WriteModel(model);
-    absl::StatusOr<int64_t> loaded;
-    for (int attempt = 0; attempt < 200; ++attempt) {
-      loaded = (*client)->Load(model, "", absl::Seconds(30));
-      if (!absl::IsUnavailable(loaded.status())) break;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    ASSERT_TRUE(loaded.ok()) << loaded.status() << (*cluster)->Logs();
-
-    // One pushed step from `v`, its wait retried while the coordinator is away.
-    auto push = [&](int64_t v) -> absl::Status {
-      const std::vector<std::vector<float>> g = GradientsFor(v);
-      std::vector<client::Gradient> grads;
-      for (size_t t = 0; t < kTensors.size(); ++t) {
-        grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
-      }
-      absl::Status pushed = (*client)->PushGradients(v, grads).status();
-      // A retry of a push that arrived: the daemon already has it.
-      if (!pushed.ok() && !absl::IsAlreadyExists(pushed) &&
-          !absl::IsFailedPrecondition(pushed)) {
-        return pushed;
-      }
-      const absl::Time give_up = absl::Now() + absl::Seconds(30);
-      for (;;) {
-        absl::StatusOr<int64_t> w = (*client)->WaitForVersion(v + 1, absl::Seconds(5));
-        if (w.ok()) return absl::OkStatus();
-        if (!absl::IsUnavailable(w.status())) return w.status();
-        if (absl::Now() > give_up) {
-          const std::string& address = (*cluster)->coordinator_address();
-          return absl::Status(
-              w.status().code(),
-              absl::StrCat(w.status().message(), "\nsockets on the coordinator's port:\n",
-                           SocketsOnPort(std::stoi(address.substr(address.rfind(':') + 1)))));
-        }
-        absl::SleepFor(absl::Milliseconds(50));
-      }
-    };
-    std::atomic<int64_t> seen{0};
-    std::atomic<bool> stop{false};
-    absl::Status pusher_status;
-    std::thread pusher([&] {
-      for (int64_t v = 0; !stop.load(); ++v) {
-        pusher_status = push(v);
-        if (!pusher_status.ok()) return;
-        seen = v + 1;
-      }
-    });
-    absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(0, 400)(rng)));
-    const int64_t before = seen.load();
-    ASSERT_TRUE((*cluster)->RestartCoordinator().ok()) << (*cluster)->Logs();
-    const int64_t target = before + 5;
-    while (seen.load() < target && pusher_status.ok()) absl::SleepFor(absl::Milliseconds(20));
-    stop = true;
-    pusher.join();
-    ASSERT_TRUE(pusher_status.ok()) << pusher_status << (*cluster)->Logs();
-    auto status = (*client)->Status(false, absl::Seconds(5));
-    ASSERT_TRUE(status.ok()) << status.status();
-    EXPECT_GE(status->committed_version(), target);
-    EXPECT_GE(status->committed_version(), before);
-    ASSERT_EQ(status->daemons_size(), 2);
-    for (const rpc::DaemonStats& d : status->daemons()) {
-      EXPECT_EQ(d.published_version(), status->committed_version()) << d.error();
-    }
-    EXPECT_EQ(status->manifest().tensors_size(), 2);
-    EXPECT_EQ(status->recovery().epoch(), 0);
-    EXPECT_NE((*cluster)->Logs().find("restarted from"), std::string::npos) << (*cluster)->Logs();
-  }
-}
-
-// The version daemon process `d` publishes, asked of it directly (-1 if it
-// does not answer).
-int64_t PublishedBy(TestCluster& cluster, int d) {
-  auto stub = rpc::Daemon::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", cluster.daemon_port(d)), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  rpc::GetStatsRequest request;
-  rpc::GetStatsResponse response;
-  if (!stub->GetStats(&context, request, &response).ok()) return -1;
-  return response.stats().published_version();
-}
-
-// While the coordinator is down, the daemons take pushes and step on: their
-// reports of each version to the coordinator fail and are retried on a
-// thread of their own, never on the worker that runs the next step (a
-// worker sleeping through 0.2 + 0.4 + ... + 3.2 s of retries held every
-// step after the first for over 6 s). The restarted coordinator then
-// commits what they published.
-TEST(CoordinatorRestartTest, DaemonsStepOnWhileTheCoordinatorIsDown) {
-  std::unique_ptr<TestCluster> cluster = StateFileCluster();
-  ASSERT_NE(cluster, nullptr);
-  ClientOptions co;
-  co.coordinator_address = cluster->coordinator_address();
-  co.expected_pushers = 1;
-  auto client = Client::Connect(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  const std::string model = cluster->dir() + "/model.safetensors";
-  WriteModel(model);
-  absl::StatusOr<int64_t> loaded;
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    loaded = (*client)->Load(model, "", absl::Seconds(30));
-    if (!absl::IsUnavailable(loaded.status())) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(loaded.ok()) << loaded.status() << cluster->Logs();
-  auto push = [&](int64_t v) {
-    const std::vector<std::vector<float>> g = GradientsFor(v);
-    std::vector<client::Gradient> grads;
-    for (size_t t = 0; t < kTensors.size(); ++t) {
-      grads.push_back(client::Gradient::Fp32(kTensors[t].first, g[t]));
-    }
-    return (*client)->PushGradients(v, grads).status();
-  };
-  ASSERT_TRUE(push(0).ok());
-  ASSERT_TRUE((*client)->WaitForVersion(1, absl::Seconds(30)).ok()) << cluster->Logs();
-  // The state file holds the model (written by the coordinator's own thread).
-  const absl::Time written_by = absl::Now() + absl::Seconds(20);
-  for (;;) {
-    auto state = ReadStateFile(cluster->dir() + "/coordinator.state");
-    if (state.ok() && state->has_value() && (*state)->manifest().tensors_size() == 2) break;
-    ASSERT_LT(absl::Now(), written_by) << "no model in the state file";
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-
-  cluster->KillCoordinator();
-  const absl::Time start = absl::Now();
-  constexpr int64_t kSteps = 4;
-  for (int64_t v = 1; v <= kSteps; ++v) {
-    ASSERT_TRUE(push(v).ok()) << cluster->Logs();
-    const absl::Time give_up = absl::Now() + absl::Seconds(20);
-    while ((PublishedBy(*cluster, 0) < v + 1 || PublishedBy(*cluster, 1) < v + 1) &&
-           absl::Now() < give_up) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_EQ(PublishedBy(*cluster, 0), v + 1) << cluster->Logs();
-    ASSERT_EQ(PublishedBy(*cluster, 1), v + 1) << cluster->Logs();
-  }
-  const absl::Duration took = absl::Now() - start;
-  std::printf("%lld pushed steps with the coordinator down: %.3f s\n",
-              static_cast<long long>(kSteps), absl::ToDoubleSeconds(took));
-  // A worker held by report retries needs over 6 s for the second step.
-  EXPECT_LT(took, absl::Seconds(5)) << cluster->Logs();
-
-  ASSERT_TRUE(cluster->RestartCoordinator().ok()) << cluster->Logs();
-  absl::StatusOr<int64_t> w;
-  const absl::Time committed_by = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < committed_by) {
-    w = (*client)->WaitForVersion(kSteps + 1, absl::Seconds(2));
-    if (!absl::IsUnavailable(w.status())) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(w.ok()) << w.status() << cluster->Logs();
-  EXPECT_EQ(*w, kSteps + 1);
-}
-
-// A coordinator restarted with --model after its earlier run died before a
-// model was loaded (its state file holds the daemons and no manifest): the
-// daemons are not joining again, so nothing completes the world; it loads
-// the startup model once they are back.
-TEST(CoordinatorRestartTest, RestartedBeforeAModelWasLoadedItLoadsItsStartupModel) {
-  std::unique_ptr<TestCluster> cluster = StateFileCluster();
-  ASSERT_NE(cluster, nullptr);
-  ClientOptions co;
-  co.coordinator_address = cluster->coordinator_address();
-  co.role = ClientOptions::Role::kObserver;
-  auto client = Client::Connect(co);
-  ASSERT_TRUE(client.ok()) << client.status();
-  // Both daemons joined (and so are in the state file, written on every change).
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  for (;;) {
-    auto s = (*client)->Status(false, absl::Seconds(5));
-    int alive = 0;
-    if (s.ok()) {
-      for (const rpc::Member& m : s->members()) {
-        alive += m.role() == rpc::ROLE_DAEMON && m.state() == rpc::MEMBER_STATE_ALIVE;
-      }
-    }
-    if (alive == 2) break;
-    ASSERT_LT(absl::Now(), give_up) << cluster->Logs();
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  absl::SleepFor(absl::Milliseconds(300));  // the state writer's coalescing
-  const std::string model = cluster->dir() + "/model.safetensors";
-  WriteModel(model);
-  ASSERT_TRUE(cluster->RestartCoordinator({"--model=" + model}).ok()) << cluster->Logs();
-  // Before, nothing ever loaded the model: this gave up after 30 s.
-  absl::StatusOr<int64_t> v;
-  const absl::Time loaded_by = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < loaded_by) {
-    v = (*client)->WaitForVersion(0, absl::Seconds(2));
-    if (v.ok()) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(v.ok()) << v.status() << cluster->Logs();
-  EXPECT_EQ(*v, 0);
-  auto status = (*client)->Status(false, absl::Seconds(5));
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_EQ(status->manifest().tensors_size(), 2);
-  EXPECT_NE(cluster->Logs().find("restarted from"), std::string::npos) << cluster->Logs();
 }
 
 // WatchVersion reports a rewind once, with the version the cluster went back to.

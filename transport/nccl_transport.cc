@@ -21,8 +21,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
+#include "common/scoped_device.h"
 #include "common/status_macros.h"
 #include "transport/message_transport.h"
+#include "transport/nccl_comm.h"
 #include "transport/nccl_address.h"
 #include "transport/nccl_amax_keys.h"
 #include "transport/socket_channel.h"
@@ -30,7 +32,12 @@
 namespace paramd {
 namespace {
 
+using transport_internal::BlockingPairsFromEnv;
+using transport_internal::Comm;
+using transport_internal::Creation;
 using transport_internal::MessageTransport;
+using transport_internal::StartComm;
+using transport_internal::StartPairComm;
 using transport_internal::SocketChannel;
 
 constexpr uint32_t kMagic = 0x324C4343;  // "CCL2" (headers with part ends)
@@ -122,209 +129,6 @@ std::vector<std::pair<size_t, size_t>> PartRanges(size_t npieces,
 
 using PeerInfo = NcclAddress;
 
-// Makes `device` current for the scope, restores the previous one after.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-
- private:
-  int previous_ = 0;
-};
-
-// The creation of a blocking pair communicator on a helper thread
-// (StartPairComm): init, then one warm-up transfer that connects the pair's
-// p2p channels, so that later ncclGroupEnd calls only enqueue. Shared by
-// the helper and the Comm; whoever sees the other gone cleans up: a
-// creation the Comm abandoned (deadline, shutdown) is aborted by the helper
-// once NCCL returns (a helper whose peer never joins stays blocked in
-// ncclCommInitRankConfig until the process ends: a leaked thread, never a
-// hang of the caller).
-struct Creation {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  bool abandoned ABSL_GUARDED_BY(mu) = false;
-  absl::Status status ABSL_GUARDED_BY(mu);
-  ncclComm_t comm ABSL_GUARDED_BY(mu) = nullptr;  // set when done and ok
-};
-
-// One communicator with its stream, events and staging buffers. Destroying
-// it aborts the communicator (safe with operations in flight).
-struct Comm {
-  explicit Comm(int device) : device(device) {}
-  ~Comm() {
-    if (creation != nullptr) {
-      absl::MutexLock lock(&creation->mu);
-      if (creation->done) {
-        comm = creation->comm;  // not taken yet: aborted below
-        creation->comm = nullptr;
-      } else {
-        creation->abandoned = true;
-      }
-    }
-    DeviceGuard guard(device);
-    if (comm != nullptr) ncclCommAbort(comm);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-    if (done != nullptr) cudaEventDestroy(done);
-    if (ready != nullptr) cudaEventDestroy(ready);
-    for (cudaEvent_t e : group_done) cudaEventDestroy(e);
-    if (dev != nullptr) cudaFree(dev);
-    if (pinned != nullptr) cudaFreeHost(pinned);
-  }
-  absl::Status EnsureStaging(size_t bytes, bool host) {
-    if (dev_size < bytes) {
-      if (dev != nullptr) GPU_RETURN_IF_ERROR(cudaFree(dev));
-      dev = nullptr;
-      dev_size = 0;
-      GPU_RETURN_IF_ERROR(cudaMalloc(&dev, bytes));
-      dev_size = bytes;
-    }
-    if (host && pinned_size < bytes) {
-      if (pinned != nullptr) GPU_RETURN_IF_ERROR(cudaFreeHost(pinned));
-      pinned = nullptr;
-      pinned_size = 0;
-      GPU_RETURN_IF_ERROR(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault));
-      pinned_size = bytes;
-    }
-    return absl::OkStatus();
-  }
-
-  const int device;
-  ncclComm_t comm = nullptr;
-  // The other ranks on it: a wait on it fails at once when one of them
-  // hangs up (SocketChannel::PeerGone).
-  std::vector<int> peers;
-  // Completion of the groups of a message of more than kMaxGroupsInFlight
-  // groups, slot k % kMaxGroupsInFlight (created on first need).
-  std::vector<cudaEvent_t> group_done;
-  // A blocking pair communicator still being created (comm null until
-  // Ready takes it); null otherwise.
-  std::shared_ptr<Creation> creation;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  cudaEvent_t ready = nullptr;
-  void* dev = nullptr;
-  size_t dev_size = 0;
-  void* pinned = nullptr;
-  size_t pinned_size = 0;
-};
-
-// Starts (does not wait for) a non-blocking communicator init.
-absl::StatusOr<std::unique_ptr<Comm>> StartComm(int device, int nranks, int rank,
-                                                const ncclUniqueId& id) {
-  auto c = std::make_unique<Comm>(device);
-  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
-  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  ncclUniqueId copy = id;
-  ncclResult_t r = ncclCommInitRankConfig(&c->comm, nranks, copy, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    return absl::UnavailableError(
-        absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
-  }
-  return c;
-}
-
-// PARAMD_NCCL_BLOCKING (read at endpoint open): the direction
-// communicators are blocking (the default: faster enqueue, see
-// nccl_transport.h) unless it is "0" (non-blocking, the kind before
-// session 3, kept for A/B runs and as a fallback).
-bool BlockingPairsFromEnv() {
-  const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
-  return v == nullptr || std::string(v) != "0";
-}
-
-// The helper thread of a blocking pair communicator: init (blocking), one
-// warm-up transfer (rank 0 sends 16 bytes to rank 1: connects every p2p
-// channel NCCL uses for the pair), its completion polled against
-// `deadline`. On failure the helper aborts what it made.
-void CreatePair(std::shared_ptr<Creation> creation, int device, int rank, ncclUniqueId id,
-                absl::Time deadline) {
-  cudaSetDevice(device);
-  ncclComm_t comm = nullptr;
-  absl::Status s = [&]() -> absl::Status {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
-    if (r != ncclSuccess) {
-      return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
-    }
-    cudaStream_t stream = nullptr;
-    GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    void* buf = nullptr;
-    // Stream-ordered: no device-wide synchronisation (cudaFree would wait
-    // for every stream, transfers in flight included).
-    absl::Status w = GPU_STATUS(cudaMallocAsync(&buf, 16, stream));
-    if (w.ok()) {
-      ncclGroupStart();
-      r = rank == 0 ? ncclSend(buf, 16, ncclUint8, 1, comm, stream)
-                    : ncclRecv(buf, 16, ncclUint8, 0, comm, stream);
-      ncclResult_t end = ncclGroupEnd();
-      if (r == ncclSuccess) r = end;
-      if (r != ncclSuccess) {
-        w = absl::UnavailableError(absl::StrCat("warm-up transfer: ", ncclGetErrorString(r)));
-      }
-      for (int spin = 0; w.ok(); ++spin) {
-        cudaError_t q = cudaStreamQuery(stream);
-        if (q == cudaSuccess) break;
-        if (q != cudaErrorNotReady) w = GPU_STATUS(q);
-        ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(comm, &async);
-        if (w.ok() && async != ncclSuccess) {
-          w = absl::UnavailableError(
-              absl::StrCat("warm-up transfer: ", ncclGetErrorString(async)));
-        }
-        if (w.ok() && absl::Now() >= deadline) {
-          w = absl::DeadlineExceededError("warm-up transfer: deadline exceeded");
-        }
-        {
-          absl::MutexLock lock(&creation->mu);
-          if (w.ok() && creation->abandoned) w = absl::CancelledError("warm-up abandoned");
-        }
-        if (spin > 1000) absl::SleepFor(absl::Microseconds(50));
-      }
-    }
-    if (!w.ok()) {
-      ncclCommAbort(comm);  // a hung warm-up kernel quits
-      comm = nullptr;
-    }
-    if (buf != nullptr) cudaFreeAsync(buf, stream);
-    cudaStreamDestroy(stream);
-    return w;
-  }();
-  if (!s.ok() && comm != nullptr) {
-    ncclCommAbort(comm);
-    comm = nullptr;
-  }
-  bool abandoned = false;
-  {
-    absl::MutexLock lock(&creation->mu);
-    creation->done = true;
-    creation->status = s;
-    abandoned = creation->abandoned;
-    if (!abandoned) creation->comm = comm;
-  }
-  if (abandoned && comm != nullptr) ncclCommAbort(comm);
-}
-
-// Starts the creation of a blocking 2-rank communicator on a detached
-// helper thread; Comm::creation tracks it (Ready waits for it).
-absl::StatusOr<std::unique_ptr<Comm>> StartPairComm(int device, int rank, const ncclUniqueId& id,
-                                                    absl::Time deadline) {
-  auto c = std::make_unique<Comm>(device);
-  GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming));
-  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
-  c->creation = std::make_shared<Creation>();
-  std::thread(CreatePair, c->creation, device, rank, id, deadline).detach();
-  return c;
-}
-
 // Where the bytes of a message come from / go to.
 struct HostSource {
   const uint8_t* data = nullptr;
@@ -381,12 +185,12 @@ class NcclTransportImpl final : public NcclTransport {
       absl::MutexLock lock(&reap_mu_);
       for (std::thread& t : reapers_) t.join();
     }
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     if (inline_stream_ != nullptr) cudaStreamDestroy(inline_stream_);
   }
 
   absl::Status Init() {
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&inline_stream_, cudaStreamNonBlocking));
     return absl::OkStatus();
   }
@@ -404,7 +208,7 @@ class NcclTransportImpl final : public NcclTransport {
   absl::Status Send(int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
                     absl::Time deadline) override {
     RETURN_IF_ERROR(CheckCall(peer, tag, deadline));
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     const uint64_t size = bytes.size();
     if (!UsesNccl(peer) || bytes.size() <= kNcclInlineMaxBytes) {
       return SendInline(peer, tag, {size}, bytes, deadline);
@@ -416,7 +220,7 @@ class NcclTransportImpl final : public NcclTransport {
                               absl::Time deadline) override {
     if (TraceEnabled()) recv_entered = absl::Now();
     RETURN_IF_ERROR(CheckPeerAndTag(peer, tag));
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     const size_t capacity = sizeof(Header) + 16 * kHostRecvMaxPieces + buffer.size();
     std::unique_ptr<uint8_t[]> message(new uint8_t[capacity]);
     ASSIGN_OR_RETURN(size_t got, header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity),
@@ -441,7 +245,7 @@ class NcclTransportImpl final : public NcclTransport {
     if (pieces.size() > kNcclMaxPieces) {
       return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces"));
     }
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     std::vector<uint64_t> sizes;
     for (const DeviceBytes& p : pieces) sizes.push_back(p.size);
     if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, ready, {}, deadline);
@@ -458,7 +262,7 @@ class NcclTransportImpl final : public NcclTransport {
       return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces, ", ready.size(),
                                                      " ready events"));
     }
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     std::vector<uint64_t> sizes;
     for (const DeviceBytes& p : pieces) sizes.push_back(p.size);
     if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, nullptr, ready, deadline);
@@ -494,7 +298,7 @@ class NcclTransportImpl final : public NcclTransport {
     if (pieces.size() > kNcclMaxPieces) {
       return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces"));
     }
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     size_t total = 0;
     for (const MutableDeviceBytes& p : pieces) total += p.size;
     const size_t capacity =
@@ -530,7 +334,7 @@ class NcclTransportImpl final : public NcclTransport {
     RETURN_IF_ERROR(CheckGroup(group));
     if (group.size() == 1) return absl::OkStatus();
     if (!DistinctGpus(group)) return sync_->AllReduceMax(group, values, deadline);
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     GroupState& g = GetGroup(group);
     absl::MutexLock lock(&g.mu);
     RETURN_IF_ERROR(EnsureGroupComm(g, group, deadline));
@@ -562,7 +366,7 @@ class NcclTransportImpl final : public NcclTransport {
     if (!DistinctGpus(group)) {
       return absl::UnimplementedError("device all-reduce over a group with two ranks on one GPU");
     }
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     GroupState& g = GetGroup(group);
     absl::MutexLock lock(&g.mu);
     RETURN_IF_ERROR(EnsureGroupComm(g, group, deadline));
@@ -583,7 +387,7 @@ class NcclTransportImpl final : public NcclTransport {
 
   absl::Status WaitStream(cudaStream_t stream, absl::Time deadline) override {
     if (shut_down_.load()) return absl::FailedPreconditionError("transport is shut down");
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     cudaEvent_t event;
     GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     absl::Status s = GPU_STATUS(cudaEventRecord(event, stream));
@@ -619,7 +423,7 @@ class NcclTransportImpl final : public NcclTransport {
     header_->Shutdown();
     sync_->Shutdown();
     if (control_ != nullptr) control_->Close();
-    DeviceGuard guard(device_);
+    ScopedDevice guard(device_);
     for (auto* directions : {&send_, &recv_}) {
       for (auto& d : *directions) {
         absl::MutexLock lock(&d->mu);

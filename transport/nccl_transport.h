@@ -27,8 +27,8 @@
 // lazily (the unique id travels in the first header).
 //
 // Direction communicators are BLOCKING by default (ncclConfig_t::blocking =
-// 1; PARAMD_NCCL_BLOCKING=0 at endpoint open gives the non-blocking ones of
-// sessions 1-2, which end every group on a new NCCL thread, ~250 us per
+// 1; PARAMD_NCCL_BLOCKING=0 at endpoint open gives the earlier non-blocking
+// ones, which end every group on a new NCCL thread, ~250 us per
 // side: FP8 cold fetch ratio to raw NCCL 0.90-0.94 blocking against
 // 0.86-0.92 non-blocking, same-run A/B in docs/BENCHMARKS.md).
 // DESIGN.md §4 asks for non-blocking ones so that a dead peer cannot hang

@@ -323,24 +323,24 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
   RETURN_IF_ERROR(gemm.Init());
   std::vector<DeviceDirection> dst;  // filled by io.fetch
   // Teacher weights and the dequantized BF16 copies (non-FP8 formats).
-  ASSIGN_OR_RETURN(float* t1, Upload(Random(size_t{H} * I, 11, 1.0f / std::sqrt(I))));
-  ASSIGN_OR_RETURN(float* t2, Upload(Random(size_t{O} * H, 12, 1.0f / std::sqrt(H))));
-  ASSIGN_OR_RETURN(void* w_bf16_0, DeviceAlloc(size_t{H} * I * 2));
-  ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(size_t{O} * H * 2));
-  ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(size_t{O} * H * 2));
-  ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(size_t{B} * std::max({I, H, O}) * 2));
-  ASSIGN_OR_RETURN(void* mem, DeviceAlloc(size_t{B} * (I + 3 * H + 4 * O) * 4 +
-                                          (size_t{H} * I + size_t{O} * H) * 4 + 256));
+  ASSIGN_OR_RETURN(float* t1, Upload(Random(static_cast<size_t>(H) * I, 11, 1.0f / std::sqrt(I))));
+  ASSIGN_OR_RETURN(float* t2, Upload(Random(static_cast<size_t>(O) * H, 12, 1.0f / std::sqrt(H))));
+  ASSIGN_OR_RETURN(void* w_bf16_0, DeviceAlloc(static_cast<size_t>(H) * I * 2));
+  ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(static_cast<size_t>(O) * H * 2));
+  ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(static_cast<size_t>(O) * H * 2));
+  ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(static_cast<size_t>(B) * std::max({I, H, O}) * 2));
+  ASSIGN_OR_RETURN(void* mem, DeviceAlloc(static_cast<size_t>(B) * (I + 3 * H + 4 * O) * 4 +
+                                          (static_cast<size_t>(H) * I + static_cast<size_t>(O) * H) * 4 + 256));
   float* x = static_cast<float*>(mem);
-  float* h = x + size_t{B} * I;
-  float* dh = h + size_t{B} * H;
-  float* th = dh + size_t{B} * H;
-  float* y = th + size_t{B} * H;
-  float* t = y + size_t{B} * O;
-  float* dy = t + size_t{B} * O;
-  float* g1 = dy + size_t{B} * O;
-  float* g2 = g1 + size_t{H} * I;
-  float* loss = g2 + size_t{O} * H;
+  float* h = x + static_cast<size_t>(B) * I;
+  float* dh = h + static_cast<size_t>(B) * H;
+  float* th = dh + static_cast<size_t>(B) * H;
+  float* y = th + static_cast<size_t>(B) * H;
+  float* t = y + static_cast<size_t>(B) * O;
+  float* dy = t + static_cast<size_t>(B) * O;
+  float* g1 = dy + static_cast<size_t>(B) * O;
+  float* g2 = g1 + static_cast<size_t>(H) * I;
+  float* loss = g2 + static_cast<size_t>(O) * H;
   Fp8Activation x8, h8, dy8;
   RETURN_IF_ERROR(x8.Init(B, I));
   RETURN_IF_ERROR(h8.Init(B, H));
@@ -385,7 +385,7 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
       RETURN_IF_ERROR(dequant(dst[2], spec.columnwise, Direction::kColumnwise, O, H, w_bf16_1c));
     }
     // A fresh batch and its teacher targets (FP32 GEMMs).
-    std::vector<float> xb = Random(size_t{B} * I, 1000 + step, 1.0f);
+    std::vector<float> xb = Random(static_cast<size_t>(B) * I, 1000 + step, 1.0f);
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice,
                                         stream));
     RETURN_IF_ERROR(gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H,

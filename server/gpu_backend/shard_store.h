@@ -66,6 +66,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/scoped_device.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
@@ -142,20 +143,7 @@ struct GpuStoreOptions {
   bool skip_non_finite = false;
 };
 
-// Makes `device` current for its lifetime (then restores the previous one).
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) {
-    cudaGetDevice(&previous_);
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~ScopedDevice() { cudaSetDevice(previous_); }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int previous_ = 0;
-};
+using ::paramd::ScopedDevice;  // common/scoped_device.h
 
 // Device pointers of one published direction of one shard.
 struct GpuPublishedDirection {

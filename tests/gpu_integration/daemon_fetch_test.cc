@@ -193,7 +193,9 @@ void ExpectDeviceFetchMatches(client::Client& meta, const HostFetchFn& host_fetc
     EXPECT_EQ(got.data, want.data);
     EXPECT_EQ(got.scales, want.scales);
     EXPECT_EQ(got.scale_inv, want.scale_inv);
-    if (!reference && CarriesAmax(f.spec.format)) EXPECT_EQ(got.amax, want.amax);
+    if (!reference && CarriesAmax(f.spec.format)) {
+      EXPECT_EQ(got.amax, want.amax);
+    }
   }
   for (void* p : owned) cudaFree(p);
 }
