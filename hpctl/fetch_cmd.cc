@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "common/status_macros.h"
@@ -91,6 +92,26 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
   return (*writer)->Finish();
 }
 
+// A version newer than the committed one is waited for (up to `timeout`),
+// saying so, and refused by name if it does not come: a bare fetch would wait
+// as long and then say only "Deadline Exceeded".
+absl::Status WaitUntilCommitted(client::Client& client, int64_t version, absl::Duration timeout) {
+  if (version < 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const client::Manifest manifest, client.RefreshManifest(timeout));
+  if (version <= manifest.committed_version) return absl::OkStatus();
+  std::cerr << "hpctl fetch: version " << version << " is not committed yet (committed: "
+            << manifest.committed_version << "); waiting up to " << absl::FormatDuration(timeout)
+            << " (--timeout)\n";
+  absl::StatusOr<int64_t> committed = client.WaitForVersion(version, timeout);
+  if (absl::IsDeadlineExceeded(committed.status())) {
+    return absl::DeadlineExceededError(absl::StrCat("version ", version, " was not committed within ",
+                                                    absl::FormatDuration(timeout),
+                                                    " (--timeout); the committed version is ",
+                                                    manifest.committed_version));
+  }
+  return committed.status();
+}
+
 int RunFetch(int argc, char** argv) {
   ClusterOptions cluster;
   std::string direction_name = "rowwise";
@@ -130,6 +151,9 @@ int RunFetch(int argc, char** argv) {
   }
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("fetch", client.status());
+  if (absl::Status s = WaitUntilCommitted(**client, version, cluster.timeout()); !s.ok()) {
+    return ReportFailure("fetch", s);
+  }
   auto result = (*client)->Fetch(version, {{opts.positional()[0], direction, {}, {}}});
   if (!result.ok()) return ReportFailure("fetch", result.status());
   const client::FetchedTensor& t = result->tensors[0];

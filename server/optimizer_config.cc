@@ -3,6 +3,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <charconv>
 #include <fstream>
 #include <sstream>
 
@@ -30,7 +31,14 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   std::string first_;
 };
 
-std::string G(double v) { return absl::StrFormat("%.9g", v); }
+// The shortest decimal that reads back as the same float (0.001, not
+// 0.00100000005): what a user typed, and still exact, so two descriptions
+// are equal exactly when the values are.
+std::string G(float v) {
+  char buffer[32];
+  const std::to_chars_result r = std::to_chars(buffer, buffer + sizeof(buffer), v);
+  return std::string(buffer, r.ptr);
+}
 
 }  // namespace
 

@@ -78,7 +78,11 @@ class HpctlTest : public ::testing::Test {
   HpctlRun Hpctl(std::vector<std::string> args) {
     args.insert(args.begin(), "hpctl/hpctl");
     args.push_back("--address=" + cluster_->coordinator_address());
-    args.push_back("--timeout=20");
+    if (std::none_of(args.begin(), args.end(), [](const std::string& a) {
+          return absl::StartsWith(a, "--timeout=");
+        })) {
+      args.push_back("--timeout=20");
+    }
     const std::string log = absl::StrCat(dir_, "/hpctl", ++runs_, ".out");
     demo::ChildProcesses children;
     HpctlRun run;
@@ -235,6 +239,14 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   EXPECT_TRUE(absl::StrContains(missing.out, "NOT_FOUND")) << missing.out;
   HpctlRun usage = Hpctl({"fetch", "w.weight"});
   EXPECT_EQ(usage.exit_code, 2) << usage.out;
+  // A version not committed yet is waited for up to --timeout, then refused
+  // naming the committed one (not a bare "Deadline Exceeded").
+  const absl::Time asked = absl::Now();
+  HpctlRun future = Hpctl({"fetch", "w.weight", "--version=50", "--timeout=1", "--out=" + raw});
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(15));
+  EXPECT_EQ(future.exit_code, 1) << future.out;
+  EXPECT_TRUE(absl::StrContains(future.out, "version 50 was not committed within 1s")) << future.out;
+  EXPECT_TRUE(absl::StrContains(future.out, "the committed version is 0")) << future.out;
 }
 
 // A sharded Hugging Face checkpoint (two shards + model.safetensors.index.json
