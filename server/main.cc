@@ -346,7 +346,15 @@ absl::Status Run() {
   CoordinatorOptions& c = options.coordinator;
   c.limits = limits;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);
+  if (c.expected_daemons < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--daemons must be >= 1, got ", c.expected_daemons));
+  }
   c.expected_pushers = absl::GetFlag(FLAGS_expected_pushers);
+  if (c.expected_pushers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--expected_pushers must be >= 0 (0: admin steps only), got ", c.expected_pushers));
+  }
   c.log_every_versions = absl::GetFlag(FLAGS_log_every_versions);
   c.data_plane = absl::GetFlag(FLAGS_data_plane);
   c.model_path = absl::GetFlag(FLAGS_model);

@@ -156,6 +156,13 @@ TEST(ServerSingleTest, BadFlagsExitWithAMessage) {
   EXPECT_EQ(RunAndWait({kServer, "--optimizer=adam", "--listen=127.0.0.1:0"}, &out), 1);
   EXPECT_NE(out.find("unknown optimizer"), std::string::npos) << out;
   EXPECT_EQ(RunAndWait({kServer, "--recipe=/no/such/recipe", "--listen=127.0.0.1:0"}, &out), 1);
+  // Named by the flag the user gave, not by an internal option.
+  EXPECT_EQ(RunAndWait({kServer, "--role=coordinator", "--daemons=0", "--listen=127.0.0.1:0"},
+                       &out),
+            1);
+  EXPECT_NE(out.find("--daemons must be >= 1, got 0"), std::string::npos) << out;
+  EXPECT_EQ(RunAndWait({kServer, "--expected_pushers=-2", "--listen=127.0.0.1:0"}, &out), 1);
+  EXPECT_NE(out.find("--expected_pushers must be >= 0"), std::string::npos) << out;
 }
 
 }  // namespace
