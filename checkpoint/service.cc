@@ -189,7 +189,11 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
                                                "checkpoint first and export from it"));
       }
       // Not the daemon's current version: a checkpoint of it may have it.
-      if (service_->options().root.empty()) return status;
+      if (service_->options().root.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            status.message(), "; the masters of an older version come only from a checkpoint ",
+            "of it, and this daemon runs without --checkpoint_dir"));
+      }
       auto store = CheckpointStore::OpenUnder(service_->options().root,
                                               request_.checkpoint_dir(), /*create=*/false);
       if (!store.ok()) return store.status();

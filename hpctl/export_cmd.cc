@@ -93,6 +93,11 @@ int RunExport(int argc, char** argv) {
   if (manifest->committed_version < 0) {
     return ReportFailure("export", absl::FailedPreconditionError("no model loaded"));
   }
+  if (version > manifest->committed_version) {
+    return ReportFailure("export", absl::FailedPreconditionError(absl::StrCat(
+                                       "version ", version, " is not committed yet (committed: ",
+                                       manifest->committed_version, ")")));
+  }
   remote.version = static_cast<uint64_t>(version >= 0 ? version : manifest->committed_version);
   remote.checkpoint_dir = checkpoint_dir;
 

@@ -413,6 +413,22 @@ TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
   EXPECT_NE(shard->Find("v.weight"), nullptr);
 }
 
+// Versions export cannot give: one not committed yet, and (no checkpoints
+// here) one whose masters the daemons no longer hold; each named, with why.
+TEST_F(HpctlTest, ExportOfAVersionItCannotReadSaysWhy) {
+  Load();
+  HpctlRun step = Hpctl({"step"});
+  ASSERT_EQ(step.exit_code, 0) << step.out << cluster_->Logs();
+  HpctlRun future = Hpctl({"export", "--out=" + dir_ + "/future", "--version=7"});
+  EXPECT_EQ(future.exit_code, 1) << future.out;
+  EXPECT_TRUE(absl::StrContains(future.out, "version 7 is not committed yet (committed: 1)"))
+      << future.out;
+  HpctlRun old = Hpctl({"export", "--out=" + dir_ + "/old", "--version=0"});
+  EXPECT_EQ(old.exit_code, 1) << old.out;
+  EXPECT_TRUE(absl::StrContains(old.out, "not 0")) << old.out;
+  EXPECT_TRUE(absl::StrContains(old.out, "runs without --checkpoint_dir")) << old.out;
+}
+
 // hpctl with an --address that cannot work, at the default --timeout (30 s):
 // the reason within a few seconds.
 HpctlRun HpctlAlone(const std::vector<std::string>& args, absl::Duration* took) {
