@@ -97,9 +97,14 @@ absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradi
     }
     const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;
     if (static_cast<int64_t>(g.bytes.size()) != meta->rows * meta->cols * element) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient of ", g.tensor, " has ", g.bytes.size(), " bytes; expected ",
-                       meta->rows * meta->cols * element));
+      const bool whole = g.bytes.size() % element == 0;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient of ", g.tensor, " has ",
+          whole ? absl::StrCat(g.bytes.size() / element, " values")
+                : absl::StrCat(g.bytes.size(), " bytes"),
+          "; expected ", meta->rows * meta->cols, " (", meta->rows, " x ", meta->cols, ", ",
+          g.dtype == Gradient::DType::kFp32 ? "FP32" : "BF16", ": ",
+          meta->rows * meta->cols * element, " bytes)"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (gradients[j].tensor == g.tensor) {

@@ -70,6 +70,11 @@ TEST(PushRoutes, Refusals) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}),  // BF16: 10 bytes
             absl::StatusCode::kInvalidArgument);
+  // The message counts values and names the shape, not only bytes.
+  EXPECT_EQ(CheckPushGradients(m, {{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}).message(),
+            "gradient of b has 10 values; expected 5 (1 x 5, BF16: 10 bytes)");
+  EXPECT_EQ(CheckPushGradients(m, {{"b", Gradient::DType::kFp32, Bytes(7)}}).message(),
+            "gradient of b has 7 bytes; expected 5 (1 x 5, FP32: 20 bytes)");
   EXPECT_EQ(code({{"b", Gradient::DType::kFp32, Bytes(20)},
                   {"b", Gradient::DType::kFp32, Bytes(20)}}),
             absl::StatusCode::kInvalidArgument);

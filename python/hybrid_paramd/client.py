@@ -132,6 +132,12 @@ class Manifest:
     def names(self):
         return [t.name for t in self.tensors]
 
+    def __repr__(self):
+        names = self.names()
+        shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+        return "Manifest(committed version %d, %d daemons, %d pushers expected, %d tensors: %s)" % (
+            self.committed_version, self.num_daemons, self.expected_pushers, len(names), shown)
+
 
 class _Plan:
     """The fixed part of a fetch of some (tensor, direction) targets: the C

@@ -168,3 +168,7 @@ class FetchResult:
 
     def __len__(self):
         return len(self.items)
+
+    def __repr__(self):
+        return "FetchResult(version %d, %d tensor-directions, %.2f ms: %r)" % (
+            self.version, len(self.items), self.seconds * 1e3, self.items)

@@ -119,6 +119,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(m["blk1d"].rowwise.scale_elem_bytes, 4)
         self.assertFalse(m["rowonly"].columnwise.published)
         self.assertEqual(m["current_e5m2"].rowwise.element, "e5m2")
+        # What a user sees printing them.
+        self.assertIn("Manifest(committed version 0, 2 daemons, ", repr(m))
+        self.assertIn("%d tensors: " % len(SHAPES), repr(m))
 
     def test_fetch_equals_cpp_client_every_format_and_direction(self):
         r = self.admin.fetch(0, directions=["rowwise", "columnwise"])
@@ -159,6 +162,8 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(tuple(r["mixed"].data.shape), (384, 520))
         self.assertEqual(r.stats["rowwise_bytes"], 0)
         self.assertGreater(r.stats["columnwise_bytes"], 0)
+        self.assertRegex(repr(r), r"^FetchResult\(version \d+, 2 tensor-directions, .*"
+                                  r"Fetched\(mixed columnwise fp8_block128x128")
         # A fresh allocation per fetch: the first result is not overwritten.
         r2 = self.admin.fetch(-1, names=["mixed", "bias"], directions=["columnwise"])
         self.assertNotEqual(r["bias"].data.data_ptr(), r2["bias"].data.data_ptr())
