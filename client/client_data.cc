@@ -270,6 +270,13 @@ absl::Status Client::Impl::FetchFromDaemon(
   if (!*next || reader.is_chunk() || !reader.message().has_plan()) {
     absl::Status s = FromGrpcStatus(reader.Finish(), where);
     if (s.ok()) return absl::InternalError(absl::StrCat(where, ": stream without a plan"));
+    if (absl::IsDeadlineExceeded(s)) {
+      // A daemon answers with the plan at once for a version it holds and
+      // parks the fetch of a newer one until it is published.
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": no answer before the deadline (version ", version,
+          " not published by then, or the daemon is stalled)"));
+    }
     return s;
   }
   const rpc::FetchPlan plan = reader.message().plan();

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
@@ -367,6 +368,8 @@ TEST_F(ClientTest, UnpublishedVersionIsDeadlineExceeded) {
       absl::Milliseconds(500));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDeadlineExceeded) << fetched.status();
+  EXPECT_TRUE(absl::StrContains(fetched.status().message(), "version 3 not published by then"))
+      << fetched.status();
   EXPECT_GE(took, absl::Milliseconds(450));
   EXPECT_LT(took, absl::Seconds(5));
   EXPECT_EQ(trainer_a_->WaitForVersion(3, absl::Milliseconds(300)).status().code(),
