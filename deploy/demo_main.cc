@@ -581,12 +581,13 @@ absl::Status Demo::Finish() {
                 {"recovery_seconds", r.seconds()},
                 {"kill_to_next_step_seconds", kill_to_next_version_s_}};
     std::printf("recovery: daemon rank %d killed after step %lld; every daemon rewound to "
-                "version %lld (committed was %lld: %lld steps lost) from %s, %.2f s after the "
+                "version %lld (committed was %lld: %lld step%s lost) from %s, %.2f s after the "
                 "lease expired; %.2f s from the kill to the next completed step\n",
                 killed_rank_, static_cast<long long>(killed_at_step_),
                 static_cast<long long>(r.rewound_to_version()),
                 static_cast<long long>(r.committed_before()),
-                static_cast<long long>(r.versions_lost()), r.source().c_str(), r.seconds(),
+                static_cast<long long>(r.versions_lost()), r.versions_lost() == 1 ? "" : "s",
+                r.source().c_str(), r.seconds(),
                 kill_to_next_version_s_);
     if (r.epoch() < 1) {
       std::printf("FAIL: the cluster did not recover from the killed daemon\n");
