@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,12 +15,15 @@
 #include "absl/time/time.h"
 #include "checkpoint/service.h"
 #include "common/grpc_status.h"
+#include "google/protobuf/text_format.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "hpctl/progress.h"
 #include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/optimizer.pb.h"
+#include "proto/paramd.pb.h"
 
 namespace paramd {
 namespace hpctl {
@@ -27,6 +32,52 @@ namespace {
 using checkpoint::CheckpointCoordinator;
 
 std::string Size(uint64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1e6); }
+
+// A metadata value on one line: a text-format proto ("kind: ADAMW\nlr:
+// 0.001\nschedule {\n  decay: CONSTANT\n}\n") as "kind: ADAMW lr: 0.001
+// schedule { decay: CONSTANT }".
+std::string OneLine(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = c == ' ' || c == '\n' || c == '\t' || c == '\r';
+    if (!space) {
+      out += c;
+    } else if (!out.empty() && out.back() != ' ') {
+      out += ' ';
+    }
+  }
+  if (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+// The optimizer_tensors metadata (a text-format rpc::Manifest: every
+// tensor's resolved optimizer settings) as the tensors whose settings
+// differ from the model's (`config`, the optimizer_config metadata), and
+// how many of all; the raw text if it does not parse.
+std::string TensorOverrides(const std::string& text, const std::string& config_text) {
+  rpc::Manifest tensors;
+  recipe::OptimizerConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &tensors) ||
+      !google::protobuf::TextFormat::ParseFromString(config_text, &config)) {
+    return OneLine(text);
+  }
+  std::vector<std::string> own;
+  for (const rpc::TensorInfo& t : tensors.tensors()) {
+    const rpc::TensorOptimizer& o = t.optimizer();
+    std::vector<std::string> what;
+    if (o.frozen()) what.push_back("frozen");
+    if (o.lr_multiplier() != 1.0f) what.push_back(absl::StrCat("lr x", o.lr_multiplier()));
+    if (o.weight_decay() != config.weight_decay()) {
+      what.push_back(absl::StrCat("weight_decay ", o.weight_decay()));
+    }
+    if (!what.empty()) own.push_back(absl::StrCat(t.name(), " (", absl::StrJoin(what, ", "), ")"));
+  }
+  if (own.empty()) {
+    return absl::StrCat("all ", tensors.tensors_size(), " tensors step with optimizer_config");
+  }
+  return absl::StrCat(own.size(), " of ", tensors.tensors_size(),
+                      " tensors with settings of their own: ", absl::StrJoin(own, ", "));
+}
 
 std::string When(int64_t unix_micros) {
   return absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMicros(unix_micros),
@@ -131,8 +182,16 @@ int RunCheckpoint(int argc, char** argv) {
   std::cout << "checkpoint " << response.path() << "\n"
             << "  version " << manifest.version() << ", " << manifest.world_size()
             << " daemon(s), created " << When(manifest.created_unix_micros()) << "\n";
-  for (const auto& [key, value] : manifest.metadata()) {
-    std::cout << "  " << key << ": " << value << "\n";
+  // In key order (a proto map has none of its own).
+  const std::map<std::string, std::string> metadata(manifest.metadata().begin(),
+                                                    manifest.metadata().end());
+  for (const auto& [key, value] : metadata) {
+    const auto config = metadata.find("optimizer_config");
+    std::cout << "  " << key << ": "
+              << (key == "optimizer_tensors" && config != metadata.end()
+                      ? TensorOverrides(value, config->second)
+                      : OneLine(value))
+              << "\n";
   }
   for (const auto& shard : manifest.shards()) {
     std::cout << absl::StrFormat("  %s  daemon %d  %s  xxh3 %016x  %d piece(s)\n", shard.name(),

@@ -122,6 +122,12 @@ TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
                   "--address=" + a->cluster().coordinator_address(), "--timeout=20"},
                  dir->path());
   EXPECT_EQ(intact.exit_code, 0) << intact.out;
+  // The optimizer metadata reads as one line each, not a proto dump.
+  EXPECT_TRUE(absl::StrContains(intact.out, "\n  optimizer_config: kind: ")) << intact.out;
+  EXPECT_FALSE(absl::StrContains(intact.out, "\nlr: ")) << intact.out;
+  EXPECT_TRUE(absl::StrContains(intact.out, "\n  optimizer_tensors: all 2 tensors step with "
+                                            "optimizer_config\n"))
+      << intact.out;
   a.reset();
 
   // Fresh processes restoring the newest checkpoint (v1) refuse it.

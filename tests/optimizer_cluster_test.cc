@@ -17,6 +17,7 @@
 
 #include <google/protobuf/text_format.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
@@ -95,7 +96,7 @@ TEST(OptimizerClusterTest, MismatchedDaemonFlagIsRefusedAtJoin) {
   std::ifstream in(log);
   const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(out.find("--lr=0.5"), std::string::npos) << out;
-  EXPECT_NE(out.find("lr: 0.00999999978"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr: 0.01"), std::string::npos) << out;
 }
 
 TEST(OptimizerClusterTest, DaemonWithoutFlagsTakesTheConfig) {
@@ -221,6 +222,15 @@ TEST(OptimizerClusterTest, RestoreUsesTheCheckpointsConfigOrAnExplicitOverride) 
     }
     ASSERT_TRUE(Checkpoint(a, 3).ok()) << a.cluster().Logs();
     EXPECT_EQ(DescribeOptimizer(SavedConfig(ckpt->path(), 3)), DescribeOptimizer(*config_a));
+    // hpctl names the one tensor the recipe gives settings of its own.
+    ProgramRun describe =
+        RunProgram({"hpctl/hpctl", "checkpoint", "describe", "--version=3",
+                    "--address=" + a.cluster().coordinator_address(), "--timeout=20"},
+                   dir->path());
+    EXPECT_EQ(describe.exit_code, 0) << describe.out;
+    EXPECT_TRUE(absl::StrContains(describe.out, "optimizer_tensors: 1 of 2 tensors with settings "
+                                                "of their own: b (lr x2)\n"))
+        << describe.out;
   }
   {
     // No config given: the checkpoint's, with its step counter (step 4 of
