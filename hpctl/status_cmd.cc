@@ -85,12 +85,14 @@ void PrintMemory(const rpc::GetStatusResponse& s) {
                                "device memory", "device B/param");
   int64_t parameters = 0;
   int64_t device_bytes = 0;
+  bool any_device = false;
   for (const rpc::DaemonStats& d : s.daemons()) {
-    if (d.backend().empty()) {
-      std::cout << absl::StrFormat("  %4d  %-7s\n", d.rank(), "-");  // no model / unreachable
+    if (d.backend().empty()) {  // no model, or unreachable
+      std::cout << absl::StrFormat("  %4d  %-7s %12s %14s %12s\n", d.rank(), "-", "-", "-", "-");
       continue;
     }
     const bool device = d.backend() != "cpu";
+    any_device = any_device || device;
     std::cout << absl::StrFormat(
         "  %4d  %-7s %12d %14s %12s\n", d.rank(), d.backend(), d.parameters(),
         device ? Bytes(d.device_bytes()) : "-",
@@ -99,7 +101,7 @@ void PrintMemory(const rpc::GetStatusResponse& s) {
     device_bytes += d.device_bytes();
   }
   std::cout << absl::StrFormat(
-      "  %-13s %12d %14s %12s\n", "total", parameters, Bytes(device_bytes),
+      "  %-13s %12d %14s %12s\n", "total", parameters, any_device ? Bytes(device_bytes) : "-",
       parameters > 0 && device_bytes > 0
           ? absl::StrFormat("%.2f", static_cast<double>(device_bytes) / parameters)
           : "-");
