@@ -136,7 +136,7 @@ TEST_F(HpctlTest, LoadStatusStepAndStatusJson) {
   const std::string line =
       status.out.substr(total + 1, status.out.find('\n', total + 1) - total - 1);
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(line, ' ', absl::SkipEmpty())),
-            (std::vector<std::string>{"total", "102400", "0", "B", "-"}))
+            (std::vector<std::string>{"total", "102400", "-", "-"}))
       << status.out;
 
   HpctlRun step = Hpctl({"step"});
