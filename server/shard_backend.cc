@@ -52,15 +52,16 @@ class HostStateCapture : public StateCapture {
   absl::string_view kind() const override { return "host"; }
   bool reads_live_state() const override { return true; }
   absl::Status Copy(std::vector<std::array<std::vector<float>, 3>>& arrays) override {
-    arrays.clear();
+    // Into the vectors `arrays` already has (a recycled snapshot's, of the
+    // same sizes): copy-assignment reuses their memory.
+    arrays.resize(set_->shards().size());
     for (size_t i = 0; i < set_->shards().size(); ++i) {
-      std::array<std::vector<float>, 3> a;
+      std::array<std::vector<float>, 3>& a = arrays[i];
       absl::Span<const float> m = set_->master(static_cast<int>(i));
       a[0].assign(m.begin(), m.end());
       const OptimizerState& o = set_->optimizer_state(static_cast<int>(i));
       a[1] = o.m;
       a[2] = o.v;
-      arrays.push_back(std::move(a));
     }
     return absl::OkStatus();
   }

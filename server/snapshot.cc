@@ -313,6 +313,7 @@ void SnapshotKeeper::DropAll() {
   absl::MutexLock lock(&mu_);
   own_.clear();
   buddy_.clear();
+  recycled_.clear();
   frozen_ = false;
 }
 
@@ -329,6 +330,8 @@ void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion&
     if (shut_down_ || rank_ < 0) return;
     if (!own_.empty() && own_.back()->header.version() == version) return;  // republished
     pending->snapshot = std::make_shared<DaemonSnapshot>();
+    pending->snapshot->arrays = std::move(recycled_);
+    recycled_.clear();
     pending->snapshot->header.set_rank(rank_);
     pending->snapshot->header.set_layout_hash(layout_hash_);
   }
@@ -498,7 +501,16 @@ void SnapshotKeeper::Send(std::shared_ptr<const DaemonSnapshot> snapshot) {
 void SnapshotKeeper::TrimLocked() {
   if (frozen_) return;
   const size_t keep = static_cast<size_t>(std::max(1, options_.keep));
-  while (own_.size() > keep) own_.pop_front();
+  while (own_.size() > keep) {
+    std::shared_ptr<const DaemonSnapshot> oldest = std::move(own_.front());
+    own_.pop_front();
+    // Every other holder (a buddy send, a GetSnapshot stream, a recovery)
+    // took its reference from own_ under mu_, which is held here: with
+    // none left, this keeper made the snapshot (non-const) and owns it alone.
+    if (oldest.use_count() == 1) {
+      recycled_ = std::move(std::const_pointer_cast<DaemonSnapshot>(oldest)->arrays);
+    }
+  }
   // One copy per rank is enough for the loss of that rank: the others go
   // back with their own copies, which include every version it sent.
   for (auto& [rank, copies] : buddy_) {

@@ -181,6 +181,11 @@ class SnapshotKeeper {
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   uint64_t layout_hash_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<std::shared_ptr<const DaemonSnapshot>> own_ ABSL_GUARDED_BY(mu_);  // oldest first
+  // The arrays of the last own snapshot that TrimLocked dropped while
+  // nothing else held it; the next snapshot's copy writes into them (the
+  // same sizes under the same model) instead of faulting in and filling
+  // fresh memory.
+  std::vector<std::array<std::vector<float>, 3>> recycled_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::deque<std::shared_ptr<const DaemonSnapshot>>> buddy_ ABSL_GUARDED_BY(mu_);
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;  // between HoldForRecovery and AfterRecovery
   std::shared_ptr<Pending> copying_ ABSL_GUARDED_BY(mu_);  // copy in progress

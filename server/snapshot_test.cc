@@ -1,6 +1,10 @@
 #include "server/snapshot.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -196,6 +200,75 @@ TEST(SnapshotTest, RecoveryDropsNewerSnapshotsAndHoldingKeepsOlderOnes) {
   EXPECT_NE(keeper.Find(1, 1), nullptr);
   EXPECT_EQ(keeper.Find(1, 2), nullptr);
   EXPECT_EQ(keeper.Find(1, 3), nullptr);
+}
+
+// The arrays (master, m, v per shard) of `b`'s live state.
+std::vector<std::array<std::vector<float>, 3>> LiveArrays(ShardBackend& b) {
+  const ShardSet& x = *b.host_state();
+  std::vector<std::array<std::vector<float>, 3>> out;
+  for (size_t i = 0; i < x.shards().size(); ++i) {
+    const int s = static_cast<int>(i);
+    out.push_back({std::vector<float>(x.master(s).begin(), x.master(s).end()),
+                   x.optimizer_state(s).m, x.optimizer_state(s).v});
+  }
+  return out;
+}
+
+// A capture copies into the vectors it is given when they have the sizes
+// already (a recycled snapshot's): the same memory, the live values.
+TEST(SnapshotTest, CaptureCopiesIntoTheArraysItIsGiven) {
+  auto live = NewBackend();
+  Load(*live);
+  Step(*live, 0);
+  std::vector<std::array<std::vector<float>, 3>> arrays = LiveArrays(*live);
+  for (auto& a : arrays) {
+    for (auto& x : a) std::fill(x.begin(), x.end(), -7.0f);  // stale values
+  }
+  std::vector<const float*> memory;
+  for (const auto& a : arrays) {
+    for (const auto& x : a) memory.push_back(x.data());
+  }
+  Step(*live, 1);
+  absl::StatusOr<CapturedState> captured = live->CaptureState();
+  ASSERT_TRUE(captured.ok()) << captured.status();
+  ASSERT_TRUE(captured->arrays->Copy(arrays).ok());
+  EXPECT_EQ(arrays, LiveArrays(*live));
+  std::vector<const float*> after;
+  for (const auto& a : arrays) {
+    for (const auto& x : a) after.push_back(x.data());
+  }
+  EXPECT_EQ(after, memory);
+}
+
+// With keep = 2 the snapshot that falls out when a third completes gives
+// its arrays to the next copy unless something still holds it: every kept
+// or held snapshot has exactly its own version's state.
+TEST(SnapshotTest, SnapshotsCopiedIntoReusedMemoryHoldTheirOwnVersion) {
+  SnapshotOptions options;
+  options.every_steps = 1;
+  options.keep = 2;
+  SnapshotKeeper keeper(options);
+  auto live = NewBackend();
+  keeper.SetModel(0, {"", ""}, ShardLayoutHash(live->tensors(), live->shards()));
+  std::shared_ptr<const PublishedVersion> v = Load(*live);
+  std::map<int64_t, std::vector<std::array<std::vector<float>, 3>>> want;
+  std::shared_ptr<const DaemonSnapshot> held3;
+  for (int64_t from = 0; from < 6; ++from) {
+    keeper.BeforeChange();
+    v = Step(*live, from);
+    want[from + 1] = LiveArrays(*live);
+    keeper.AfterPublish(*live, *v);
+    keeper.BeforeChange();  // the copy is done
+    if (from + 1 == 3) held3 = keeper.Find(0, 3);  // still held when 3 falls out
+  }
+  EXPECT_EQ(keeper.Find(0, 3), nullptr);
+  ASSERT_NE(held3, nullptr);
+  EXPECT_EQ(held3->arrays, want[3]);
+  for (int64_t version : {5, 6}) {
+    std::shared_ptr<const DaemonSnapshot> s = keeper.Find(0, version);
+    ASSERT_NE(s, nullptr) << version;
+    EXPECT_EQ(s->arrays, want[version]) << version;
+  }
 }
 
 }  // namespace

@@ -44,13 +44,18 @@ class DeviceSnapshotSpare::Capture_ : public StateCapture {
   absl::Status Copy(std::vector<std::array<std::vector<float>, 3>>& arrays) override {
     GpuShardStore& store = *owner_->store_;
     const std::vector<GpuShardDef>& shards = store.shards();
-    arrays.assign(shards.size(), {});
+    // Into the vectors `arrays` already has (a recycled snapshot's, of the
+    // same sizes): resize keeps their memory and does not fill it.
+    arrays.resize(shards.size());
     std::vector<Piece> pieces;
     for (size_t i = 0; i < shards.size(); ++i) {
       const int s = static_cast<int>(i);
       const float* live[3] = {store.master(s), store.exp_avg(s), store.exp_avg_sq(s)};
       for (int k = 0; k < 3; ++k) {
-        if (live[k] == nullptr || (k > 0 && !moments_)) continue;
+        if (live[k] == nullptr || (k > 0 && !moments_)) {
+          arrays[i][k].clear();
+          continue;
+        }
         const float* src = spare_ ? owner_->spare_ + owner_->offsets_[i][k] : live[k];
         arrays[i][k].resize(static_cast<size_t>(Count(shards[i])));
         pieces.push_back({src, arrays[i][k].data(), Count(shards[i])});
