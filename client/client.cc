@@ -16,6 +16,7 @@
 #include "client/client_internal.h"
 #include "client/fetch_stream.h"
 #include "client/host_allocator.h"
+#include "common/address.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -51,6 +52,13 @@ absl::Status Client::Impl::Connect() {
   if (options_.coordinator_address.empty()) {
     return absl::InvalidArgumentError("ClientOptions::coordinator_address is empty");
   }
+  // A malformed address is refused now, not after connect_timeout; one
+  // with a gRPC scheme ("dns:///...", "unix:...") is left to gRPC.
+  if (absl::StatusOr<HostPort> parsed = ParseHostPort(options_.coordinator_address);
+      !parsed.ok() && !absl::IsNotFound(parsed.status())) {
+    return absl::InvalidArgumentError(absl::StrCat("coordinator address: ",
+                                                   parsed.status().message()));
+  }
   if (options_.name.empty()) options_.name = DefaultName();
   ASSIGN_OR_RETURN(security_.tls, auth::LoadTls(options_.tls));
   security_.token = std::make_shared<auth::BearerToken>(options_.token);
@@ -58,6 +66,13 @@ absl::Status Client::Impl::Connect() {
   coordinator_ = rpc::Coordinator::NewStub(coordinator_channel_);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   if (!coordinator_channel_->WaitForConnected(ToChrono(deadline))) {
+    // Waited the whole timeout (a coordinator may start after its
+    // trainers); say what a plain connection meets now, if it fails.
+    const absl::Status probe = ProbeAddress(options_.coordinator_address, absl::Seconds(1));
+    if (!probe.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          probe.message(), " (waited ", absl::FormatDuration(options_.connect_timeout), ")"));
+    }
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the coordinator at ", options_.coordinator_address, " within ",
         absl::FormatDuration(options_.connect_timeout),

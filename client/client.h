@@ -270,8 +270,12 @@ std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
 class Client {
  public:
   // Connects to the coordinator, joins (ClientOptions::role) and reads the
-  // manifest. UNAVAILABLE if the coordinator cannot be reached within
-  // connect_timeout; FAILED_PRECONDITION if expected_pushers disagrees.
+  // manifest. INVALID_ARGUMENT at once for an address that is not HOST:PORT
+  // (or a gRPC target with a scheme); UNAVAILABLE if the coordinator cannot
+  // be reached within connect_timeout (blocks that long: a coordinator may
+  // start after its trainers), with the reason a plain connection meets
+  // (refused, unresolvable); FAILED_PRECONDITION if expected_pushers
+  // disagrees.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   ~Client();

@@ -5,7 +5,7 @@
 #include <iostream>
 
 #include "common/status_macros.h"
-#include "hpctl/address.h"
+#include "common/address.h"
 
 namespace paramd {
 namespace hpctl {

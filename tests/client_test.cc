@@ -433,8 +433,24 @@ TEST(ClientConnect, NoCoordinatorIsUnavailableAfterTheConnectTimeout) {
   auto c = Client::Connect(options);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // It says why (a plain connection is refused) and how long it waited.
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "refused")) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "(waited 500ms)")) << c.status();
   options.coordinator_address = "";
   EXPECT_EQ(Client::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ClientConnect, MalformedAddressIsRefusedAtOnce) {
+  ClientOptions options;
+  options.connect_timeout = absl::Seconds(20);
+  for (const char* bad : {"localhost", "127.0.0.1:", "node0:70x", "h:65536"}) {
+    options.coordinator_address = bad;
+    const absl::Time start = absl::Now();
+    auto c = Client::Connect(options);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << bad << ": " << c.status();
+    EXPECT_TRUE(absl::StrContains(c.status().message(), "coordinator address")) << c.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << bad;
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "hpctl/address.h"
+#include "common/address.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace paramd {
-namespace hpctl {
 namespace {
 
 TEST(ParseHostPort, AcceptsHostPortAndBracketedIpv6) {
@@ -79,5 +78,4 @@ TEST(ProbeAddress, ListeningPortIsOk) {
 }
 
 }  // namespace
-}  // namespace hpctl
 }  // namespace paramd

@@ -1,14 +1,13 @@
-// File: hpctl/address.h
+// File: common/address.h
 //
-// A quick look at a coordinator address before hpctl waits on gRPC, so that
-// an address that cannot work fails in a second or two with the reason
-// instead of after the whole --timeout: no port, a name that does not
-// resolve, a refused connection.
+// A quick look at a coordinator address before a client (hpctl, the client
+// library) waits on gRPC, so that an address that cannot work fails at once
+// or says why: no port, a name that does not resolve, a refused connection.
 //
 // Pure functions; thread-safe. ProbeAddress blocks for at most `timeout`
 // (plus the resolver's own time).
-#ifndef PARAMD_HPCTL_ADDRESS_H_
-#define PARAMD_HPCTL_ADDRESS_H_
+#ifndef PARAMD_COMMON_ADDRESS_H_
+#define PARAMD_COMMON_ADDRESS_H_
 
 #include <string>
 
@@ -18,7 +17,6 @@
 #include "absl/time/time.h"
 
 namespace paramd {
-namespace hpctl {
 
 struct HostPort {
   std::string host;  // without brackets for IPv6 literals
@@ -40,7 +38,6 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 // not probed (OK).
 absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout);
 
-}  // namespace hpctl
 }  // namespace paramd
 
-#endif  // PARAMD_HPCTL_ADDRESS_H_
+#endif  // PARAMD_COMMON_ADDRESS_H_

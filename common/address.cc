@@ -1,4 +1,4 @@
-#include "hpctl/address.h"
+#include "common/address.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,7 +16,6 @@
 #include "absl/strings/match.h"
 
 namespace paramd {
-namespace hpctl {
 namespace {
 
 bool HasScheme(absl::string_view address) {
@@ -135,5 +134,4 @@ absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
                                              "); is hybrid-paramd running there?"));
 }
 
-}  // namespace hpctl
 }  // namespace paramd
