@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/address.h"
 #include "common/cli.h"
 #include "common/names.h"
 #include "common/status_macros.h"
@@ -259,7 +260,24 @@ absl::Status Run() {
                                            options.insecure_listen_anywhere,
                                            "--data_plane_listen"));
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
-  if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  if (role == "daemon") {
+    options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+    // Refused now, not after the join's minutes of retries.
+    if (absl::StatusOr<HostPort> parsed = ParseHostPort(options.coordinator_address);
+        !parsed.ok() && !absl::IsNotFound(parsed.status())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--coordinator=", options.coordinator_address, ": ",
+                       parsed.status().message()));
+    }
+  }
+  if (!options.advertise_address.empty()) {
+    if (absl::StatusOr<HostPort> parsed = ParseHostPort(options.advertise_address);
+        !parsed.ok() && !absl::IsNotFound(parsed.status())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--advertise_address=", options.advertise_address, ": ",
+                       parsed.status().message()));
+    }
+  }
 
   // The optimizer flags given on the command line (a default is no opinion).
   const std::string optimizer_flag = absl::GetFlag(FLAGS_optimizer);

@@ -163,6 +163,17 @@ TEST(ServerSingleTest, BadFlagsExitWithAMessage) {
   EXPECT_NE(out.find("--daemons must be >= 1, got 0"), std::string::npos) << out;
   EXPECT_EQ(RunAndWait({kServer, "--expected_pushers=-2", "--listen=127.0.0.1:0"}, &out), 1);
   EXPECT_NE(out.find("--expected_pushers must be >= 0"), std::string::npos) << out;
+  // A daemon's --coordinator without a port: refused at once, not after
+  // minutes of join retries.
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(RunAndWait({kServer, "--role=daemon", "--coordinator=node0", "--listen=127.0.0.1:0"},
+                       &out),
+            1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_NE(out.find("--coordinator=node0: "), std::string::npos) << out;
+  EXPECT_EQ(RunAndWait({kServer, "--advertise_address=node1:port", "--listen=127.0.0.1:0"}, &out),
+            1);
+  EXPECT_NE(out.find("--advertise_address=node1:port: "), std::string::npos) << out;
 }
 
 }  // namespace
