@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "client/model_source.h"
 #include "client/weight_stream.h"
+#include "safetensors/safetensors.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "hpctl/progress.h"
@@ -68,6 +69,14 @@ int RunLoad(int argc, char** argv) {
   auto files = client::ModelFiles(model, name_limit.bytes());
   if (!files.ok()) return ReportFailure("load", files.status());
   const bool single = files->size() == 1 && *files->begin() == model;
+  if (single) {
+    // The daemons read the file themselves (unless --stream), but a file
+    // that is not safetensors here is refused before the cluster is asked
+    // (and, with --force, before "replacing the model" is said).
+    if (auto file = safetensors::SafetensorsFile::Open(model, name_limit.bytes()); !file.ok()) {
+      return ReportFailure("load", file.status());
+    }
+  }
   std::string recipe;
   if (!recipe_path.empty()) {
     std::ifstream in(recipe_path);

@@ -357,6 +357,16 @@ TEST_F(HpctlTest, LoadOntoAClusterHoldingAModelNeedsForce) {
   EXPECT_EQ((*c)->Load(model).status().code(), absl::StatusCode::kFailedPrecondition);
   HpctlRun status = Hpctl({"status"});
   EXPECT_TRUE(absl::StrContains(status.out, "committed version 1")) << status.out;
+  // A file that is not safetensors is refused before the cluster is asked,
+  // even with --force; the model stays.
+  const std::string junk = dir_ + "/junk.safetensors";
+  std::ofstream(junk) << "not a model";
+  HpctlRun bad = Hpctl({"load", junk, "--force"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_FALSE(absl::StrContains(bad.out, "replacing")) << bad.out;
+  EXPECT_TRUE(absl::StrContains(bad.out, junk)) << bad.out;
+  status = Hpctl({"status"});
+  EXPECT_TRUE(absl::StrContains(status.out, "committed version 1")) << status.out;
 
   HpctlRun forced = Hpctl({"load", model, "--force"});
   ASSERT_EQ(forced.exit_code, 0) << forced.out << cluster_->Logs();
@@ -460,9 +470,21 @@ TEST(HpctlNoCluster, UnusableAddressesFailFastWithTheReason) {
     std::vector<std::string> args;
     std::string reason;
   };
+  // A one-tensor model, so that load gets as far as connecting.
+  auto dir = demo::TempDir::Create("hpctl_addresses");
+  ASSERT_TRUE(dir.ok());
+  const std::string model = dir->path() + "/m.safetensors";
+  {
+    const std::string header = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    const uint64_t n = header.size();
+    std::ofstream out(model, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(4, '\0');
+  }
   const std::vector<Case> cases = {
       {{"status", "--address=127.0.0.1:1"}, "Connection refused"},
-      {{"load", "/etc/passwd", "--address=127.0.0.1:1"}, "Connection refused"},
+      {{"load", model, "--address=127.0.0.1:1"}, "Connection refused"},
+      {{"load", "/etc/passwd", "--address=127.0.0.1:1"}, "not a safetensors file"},
       {{"checkpoint", "list", "--address=127.0.0.1:1"}, "Connection refused"},
       {{"status", "--address=no-such-host.invalid:7070"}, "cannot resolve host 'no-such-host.invalid'"},
       {{"step", "--address=127.0.0.1"}, "has no port"},
