@@ -18,8 +18,10 @@ the GIL during calls); close() must not race with other calls.
 """
 
 import collections
+import collections.abc
 import ctypes
 import json
+import operator
 import sys
 import threading
 import time
@@ -41,6 +43,20 @@ def _raise_for(code, status):
 
 def _ms(seconds):
     return 0 if seconds is None else max(1, int(seconds * 1000))
+
+
+def _version(v):
+    """An int version (numpy integers too); TypeError for anything else
+    (a float such as 1.5 would otherwise be truncated silently)."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError("version must be an integer, not %r" % (v,)) from None
+
+
+def _sequence(x):
+    """A name or direction given alone, as a one-element tuple."""
+    return (x,) if isinstance(x, (str, int)) else x
 
 
 VersionInfo = collections.namedtuple("VersionInfo",
@@ -317,7 +333,7 @@ class Client:
         info = _capi.VersionInfo()
         st = _capi.Status()
         start = time.perf_counter()
-        code = self._lib.hpd_wait_for_version_info(self._handle(), int(min_version), _ms(timeout),
+        code = self._lib.hpd_wait_for_version_info(self._handle(), _version(min_version), _ms(timeout),
                                                    ctypes.byref(info), ctypes.byref(st))
         seconds = time.perf_counter() - start
         _raise_for(code, st)
@@ -369,7 +385,7 @@ class Client:
 
         callback = _capi.VERSION_EVENT_FN(event)  # alive for the whole call
         st = _capi.Status()
-        code = self._lib.hpd_watch_version(self._handle(), int(min_version), _ms(timeout),
+        code = self._lib.hpd_watch_version(self._handle(), _version(min_version), _ms(timeout),
                                            callback, None, ctypes.byref(st))
         if raised:
             raise raised[0]
@@ -456,7 +472,8 @@ class Client:
         """Fetches (tensor, direction) copies of `version` (-1: the committed
         one) into freshly allocated torch memory on `device` (no extra
         copy: the library writes straight into it). names=None: every
-        tensor publishing the direction. device: "cpu" (host data plane,
+        tensor publishing the direction; a name or a direction may be given
+        alone instead of in a list. version: an integer (TypeError else). device: "cpu" (host data plane,
         any daemon backend) or a CUDA device (the daemons' NCCL device
         channels; needs --backend=gpu daemons and a CUDA build of the
         library); the fetch waits for the current CUDA stream first.
@@ -468,6 +485,10 @@ class Client:
         is asked for and the cluster rewound since the last wait."""
         start = time.perf_counter()
         wait_seconds = 0.0
+        version = _version(version)
+        if names is not None:
+            names = _sequence(names)
+        directions = _sequence(directions)
         if version < 0:
             # Resolved here (the one WaitForVersion the library would make)
             # so that a rewind raises RewoundError.
@@ -514,7 +535,11 @@ class Client:
         numpy) or all on one CUDA device (sent over the device channels
         after the current stream). Give every gradient of the step in one
         call: tensors left out count as zero. Returns a dict (version,
-        bytes_sent, pushers_received, pushers_expected)."""
+        bytes_sent, pushers_received, pushers_expected). TypeError for a
+        non-dict or a gradient that is not floating point."""
+        if not isinstance(gradients, collections.abc.Mapping):
+            raise TypeError("gradients must be a dict {tensor name: gradient}, not %s" %
+                            type(gradients).__name__)
         n = len(gradients)
         arr = (_capi.Gradient * max(n, 1))()
         keep = []
@@ -522,6 +547,9 @@ class Client:
         for i, (name, g) in enumerate(gradients.items()):
             if not isinstance(g, torch.Tensor):
                 g = torch.from_numpy(_as_numpy(g))
+            if not g.is_floating_point():
+                raise TypeError("gradient of %s has dtype %s: give a floating-point tensor" %
+                                (name, g.dtype))
             if g.dtype not in (torch.float32, torch.bfloat16):
                 g = g.to(torch.float32)
             g = g.contiguous()
@@ -544,7 +572,7 @@ class Client:
             stream = ctypes.c_void_p(torch.cuda.current_stream(dev_index).cuda_stream)
         r = _capi.PushResult()
         st = _capi.Status()
-        _raise_for(self._lib.hpd_push_gradients(self._handle(), int(version), arr, n, dev_index,
+        _raise_for(self._lib.hpd_push_gradients(self._handle(), _version(version), arr, n, dev_index,
                                                 stream, _ms(timeout), ctypes.byref(r),
                                                 ctypes.byref(st)), st)
         del keep
@@ -635,7 +663,7 @@ class Client:
         """Admin step from the committed `version` (no pushers needed)."""
         v = ctypes.c_int64()
         st = _capi.Status()
-        _raise_for(self._lib.hpd_step(self._handle(), int(version), 1 if wait else 0,
+        _raise_for(self._lib.hpd_step(self._handle(), _version(version), 1 if wait else 0,
                                       _ms(timeout), ctypes.byref(v), ctypes.byref(st)), st)
         return v.value
 

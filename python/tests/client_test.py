@@ -231,10 +231,24 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(hp.InvalidArgument):  # a client certificate without its key
             hp.Client(self.cluster.address, observer=True, tls_ca=self.model_path,
                       tls_cert=self.model_path)
+        with self.assertRaises(hp.InvalidArgument) as e:  # at once, not after the timeout
+            hp.Client("localhost", connect_timeout=20)
+        self.assertIn("coordinator address", str(e.exception))
         t = hp.Client(self.cluster.address, observer=True)
         with self.assertRaises(hp.InvalidArgument) as e:
             t.push_gradients(0, {"bias": torch.zeros(63)})  # 63 of 64 values
         self.assertEqual(e.exception.code, 3)
+        self.assertIn("63 values; expected 64", str(e.exception))
+        # Misused arguments: TypeError, not a silent truncation or conversion.
+        with self.assertRaises(TypeError):
+            t.fetch(0.5, names=["bias"])
+        with self.assertRaises(TypeError):
+            t.push_gradients(0, [torch.zeros(64)])
+        with self.assertRaises(TypeError):
+            t.push_gradients(0, {"bias": torch.zeros(64, dtype=torch.int32)})
+        # A name or a direction alone is a list of one.
+        one = t.fetch(0, names="bias", directions="columnwise")
+        self.assertEqual([(f.tensor, f.direction) for f in one], [("bias", 1)])
         t.close()
         with self.assertRaises(hp.FailedPrecondition):
             t.manifest(refresh=True)
