@@ -14,6 +14,13 @@ CUDA_ONLY = select({
     "//conditions:default": ["//bazel:incompatible"],
 })
 
+# The opposite: checks of the CPU build (the CPU container image's library
+# list), skipped under --config=cuda.
+CPU_ONLY = select({
+    "//bazel:cuda": ["//bazel:incompatible"],
+    "//conditions:default": [],
+})
+
 def paramd_cc_library(name, copts = [], **kwargs):
     native.cc_library(name = name, copts = PARAMD_COPTS + copts, **kwargs)
 
