@@ -4,8 +4,10 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "common/status_macros.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/address.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 namespace hpctl {
@@ -65,6 +67,20 @@ absl::StatusOr<std::unique_ptr<client::Client>> ClusterOptions::Connect() const 
   options.call_timeout = timeout();
   RETURN_IF_ERROR(ApplySecurity(&options));
   return client::Client::Connect(options);
+}
+
+absl::StatusOr<int64_t> CommittedVersion(client::Client& client, absl::Duration timeout,
+                                         absl::string_view command) {
+  if (client.manifest().committed_version >= 0) return client.manifest().committed_version;
+  std::cerr << "hpctl " << command << ": the cluster holds no model yet; waiting up to "
+            << absl::FormatDuration(timeout) << " (--timeout) for one\n";
+  absl::StatusOr<int64_t> committed = client.WaitForVersion(0, timeout);
+  if (absl::IsDeadlineExceeded(committed.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no model was loaded within ", absl::FormatDuration(timeout),
+                     ": load one first (`hpctl load MODEL`, or hybrid-paramd --model)"));
+  }
+  return committed;
 }
 
 int ReportFailure(absl::string_view command, const absl::Status& status) {

@@ -58,6 +58,12 @@ class ClusterOptions {
   std::string token_file_;
 };
 
+// The committed version; when the cluster holds no model yet, says so on
+// stderr and waits up to `timeout` for one (a load may be running), then
+// FAILED_PRECONDITION "no model ... hpctl load" instead of a bare deadline.
+absl::StatusOr<int64_t> CommittedVersion(client::Client& client, absl::Duration timeout,
+                                         absl::string_view command);
+
 // Prints "hpctl <command>: <status>" to stderr and returns kExitFailure.
 int ReportFailure(absl::string_view command, const absl::Status& status);
 

@@ -96,7 +96,7 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
 // saying so, and refused by name if it does not come: a bare fetch would wait
 // as long and then say only "Deadline Exceeded".
 absl::Status WaitUntilCommitted(client::Client& client, int64_t version, absl::Duration timeout) {
-  if (version < 0) return absl::OkStatus();
+  if (version < 0) return CommittedVersion(client, timeout, "fetch").status();
   ASSIGN_OR_RETURN(const client::Manifest manifest, client.RefreshManifest(timeout));
   if (version <= manifest.committed_version) return absl::OkStatus();
   std::cerr << "hpctl fetch: version " << version << " is not committed yet (committed: "

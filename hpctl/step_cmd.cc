@@ -31,7 +31,7 @@ int RunStep(int argc, char** argv) {
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("step", client.status());
   if (version < 0) {
-    auto committed = (*client)->WaitForVersion(0, cluster.timeout());
+    auto committed = CommittedVersion(**client, cluster.timeout(), "step");
     if (!committed.ok()) return ReportFailure("step", committed.status());
     version = *committed;
   }

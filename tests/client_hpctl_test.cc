@@ -423,6 +423,19 @@ TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
   EXPECT_NE(shard->Find("v.weight"), nullptr);
 }
 
+// Before any model: step and fetch say there is none (after --timeout, a
+// load may be running), not a bare deadline.
+TEST_F(HpctlTest, StepAndFetchWithoutAModelSayThereIsNone) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"step", "--timeout=1"},
+        std::vector<std::string>{"fetch", "w.weight", "--out=" + dir_ + "/w", "--timeout=1"}}) {
+    HpctlRun run = Hpctl(args);
+    EXPECT_EQ(run.exit_code, 1) << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, "no model was loaded within 1s")) << run.out;
+    EXPECT_TRUE(absl::StrContains(run.out, "hpctl load")) << run.out;
+  }
+}
+
 // Versions export cannot give: one not committed yet, and (no checkpoints
 // here) one whose masters the daemons no longer hold; each named, with why.
 TEST_F(HpctlTest, ExportOfAVersionItCannotReadSaysWhy) {
