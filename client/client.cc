@@ -54,10 +54,8 @@ absl::Status Client::Impl::Connect() {
   }
   // A malformed address is refused now, not after connect_timeout; one
   // with a gRPC scheme ("dns:///...", "unix:...") is left to gRPC.
-  if (absl::StatusOr<HostPort> parsed = ParseHostPort(options_.coordinator_address);
-      !parsed.ok() && !absl::IsNotFound(parsed.status())) {
-    return absl::InvalidArgumentError(absl::StrCat("coordinator address: ",
-                                                   parsed.status().message()));
+  if (absl::Status s = CheckAddress(options_.coordinator_address); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("coordinator address: ", s.message()));
   }
   if (options_.name.empty()) options_.name = DefaultName();
   ASSIGN_OR_RETURN(security_.tls, auth::LoadTls(options_.tls));

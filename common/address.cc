@@ -98,6 +98,11 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
   return hp;
 }
 
+absl::Status CheckAddress(absl::string_view address) {
+  absl::StatusOr<HostPort> parsed = ParseHostPort(address);
+  return parsed.ok() || absl::IsNotFound(parsed.status()) ? absl::OkStatus() : parsed.status();
+}
+
 absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
   if (HasScheme(address)) return absl::OkStatus();
   absl::StatusOr<HostPort> hp = ParseHostPort(address);

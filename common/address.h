@@ -29,6 +29,11 @@ struct HostPort {
 // callers leave them to gRPC.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 
+// OK for a HOST:PORT address or one with a gRPC scheme (left to gRPC);
+// ParseHostPort's InvalidArgument, naming what is wrong, otherwise. What a
+// flag or option that takes an address checks before anything waits on it.
+absl::Status CheckAddress(absl::string_view address);
+
 // Resolves the host and tries a TCP connection to each of its addresses for
 // up to `timeout` in all. OK if one connects, or if none answered either
 // way within the timeout (a slow network: gRPC's own wait decides).

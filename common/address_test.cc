@@ -34,6 +34,10 @@ TEST(ParseHostPort, NamesWhatIsWrong) {
   // gRPC target URIs are left to gRPC.
   EXPECT_EQ(ParseHostPort("dns:///h:1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(ProbeAddress("unix:/tmp/x", absl::Seconds(1)).ok());
+  // CheckAddress: HOST:PORT and gRPC targets pass, the rest is refused.
+  EXPECT_TRUE(CheckAddress("node0:7070").ok());
+  EXPECT_TRUE(CheckAddress("dns:///node0:7070").ok());
+  EXPECT_EQ(CheckAddress("node0").code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A port nothing listens on: bind a socket, read its port, close it.

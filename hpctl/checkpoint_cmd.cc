@@ -33,21 +33,12 @@ using checkpoint::CheckpointCoordinator;
 
 std::string Size(uint64_t bytes) { return absl::StrFormat("%.1f MB", bytes / 1e6); }
 
-// A metadata value on one line: a text-format proto ("kind: ADAMW\nlr:
-// 0.001\nschedule {\n  decay: CONSTANT\n}\n") as "kind: ADAMW lr: 0.001
-// schedule { decay: CONSTANT }".
-std::string OneLine(absl::string_view text) {
-  std::string out;
-  for (char c : text) {
-    const bool space = c == ' ' || c == '\n' || c == '\t' || c == '\r';
-    if (!space) {
-      out += c;
-    } else if (!out.empty() && out.back() != ' ') {
-      out += ' ';
-    }
-  }
-  if (!out.empty() && out.back() == ' ') out.pop_back();
-  return out;
+// The optimizer_config metadata (a text-format recipe::OptimizerConfig) on
+// one line; the raw text if it does not parse.
+std::string OptimizerConfigLine(const std::string& text) {
+  recipe::OptimizerConfig config;
+  if (!google::protobuf::TextFormat::ParseFromString(text, &config)) return text;
+  return config.ShortDebugString();
 }
 
 // The optimizer_tensors metadata (a text-format rpc::Manifest: every
@@ -59,7 +50,7 @@ std::string TensorOverrides(const std::string& text, const std::string& config_t
   recipe::OptimizerConfig config;
   if (!google::protobuf::TextFormat::ParseFromString(text, &tensors) ||
       !google::protobuf::TextFormat::ParseFromString(config_text, &config)) {
-    return OneLine(text);
+    return text;
   }
   std::vector<std::string> own;
   for (const rpc::TensorInfo& t : tensors.tensors()) {
@@ -185,13 +176,14 @@ int RunCheckpoint(int argc, char** argv) {
   // In key order (a proto map has none of its own).
   const std::map<std::string, std::string> metadata(manifest.metadata().begin(),
                                                     manifest.metadata().end());
+  const auto config = metadata.find("optimizer_config");
   for (const auto& [key, value] : metadata) {
-    const auto config = metadata.find("optimizer_config");
-    std::cout << "  " << key << ": "
-              << (key == "optimizer_tensors" && config != metadata.end()
-                      ? TensorOverrides(value, config->second)
-                      : OneLine(value))
-              << "\n";
+    std::string shown = value;
+    if (key == "optimizer_config") shown = OptimizerConfigLine(value);
+    if (key == "optimizer_tensors" && config != metadata.end()) {
+      shown = TensorOverrides(value, config->second);
+    }
+    std::cout << "  " << key << ": " << shown << "\n";
   }
   for (const auto& shard : manifest.shards()) {
     std::cout << absl::StrFormat("  %s  daemon %d  %s  xxh3 %016x  %d piece(s)\n", shard.name(),

@@ -260,23 +260,19 @@ absl::Status Run() {
                                            options.insecure_listen_anywhere,
                                            "--data_plane_listen"));
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  // Refused now, not after a daemon's minutes of join retries.
+  auto check_address = [](absl::string_view flag, const std::string& address) {
+    absl::Status s = CheckAddress(address);
+    return s.ok() ? s
+                  : absl::InvalidArgumentError(
+                        absl::StrCat("--", flag, "=", address, ": ", s.message()));
+  };
   if (role == "daemon") {
-    options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-    // Refused now, not after the join's minutes of retries.
-    if (absl::StatusOr<HostPort> parsed = ParseHostPort(options.coordinator_address);
-        !parsed.ok() && !absl::IsNotFound(parsed.status())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--coordinator=", options.coordinator_address, ": ",
-                       parsed.status().message()));
-    }
+    RETURN_IF_ERROR(check_address("coordinator", options.coordinator_address));
   }
   if (!options.advertise_address.empty()) {
-    if (absl::StatusOr<HostPort> parsed = ParseHostPort(options.advertise_address);
-        !parsed.ok() && !absl::IsNotFound(parsed.status())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--advertise_address=", options.advertise_address, ": ",
-                       parsed.status().message()));
-    }
+    RETURN_IF_ERROR(check_address("advertise_address", options.advertise_address));
   }
 
   // The optimizer flags given on the command line (a default is no opinion).

@@ -473,8 +473,8 @@ class Client:
         one) into freshly allocated torch memory on `device` (no extra
         copy: the library writes straight into it). names=None: every
         tensor publishing the direction; a name or a direction may be given
-        alone instead of in a list. version: an integer (TypeError else). device: "cpu" (host data plane,
-        any daemon backend) or a CUDA device (the daemons' NCCL device
+        alone instead of in a list. version: an integer (TypeError else).
+        device: "cpu" (host data plane, any daemon backend) or a CUDA device (the daemons' NCCL device
         channels; needs --backend=gpu daemons and a CUDA build of the
         library); the fetch waits for the current CUDA stream first.
         targets: instead of names x directions, an explicit list of
