@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 
 namespace paramd {
 
@@ -67,23 +69,30 @@ absl::Status FsyncDir(const std::string& dir) {
 absl::StatusOr<std::string> ResolveBelow(const std::vector<std::string>& roots,
                                          const std::string& path, absl::string_view flag) {
   if (roots.empty()) return path;
-  auto real = [](const std::string& p) -> absl::StatusOr<std::string> {
+  // One answer for every refusal -- missing, unreadable, outside the roots --
+  // so that a client cannot probe which files exist elsewhere on the host.
+  const absl::Status refused = absl::PermissionDeniedError(
+      absl::StrCat(QuoteForMessage(path), " is not a readable file below ", flag,
+                   " (files are read only from there)"));
+  auto real = [](const std::string& p) -> std::optional<std::string> {
     char* resolved = ::realpath(p.c_str(), nullptr);
-    if (resolved == nullptr) return ErrnoStatus(errno, "cannot open", p);
+    if (resolved == nullptr) return std::nullopt;
     std::string out(resolved);
     std::free(resolved);
     return out;
   };
   const std::string joined = !path.empty() && path[0] == '/' ? path : roots[0] + "/" + path;
-  absl::StatusOr<std::string> target = real(joined);
-  if (!target.ok()) return target.status();
+  const std::optional<std::string> target = real(joined);
+  if (!target.has_value()) return refused;
   for (const std::string& root : roots) {
-    absl::StatusOr<std::string> r = real(root);
-    if (!r.ok()) continue;
-    if (*target == *r || absl::StartsWith(*target, *r == "/" ? *r : *r + "/")) return *target;
+    const std::optional<std::string> r = real(root);
+    if (!r.has_value()) continue;
+    if (*target == *r || absl::StartsWith(*target, *r == "/" ? *r : *r + "/")) {
+      if (::access(target->c_str(), R_OK) != 0) return refused;
+      return *target;
+    }
   }
-  return absl::PermissionDeniedError(
-      absl::StrCat(path, " is not below ", flag, " (files are read only from there)"));
+  return refused;
 }
 
 std::string DirectoryOf(const std::string& path) {

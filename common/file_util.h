@@ -46,8 +46,10 @@ absl::Status FsyncDir(const std::string& dir);
 // (relative ones are taken relative to roots[0]) is resolved with
 // realpath(3) -- every "..", "." and symlink, at any depth -- and must be
 // one of the resolved roots or lie below one of them; the resolved path is
-// returned, to be opened instead of `path`. NotFound if it does not exist;
-// PermissionDenied naming `flag` if it lies outside every root.
+// returned, to be opened instead of `path`. A path that does not exist, is
+// not readable by this process or lies outside every root gets the same
+// PermissionDenied ("\"<path>\" is not a readable file below <flag> ..."),
+// so that the answer tells a client nothing about files outside the roots.
 absl::StatusOr<std::string> ResolveBelow(const std::vector<std::string>& roots,
                                          const std::string& path, absl::string_view flag);
 

@@ -7,7 +7,16 @@ namespace paramd {
 
 std::string QuoteForError(absl::string_view name, size_t max_bytes) {
   const bool cut = name.size() > max_bytes;
-  return absl::StrCat("\"", absl::CHexEscape(name.substr(0, max_bytes)), cut ? "..." : "", "\"");
+  if (!cut) return absl::StrCat("\"", absl::CHexEscape(name), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(name.substr(0, max_bytes)), "...\" (", name.size(),
+                      " bytes)");
+}
+
+absl::Status CheckClientId(absl::string_view what, absl::string_view id) {
+  if (id.size() <= kMaxClientStringBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " of ", id.size(), " bytes (",
+                                                 QuoteForError(id), "): longer than the limit of ",
+                                                 kMaxClientStringBytes, " bytes"));
 }
 
 absl::Status CheckTensorName(absl::string_view name, int64_t max_bytes) {

@@ -33,9 +33,28 @@ inline constexpr int64_t kDefaultMaxTensorNameBytes = 1024;
 absl::Status CheckTensorName(absl::string_view name,
                              int64_t max_bytes = kDefaultMaxTensorNameBytes);
 
-// The first bytes of `name`, C-escaped and quoted, with "..." if cut: for
-// error messages that must not echo a whole untrusted string.
+// The first `max_bytes` bytes of `name`, C-escaped and quoted; a cut one
+// ends in "..." and its full size: "\"abc...\" (1048576 bytes)". For error
+// messages and log lines that must not echo a whole untrusted string: the
+// result is bounded (4 * max_bytes + 32 characters at most) and holds no
+// control character, so a newline cannot forge a log line.
 std::string QuoteForError(absl::string_view name, size_t max_bytes = 32);
+
+// How much of a client-supplied string an error message or log line shows,
+// and the longest id (pusher, trainer, member, any free string) a server
+// accepts from a client.
+inline constexpr size_t kMaxClientStringBytes = 256;
+
+// QuoteForError with the kMaxClientStringBytes bound: the one way a server
+// echoes a string a client sent (names, ids, paths) into a reply or a log.
+inline std::string QuoteForMessage(absl::string_view value) {
+  return QuoteForError(value, kMaxClientStringBytes);
+}
+
+// OK, or InvalidArgument ("<what> of 8388608 bytes ("..." ...): longer than
+// the limit of 256 bytes") for a client-supplied id longer than
+// kMaxClientStringBytes. Checked before the id is stored or compared.
+absl::Status CheckClientId(absl::string_view what, absl::string_view id);
 
 }  // namespace paramd
 

@@ -35,5 +35,26 @@ TEST(NamesTest, EmptyNulAndControlCharactersAreRefused) {
   }
 }
 
+TEST(NamesTest, QuoteForMessageIsBoundedAndEscaped) {
+  EXPECT_EQ(QuoteForMessage("w"), "\"w\"");
+  const std::string quoted = QuoteForMessage(std::string(1 << 20, 'a'));
+  EXPECT_LT(quoted.size(), 300u);
+  EXPECT_TRUE(absl::EndsWith(quoted, "...\" (1048576 bytes)")) << quoted;
+  const std::string forged = QuoteForMessage("x\nE0101 forged line\r\x1b[2J");
+  EXPECT_EQ(forged.find_first_of("\n\r\x1b"), std::string::npos) << forged;
+  EXPECT_TRUE(absl::StrContains(forged, "\\n")) << forged;
+  // Escaping cannot blow the bound: every byte escapes to at most 4.
+  EXPECT_LT(QuoteForMessage(std::string(1 << 20, '\x01')).size(), 4 * 256 + 32u);
+}
+
+TEST(NamesTest, CheckClientIdBoundsIds) {
+  EXPECT_TRUE(CheckClientId("pusher id", std::string(256, 'p')).ok());
+  const absl::Status s = CheckClientId("pusher id", std::string(8 << 20, 'p'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(s.message(), "pusher id of 8388608 bytes")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "limit of 256 bytes")) << s;
+  EXPECT_LT(s.message().size(), 200u);
+}
+
 }  // namespace
 }  // namespace paramd
