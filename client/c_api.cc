@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "auth/security.h"
@@ -366,9 +367,15 @@ absl::Status FetchDevice(hpd_client* c, int64_t version, const hpd_fetch_target*
 }
 
 absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients, size_t count,
-                  int32_t device, void* cuda_stream, int64_t timeout_ms,
+                  int32_t device, void* cuda_stream, int64_t timeout_ms, uint32_t flags,
                   hpd_push_result* result) {
   if (count > 0 && gradients == nullptr) return NullArgument("gradients");
+  if ((flags & ~HPD_PUSH_PARTIAL) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown push flags 0x", absl::Hex(flags)));
+  }
+  const client::PushCoverage coverage = (flags & HPD_PUSH_PARTIAL) != 0
+                                            ? client::PushCoverage::kPartial
+                                            : client::PushCoverage::kEveryTensor;
   for (size_t i = 0; i < count; ++i) {
     if (gradients[i].tensor == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("gradients[", i, "].tensor is NULL"));
@@ -387,7 +394,7 @@ absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients,
       grads[i].bytes = absl::MakeConstSpan(static_cast<const uint8_t*>(gradients[i].data),
                                            gradients[i].bytes);
     }
-    ASSIGN_OR_RETURN(r, c->client->PushGradients(version, grads, Timeout(timeout_ms)));
+    ASSIGN_OR_RETURN(r, c->client->PushGradients(version, grads, Timeout(timeout_ms), coverage));
   } else {
 #ifdef HPD_WITH_CUDA
     std::vector<gpu_fetch::DeviceGradient> grads(count);
@@ -400,7 +407,7 @@ absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients,
     std::lock_guard<std::mutex> lock(c->device_mu);
     ASSIGN_OR_RETURN(gpu_fetch::DeviceFetcher * fetcher, FetcherFor(c, device));
     ASSIGN_OR_RETURN(r, fetcher->Push(version, grads, static_cast<cudaStream_t>(cuda_stream),
-                                      Timeout(timeout_ms)));
+                                      Timeout(timeout_ms), coverage));
 #else
     (void)cuda_stream;
     return absl::UnimplementedError(
@@ -720,7 +727,18 @@ int32_t hpd_push_gradients(hpd_client* client, int64_t version, const hpd_gradie
                            hpd_push_result* result, hpd_status* status) {
   return CApiCall(status, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
-    return paramd::Push(c, version, gradients, count, device, cuda_stream, timeout_ms, result);
+    return paramd::Push(c, version, gradients, count, device, cuda_stream, timeout_ms,
+                        /*flags=*/0, result);
+  });
+}
+
+int32_t hpd_push_gradients_ex(hpd_client* client, int64_t version, const hpd_gradient* gradients,
+                              size_t count, int32_t device, void* cuda_stream, int64_t timeout_ms,
+                              uint32_t flags, hpd_push_result* result, hpd_status* status) {
+  return CApiCall(status, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
+    return paramd::Push(c, version, gradients, count, device, cuda_stream, timeout_ms, flags,
+                        result);
   });
 }
 

@@ -71,8 +71,10 @@ extern "C" {
 
 /* major * 1000 + minor. 1001 added TLS / token connect options
  * (tls_server_name, token_file appended), hpd_load_model, hpd_wait_for_version_info,
- * hpd_set_optimizer_schedule; 1002 added hpd_watch_version. */
-#define HPD_API_VERSION 1002
+ * hpd_set_optimizer_schedule; 1002 added hpd_watch_version; 1003 added
+ * hpd_push_gradients_ex (HPD_PUSH_PARTIAL), and a push that leaves out
+ * tensors without that flag is refused. */
+#define HPD_API_VERSION 1003
 
 /* Status codes (gRPC / absl numbering). */
 #define HPD_OK 0
@@ -362,6 +364,15 @@ HPD_EXPORT int32_t hpd_push_gradients(hpd_client* client, int64_t version,
                                       const hpd_gradient* gradients, size_t count,
                                       int32_t device, void* cuda_stream, int64_t timeout_ms,
                                       hpd_push_result* result, hpd_status* status);
+/* hpd_push_gradients with flags. Without HPD_PUSH_PARTIAL a push must give
+ * every tensor of the model (INVALID_ARGUMENT names the missing ones); with
+ * it, the tensors left out count as zero for this pusher. */
+#define HPD_PUSH_PARTIAL 1u
+HPD_EXPORT int32_t hpd_push_gradients_ex(hpd_client* client, int64_t version,
+                                         const hpd_gradient* gradients, size_t count,
+                                         int32_t device, void* cuda_stream, int64_t timeout_ms,
+                                         uint32_t flags, hpd_push_result* result,
+                                         hpd_status* status);
 
 /* ---- Administration and status ---- */
 

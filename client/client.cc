@@ -342,8 +342,8 @@ absl::StatusOr<FetchResult> Client::Fetch(int64_t version, const std::vector<Fet
 
 absl::StatusOr<PushResult> Client::PushGradients(int64_t version,
                                                  absl::Span<const Gradient> gradients,
-                                                 absl::Duration timeout) {
-  return impl_->PushGradients(version, gradients, impl_->DeadlineFor(timeout));
+                                                 absl::Duration timeout, PushCoverage coverage) {
+  return impl_->PushGradients(version, gradients, impl_->DeadlineFor(timeout), coverage);
 }
 
 absl::StatusOr<int64_t> Client::WaitForVersion(int64_t min_version, absl::Duration timeout) {

@@ -250,7 +250,15 @@ std::optional<int64_t> RewoundTo(const absl::Status& status);
 //
 // INVALID_ARGUMENT for a gradient of an unknown tensor, of the wrong size,
 // or a tensor given twice; FAILED_PRECONDITION when no model is loaded.
-absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients);
+//
+// A push gives every tensor of the model unless it says it is partial: a
+// tensor left out of a kEveryTensor push is refused (INVALID_ARGUMENT naming
+// the missing ones), since a trainer that forgot one would otherwise
+// contribute a zero gradient for it without a word. With kPartial the
+// tensors left out count as zero for this pusher.
+enum class PushCoverage { kEveryTensor, kPartial };
+absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients,
+                                PushCoverage coverage);
 
 // One piece of a push to one daemon: rows [row_begin, row_end) of
 // gradients[gradient], `bytes` bytes from `byte_offset` of its values.
@@ -325,15 +333,17 @@ class Client {
   // Pushes this trainer's gradients for `version` (the version the trainer
   // computed them on). Each tensor's rows go to the daemons owning them, in
   // one stream per daemon: a push is one atomic contribution per daemon, so
-  // give every gradient of the step in one call (tensors left out count as
-  // zero). Every daemon receives a stream, even one owning none of the
-  // tensors, so that it can count this pusher. INVALID_ARGUMENT for an
-  // unknown tensor or a wrong byte count; ALREADY_EXISTS,
+  // give every gradient of the step in one call: a tensor left out is
+  // refused unless `coverage` is kPartial (then it counts as zero). Every
+  // daemon receives a stream, even one owning none of the tensors, so that
+  // it can count this pusher. INVALID_ARGUMENT for an unknown tensor, a
+  // wrong byte count or a missing tensor; ALREADY_EXISTS,
   // FAILED_PRECONDITION or OUT_OF_RANGE as the daemons say (a push refused
   // by one daemon may have been accepted by another: the statuses say which
   // retry is safe).
   absl::StatusOr<PushResult> PushGradients(int64_t version, absl::Span<const Gradient> gradients,
-                                           absl::Duration timeout = absl::ZeroDuration());
+                                           absl::Duration timeout = absl::ZeroDuration(),
+                                           PushCoverage coverage = PushCoverage::kEveryTensor);
 
   // Blocks until the committed version is >= `min_version`; returns it.
   // DEADLINE_EXCEEDED after `timeout`. ABORTED if the cluster rewound

@@ -440,9 +440,10 @@ absl::Status Client::FetchAsReady(int64_t version, const std::vector<FetchTarget
 
 absl::StatusOr<PushResult> Client::Impl::PushGradients(int64_t version,
                                                        absl::Span<const Gradient> gradients,
-                                                       absl::Time deadline) {
+                                                       absl::Time deadline,
+                                                       PushCoverage coverage) {
   const Manifest manifest = this->manifest();
-  RETURN_IF_ERROR(CheckPushGradients(manifest, gradients));
+  RETURN_IF_ERROR(CheckPushGradients(manifest, gradients, coverage));
   PushResult result;
   result.version = version;
   result.pushers_received = -1;

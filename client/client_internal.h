@@ -66,7 +66,7 @@ class Client::Impl {
                                     absl::Time deadline, bool as_ready = false,
                                     const std::function<void(FetchResult&)>& on_bytes_in = nullptr);
   absl::StatusOr<PushResult> PushGradients(int64_t version, absl::Span<const Gradient> gradients,
-                                           absl::Time deadline);
+                                           absl::Time deadline, PushCoverage coverage);
   absl::StatusOr<int64_t> WaitForVersion(int64_t min_version, absl::Time deadline);
   absl::StatusOr<VersionInfo> WaitForVersionInfo(int64_t min_version, absl::Time deadline);
   absl::Status WatchVersion(int64_t min_version,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/client_internal.h"
 #include "common/status_macros.h"
 #include "server/convert.h"
@@ -88,7 +89,8 @@ std::vector<FetchTarget> AllTargets(const Manifest& manifest,
   return targets;
 }
 
-absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients) {
+absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradient> gradients,
+                                PushCoverage coverage) {
   for (size_t i = 0; i < gradients.size(); ++i) {
     const Gradient& g = gradients[i];
     const TensorMeta* meta = manifest.Find(g.tensor);
@@ -114,6 +116,25 @@ absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradi
   }
   if (manifest.num_daemons == 0) {
     return absl::FailedPreconditionError("no model loaded (the manifest has no daemons)");
+  }
+  if (coverage == PushCoverage::kEveryTensor) {
+    std::vector<absl::string_view> missing;
+    for (const TensorMeta& t : manifest.tensors) {
+      const bool given = std::any_of(gradients.begin(), gradients.end(),
+                                     [&](const Gradient& g) { return g.tensor == t.name; });
+      if (!given) missing.push_back(t.name);
+    }
+    if (!missing.empty()) {
+      constexpr size_t kNamed = 8;
+      const size_t named = std::min(missing.size(), kNamed);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the push misses ", missing.size(), " of the model's ", manifest.tensors.size(),
+          " tensors: ",
+          absl::StrJoin(absl::MakeConstSpan(missing.data(), named), ", "),
+          missing.size() > named ? absl::StrCat(" and ", missing.size() - named, " more") : "",
+          "; give every gradient of the step, or push as partial (the tensors left out then "
+          "count as zero)"));
+    }
   }
   return absl::OkStatus();
 }

@@ -30,6 +30,7 @@ using client::ClientOptions;
 using client::FetchResult;
 using client::FetchTarget;
 using client::Gradient;
+using client::PushCoverage;
 using testing::TestCluster;
 
 constexpr char kRecipe[] = R"pb(
@@ -356,6 +357,13 @@ TEST_F(ClientTest, BadRequestsAreRefusedAndTheClusterKeepsServing) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(trainer_a_->PushGradients(0, {Gradient::Fp32("big.weight", g)}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // A push that leaves out tensors is refused, naming them, unless partial.
+  std::vector<float> bias(64);
+  const absl::Status missing =
+      trainer_a_->PushGradients(0, {Gradient::Fp32("small.bias", bias)}).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument) << missing;
+  EXPECT_TRUE(absl::StrContains(missing.message(), "the push misses")) << missing;
+  EXPECT_TRUE(absl::StrContains(missing.message(), "big.weight")) << missing;
   auto latest = trainer_a_->Fetch(Client::kLatest, {{"small.bias", Direction::kRowwise, {}, {}}});
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(latest->version, 0);
@@ -407,7 +415,9 @@ TEST_F(ClientTest, DeadDaemonIsUnavailableWithinTheDeadline) {
   EXPECT_LT(absl::Now() - start2, absl::Seconds(5));
   std::vector<float> g(64);
   const absl::Time start3 = absl::Now();
-  EXPECT_EQ(trainer_a_->PushGradients(0, {Gradient::Fp32("small.bias", g)}, absl::Seconds(10))
+  EXPECT_EQ(trainer_a_
+                ->PushGradients(0, {Gradient::Fp32("small.bias", g)}, absl::Seconds(10),
+                                PushCoverage::kPartial)
                 .status()
                 .code(),
             absl::StatusCode::kUnavailable);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -168,6 +169,53 @@ TEST(HostTransportTest, ServerValidatesStreams) {
   EXPECT_EQ(*got, 2u);
   EXPECT_EQ((*t)->Recv(0, 1, absl::MakeSpan(buffer), absl::Now()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+}
+
+// A message or goodbye from a rank outside the world is refused and
+// changes nothing: a later Recv from a real rank is unaffected.
+TEST(HostTransportTest, SendersOutsideTheWorldAreRefused) {
+  std::unique_ptr<TransportEndpoint> e0 = Open(), e1 = Open();
+  ASSERT_TRUE(e0 && e1);
+  const std::vector<std::string> book = {e0->address(), e1->address()};
+  absl::StatusOr<std::unique_ptr<Transport>> t0 = e0->Connect(0, book);
+  ASSERT_TRUE(t0.ok()) << t0.status();
+  std::unique_ptr<transport::DataPlane::Stub> stub = transport::DataPlane::NewStub(
+      grpc::CreateChannel(e0->address(), grpc::InsecureChannelCredentials()));
+  for (int src : {99, 2, -1}) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    transport::DeliverResponse response;
+    auto writer = stub->Deliver(&context, &response);
+    transport::DeliverChunk chunk;
+    chunk.mutable_header()->set_src_rank(src);
+    chunk.mutable_header()->set_tag(3);
+    chunk.mutable_header()->set_total_bytes(1);
+    chunk.set_data("x");
+    writer->Write(chunk);
+    writer->WritesDone();
+    const grpc::Status delivered = writer->Finish();
+    EXPECT_EQ(delivered.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << src;
+    EXPECT_NE(delivered.error_message().find(absl::StrCat("sender rank ", src)),
+              std::string::npos)
+        << delivered.error_message();
+    grpc::ClientContext bye_context;
+    transport::GoodbyeRequest bye;
+    bye.set_src_rank(src);
+    transport::GoodbyeResponse gone;
+    EXPECT_EQ(stub->Goodbye(&bye_context, bye, &gone).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << src;
+  }
+  // Rank 1 is a peer: its message arrives, and nothing of the refused ones.
+  absl::StatusOr<std::unique_ptr<Transport>> t1 = e1->Connect(1, book);
+  ASSERT_TRUE(t1.ok()) << t1.status();
+  const std::vector<uint8_t> message = {7};
+  ASSERT_TRUE((*t1)->Send(0, 3, message, absl::Now() + absl::Seconds(10)).ok());
+  std::vector<uint8_t> buffer(1);
+  absl::StatusOr<size_t> got =
+      (*t0)->Recv(1, 3, absl::MakeSpan(buffer), absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(buffer, message);
 }
 
 // With an authenticator, the DataPlane service is cluster-internal: a

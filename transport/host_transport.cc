@@ -37,10 +37,25 @@ constexpr absl::Duration kUnauthenticatedRetry = absl::Milliseconds(50);
 struct HostNode {
   std::shared_ptr<Mailbox> mailbox = std::make_shared<Mailbox>();
   std::atomic<int> rank{-1};
+  std::atomic<int> world_size{0};  // 0 until this endpoint's world is formed
   // TransportOptions::authenticator / security (null: open, plaintext).
   std::shared_ptr<auth::Authenticator> authenticator;
   std::shared_ptr<const auth::ChannelSecurity> security;
 };
+
+// A message or goodbye names its sender: a rank of this world (any rank
+// >= 0 before the world is formed, when a faster peer may already send).
+// Anything else is refused and queues nothing.
+grpc::Status CheckSenderRank(const HostNode& node, int64_t src) {
+  const int world = node.world_size.load();
+  if (src < 0 || (world > 0 && src >= world)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("sender rank ", src, " is outside ",
+                                     world > 0 ? absl::StrCat("the world of ", world)
+                                               : std::string("every world")));
+  }
+  return grpc::Status::OK;
+}
 
 // Receives one message: the first chunk names it, the rest append bytes.
 // Runs on gRPC's threads; deletes itself when the call is done.
@@ -62,6 +77,10 @@ class DeliverReactor final : public grpc::ServerReadReactor<transport::DeliverCh
         return;
       }
       header_ = chunk_.header();
+      if (grpc::Status s = CheckSenderRank(*node_, header_.src_rank()); !s.ok()) {
+        Finish(s);
+        return;
+      }
       have_header_ = true;
       bytes_.reserve(std::min<uint64_t>(header_.total_bytes(), uint64_t{1} << 30));
     }
@@ -138,9 +157,10 @@ class DataPlaneService final : public transport::DataPlane::CallbackService {
         !s.ok()) {
       return auth::RefusedUnary(context, s);
     }
-    node_->mailbox->MarkGone(request->src_rank());
+    grpc::Status status = CheckSenderRank(*node_, request->src_rank());
+    if (status.ok()) node_->mailbox->MarkGone(request->src_rank());
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
+    reactor->Finish(status);
     return reactor;
   }
 
@@ -228,6 +248,7 @@ class HostTransport final : public MessageTransport {
     for (const std::string& address : addresses_) {
       stubs_.push_back(transport::DataPlane::NewStub(MakeChannel(address, node_->security.get())));
     }
+    node_->world_size.store(static_cast<int>(addresses_.size()));
     node_->rank.store(rank);
   }
 

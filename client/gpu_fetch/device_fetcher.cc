@@ -657,7 +657,7 @@ absl::StatusOr<std::vector<IpcGradient>> DeviceFetcher::InPlaceGradients(
 
 absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     int64_t version, const std::vector<DeviceGradient>& gradients, cudaStream_t stream,
-    absl::Duration timeout) {
+    absl::Duration timeout, client::PushCoverage coverage) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   const absl::Time deadline = absl::Now() + timeout;
   std::lock_guard<std::mutex> lock(mu_);
@@ -672,7 +672,7 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     routed.push_back({g.tensor, g.dtype,
                       absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
   }
-  RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed));
+  RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed, coverage));
   if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   struct PushJob {

@@ -177,7 +177,8 @@ class DeviceFetcher {
   // when `parallel`), and a call without tensors (nothing sent) to every
   // other daemon, so that each daemon counts this pusher (pusher id: the
   // client's member_id()). Same statuses as PushGradients (stale, duplicate,
-  // early push, ...), plus FAILED_PRECONDITION from a cpu daemon. Waits for
+  // early push, ...), plus FAILED_PRECONDITION from a cpu daemon; a tensor
+  // left out is refused unless `coverage` is kPartial. Waits for
   // `stream` first (host synchronisation); on return the buffers may be
   // reused. On error some daemons may have committed the push and others
   // not, as with the host stream; a daemon whose receive failed applied
@@ -185,7 +186,9 @@ class DeviceFetcher {
   absl::StatusOr<client::PushResult> Push(int64_t version,
                                           const std::vector<DeviceGradient>& gradients,
                                           cudaStream_t stream = nullptr,
-                                          absl::Duration timeout = absl::ZeroDuration());
+                                          absl::Duration timeout = absl::ZeroDuration(),
+                                          client::PushCoverage coverage =
+                                              client::PushCoverage::kEveryTensor);
 
   // Device memory of at least `bytes` on the fetcher's device that a
   // daemon on this GPU maps once (IpcFetcher::GradientBuffer of the first

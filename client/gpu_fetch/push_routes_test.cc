@@ -40,7 +40,7 @@ TEST(PushRoutes, RowsOffsetsAndSizesPerDaemon) {
   const Manifest m = TwoDaemons();
   const std::vector<Gradient> g = {{"b", Gradient::DType::kFp32, Bytes(5 * 4)},
                                    {"w", Gradient::DType::kBf16, Bytes(30 * 2)}};
-  ASSERT_TRUE(CheckPushGradients(m, g).ok());
+  ASSERT_TRUE(CheckPushGradients(m, g, PushCoverage::kEveryTensor).ok());
   const std::vector<PushRoute> r0 = PushRoutesTo(m, 0, g);
   ASSERT_EQ(r0.size(), 1u);
   EXPECT_EQ(r0[0].gradient, 1);
@@ -65,21 +65,40 @@ TEST(PushRoutes, RowsOffsetsAndSizesPerDaemon) {
 
 TEST(PushRoutes, Refusals) {
   const Manifest m = TwoDaemons();
-  auto code = [&](const std::vector<Gradient>& g) { return CheckPushGradients(m, g).code(); };
+  auto check = [&](const std::vector<Gradient>& g) {
+    return CheckPushGradients(m, g, PushCoverage::kPartial);
+  };
+  auto code = [&](const std::vector<Gradient>& g) { return check(g).code(); };
   EXPECT_EQ(code({{"nope", Gradient::DType::kFp32, Bytes(4)}}),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}),  // BF16: 10 bytes
             absl::StatusCode::kInvalidArgument);
   // The message counts values and names the shape, not only bytes.
-  EXPECT_EQ(CheckPushGradients(m, {{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}).message(),
+  EXPECT_EQ(check({{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}).message(),
             "gradient of b has 10 values; expected 5 (1 x 5, BF16: 10 bytes)");
-  EXPECT_EQ(CheckPushGradients(m, {{"b", Gradient::DType::kFp32, Bytes(7)}}).message(),
+  EXPECT_EQ(check({{"b", Gradient::DType::kFp32, Bytes(7)}}).message(),
             "gradient of b has 7 bytes; expected 5 (1 x 5, FP32: 20 bytes)");
   EXPECT_EQ(code({{"b", Gradient::DType::kFp32, Bytes(20)},
                   {"b", Gradient::DType::kFp32, Bytes(20)}}),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(CheckPushGradients(Manifest(), {}).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(CheckPushGradients(m, {}).ok());
+  EXPECT_EQ(CheckPushGradients(Manifest(), {}, PushCoverage::kPartial).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(check({}).ok());
+}
+
+// A push that leaves out tensors is refused, naming them, unless it says
+// it is partial (the tensors left out then count as zero).
+TEST(PushRoutes, MissingTensorsAreRefusedUnlessThePushIsPartial) {
+  const Manifest m = TwoDaemons();
+  const std::vector<Gradient> only_b = {{"b", Gradient::DType::kFp32, Bytes(5 * 4)}};
+  const absl::Status missing = CheckPushGradients(m, only_b, PushCoverage::kEveryTensor);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.message(),
+            "the push misses 1 of the model's 2 tensors: w; give every gradient of the step, or "
+            "push as partial (the tensors left out then count as zero)");
+  EXPECT_EQ(CheckPushGradients(m, {}, PushCoverage::kEveryTensor).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckPushGradients(m, only_b, PushCoverage::kPartial).ok());
 }
 
 }  // namespace

@@ -13,8 +13,9 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1002  # HPD_API_VERSION this module was written against
+API_VERSION = 1003  # HPD_API_VERSION this module was written against
 MAX_RANK = 8
+PUSH_PARTIAL = 1  # HPD_PUSH_PARTIAL
 
 
 class Status(ctypes.Structure):
@@ -170,6 +171,8 @@ _SIGNATURES = {
                                 _P(FetchStats), _st]),
     "hpd_push_gradients": (_i32, [_vp, _i64, _P(Gradient), _sz, _i32, _vp, _i64,
                                   _P(PushResult), _st]),
+    "hpd_push_gradients_ex": (_i32, [_vp, _i64, _P(Gradient), _sz, _i32, _vp, _i64,
+                                     ctypes.c_uint32, _P(PushResult), _st]),
     "hpd_status_json": (_i32, [_vp, _i32, _i64, _P(_vp), _st]),
     "hpd_load": (_i32, [_vp, ctypes.c_char_p, ctypes.c_char_p, _i64, _P(_i64), _st]),
     "hpd_step": (_i32, [_vp, _i64, _i32, _i64, _P(_i64), _st]),

@@ -528,18 +528,23 @@ class Client:
 
     # ---- push ----
 
-    def push_gradients(self, version, gradients, timeout=None):
+    def push_gradients(self, version, gradients, timeout=None, partial=False):
         """Pushes this trainer's gradients for `version`: {name: tensor} of
-        whole tensors (model shape or flat), float32 or bfloat16 (other
+        whole tensors in the model's shape, float32 or bfloat16 (other
         float dtypes are converted to float32), all on the CPU (torch or
         numpy) or all on one CUDA device (sent over the device channels
         after the current stream). Give every gradient of the step in one
-        call: tensors left out count as zero. Returns a dict (version,
-        bytes_sent, pushers_received, pushers_expected). TypeError for a
-        non-dict or a gradient that is not floating point."""
+        call: a push that leaves out tensors is refused (InvalidArgument
+        naming them) unless `partial=True`, when those count as zero.
+        Returns a dict (version, bytes_sent, pushers_received,
+        pushers_expected). TypeError for a non-dict or a gradient that is
+        not floating point; ValueError for a gradient whose shape is not
+        its tensor's (a transposed one has the right size, but not the
+        right values in each place)."""
         if not isinstance(gradients, collections.abc.Mapping):
             raise TypeError("gradients must be a dict {tensor name: gradient}, not %s" %
                             type(gradients).__name__)
+        self._check_gradient_shapes(gradients)
         n = len(gradients)
         arr = (_capi.Gradient * max(n, 1))()
         keep = []
@@ -572,12 +577,31 @@ class Client:
             stream = ctypes.c_void_p(torch.cuda.current_stream(dev_index).cuda_stream)
         r = _capi.PushResult()
         st = _capi.Status()
-        _raise_for(self._lib.hpd_push_gradients(self._handle(), _version(version), arr, n, dev_index,
-                                                stream, _ms(timeout), ctypes.byref(r),
-                                                ctypes.byref(st)), st)
+        flags = _capi.PUSH_PARTIAL if partial else 0
+        _raise_for(self._lib.hpd_push_gradients_ex(self._handle(), _version(version), arr, n,
+                                                   dev_index, stream, _ms(timeout), flags,
+                                                   ctypes.byref(r), ctypes.byref(st)), st)
         del keep
         return {"version": r.version, "bytes_sent": r.bytes_sent,
                 "pushers_received": r.pushers_received, "pushers_expected": r.pushers_expected}
+
+    def _check_gradient_shapes(self, gradients):
+        """ValueError unless each gradient has its tensor's model shape (the
+        manifest is read again once if one differs: a new model may have
+        been loaded). Unknown names are left to the library's check."""
+        def mismatches(manifest):
+            shapes = {t.name: tuple(t.shape) for t in manifest.tensors}
+            return [(name, tuple(g.shape), shapes[name]) for name, g in gradients.items()
+                    if name in shapes and tuple(g.shape) != shapes[name]]
+        bad = mismatches(self.manifest())
+        if bad:
+            bad = mismatches(self.manifest(refresh=True))
+        if bad:
+            name, got, want = bad[0]
+            raise ValueError("gradient of %s has shape %s; the tensor's shape is %s%s" %
+                             (name, list(got), list(want),
+                              " (%d more gradients of the wrong shape)" % (len(bad) - 1)
+                              if len(bad) > 1 else ""))
 
     # ---- administration ----
 

@@ -235,10 +235,24 @@ class ClientTest(unittest.TestCase):
             hp.Client("localhost", connect_timeout=20)
         self.assertIn("coordinator address", str(e.exception))
         t = hp.Client(self.cluster.address, observer=True)
+        # Shapes must match exactly: a wrong size, a transposed or a flat
+        # gradient is refused before anything is sent.
+        with self.assertRaises(ValueError) as e:
+            t.push_gradients(0, {"bias": torch.zeros(63)}, partial=True)  # 63 of 64 values
+        self.assertIn("shape [63]; the tensor's shape is [64]", str(e.exception))
+        two_d = next(i for i in t.manifest() if len(i.shape) == 2 and i.shape[0] != i.shape[1])
+        with self.assertRaises(ValueError) as e:
+            t.push_gradients(0, {two_d.name: torch.zeros(*two_d.shape).t()}, partial=True)
+        self.assertIn("the tensor's shape is %s" % list(two_d.shape), str(e.exception))
+        with self.assertRaises(ValueError):
+            t.push_gradients(0, {two_d.name: torch.zeros(*two_d.shape).reshape(-1)}, partial=True)
+        # A push that leaves out tensors is refused, naming them, unless partial.
         with self.assertRaises(hp.InvalidArgument) as e:
-            t.push_gradients(0, {"bias": torch.zeros(63)})  # 63 of 64 values
+            t.push_gradients(0, {"bias": torch.zeros(64)})
         self.assertEqual(e.exception.code, 3)
-        self.assertIn("63 values; expected 64", str(e.exception))
+        self.assertIn("the push misses", str(e.exception))
+        self.assertIn(two_d.name, str(e.exception))
+        self.assertEqual(t.status()["daemons"][0].get("pushers_received", 0), 0)
         # Misused arguments: TypeError, not a silent truncation or conversion.
         with self.assertRaises(TypeError):
             t.fetch(0.5, names=["bias"])
@@ -340,7 +354,7 @@ class LoadTest(unittest.TestCase):
                 admin.load(os.path.join(tmp, "missing"), RECIPE, force=True)
             # Train a step, then replace the model: back to version 0.
             with hp.Client(cl.address) as t:
-                t.push_gradients(0, {"bf16": torch.ones(40, 24)})
+                t.push_gradients(0, {"bf16": torch.ones(40, 24)}, partial=True)
                 self.assertEqual(t.wait_for_version(1), 1)
             self.assertEqual(admin.load(single, RECIPE, force=True, stream=True), 0)
             self.assertEqual(admin.wait_for_version(0), 0)
@@ -367,7 +381,7 @@ class LoadTest(unittest.TestCase):
                     admin.set_optimizer_schedule(bad)
             # Steps still run under the new schedule.
             with hp.Client(cl.address) as t:
-                t.push_gradients(0, {"bf16": torch.ones(40, 24)})
+                t.push_gradients(0, {"bf16": torch.ones(40, 24)}, partial=True)
                 self.assertEqual(t.wait_for_version(1), 1)
             admin.close()
 
@@ -389,7 +403,7 @@ class PushTest(unittest.TestCase):
             elif i % 3 == 1:
                 py[n] = t.to(torch.bfloat16)
             else:
-                py[n] = t.reshape(-1).numpy()
+                py[n] = t.numpy()
         cpp = {n: (py[n] if isinstance(py[n], torch.Tensor) else torch.from_numpy(py[n]))
                for n in grads}
         cpp = {n: t.reshape(grads[n].shape) for n, t in cpp.items()}
