@@ -326,8 +326,8 @@ absl::StatusOr<std::unique_ptr<CheckpointDaemonService>> CheckpointDaemonService
   if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
   if (!options.root.empty()) {
     if (const int n = SweepStaleTempFiles(options.root, 3); n > 0) {
-      std::fprintf(stderr, "checkpoint: removed %d temporary files of killed writers under %s\n",
-                   n, options.root.c_str());
+      LogInfo(kTag, absl::StrCat("removed ", n, " temporary files of killed writers under ",
+                                 options.root));
     }
   }
   return std::unique_ptr<CheckpointDaemonService>(

@@ -125,11 +125,29 @@ void PrintOptimizer(const rpc::GetStatusResponse& s) {
   }
 }
 
+// What keeps the cluster from serving after the loss of a daemon, in
+// words: a failed recovery, why, and the way out; nothing when it serves.
+void PrintRecovery(const rpc::RecoveryStatus& r) {
+  if (r.needs_load()) {
+    std::cout << "\nCLUSTER CANNOT SERVE: the recovery after a lost daemon failed: " << r.error()
+              << "\n  nothing holds the lost rank's state; steps and fetches of new versions "
+                 "are refused until it is replaced:\n"
+                 "  load the model again (hpctl load MODEL --force), or restore a checkpoint "
+                 "(a Load with checkpoint_path and force)\n";
+  } else if (r.in_progress()) {
+    std::cout << "\nRECOVERY in progress: " << r.state() << "\n";
+  } else if (!r.error().empty()) {
+    std::cout << "\nRECOVERY failing (retried every 2 s; steps are refused): " << r.error()
+              << "\n";
+  }
+}
+
 void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
   std::cout << absl::StrFormat("coordinator %s: committed version %d, %d daemons expected, "
                                "%d pushers expected\n",
                                address, s.committed_version(), s.expected_daemons(),
                                s.expected_pushers());
+  PrintRecovery(s.recovery());
   std::cout << "\nMEMBERS\n"
             << absl::StrFormat("  %-9s %5s  %-24s %-22s %-6s %s\n", "role", "rank", "name",
                                "address", "pusher", "state");

@@ -31,11 +31,14 @@ void Coordinator::Impl::Shutdown() {
   }
   if (lease_thread_.joinable()) lease_thread_.join();
   std::thread recovery;
+  std::thread rebuild_for_load;
   {
     absl::MutexLock lock(&mu_);
     recovery = std::move(recovery_thread_);
+    rebuild_for_load = std::move(rebuild_thread_for_load_);
   }
   if (recovery.joinable()) recovery.join();
+  if (rebuild_for_load.joinable()) rebuild_for_load.join();
   if (rebuild_thread_.joinable()) rebuild_thread_.join();
   if (state_writer_) (void)state_writer_->Flush();
   world_waiters_.WakeAll();
@@ -56,6 +59,14 @@ std::vector<rpc::Member> Coordinator::Impl::daemon_members() const {
 int64_t Coordinator::Impl::daemons_lost() const {
   absl::MutexLock lock(&mu_);
   return daemons_lost_;
+}
+
+rpc::RecoveryStatus Coordinator::Impl::recovery() const {
+  absl::MutexLock lock(&mu_);
+  rpc::RecoveryStatus r = recovery_;
+  r.set_epoch(recovery_epoch_);
+  r.set_in_progress(recovering_);
+  return r;
 }
 
 int64_t Coordinator::Impl::committed_version() const {
@@ -209,6 +220,7 @@ int Coordinator::expected_daemons() const { return impl_->options().expected_dae
 absl::Status Coordinator::startup_error() const { return impl_->startup_error(); }
 std::vector<rpc::Member> Coordinator::daemon_members() const { return impl_->daemon_members(); }
 int64_t Coordinator::daemons_lost() const { return impl_->daemons_lost(); }
+rpc::RecoveryStatus Coordinator::recovery() const { return impl_->recovery(); }
 const std::string& Coordinator::cluster_secret() const { return impl_->cluster_secret(); }
 
 }  // namespace paramd

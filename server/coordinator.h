@@ -170,6 +170,9 @@ class Coordinator {
   std::vector<rpc::Member> daemon_members() const;
   // Leases that expired since start (daemons seen dead or stopped).
   int64_t daemons_lost() const;
+  // What GetStatus says of recoveries (RecoveryStatus.needs_load: the
+  // cluster cannot serve until a load replaces the lost state).
+  rpc::RecoveryStatus recovery() const;
   // The cluster secret (CoordinatorOptions::cluster_secret or the generated
   // one): what this process's other channels to the daemons present.
   const std::string& cluster_secret() const;

@@ -48,6 +48,8 @@ inline constexpr char kTag[] = "coordinator";
 
 }  // namespace coordinator_internal
 
+struct RecoveryResult;  // server/recovery.h
+
 // The optimizer a checkpoint was written with (checkpoint/service.cc
 // metadata "optimizer_config" and "optimizer_tensors", protobuf text);
 // no config for checkpoints written before these existed.
@@ -92,6 +94,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   std::vector<rpc::Member> daemon_members() const;
 
   int64_t daemons_lost() const;
+
+  rpc::RecoveryStatus recovery() const;
 
   int64_t committed_version() const;
 
@@ -171,6 +175,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // Recovery thread: the newest complete checkpoint onto every daemon
   // (docs/ARCHITECTURE.md "Recovery"), then the rewind is committed.
   void Recover(int64_t epoch);
+  // A failed recovery attempt: RecoveryStatus error/state/needs_load, and
+  // one ERROR line per distinct error (with the way out when there is
+  // nothing to recover from); repeats go to debug.
+  void RecoveryFailedLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A recovery's new world (RunRecovery succeeded): every rank's data-plane
+  // address, no rank waits for state any more, the epoch is `epoch`.
+  void AdoptRecoveredWorldLocked(const RecoveryResult& result, int64_t epoch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ---- The state file (server/coordinator_state.h) ----
 
@@ -243,7 +255,21 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // no symlink out); the daemons get the resolved paths.
   absl::StatusOr<rpc::LoadRequest> ConfineLoadPaths(rpc::LoadRequest request) const;
 
+  // Refused (`done` called at once) unless every daemon is joined and
+  // ready; once the recovery found nothing to recover from
+  // (RecoveryStatus.needs_load), replacements waiting for their state are
+  // taken too, and the data plane is rebuilt (RebuildThenLoad) before the
+  // daemons load.
   void StartLoad(const rpc::LoadRequest& original, LoadDone done);
+  // Thread of a load after a failed recovery: waits for a recovery attempt
+  // in flight, rebuilds the daemons' data-plane world (a recovery without
+  // a model: every DOWN-replacing rank is live again), then FanOutLoad.
+  void RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request,
+                       int64_t checkpoint_version, LoadDone done);
+  // A validated load (`manifest` built from `request`): becomes the
+  // coordinator's model, every daemon loads its shards, `done` answers.
+  void FanOutLoad(const rpc::Manifest& manifest, const rpc::LoadRequest& request,
+                  int64_t checkpoint_version, LoadDone done);
 
   // A Load that came before every expected daemon had joined: its request,
   // its answer and how long it may wait (coordinator_load.cc).
@@ -273,6 +299,10 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   rpc::RecoveryStatus recovery_ ABSL_GUARDED_BY(mu_);  // the last one
   absl::Time lost_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // first lease expiry
   absl::Time last_recovery_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The last recovery error logged at ERROR: a retry failing the same way
+  // logs at debug only.
+  std::string recovery_error_logged_ ABSL_GUARDED_BY(mu_);
+  std::thread rebuild_thread_for_load_ ABSL_GUARDED_BY(mu_);  // RebuildThenLoad
   DaemonTable table_ ABSL_GUARDED_BY(mu_);  // daemon ranks, leases
   // By rank; replaced when a daemon (re)joins. Shared with calls in flight.
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs_ ABSL_GUARDED_BY(mu_);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "server/convert.h"
 #include "server/fan_out.h"
 #include "server/optimizer_config.h"
+#include "server/recovery.h"
 #include "sharding/balance.h"
 
 namespace paramd {
@@ -413,7 +415,12 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
     if (!table_.all_joined()) {
       s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", table_.joined(), " of ",
                                               options_.expected_daemons, " joined"));
-    } else if (absl::Status ready = table_.CheckAllReady("a load", absl::Now()); !ready.ok()) {
+    } else if (absl::Status ready = table_.CheckAllReady(
+                   "a load", absl::Now(),
+                   // After a recovery found nothing to recover from, a load
+                   // is the way out: it gives the replacements their state.
+                   /*state_needed=*/!recovery_.needs_load());
+               !ready.ok()) {
       s = ready;
     } else if (loading_) {
       s = absl::FailedPreconditionError("a load is already in progress");
@@ -444,16 +451,93 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
     done(manifest.status(), rpc::LoadResponse());
     return;
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (recovery_.needs_load()) {
+      // The daemons left their data-plane world in the failed recovery:
+      // it is rebuilt first, on a thread (it blocks), then the load runs.
+      if (rebuild_thread_for_load_.joinable()) rebuild_thread_for_load_.join();  // it has ended
+      rebuild_thread_for_load_ =
+          std::thread([this, manifest = *std::move(manifest), request, checkpoint_version,
+                       done = std::move(done)]() mutable {
+            RebuildThenLoad(std::move(manifest), std::move(request), checkpoint_version,
+                            std::move(done));
+          });
+      return;
+    }
+  }
+  FanOutLoad(*manifest, request, checkpoint_version, std::move(done));
+}
+
+void Coordinator::Impl::RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request,
+                                        int64_t checkpoint_version, LoadDone done) {
+  RecoveryPlan plan;  // no model: only the data plane
+  plan.transport = options_.data_plane;
+  plan.prepare_timeout = options_.daemon_call_timeout;
+  plan.recover_timeout = options_.daemon_call_timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    // A recovery attempt in flight ends first: its PrepareRecovery would
+    // take the daemons out of the world built here.
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_ || !recovering_; };
+    mu_.Await(absl::Condition(&idle));
+    if (shut_down_) {
+      loading_ = false;
+      done(absl::UnavailableError("coordinator shutting down"), rpc::LoadResponse());
+      return;
+    }
+    recovering_ = true;
+    plan.epoch = recovery_epoch_ + 1;
+    plan.stubs = stubs_;
+    for (int r = 0; r < table_.size(); ++r) {
+      plan.addresses.push_back(table_.slot(r).member.address());
+    }
+  }
+  absl::StatusOr<RecoveryResult> world = RunRecovery(plan);
+  {
+    absl::MutexLock lock(&mu_);
+    recovering_ = false;
+    if (!world.ok()) {
+      loading_ = false;
+      const absl::Status s(world.status().code(),
+                           absl::StrCat("the load could not rebuild the daemons' data plane: ",
+                                        world.status().message()));
+      LogError(kTag, s.ToString());
+      done(s, rpc::LoadResponse());
+      return;
+    }
+    const int64_t first = checkpoint_version >= 0 ? checkpoint_version : 0;
+    AdoptRecoveredWorldLocked(*world, plan.epoch);
+    // As a recovery: trainers waiting learn that the cluster goes back to
+    // the load's first version.
+    recovery_.set_committed_before(committed_);
+    recovery_.set_rewound_to_version(first);
+    recovery_.set_versions_lost(std::max<int64_t>(0, committed_ - first));
+    recovery_.set_source(request.checkpoint_path().empty()
+                             ? absl::StrCat("load of ", request.safetensors_path().empty()
+                                                            ? "pushed weights"
+                                                            : request.safetensors_path())
+                             : absl::StrCat("checkpoint ", request.checkpoint_path(), " v", first));
+    recovery_.set_state("data plane rebuilt; loading");
+    LogInfo(kTag, absl::StrCat("recovery ", plan.epoch,
+                               ": data plane rebuilt for the load that replaces the lost state"));
+  }
+  FanOutLoad(manifest, request, checkpoint_version, std::move(done));
+}
+
+void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
+                                   const rpc::LoadRequest& request, int64_t checkpoint_version,
+                                   LoadDone done) {
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
   {
     absl::MutexLock lock(&mu_);
-    manifest_ = *manifest;
+    manifest_ = manifest;
     committed_ = -1;
     for (int r = 0; r < table_.size(); ++r) table_.slot(r).published = -1;
     stubs = StubsLocked();
   }
-  LogInfo(kTag, absl::StrCat("loading ", manifest->tensors_size(), " tensors in ",
-                             manifest->pieces_size(), " pieces on ", stubs.size(), " daemons",
+  LogInfo(kTag, absl::StrCat("loading ", manifest.tensors_size(), " tensors in ",
+                             manifest.pieces_size(), " pieces on ", stubs.size(), " daemons",
                              request.checkpoint_path().empty()
                                  ? absl::StrCat(" from ", request.safetensors_path().empty()
                                                               ? "pushed weights"
@@ -464,7 +548,7 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
   FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
       stubs, options_.load_timeout,
       [this, &manifest, &request, checkpoint_version](int rank, rpc::LoadShardsRequest* r) {
-        *r->mutable_manifest() = *manifest;
+        *r->mutable_manifest() = manifest;
         r->set_daemon_rank(rank);
         r->set_safetensors_path(request.safetensors_path());
         r->set_expected_pushers(options_.expected_pushers);
@@ -496,6 +580,11 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
               d.published = std::max(d.published, calls[i]->response.published_version());
             }
             advanced = RecomputeCommittedLocked();
+            if (recovery_.needs_load()) {  // the lost state is replaced: serving again
+              recovery_.set_needs_load(false);
+              recovery_.set_error("");
+              recovery_.set_state("done (a load replaced the lost state)");
+            }
           }
           *response.mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
           response.set_committed_version(committed_);

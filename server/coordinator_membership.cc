@@ -31,7 +31,15 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
     return auth::RefusedUnary(context, s);
   }
   absl::StatusOr<rpc::Member> member = AddMember(*request, may_take_rank);
-  if (!member.ok()) return Done(context, member.status());
+  if (!member.ok()) {
+    // UNAVAILABLE (the rank's holder is still alive) is retried by the
+    // joiner every 100 ms until its lease ends: no news each time.
+    LogAt(absl::IsUnavailable(member.status()) ? LogLevel::kDebug : LogLevel::kWarning, kTag,
+          absl::StrCat("join refused: ", rpc::Role_Name(request->role()), " at ",
+                       request->address(), " (", request->name(), "): ",
+                       member.status().ToString()));
+    return Done(context, member.status());
+  }
   if (!request->wait_for_world()) {
     absl::MutexLock lock(&mu_);
     FillJoinResponseLocked(*member, response);
@@ -136,7 +144,7 @@ void Coordinator::Impl::LeaseLoop() {
       }
       for (int r : expired) {
         ++daemons_lost_;
-        Log(kTag, absl::StrCat("daemon ", table_.Name(r), " is DOWN: ",
+        LogWarning(kTag, absl::StrCat("daemon ", table_.Name(r), " is DOWN: ",
                                table_.slot(r).member.down_reason(),
                                "; steps needing it are refused until a replacement joins "
                                "(hybrid-paramd --role=daemon --rank=",

@@ -93,25 +93,16 @@ void Coordinator::Impl::Recover(int64_t epoch) {
     absl::MutexLock lock(&mu_);
     recovering_ = false;
     if (!result.ok()) {
-      recovery_.set_error(result.status().ToString());
-      recovery_.set_state("failed; retrying");
-      Log(kTag, absl::StrCat("recovery failed (retrying in 2 s): ", result.status().ToString()));
+      RecoveryFailedLocked(result.status());
     } else {
       const absl::Time now = absl::Now();
-      for (int r = 0; r < table_.size(); ++r) {
-        DaemonSlot& d = table_.slot(r);
-        d.member.set_data_plane_address(result->data_plane_addresses[r]);
-        d.needs_state = false;
-        if (d.member.state() == rpc::MEMBER_STATE_RECOVERING) {
-          d.member.set_state(rpc::MEMBER_STATE_ALIVE);
-        }
-        d.published = result->published_version;
-      }
+      AdoptRecoveredWorldLocked(*result, epoch);
       if (have_model) {
         manifest_ = result->manifest;
         committed_ = result->published_version;
       }
-      recovery_epoch_ = epoch;
+      recovery_.set_needs_load(false);
+      recovery_error_logged_.clear();
       recovery_.set_replaced_rank(replaced);
       recovery_.set_rewound_to_version(committed_);
       recovery_.set_committed_before(committed_before);
@@ -132,6 +123,43 @@ void Coordinator::Impl::Recover(int64_t epoch) {
     }
   }
   version_waiters_.WakeAll();
+}
+
+void Coordinator::Impl::RecoveryFailedLocked(const absl::Status& status) {
+  const std::string error = status.ToString(absl::StatusToStringMode::kWithNoExtraData);
+  const bool needs_load = IsNothingToRecoverFrom(status);
+  if (needs_load != recovery_.needs_load()) StateChangedLocked();
+  recovery_.set_error(error);
+  recovery_.set_needs_load(needs_load);
+  recovery_.set_state(needs_load ? "failed: nothing to recover from; waiting for a load"
+                                 : "failed; retrying");
+  // Once per distinct error: a retry failing the same way every 2 s is no
+  // news (it shows in GetStatus, health and metrics meanwhile).
+  if (error == recovery_error_logged_) {
+    LogDebug(kTag, absl::StrCat("recovery failed again (retrying in 2 s): ", error));
+    return;
+  }
+  recovery_error_logged_ = error;
+  LogError(kTag, needs_load ? absl::StrCat(
+                                  "recovery failed: ", error,
+                                  "; the cluster cannot serve until the lost state is replaced: "
+                                  "load the model again (hpctl load MODEL --force) or restore a "
+                                  "checkpoint (a Load with checkpoint_path and force)")
+                            : absl::StrCat("recovery failed (retrying every 2 s): ", error));
+}
+
+void Coordinator::Impl::AdoptRecoveredWorldLocked(const RecoveryResult& result, int64_t epoch) {
+  for (int r = 0; r < table_.size(); ++r) {
+    DaemonSlot& d = table_.slot(r);
+    d.member.set_data_plane_address(result.data_plane_addresses[r]);
+    d.needs_state = false;
+    if (d.member.state() == rpc::MEMBER_STATE_RECOVERING) {
+      d.member.set_state(rpc::MEMBER_STATE_ALIVE);
+    }
+    d.published = result.published_version;
+  }
+  recovery_epoch_ = epoch;
+  StateChangedLocked();
 }
 
 void Coordinator::Impl::StateChangedLocked() {

@@ -158,12 +158,12 @@ void Daemon::Impl::OnHeartbeatVerdict(const rpc::HeartbeatRequest& request,
   absl::MutexLock lock(&mu_);
   if (verdict == rpc::HEARTBEAT_REPLACED && !replaced_) {
     replaced_ = true;
-    Log(kTag, absl::StrCat("rank ", request.rank(),
+    LogWarning(kTag, absl::StrCat("rank ", request.rank(),
                            " was taken by another daemon (this one missed its lease); "
                            "refusing fetches and pushes from now on"));
   } else if (verdict == rpc::HEARTBEAT_UNKNOWN && !unknown_logged_) {
     unknown_logged_ = true;
-    Log(kTag, absl::StrCat("the coordinator does not know rank ", request.rank(), " (",
+    LogWarning(kTag, absl::StrCat("the coordinator does not know rank ", request.rank(), " (",
                            request.member_id(), ")"));
   }
 }
@@ -305,7 +305,7 @@ void Daemon::Impl::JoinLoopBody() {
         !unavailable_logged) {
       // E.g. --rank=N while the previous holder's lease has not expired.
       unavailable_logged = true;
-      Log(kTag, absl::StrCat("join: ", s.error_message(), " (retrying)"));
+      LogWarning(kTag, absl::StrCat("join: ", s.error_message(), " (retrying)"));
     }
     if (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED) {
       absl::MutexLock lock(&mu_);

@@ -64,7 +64,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
   worker_.Post([this, request = *request, view, reactor, response] {
     absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
     if (v.ok()) response->set_published_version(*v);
-    if (!v.ok()) Log(kTag, absl::StrCat("recovery failed: ", v.status().ToString()));
+    if (!v.ok()) LogError(kTag, absl::StrCat("recovery failed: ", v.status().ToString()));
     reactor->Finish(ToGrpcStatus(v.status()));
   });
   return reactor;

@@ -31,6 +31,8 @@
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/cli.h"
+#include "common/library_log.h"
+#include "common/log.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
@@ -220,6 +222,7 @@ absl::Status Run() {
   }
   RETURN_IF_ERROR(InitLogging({absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level),
                                absl::GetFlag(FLAGS_v), role}));
+  RouteLibraryLogging();  // gRPC's and protobuf's lines in the same format
   options.run_coordinator = role != "daemon";
   options.run_daemon = role != "coordinator";
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -575,11 +578,19 @@ int main(int argc, char** argv) {
        "load a model with --model or `hpctl load`.\n"
        "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]",
        "server/main.cc"});
+  // The chosen --log_format from here on (Run() sets the rest), so that
+  // even the errors before Run() are JSON lines in JSON mode; an unknown
+  // format keeps text, and Run() names the mistake.
+  auto use_log_format = [] {
+    (void)paramd::InitLogging({absl::GetFlag(FLAGS_log_format), "info", 0, "-"});
+  };
+  use_log_format();
   if (const std::string config = absl::GetFlag(FLAGS_config); !config.empty()) {
     if (const absl::Status s = paramd::ApplyConfigFile(config); !s.ok()) {
-      std::fprintf(stderr, "hybrid-paramd: %s\n", std::string(s.message()).c_str());
+      paramd::LogError("hybrid-paramd", s.message());
       return 1;
     }
+    use_log_format();  // the file may set it
   }
   if (const int gpu = absl::GetFlag(FLAGS_gpu); gpu >= 0) {
     // Before any CUDA call: the gpu backend and the device channels use
@@ -589,8 +600,10 @@ int main(int argc, char** argv) {
       visible = absl::StrSplit(env, ',');
     }
     if (!visible.empty() && gpu >= static_cast<int>(visible.size())) {
-      std::fprintf(stderr, "hybrid-paramd: --gpu=%d but CUDA_VISIBLE_DEVICES=%s has %zu devices\n",
-                   gpu, std::getenv("CUDA_VISIBLE_DEVICES"), visible.size());
+      paramd::LogError("hybrid-paramd",
+                       absl::StrCat("--gpu=", gpu, " but CUDA_VISIBLE_DEVICES=",
+                                    std::getenv("CUDA_VISIBLE_DEVICES"), " has ", visible.size(),
+                                    " devices"));
       return 1;
     }
     const std::string device = visible.empty() ? std::to_string(gpu) : visible[gpu];
@@ -598,7 +611,7 @@ int main(int argc, char** argv) {
   }
   const absl::Status s = paramd::Run();
   if (!s.ok()) {
-    std::fprintf(stderr, "hybrid-paramd: %s\n", s.ToString().c_str());
+    paramd::LogError("hybrid-paramd", s.ToString());
     return 1;
   }
   return 0;

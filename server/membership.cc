@@ -193,7 +193,8 @@ std::vector<int> DaemonTable::ExpireLeases(absl::Time now) {
   return expired;
 }
 
-absl::Status DaemonTable::CheckAllReady(absl::string_view what, absl::Time now) const {
+absl::Status DaemonTable::CheckAllReady(absl::string_view what, absl::Time now,
+                                        bool state_needed) const {
   for (int r = 0; r < size(); ++r) {
     const DaemonSlot& s = slots_[r];
     if (!s.joined) {
@@ -206,7 +207,7 @@ absl::Status DaemonTable::CheckAllReady(absl::string_view what, absl::Time now) 
           "--rank=%d",
           what, Name(r), s.member.down_reason(), absl::ToDoubleSeconds(now - s.down_since), r));
     }
-    if (s.needs_state) {
+    if (s.needs_state && state_needed) {
       return absl::UnavailableError(absl::StrCat(what, " needs daemon ", Name(r),
                                                  ", a replacement still recovering its state"));
     }

@@ -87,9 +87,11 @@ class DaemonTable {
   // that went DOWN with this call.
   std::vector<int> ExpireLeases(absl::Time now);
 
-  // UNAVAILABLE naming the first rank that is not joined, DOWN or waiting
-  // for its state (`what` says what needed it), else OK.
-  absl::Status CheckAllReady(absl::string_view what, absl::Time now) const;
+  // UNAVAILABLE naming the first rank that is not joined, DOWN or (unless
+  // `state_needed` is false: a load gives it) waiting for its state (`what`
+  // says what needed it), else OK.
+  absl::Status CheckAllReady(absl::string_view what, absl::Time now,
+                             bool state_needed = true) const;
 
   int size() const { return static_cast<int>(slots_.size()); }
   int joined() const;

@@ -155,14 +155,17 @@ class Collector : public prometheus::Collectable {
       out.push_back(Gauge("paramd_daemons_expected", "Daemons the world is waiting for",
                           c->expected_daemons()));
       // Membership: one series per joined rank (1 = heartbeats within the
-      // lease), and how many leases expired since start.
+      // lease and the rank's state held), and how many leases expired
+      // since start.
       std::vector<prometheus::ClientMetric> up;
       for (const rpc::Member& m : c->daemon_members()) {
-        up.push_back(Metric(MetricType::Gauge, m.state() == rpc::MEMBER_STATE_DOWN ? 0 : 1,
+        up.push_back(Metric(MetricType::Gauge, m.state() == rpc::MEMBER_STATE_ALIVE ? 1 : 0,
                             {{"rank", std::to_string(m.rank())}, {"address", m.address()}}));
       }
       out.push_back(Family("paramd_daemon_up",
-                           "1 if the daemon of this rank renews its lease, 0 if it is DOWN",
+                           "1 if the daemon of this rank renews its lease and holds the rank's "
+                           "state; 0 if it is DOWN or a replacement still without the state "
+                           "(recovering, or a failed recovery waiting for a load)",
                            MetricType::Gauge, std::move(up)));
       out.push_back(Counter("paramd_daemons_lost_total",
                             "Daemon leases that expired (dead or stopped daemons)",

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/hash/hash.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
@@ -32,7 +33,19 @@ DaemonCalls<Request, Response> CallAll(
   return result;
 }
 
+// The payload of NothingToRecoverFrom.
+constexpr char kNothingToRecoverFromUrl[] = "type.paramd/recovery.nothing_to_recover_from";
+
 }  // namespace
+
+absl::Status NothingToRecoverFrom(absl::Status status) {
+  status.SetPayload(kNothingToRecoverFromUrl, absl::Cord("1"));
+  return status;
+}
+
+bool IsNothingToRecoverFrom(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kNothingToRecoverFromUrl).has_value();
+}
 
 int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>& held, int n,
                                std::vector<int>* holders) {
@@ -112,9 +125,9 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
     ASSIGN_OR_RETURN(result.manifest, plan.disk_manifest(&checkpoint_version));
     result.source = absl::StrCat("checkpoint ", plan.checkpoint_path, " v", checkpoint_version);
   } else {
-    return absl::FailedPreconditionError(
+    return NothingToRecoverFrom(absl::FailedPreconditionError(
         "nothing to recover from: no in-memory snapshot that every rank still has "
-        "(--snapshot_every_steps) and no complete checkpoint (--checkpoint_dir)");
+        "(--snapshot_every_steps) and no complete checkpoint (--checkpoint_dir)"));
   }
   auto recovered = CallAll<rpc::RecoverRequest, rpc::RecoverResponse>(
       plan.stubs, plan.recover_timeout,

@@ -73,9 +73,16 @@ rpc::Manifest RelocatedManifest(rpc::Manifest manifest, const std::vector<std::s
 
 // Errors name the daemon rank and the phase (PrepareRecovery / Recover);
 // the daemons are then left out of any world until the next attempt.
-// FAILED_PRECONDITION when a model is loaded and there is neither a
-// snapshot every rank has nor a checkpoint.
+// FAILED_PRECONDITION marked NothingToRecoverFrom when a model is loaded
+// and there is neither a snapshot every rank has nor a checkpoint.
 absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan);
+
+// `status` marked as a recovery that failed for want of a source: no
+// snapshot or checkpoint holds the lost rank's state, so retrying cannot
+// mend it and only a new load (or a checkpoint restore) brings the cluster
+// back. The mark is a status payload, so callers never match messages.
+absl::Status NothingToRecoverFrom(absl::Status status);
+bool IsNothingToRecoverFrom(const absl::Status& status);
 
 }  // namespace paramd
 

@@ -130,14 +130,19 @@ void ParamdServer::UpdateHealth() {
   bool ready = true;
   if (coordinator_) {
     const bool joined = coordinator_->joined_daemons() >= coordinator_->expected_daemons();
-    health["paramd.rpc.Coordinator"] = joined;
+    // A recovery that found nothing to recover from leaves the cluster
+    // unable to step or load until an operator loads again: the
+    // coordinator's service is not serving, whatever else is up.
+    const bool recoverable = !coordinator_->recovery().needs_load();
+    health["paramd.rpc.Coordinator"] = joined && recoverable;
     // A DOWN daemon (lease expired) holds shards nobody serves until it is
-    // replaced: the process is not ready meanwhile.
+    // replaced, and a replacement serves none until its state is back
+    // (RECOVERING): the process is not ready meanwhile.
     bool all_up = true;
     for (const rpc::Member& m : coordinator_->daemon_members()) {
-      if (m.state() == rpc::MEMBER_STATE_DOWN) all_up = false;
+      if (m.state() != rpc::MEMBER_STATE_ALIVE) all_up = false;
     }
-    ready = ready && joined && all_up && coordinator_->committed_version() >= 0;
+    ready = ready && joined && recoverable && all_up && coordinator_->committed_version() >= 0;
   }
   if (daemon_) {
     const bool serving = daemon_->rank() >= 0 && daemon_->published_version() >= 0;

@@ -36,61 +36,10 @@ namespace testing {
 namespace {
 
 constexpr char kServer[] = "server/hybrid-paramd";  // runfiles-relative
-using HealthStatus = grpc::health::v1::HealthCheckResponse;
-
-// A port that was free a moment ago (bound to 0, then released).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// GET http://127.0.0.1:<port><path> (HTTP/1.0); the whole response, or ""
-// if nothing answers.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
-    }
-  }
-  close(fd);
-  return out;
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// The health of `service` ("" = the process) at `address`; UNKNOWN if the
-// call fails.
-HealthStatus::ServingStatus Health(const std::string& address, const std::string& service) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  SetDeadline(context, absl::Seconds(2));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  HealthStatus response;
-  if (!stub->Check(&context, request, &response).ok()) return HealthStatus::UNKNOWN;
-  return response.status();
 }
 
 // CheckpointCoordinator.Checkpoint of the committed version.
@@ -117,16 +66,6 @@ absl::StatusOr<int64_t> LoadModel(const std::string& address, const std::string&
   const grpc::Status s = coordinator->Load(&context, request, &response);
   if (!s.ok()) return absl::UnavailableError(s.error_message());
   return response.committed_version();
-}
-
-bool WaitForHealth(const std::string& address, const std::string& service,
-                   HealthStatus::ServingStatus want, absl::Duration timeout) {
-  const absl::Time give_up = absl::Now() + timeout;
-  while (absl::Now() < give_up) {
-    if (Health(address, service) == want) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
 }
 
 class ServerOpsTest : public ::testing::Test {

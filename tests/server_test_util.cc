@@ -2,6 +2,10 @@
 
 #include "auth/security.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -36,6 +40,64 @@ TestClusterOptions TwoDaemonSgd(double lr) {
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return 0;  // what a caller then listens on fails with its own message
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+    }
+  }
+  close(fd);
+  return out;
+}
+
+HealthStatus::ServingStatus Health(const std::string& address, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(2));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  HealthStatus response;
+  if (!stub->Check(&context, request, &response).ok()) return HealthStatus::UNKNOWN;
+  return response.status();
+}
+
+bool WaitForHealth(const std::string& address, const std::string& service,
+                   HealthStatus::ServingStatus want, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    if (Health(address, service) == want) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
 }
 
 absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors) {

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "kernels/format.h"
+#include "proto/health.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
 #include "tests/client_cluster.h"
 
@@ -41,6 +42,25 @@ TestClusterOptions TwoDaemonSgd(double lr);
 
 // context.set_deadline(now + timeout).
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout);
+
+// ---- What an operator's probes see (gRPC health, /metrics) ----
+
+using HealthStatus = grpc::health::v1::HealthCheckResponse;
+
+// A loopback port that was free a moment ago (bound to 0, then released).
+int FreePort();
+
+// GET http://127.0.0.1:<port><path> (HTTP/1.0); the whole response, or ""
+// if nothing answers.
+std::string HttpGet(int port, const std::string& path);
+
+// The health of `service` ("" = the process) at `address`; UNKNOWN if the
+// call fails.
+HealthStatus::ServingStatus Health(const std::string& address, const std::string& service);
+
+// Polls Health every 50 ms until it is `want`; false after `timeout`.
+bool WaitForHealth(const std::string& address, const std::string& service,
+                   HealthStatus::ServingStatus want, absl::Duration timeout);
 
 // Writes an FP32 safetensors file.
 absl::Status WriteModel(const std::string& path, const std::vector<TestTensor>& tensors);
