@@ -1,12 +1,18 @@
 #include "auth/security.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -15,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -117,13 +124,73 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
   return out;
 }
 
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open (", strerror(errno),
+                                            ")"));
+  }
+  // The mode of the file opened, not of whatever the path names later.
+  struct stat st {};
+  const bool stat_ok = fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  if (!stat_ok || (st.st_mode & 077) != 0) {
+    close(fd);
+    if (!stat_ok) {
+      return absl::NotFoundError(
+          absl::StrCat(what, " ", path, ": cannot stat (", strerror(stat_errno), ")"));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: permissions %04o for %s are too open; chmod 600 %s (it holds secrets: only its "
+        "owner may read it)",
+        what, st.st_mode & 07777, path, path));
+  }
+  std::string text;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      close(fd);
+      return absl::DataLossError(absl::StrCat(what, " ", path, ": read failed (", strerror(e),
+                                              ")"));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
+
+absl::Status WriteSecretFile(const std::string& path, absl::string_view secret) {
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  unlink(tmp.c_str());  // a leftover of a killed writer of this pid
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", tmp, " (", strerror(errno), ")"));
+  }
+  const std::string text = absl::StrCat(secret, "\n");
+  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                       fsync(fd) == 0;
+  const int e = errno;
+  close(fd);
+  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = written ? errno : e;
+    unlink(tmp.c_str());
+    return absl::DataLossError(absl::StrCat("cannot write ", path, " (", strerror(err), ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));
+  ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "token file"));
   return ParseTokenFile(text, path);
 }
 
 absl::StatusOr<std::string> LoadClientToken(const std::string& path, Role preferred) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));
+  ASSIGN_OR_RETURN(std::string text, ReadSecretFile(path, "token file"));
   std::vector<absl::string_view> lines;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     line = absl::StripAsciiWhitespace(line);
@@ -221,6 +288,21 @@ Caller Authenticator::Identify(const grpc::ServerContextBase& context) const {
   if (value.size() < 7 || !absl::EqualsIgnoreCase(value.substr(0, 7), "bearer ")) return caller;
   caller.role = RoleOf(absl::StripAsciiWhitespace(value.substr(7)));
   return caller;
+}
+
+std::string Authenticator::TokenIdentity(const grpc::ServerContextBase& context) const {
+  if (!tokens_required_) return "";
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) return "";
+  absl::string_view value(it->second.data(), it->second.size());
+  value = absl::StripLeadingAsciiWhitespace(value);
+  if (value.size() < 7 || !absl::EqualsIgnoreCase(value.substr(0, 7), "bearer ")) return "";
+  // Domain-separated from the digests kept for authentication.
+  const std::array<uint8_t, 32> d =
+      Sha256(absl::StrCat("paramd-identity:", absl::StripAsciiWhitespace(value.substr(7))));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
 }
 
 grpc::Status Authenticator::Authorize(const grpc::ServerContextBase& context,

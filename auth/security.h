@@ -77,12 +77,24 @@ inline constexpr size_t kMinTokenLength = 16;
 // itself is never echoed). An empty result is an error too.
 absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
                                                        absl::string_view where);
+// Every file of secrets (a token file, a cluster secret file, a client's
+// token file) is read through ReadSecretFile, which refuses, as ssh does, a
+// file that its group or others may read or write: FailedPrecondition
+// "permissions 0644 for PATH are too open; chmod 600 PATH". NotFound for a
+// file that cannot be opened.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what);
 absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path);
 
 // The token a client presents, from a file holding either one bare token
 // or `ROLE TOKEN` lines (then the first line of role `preferred`, else the
 // only line). NotFound/InvalidArgument when the file has no usable token.
 absl::StatusOr<std::string> LoadClientToken(const std::string& path, Role preferred);
+
+// Writes `secret` and a newline to `path` with mode 0600: a new file of a
+// temporary name (created 0600, never a link followed), fsynced and renamed
+// over `path`, so that no reader sees a partial secret or a file others may
+// read. Blocks on the file system.
+absl::Status WriteSecretFile(const std::string& path, absl::string_view secret);
 
 // 32 random bytes (OpenSSL RAND_bytes) as 64 hex characters.
 std::string RandomSecret();
@@ -144,6 +156,10 @@ class Authenticator {
   std::optional<Role> RoleOf(absl::string_view token) const;
   // The caller of a server call, from its `authorization` metadata.
   Caller Identify(const grpc::ServerContextBase& context) const;
+  // What binds a name to the token that claimed it (pusher ids): with a
+  // token file, 64 hex characters of SHA-256 over the presented bearer
+  // token (never the token itself); "" without a token file or token.
+  std::string TokenIdentity(const grpc::ServerContextBase& context) const;
 
   // OK if the caller may call `method` (a name of the table). Else
   // UNAUTHENTICATED (no or an unknown token where one is needed) or

@@ -1,7 +1,12 @@
 #include "auth/security.h"
 
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
 #include <set>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -40,6 +45,54 @@ TEST(TokenFile, RefusesBadLinesWithoutEchoingTokens) {
   EXPECT_THAT(short_token.status().message(), ::testing::Not(HasSubstr("sekrit")));
   EXPECT_FALSE(ParseTokenFile("trainer a b c d e f g h i j k l m n o p\n", "f").ok());
   EXPECT_FALSE(ParseTokenFile("# nothing\n", "f").ok());
+}
+
+// A file of `mode` holding `text` in the test's scratch directory.
+std::string WriteFileWithMode(const std::string& name, const std::string& text, mode_t mode) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  std::ofstream(path, std::ios::trunc) << text;
+  EXPECT_EQ(chmod(path.c_str(), mode), 0) << path;
+  return path;
+}
+
+TEST(SecretFiles, FilesOthersMayReadAreRefusedAsSshDoes) {
+  const std::string tokens = "trainer aaaaaaaaaaaaaaaa1\noperator bbbbbbbbbbbbbbbb2\n";
+  for (mode_t mode : {0644, 0640, 0604, 0620, 0602}) {
+    const std::string path = WriteFileWithMode("tokens", tokens, mode);
+    const std::string want = absl::StrFormat(
+        "permissions %04o for %s are too open; chmod 600 %s", mode, path, path);
+    for (const absl::Status& s :
+         {LoadTokenFile(path).status(), LoadClientToken(path, Role::kTrainer).status(),
+          ReadSecretFile(path, "--cluster_secret_file").status()}) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      EXPECT_THAT(s.message(), HasSubstr(want));
+      EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("aaaaaaaaaaaaaaaa1")));
+    }
+  }
+  for (mode_t mode : {0600, 0400}) {
+    const std::string path = WriteFileWithMode("tokens", tokens, mode);
+    auto loaded = LoadTokenFile(path);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->size(), 2u);
+    auto client = LoadClientToken(path, Role::kOperator);
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_EQ(*client, "bbbbbbbbbbbbbbbb2");
+  }
+  EXPECT_EQ(LoadTokenFile("/nonexistent/tokens").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SecretFiles, WriteSecretFileMakesAnOwnerOnlyFileReadBack) {
+  const std::string path = absl::StrCat(std::getenv("TEST_TMPDIR"), "/generated_secret");
+  WriteFileWithMode("generated_secret", "old", 0644);  // replaced, mode and all
+  const std::string secret = RandomSecret();
+  ASSERT_TRUE(WriteSecretFile(path, secret).ok());
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  auto read = LoadClientToken(path, Role::kCluster);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, secret);
+  EXPECT_FALSE(WriteSecretFile("/nonexistent/dir/secret", secret).ok());
 }
 
 TEST(Authenticator, RolesOfTokensAndClusterSecrets) {
@@ -109,14 +162,24 @@ TEST(MethodTable, CoversEveryMethodOfEveryService) {
     EXPECT_TRUE(listed.insert(std::string(p.method)).second) << "twice: " << p.method;
   }
   int methods = 0;
+  // Every service of every proto file that declares one of the project's
+  // services, so that a service added to any of them needs its rows too.
+  std::set<const google::protobuf::FileDescriptor*> files;
   for (const char* service : {rpc::Coordinator::service_full_name(),
-                              rpc::Daemon::service_full_name(),
                               rpc::DaemonIpc::service_full_name(),
                               checkpoint::CheckpointCoordinator::service_full_name(),
-                              checkpoint::CheckpointDaemon::service_full_name(),
                               transport::DataPlane::service_full_name()}) {
     const google::protobuf::ServiceDescriptor* s = pool->FindServiceByName(service);
     ASSERT_NE(s, nullptr) << service;
+    files.insert(s->file());
+  }
+  std::vector<const google::protobuf::ServiceDescriptor*> services;
+  for (const google::protobuf::FileDescriptor* f : files) {
+    for (int i = 0; i < f->service_count(); ++i) services.push_back(f->service(i));
+  }
+  EXPECT_GE(services.size(), 6u);
+  for (const google::protobuf::ServiceDescriptor* s : services) {
+    const std::string& service = s->full_name();
     for (int i = 0; i < s->method_count(); ++i, ++methods) {
       const std::string name = absl::StrCat("/", service, "/", s->method(i)->name());
       EXPECT_NE(FindPolicy(name), nullptr) << "no policy for " << name;

@@ -92,7 +92,8 @@ def check_listen(values, where):
     HTTP, TLS or not) too, unless --insecure_listen_anywhere."""
     insecure = values.get("insecure_listen_anywhere", "") in (None, "true", "1")
     tls = bool(values.get("tls_cert"))
-    for flag, default in (("listen", "127.0.0.1:7070"), ("data_plane_listen", "127.0.0.1:0")):
+    for flag, default in (("listen", "127.0.0.1:7070"), ("data_plane_listen", "127.0.0.1:0"),
+                          ("device_channel_listen", "127.0.0.1:0")):
         value = values.get(flag) or default
         if not (tls or insecure or is_loopback(value)):
             problem(where, f"--{flag}={value} without TLS or --insecure_listen_anywhere: refused at start")

@@ -240,6 +240,9 @@ absl::Status Demo::StartCluster() {
       absl::StrCat("--daemons=", kNumDaemons), absl::StrCat("--expected_pushers=", kNumTrainers),
       "--recipe=" + recipe_path_, "--data_plane=host", "--optimizer=" + optimizer_path};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
+    // The replacement proves the cluster secret with this file
+    // (docs/SECURITY.md "The cluster secret").
+    coordinator_argv.push_back("--cluster_secret_out=" + workdir_ + "/cluster_secret");
     coordinator_argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
     coordinator_argv.push_back(
         absl::StrCat("--checkpoint_every=", absl::GetFlag(FLAGS_checkpoint_every)));
@@ -295,12 +298,13 @@ absl::Status Demo::KillAndReplaceDaemon(int64_t step) {
   (void)children_.Wait(victim, absl::Seconds(10));
   std::vector<std::string> argv = DaemonArgv("daemon1r");
   argv.push_back(absl::StrCat("--rank=", killed_rank_));
+  argv.push_back("--cluster_secret_file=" + workdir_ + "/cluster_secret");
   ASSIGN_OR_RETURN(const int index,
                    children_.Start({"daemon1r", std::move(argv), Log("daemon1r"), Log("daemon1r")}));
   servers_[2] = index;
   log_names_.push_back("daemon1r");
   std::printf("killed daemon rank %d (SIGKILL) after step %lld; started a replacement with "
-              "--rank=%d\n",
+              "--rank=%d --cluster_secret_file\n",
               killed_rank_, static_cast<long long>(step), killed_rank_);
   std::fflush(stdout);
   return absl::OkStatus();

@@ -221,9 +221,11 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   grpc::Status AuthorizeJoin(const grpc::CallbackServerContext& context,
                              const rpc::JoinRequest& request, bool* may_take_rank) const;
 
-  // The daemon joins allowed without credentials (see AddMember): not a
-  // live daemon's address, and what DaemonTable::Join takes for a retry
-  // of a registered process only with the member secret it gave.
+  // The daemon joins allowed without credentials (see AddMember): a rank
+  // no daemon has joined yet (the world's formation), and what
+  // DaemonTable::Join takes for a retry of a registered process only with
+  // the member secret it gave. A rank another process has held (DOWN or
+  // alive) is UNAUTHENTICATED, naming how to start a replacement.
   absl::Status CheckOpenDaemonJoinLocked(const rpc::JoinRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

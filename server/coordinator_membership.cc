@@ -203,14 +203,34 @@ absl::Status Coordinator::Impl::CheckOpenDaemonJoinLocked(const rpc::JoinRequest
           "a Join as daemon rank ", rank, " (", slot.member.member_id(),
           ") again needs that daemon's member secret"));
     }
-    if (table_.alive(rank) && slot.member.address() == request.address()) {
-      return absl::UnauthenticatedError(absl::StrCat(
-          "daemon rank ", rank, " (", slot.member.member_id(), ") is alive at ",
-          request.address(), "; replacing it needs the cluster secret "
-          "(--cluster_secret_file) or a cluster token"));
+  }
+  // A new process: the rank it would take, in DaemonTable::ChooseRank's
+  // order. The generated cluster secret goes only to a rank's first daemon
+  // (the world's formation); a rank that has joined before (DOWN, or held
+  // by a live daemon) is taken only by a process proving the secret, else
+  // any local process could wait for a lease to lapse and be handed it.
+  int taken = -1;
+  if (request.has_rank()) {
+    const int r = request.rank();
+    if (r >= 0 && r < table_.size() && table_.slot(r).joined) taken = r;
+  } else {
+    bool free_rank = false;
+    for (int r = 0; r < table_.size() && taken < 0; ++r) {
+      const DaemonSlot& slot = table_.slot(r);
+      if (slot.joined && slot.member.address() == request.address()) taken = r;
+      free_rank = free_rank || !slot.joined;
+    }
+    for (int r = 0; r < table_.size() && taken < 0 && !free_rank; ++r) {
+      if (table_.slot(r).member.state() == rpc::MEMBER_STATE_DOWN) taken = r;
     }
   }
-  return absl::OkStatus();
+  if (taken < 0) return absl::OkStatus();
+  return absl::UnauthenticatedError(absl::StrCat(
+      "daemon ", table_.Name(taken), " has joined before: a daemon taking its rank must "
+      "present the cluster secret, which this coordinator generated and handed only to the "
+      "rank's first daemon. Start the replacement with --cluster_secret_file=FILE, FILE being "
+      "the file the coordinator writes with --cluster_secret_out (docs/SECURITY.md, "
+      "\"The cluster secret\")"));
 }
 
 absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest& request,
@@ -227,11 +247,10 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
         // command line is refused, both values named.
         RETURN_IF_ERROR(CheckOptimizerFlags(request.optimizer_flags(), optimizer_));
         if (!may_take_rank) {
-          // No credentials (no token file, no configured secret): a new
-          // rank, a DOWN rank, or a retry of this process's own Join
-          // (same incarnation and member secret), but not the place of
-          // a live daemon (by its address): that would hand a stranger
-          // the cluster secret and the live daemon's calls.
+          // No credentials (no token file, no configured secret, the
+          // generated secret not presented): a rank nobody has joined, or
+          // a retry of this process's own Join (same incarnation and
+          // member secret); never a rank another process has held.
           RETURN_IF_ERROR(CheckOpenDaemonJoinLocked(request));
         }
         const bool was_complete = table_.all_joined();

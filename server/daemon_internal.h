@@ -229,6 +229,16 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // version).
   std::optional<absl::Status> OutcomeOf(const PublishedVersion* v);
 
+  // With a token file, a pusher id belongs to the token whose push under
+  // it first committed (auth::Authenticator::TokenIdentity, a digest):
+  // PERMISSION_DENIED naming the id for a push of another token, before
+  // anything changes. `bind`: record the caller as the owner if the id has
+  // none (at commit). No-op without a token file. Thread-safe.
+  absl::Status ClaimPusher(const std::string& pusher, const grpc::ServerContextBase& context,
+                           bool bind) ABSL_LOCKS_EXCLUDED(pusher_owners_mu_);
+  absl::Mutex pusher_owners_mu_;
+  std::map<std::string, std::string> pusher_owners_ ABSL_GUARDED_BY(pusher_owners_mu_);
+
   // Sums a complete push into the accumulators (pipelined: keeps it staged
   // for the step, `live`), exactly once per pusher and version; may start
   // the step.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -19,6 +20,11 @@
 namespace paramd {
 
 using daemon_internal::kTag;
+
+namespace {
+// Most pusher ids bound to tokens (ClaimPusher).
+constexpr size_t kMaxPusherOwners = size_t{1} << 16;
+}  // namespace
 
 absl::Status Daemon::Impl::CheckPush(int64_t version, const std::string& pusher) {
   absl::MutexLock lock(&mu_);
@@ -110,6 +116,31 @@ absl::Status Daemon::Impl::CheckDevicePushAllowedLocked() const {
   return absl::FailedPreconditionError(
       "this daemon runs --pipelined_step, which takes host pushes (PushGradients) only; "
       "push over the host stream, or run the daemons without --pipelined_step");
+}
+
+absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
+                                       const grpc::ServerContextBase& context, bool bind) {
+  if (options_.authenticator == nullptr) return absl::OkStatus();
+  const std::string identity = options_.authenticator->TokenIdentity(context);
+  if (identity.empty()) return absl::OkStatus();
+  absl::MutexLock lock(&pusher_owners_mu_);
+  auto it = pusher_owners_.find(pusher);
+  if (it == pusher_owners_.end()) {
+    if (!bind) return absl::OkStatus();
+    // Bounded: a token cannot grow the table without limit.
+    if (pusher_owners_.size() >= kMaxPusherOwners) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this daemon has bound ", pusher_owners_.size(),
+          " pusher ids to tokens, its limit: push under an id this token pushed before"));
+    }
+    pusher_owners_.emplace(pusher, identity);
+    return absl::OkStatus();
+  }
+  if (it->second == identity) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "pusher_id \"", absl::CHexEscape(absl::string_view(pusher).substr(0, 64)),
+      "\" belongs to another token: each trainer token pushes under its own pusher ids "
+      "(its JoinResponse.member_id); nothing was applied"));
 }
 
 absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& pusher) {
@@ -271,6 +302,7 @@ class PushReactor
     if (view_ == nullptr) {
       version_ = request.version();
       pusher_ = request.pusher_id();
+      RETURN_IF_ERROR(daemon_->ClaimPusher(pusher_, *context_, /*bind=*/false));
       ASSIGN_OR_RETURN(view_, daemon_->BeginPush(version_, pusher_));
       // non_finite: SKIP_STEP takes NaN/Inf; the step then skips.
       assembler_.emplace(view_.get(), view_->optimizer.has_value() &&
@@ -292,6 +324,7 @@ class PushReactor
     if (!request.has_end()) return absl::OkStatus();
     RETURN_IF_ERROR(CheckStreamEnd(request.end().total_bytes(), carried_, "push"));
     RETURN_IF_ERROR(assembler_->Close());
+    RETURN_IF_ERROR(daemon_->ClaimPusher(pusher_, *context_, /*bind=*/true));
     RETURN_IF_ERROR(daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
                                         assembler_->bytes(), response_, live_));
     finished_ = true;

@@ -74,10 +74,16 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "file. Empty = no tokens: only the cluster-internal RPCs are authenticated (by the "
           "cluster secret)");
 ABSL_FLAG(std::string, cluster_secret_file, "",
-          "file whose first line is the secret shared by the coordinator and its daemons; "
-          "daemons must present it to join. Default: the first `cluster` token of "
-          "--auth_token_file, else the coordinator generates one at start and new daemons "
-          "join without credentials (rejoining a rank then needs it)");
+          "file (mode 0600) whose first line is the secret shared by the coordinator and its "
+          "daemons; daemons must present it to join. Default: the first `cluster` token of "
+          "--auth_token_file, else the coordinator generates one at start, hands it to the "
+          "daemons joining each rank for the first time, and a replacement of a rank must "
+          "present it: start it with --cluster_secret_file=the coordinator's "
+          "--cluster_secret_out");
+ABSL_FLAG(std::string, cluster_secret_out, "",
+          "coordinator: write its cluster secret (the one it generates, or the one it was "
+          "given) to this file at start (mode 0600; the same secret after a restart with "
+          "--state_file): the --cluster_secret_file of daemons that replace lost ones");
 ABSL_FLAG(std::string, advertise_address, "",
           "address other processes use to reach this one (default 127.0.0.1:<port>)");
 ABSL_FLAG(std::string, port_file, "",
@@ -260,12 +266,22 @@ absl::Status Run() {
                                                ? "127.0.0.1:0"
                                                : absl::GetFlag(FLAGS_data_plane_listen),
                                            options.tls.enabled(),
+  if (!absl::GetFlag(FLAGS_cluster_secret_out).empty() && role == "daemon") {
+    return absl::InvalidArgumentError(
+        "--cluster_secret_out is the coordinator's (it writes the coordinator's cluster secret)");
+  }
                                            options.insecure_listen_anywhere,
                                            "--data_plane_listen"));
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   // Refused now, not after a daemon's minutes of join retries.
   auto check_address = [](absl::string_view flag, const std::string& address) {
+  RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_device_channel_listen).empty()
+                                               ? "127.0.0.1:0"
+                                               : absl::GetFlag(FLAGS_device_channel_listen),
+                                           options.tls.enabled(),
+                                           options.insecure_listen_anywhere,
+                                           "--device_channel_listen"));
     absl::Status s = CheckAddress(address);
     return s.ok() ? s
                   : absl::InvalidArgumentError(
@@ -467,6 +483,12 @@ absl::Status Run() {
       services->push_back(checkpoint_coordinator->service());
     }
     return absl::OkStatus();
+      // Before the port serves: a replacement daemon may read it at once.
+      if (const std::string out = absl::GetFlag(FLAGS_cluster_secret_out); !out.empty()) {
+        if (absl::Status s = auth::WriteSecretFile(out, coordinator->cluster_secret()); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("--cluster_secret_out: ", s.message()));
+        }
+      }
   };
 
   // --checkpoint_every: one checkpoint at a time, on its own thread (the

@@ -2,9 +2,10 @@
 // (coordinator + 2 daemons on loopback; docs/SECURITY.md):
 //   1. without a token file (the default): a stranger's cluster-internal
 //      RPCs (Daemon.LoadShards with an empty manifest, a forged
-//      ReportVersion, Daemon.Step, WriteShard, a daemon rejoin) are refused
-//      with UNAUTHENTICATED and change nothing; the cluster keeps training
-//      and every other RPC stays open as before;
+//      ReportVersion, Daemon.Step, WriteShard, a daemon rejoin, taking a
+//      lost daemon's rank) are refused with UNAUTHENTICATED and change
+//      nothing; the cluster keeps training and every other RPC stays open
+//      as before; a replacement given the cluster secret takes the rank;
 //   2. with TLS and a token file: each role (trainer, operator, cluster)
 //      is allowed exactly the RPCs of auth/method_policy.cc and refused
 //      the rest (PERMISSION_DENIED), no or an unknown token is
@@ -16,6 +17,8 @@
 //   4. plaintext on a non-loopback address is a startup error unless
 //      --insecure_listen_anywhere.
 // Certificates are made at test time by tools/make_certs.sh (openssl).
+#include <sys/stat.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -142,6 +145,106 @@ TEST(StrangerTest, ClusterInternalRpcsNeedTheClusterSecret) {
   auto v1 = cluster.WaitForVersion(1);
   ASSERT_TRUE(v1.ok()) << v1.status() << cluster.cluster().Logs();
   EXPECT_EQ(*v1, 1);
+}
+
+// The member of daemon rank `rank` in the coordinator's status ("" address
+// when none).
+rpc::Member DaemonMember(rpc::Coordinator::Stub& coordinator, int rank) {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(5));
+  rpc::GetStatusResponse status;
+  EXPECT_TRUE(coordinator.GetStatus(&context, rpc::GetStatusRequest(), &status).ok());
+  for (const rpc::Member& m : status.members()) {
+    if (m.role() == rpc::ROLE_DAEMON && m.rank() == rank) return m;
+  }
+  return rpc::Member();
+}
+
+// Without a token file, the generated cluster secret goes to each rank's
+// first daemon only: once a daemon is lost, a process taking its rank must
+// present the secret (the coordinator's --cluster_secret_out file), else it
+// is refused, learns nothing and changes nothing.
+TEST(StrangerTest, TakingALostDaemonsRankNeedsTheClusterSecret) {
+  TestClusterOptions options;
+  options.daemons = 2;
+  options.expected_pushers = 1;
+  options.coordinator_flags = {"--daemon_lease_ms=600"};
+  options.daemon_flags = {"--heartbeat_interval_ms=50"};
+  auto started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
+  auto channel = Channel(cluster.coordinator_address(), "");
+  ASSERT_TRUE(channel.ok());
+  auto coordinator = rpc::Coordinator::NewStub(*channel);
+  // The rank of daemon process 1, once both have joined.
+  const std::string victim_address = absl::StrCat("127.0.0.1:", cluster.daemon_port(1));
+  int rank = -1;
+  for (absl::Time end = absl::Now() + absl::Seconds(20); rank < 0 && absl::Now() < end;) {
+    for (int r = 0; r < 2; ++r) {
+      if (DaemonMember(*coordinator, r).address() == victim_address) rank = r;
+    }
+    if (rank < 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GE(rank, 0) << cluster.Logs();
+  cluster.KillDaemon(1);
+  rpc::Member lost;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    lost = DaemonMember(*coordinator, rank);
+    if (lost.state() == rpc::MEMBER_STATE_DOWN) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(lost.state(), rpc::MEMBER_STATE_DOWN) << cluster.Logs();
+
+  rpc::JoinRequest join;
+  join.set_role(rpc::ROLE_DAEMON);
+  join.set_rank(rank);
+  join.set_address("127.0.0.1:1");
+  join.set_incarnation("stranger-incarnation");
+  join.set_member_secret("attacker-chosen-secret-0123456789");
+  for (const std::string& token : {std::string(), std::string("not-the-cluster-secret-at-all")}) {
+    auto stranger = Channel(cluster.coordinator_address(), token);
+    ASSERT_TRUE(stranger.ok());
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    rpc::JoinResponse reply;
+    const grpc::Status s = rpc::Coordinator::NewStub(*stranger)->Join(&context, join, &reply);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "--cluster_secret_file"))
+        << s.error_message();
+    EXPECT_TRUE(reply.cluster_secret().empty());
+    // Nothing changed: the rank is still the lost daemon's.
+    const rpc::Member now = DaemonMember(*coordinator, rank);
+    EXPECT_EQ(now.member_id(), lost.member_id());
+    EXPECT_EQ(now.address(), victim_address);
+    EXPECT_EQ(now.state(), rpc::MEMBER_STATE_DOWN);
+  }
+  // Without --rank the stranger would get the DOWN rank too.
+  join.clear_rank();
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    rpc::JoinResponse reply;
+    EXPECT_EQ(coordinator->Join(&context, join, &reply).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_TRUE(reply.cluster_secret().empty());
+  }
+
+  // The operator's way: a replacement given the coordinator's secret file
+  // (owner-only) takes the rank.
+  struct stat st {};
+  ASSERT_EQ(stat((cluster.dir() + "/cluster_secret").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  auto replacement = cluster.StartDaemon({absl::StrCat("--rank=", rank)});
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  rpc::Member replaced;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    replaced = DaemonMember(*coordinator, rank);
+    if (replaced.state() == rpc::MEMBER_STATE_ALIVE) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(replaced.state(), rpc::MEMBER_STATE_ALIVE) << cluster.Logs();
+  EXPECT_EQ(replaced.address(),
+            absl::StrCat("127.0.0.1:", cluster.daemon_port(*replacement)));
 }
 
 // ---------------------------------------------------------------------------
@@ -385,6 +488,97 @@ TEST_F(TlsTokenTest, TheClusterLoadsAndCommitsThroughTlsAndTokens) {
   EXPECT_EQ(committed.committed_version(), 0);
 }
 
+// A push of the whole of Model()'s "b" (one daemon holds it all) under
+// `pusher` with `token`, straight to the daemon.
+grpc::Status PushB(const std::string& daemon, const std::string& token, int64_t version,
+                   const std::string& pusher) {
+  auto channel = Channel(daemon, token);
+  EXPECT_TRUE(channel.ok());
+  const std::vector<float> g = RandomValues(40, 7, 0.1f);
+  std::vector<rpc::PushGradientsRequest> messages = {
+      GradientMessage(version, pusher, "b", 0, 1, g.data(), 40)};  // [40]: 1 row
+  messages.push_back(EndMessage(messages));
+  std::vector<std::string> raw;
+  for (const auto& m : messages) raw.push_back(m.SerializeAsString());
+  return CallRawBytes(channel->get(), "/paramd.rpc.Daemon/PushGradients", raw, absl::Seconds(10));
+}
+
+// With a token file a pusher id belongs to the token that first pushed
+// under it: another trainer token can neither add to that pusher's count
+// nor take the id over at a later version; it is refused, naming the id,
+// and the version steps only on the two real pushers.
+TEST(PusherIdentityTest, PusherIdsAreBoundToTheirToken) {
+  auto dir = demo::TempDir::Create("auth_pushers");
+  ASSERT_TRUE(dir.ok());
+  auto tokens = WriteTokenFile(dir->path());
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  TestClusterOptions options;
+  options.daemons = 1;
+  options.expected_pushers = 2;
+  options.coordinator_flags = {"--auth_token_file=" + *tokens};
+  options.daemon_flags = {"--auth_token_file=" + *tokens};
+  auto started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TestCluster& cluster = **started;
+  const std::string path = dir->path() + "/model.safetensors";
+  ASSERT_TRUE(WriteModel(path, Model()).ok());
+  auto op = Channel(cluster.coordinator_address(), kOperatorToken);
+  ASSERT_TRUE(op.ok());
+  auto coordinator = rpc::Coordinator::NewStub(*op);
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(30));
+    rpc::LoadRequest load;
+    load.set_safetensors_path(path);
+    load.set_recipe_text(kFp32PassthroughRecipe);
+    rpc::LoadResponse response;
+    const grpc::Status s = coordinator->Load(&context, load, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message() << "\n" << cluster.Logs();
+  }
+  rpc::GetManifestResponse manifest;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    ASSERT_TRUE(coordinator->GetManifest(&context, rpc::GetManifestRequest(), &manifest).ok());
+  }
+  const std::string daemon = manifest.manifest().daemons(0).address();
+  auto committed = [&](int64_t min_version) {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(20));
+    rpc::WaitForVersionRequest wait;
+    wait.set_min_version(min_version);
+    rpc::WaitForVersionResponse response;
+    EXPECT_TRUE(coordinator->WaitForVersion(&context, wait, &response).ok()) << cluster.Logs();
+    return response.committed_version();
+  };
+
+  grpc::Status pushed = PushB(daemon, kTrainerToken, 0, "pusher-a");
+  ASSERT_TRUE(pushed.ok()) << pushed.error_message() << cluster.Logs();
+  grpc::Status stolen = PushB(daemon, kTrainer2Token, 0, "pusher-a");
+  EXPECT_EQ(stolen.error_code(), grpc::StatusCode::PERMISSION_DENIED) << stolen.error_message();
+  EXPECT_TRUE(absl::StrContains(stolen.error_message(), "\"pusher-a\"")) << stolen.error_message();
+  EXPECT_FALSE(absl::StrContains(stolen.error_message(), kTrainerToken));
+  ASSERT_TRUE(PushB(daemon, kTrainer2Token, 0, "pusher-b").ok());
+  EXPECT_EQ(committed(1), 1);
+  // Version 1: the second token pushes first under the first one's id.
+  stolen = PushB(daemon, kTrainer2Token, 1, "pusher-a");
+  EXPECT_EQ(stolen.error_code(), grpc::StatusCode::PERMISSION_DENIED) << stolen.error_message();
+  ASSERT_TRUE(PushB(daemon, kTrainer2Token, 1, "pusher-b").ok());
+  // Nothing counted for pusher-a: its owner's push is what completes v2.
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(5));
+    rpc::WaitForVersionRequest wait;
+    wait.set_min_version(2);
+    rpc::WaitForVersionResponse response;
+    SetDeadline(context, absl::Milliseconds(300));
+    EXPECT_EQ(coordinator->WaitForVersion(&context, wait, &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  ASSERT_TRUE(PushB(daemon, kTrainerToken, 1, "pusher-a").ok());
+  EXPECT_EQ(committed(2), 2);
+}
+
 // ---------------------------------------------------------------------------
 // 3. Mutual TLS.
 
@@ -445,11 +639,32 @@ TEST(ListenTest, PlaintextOnANonLoopbackAddressIsAStartupError) {
       dir->path(), absl::Seconds(20));
   EXPECT_EQ(data_plane.exit_code, 1) << data_plane.out;
   EXPECT_TRUE(absl::StrContains(data_plane.out, "--data_plane_listen")) << data_plane.out;
+  // Device channels are plaintext too: the same rule.
+  ProgramRun device_channels = RunProgram(
+      {"server/hybrid-paramd", "--listen=127.0.0.1:0", "--device_channel_listen=0.0.0.0:0"},
+      dir->path(), absl::Seconds(20));
+  EXPECT_EQ(device_channels.exit_code, 1) << device_channels.out;
+  EXPECT_TRUE(absl::StrContains(device_channels.out, "--device_channel_listen"))
+      << device_channels.out;
   ProgramRun bad_tokens = RunProgram(
       {"server/hybrid-paramd", "--listen=127.0.0.1:0", "--auth_token_file=/nonexistent/tokens"},
       dir->path(), absl::Seconds(20));
   EXPECT_EQ(bad_tokens.exit_code, 1) << bad_tokens.out;
   EXPECT_TRUE(absl::StrContains(bad_tokens.out, "/nonexistent/tokens")) << bad_tokens.out;
+  // Secret files others may read are refused at start, as ssh does.
+  auto tokens = WriteTokenFile(dir->path());
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  ASSERT_EQ(chmod(tokens->c_str(), 0644), 0);
+  for (const std::string flag : {"--auth_token_file=", "--cluster_secret_file="}) {
+    ProgramRun open_file = RunProgram(
+        {"server/hybrid-paramd", "--listen=127.0.0.1:0", flag + *tokens}, dir->path(),
+        absl::Seconds(20));
+    EXPECT_EQ(open_file.exit_code, 1) << open_file.out;
+    EXPECT_TRUE(absl::StrContains(open_file.out, absl::StrCat("permissions 0644 for ", *tokens,
+                                                              " are too open; chmod 600 ",
+                                                              *tokens)))
+        << open_file.out;
+  }
   // --insecure_listen_anywhere: it binds (a single-node process that serves).
   TestClusterOptions options;
   options.daemons = 1;

@@ -1,5 +1,7 @@
 #include "tests/auth_test_util.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 
@@ -27,9 +29,14 @@ absl::StatusOr<std::string> WriteTokenFile(const std::string& dir) {
   std::ofstream out(path);
   out << "# role token\n"
       << "trainer " << kTrainerToken << "\n"
+      << "trainer " << kTrainer2Token << "\n"
       << "operator " << kOperatorToken << "\n"
       << "cluster " << kClusterToken << "\n";
-  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  out.close();
+  // Token files others may read are refused (auth::ReadSecretFile).
+  if (!out || chmod(path.c_str(), 0600) != 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
   return path;
 }
 

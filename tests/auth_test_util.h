@@ -30,7 +30,9 @@ absl::Status MakeCerts(const std::string& dir);
 inline constexpr char kTrainerToken[] = "trainer-token-0123456789abcdef";
 inline constexpr char kOperatorToken[] = "operator-token-0123456789abcdef";
 inline constexpr char kClusterToken[] = "cluster-token-0123456789abcdef";
-// Writes `dir`/tokens with the three tokens; returns its path.
+// A second trainer (pusher ids are bound to the token that pushed first).
+inline constexpr char kTrainer2Token[] = "trainer2-token-0123456789abcdef";
+// Writes `dir`/tokens (mode 0600) with the four tokens; returns its path.
 absl::StatusOr<std::string> WriteTokenFile(const std::string& dir);
 
 // A channel to `address` presenting `token` ("" = none), with TLS from the

@@ -1,6 +1,7 @@
 #include "tests/client_cluster.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <fstream>
@@ -54,12 +55,19 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
     }
   }
   std::vector<std::string> secret_flag;
+  const std::string secret_path = d + "/cluster_secret";
   if (!options.cluster_secret.empty()) {
-    const std::string path = d + "/cluster_secret";
-    std::ofstream out(path);
+    std::ofstream out(secret_path);
     out << options.cluster_secret << "\n";
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-    secret_flag.push_back("--cluster_secret_file=" + path);
+    out.close();
+    // Secret files others may read are refused (auth::ReadSecretFile).
+    if (!out || chmod(secret_path.c_str(), 0600) != 0) {
+      return absl::InternalError(absl::StrCat("cannot write ", secret_path));
+    }
+    secret_flag.push_back("--cluster_secret_file=" + secret_path);
+  } else {
+    // The generated secret, for the replacements StartDaemon starts.
+    secret_flag.push_back("--cluster_secret_out=" + secret_path);
   }
   coordinator_argv.insert(coordinator_argv.end(), secret_flag.begin(), secret_flag.end());
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_flags.begin(),
@@ -116,7 +124,13 @@ absl::StatusOr<int> TestCluster::SpawnDaemon(const std::vector<std::string>& ext
 }
 
 absl::StatusOr<int> TestCluster::StartDaemon(const std::vector<std::string>& extra_flags) {
-  ASSIGN_OR_RETURN(const int i, SpawnDaemon(extra_flags));
+  std::vector<std::string> flags = extra_flags;
+  // A daemon started later may replace one: it proves the cluster secret
+  // (the coordinator's --cluster_secret_out) as docs/SECURITY.md says.
+  if (options_.cluster_secret.empty()) {
+    flags.insert(flags.begin(), "--cluster_secret_file=" + dir() + "/cluster_secret");
+  }
+  ASSIGN_OR_RETURN(const int i, SpawnDaemon(flags));
   ASSIGN_OR_RETURN(const int port,
                    demo::WaitForPortFile(absl::StrCat(dir(), "/daemon", i, ".port"),
                                          absl::Seconds(20), &children_, daemons_[i]));

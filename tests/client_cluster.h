@@ -43,7 +43,8 @@ struct TestClusterOptions {
   std::vector<std::vector<std::string>> per_daemon_flags;
   // Non-empty: every process gets it as --cluster_secret_file, so that a
   // test can call the cluster-internal RPCs as a member would (e.g. a
-  // rogue coordinator's WriteShard). Empty: the coordinator generates one.
+  // rogue coordinator's WriteShard). Empty: the coordinator generates one
+  // and writes it to DIR/cluster_secret (--cluster_secret_out).
   std::string cluster_secret;
 };
 
@@ -80,7 +81,10 @@ class TestCluster {
   void SignalDaemon(int d, int sig);
   // Starts one more daemon process (the options' daemon flags plus
   // `extra_flags`, e.g. --rank=1 for a replacement) and waits for its port;
-  // returns its index for daemon_port() / KillDaemon().
+  // returns its index for daemon_port() / KillDaemon(). It is given the
+  // cluster secret (--cluster_secret_file: the options' secret, else the
+  // file the coordinator wrote with --cluster_secret_out), which a daemon
+  // taking a rank that has joined before must present.
   absl::StatusOr<int> StartDaemon(const std::vector<std::string>& extra_flags = {});
   // The last lines of every process's log, for failure messages.
   std::string Logs() const;

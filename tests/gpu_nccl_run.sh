@@ -213,7 +213,7 @@ if [ "${NET:-0}" = 1 ] && in_time net; then
   {
     rm -f /tmp/paramd_net.port
     env "${NETENV[@]}" server/hybrid-paramd --backend=gpu --gpu=0 --listen=127.0.0.1:0 \
-      --device_channel_listen=0.0.0.0:0 --port_file=/tmp/paramd_net.port \
+      --device_channel_listen=0.0.0.0:0 --insecure_listen_anywhere --port_file=/tmp/paramd_net.port \
       --expected_pushers=1 --lr=3e-3 > "$L/net_daemon.log" 2>&1 &
     dpid=$!
     for i in $(seq 100); do [ -s /tmp/paramd_net.port ] && break; sleep 0.1; done

@@ -65,10 +65,14 @@ class LocalCluster:
         mirrored = [f for f in daemon_flags if f.startswith(_OPTIMIZER_FLAGS)]
         self._server = server_binary
         self._daemon_flags = list(daemon_flags)
+        # The coordinator's cluster secret (mode 0600), which a daemon that
+        # replaces a lost one presents (start_daemon; docs/SECURITY.md).
+        self._secret_file = os.path.join(self.dir, "cluster_secret")
         try:
             port = self._start("coordinator", [
                 server_binary, "--role=coordinator", "--listen=127.0.0.1:0",
-                "--daemons=%d" % daemons, "--expected_pushers=%d" % expected_pushers
+                "--daemons=%d" % daemons, "--expected_pushers=%d" % expected_pushers,
+                "--cluster_secret_out=" + self._secret_file
             ] + mirrored + list(coordinator_flags), start_timeout)
             self.address = "127.0.0.1:%d" % port
             self.daemon_ports = []
@@ -95,10 +99,12 @@ class LocalCluster:
 
     def start_daemon(self, flags=(), timeout=30.0):
         """Starts one more daemon (e.g. a replacement: flags=["--rank=1"])
-        with the cluster's daemon flags; returns its index."""
+        with the cluster's daemon flags and the coordinator's cluster secret
+        (which taking a lost daemon's rank needs); returns its index."""
         i = len(self.procs) - 1
         self.daemon_ports.append(self._start("daemon%d" % i, [
-            self._server, "--role=daemon", "--listen=127.0.0.1:0", "--coordinator=" + self.address
+            self._server, "--role=daemon", "--listen=127.0.0.1:0", "--coordinator=" + self.address,
+            "--cluster_secret_file=" + self._secret_file
         ] + self._daemon_flags + list(flags), timeout))
         return i
 
