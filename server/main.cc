@@ -262,26 +262,26 @@ absl::Status Run() {
       }
     }
   }
-  RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_data_plane_listen).empty()
-                                               ? "127.0.0.1:0"
-                                               : absl::GetFlag(FLAGS_data_plane_listen),
-                                           options.tls.enabled(),
   if (!absl::GetFlag(FLAGS_cluster_secret_out).empty() && role == "daemon") {
     return absl::InvalidArgumentError(
         "--cluster_secret_out is the coordinator's (it writes the coordinator's cluster secret)");
   }
+  RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_data_plane_listen).empty()
+                                               ? "127.0.0.1:0"
+                                               : absl::GetFlag(FLAGS_data_plane_listen),
+                                           options.tls.enabled(),
                                            options.insecure_listen_anywhere,
                                            "--data_plane_listen"));
-  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
-  if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  // Refused now, not after a daemon's minutes of join retries.
-  auto check_address = [](absl::string_view flag, const std::string& address) {
   RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_device_channel_listen).empty()
                                                ? "127.0.0.1:0"
                                                : absl::GetFlag(FLAGS_device_channel_listen),
                                            options.tls.enabled(),
                                            options.insecure_listen_anywhere,
                                            "--device_channel_listen"));
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  // Refused now, not after a daemon's minutes of join retries.
+  auto check_address = [](absl::string_view flag, const std::string& address) {
     absl::Status s = CheckAddress(address);
     return s.ok() ? s
                   : absl::InvalidArgumentError(
@@ -477,18 +477,18 @@ absl::Status Run() {
       // cluster secret, which every joined daemon accepts.
       checkpoint_options.daemon_channel = {
           options.tls, std::make_shared<auth::BearerToken>(coordinator->cluster_secret())};
-      ASSIGN_OR_RETURN(checkpoint_coordinator,
-                       checkpoint::CheckpointCoordinatorService::Create(
-                           checkpoint_options, NewInProcessClusterView(coordinator)));
-      services->push_back(checkpoint_coordinator->service());
-    }
-    return absl::OkStatus();
       // Before the port serves: a replacement daemon may read it at once.
       if (const std::string out = absl::GetFlag(FLAGS_cluster_secret_out); !out.empty()) {
         if (absl::Status s = auth::WriteSecretFile(out, coordinator->cluster_secret()); !s.ok()) {
           return absl::Status(s.code(), absl::StrCat("--cluster_secret_out: ", s.message()));
         }
       }
+      ASSIGN_OR_RETURN(checkpoint_coordinator,
+                       checkpoint::CheckpointCoordinatorService::Create(
+                           checkpoint_options, NewInProcessClusterView(coordinator)));
+      services->push_back(checkpoint_coordinator->service());
+    }
+    return absl::OkStatus();
   };
 
   // --checkpoint_every: one checkpoint at a time, on its own thread (the
