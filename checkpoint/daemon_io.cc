@@ -10,10 +10,12 @@ namespace paramd {
 namespace checkpoint {
 
 absl::StatusOr<ShardFileInfo> WriteDaemonShard(const CheckpointStore& store, int rank, int world,
-                                               const DaemonStateView& state) {
+                                               const DaemonStateView& state,
+                                               std::vector<std::string>* created) {
   if (state.version < 0) return absl::FailedPreconditionError("no version published yet");
   ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> writer,
-                   store.NewShardWriter(static_cast<uint64_t>(state.version), rank, world));
+                   store.NewShardWriter(static_cast<uint64_t>(state.version), rank, world,
+                                        created));
   std::vector<float> zeros;
   for (const PieceView& piece : state.pieces) {
     const size_t elements = static_cast<size_t>((piece.row_end - piece.row_begin) * piece.cols);

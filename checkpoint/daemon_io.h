@@ -33,9 +33,11 @@ inline constexpr char kDaemonBlobSection[] = "daemon";
 // into `store`: per piece the master and every moment as ROWS sections, per
 // held tensor its TensorState, and the daemon blob. Returns what the
 // coordinator puts in the manifest. AlreadyExists if the version is already
-// complete in `store`.
+// complete in `store`. The directories it creates are added to `created`
+// (if given), also when it fails, for RemoveCreatedDirs.
 absl::StatusOr<ShardFileInfo> WriteDaemonShard(const CheckpointStore& store, int rank, int world,
-                                               const DaemonStateView& state);
+                                               const DaemonStateView& state,
+                                               std::vector<std::string>* created = nullptr);
 
 // The manifest of a checkpoint from the tensors and every daemon's
 // ShardFileInfo (in any order); metadata as given.

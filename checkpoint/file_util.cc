@@ -75,8 +75,8 @@ absl::StatusOr<UniqueFd> OpenForRead(const std::string& path) {
   return UniqueFd(fd);
 }
 
-absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path, mode_t mode) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return NoFollowOpenError(errno, "create", path);
   return UniqueFd(fd);
 }
@@ -160,13 +160,17 @@ absl::StatusOr<std::string> SafeJoin(absl::string_view root, absl::string_view r
   return current;
 }
 
-absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_view relative) {
+absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_view relative,
+                                          mode_t dir_mode, std::vector<std::string>* created) {
   ASSIGN_OR_RETURN(std::string resolved, SafeJoin(root, relative));
   ASSIGN_OR_RETURN(const std::string root_real, RealPath(std::string(root)));
   std::string current = root_real;
   for (const std::string& part : Components(relative)) {
     std::string next = current == "/" ? "/" + part : current + "/" + part;
-    if (::mkdir(next.c_str(), 0755) == 0) {
+    if (::mkdir(next.c_str(), dir_mode) == 0) {
+      if (created != nullptr) created->push_back(next);
+      // mkdir applied the umask; the operator's mode is the contract.
+      if (::chmod(next.c_str(), dir_mode) != 0) return ErrnoStatus(errno, "chmod", next);
       RETURN_IF_ERROR(FsyncDir(current));
     } else if (errno != EEXIST) {
       return ErrnoStatus(errno, "mkdir", next);
@@ -182,6 +186,12 @@ absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_v
     return absl::FailedPreconditionError(absl::StrCat(resolved, " exists and is not a directory"));
   }
   return resolved;
+}
+
+void RemoveCreatedDirs(const std::vector<std::string>& created) {
+  for (auto it = created.rbegin(); it != created.rend(); ++it) {
+    if (::rmdir(it->c_str()) != 0) return;  // not empty (or gone): keep the rest too
+  }
 }
 
 absl::StatusOr<uint64_t> RegularFileSize(const std::string& path) {

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,8 +58,9 @@ class UniqueFd {
 // Opens `path` for reading without following a symlink at the leaf.
 absl::StatusOr<UniqueFd> OpenForRead(const std::string& path);
 
-// Creates `path` exclusively (O_EXCL | O_NOFOLLOW), mode 0644.
-absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path);
+// Creates `path` exclusively (O_EXCL | O_NOFOLLOW) with `mode` (less the
+// umask).
+absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path, mode_t mode = 0600);
 
 // pread() exactly `size` bytes at `offset`; DataLoss if the file ends first.
 absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset,
@@ -73,9 +75,17 @@ absl::Status ValidateRelativePath(absl::string_view relative);
 // that is refused or escapes the root through a symlink.
 absl::StatusOr<std::string> SafeJoin(absl::string_view root, absl::string_view relative);
 
-// SafeJoin, then creates every missing directory component (mode 0755) and
-// fsyncs the parents it changed. Returns the resolved path.
-absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_view relative);
+// SafeJoin, then creates every missing directory component (exactly
+// `dir_mode`) and fsyncs the parents it changed. Returns the resolved path;
+// `created`, if given, gets the directories it made, outermost first (so
+// that a caller whose later step fails can remove them again).
+absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_view relative,
+                                          mode_t dir_mode = FileModes().dir,
+                                          std::vector<std::string>* created = nullptr);
+
+// Removes the directories MakeDirsUnder reported as `created`, innermost
+// first, as far as they are empty: undoes a refused request's mkdirs.
+void RemoveCreatedDirs(const std::vector<std::string>& created);
 
 // realpath(3) of an existing path.
 absl::StatusOr<std::string> RealPath(const std::string& path);

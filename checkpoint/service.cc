@@ -128,16 +128,33 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
  private:
   absl::Status DoWriteShard(const WriteShardRequest& request, WriteShardResponse* response) {
     if (options_.root.empty()) return NoRoot();
-    ASSIGN_OR_RETURN(CheckpointStore store,
-                     CheckpointStore::OpenUnder(options_.root, request.dir(), /*create=*/true));
-    return daemon_->WithState(
+    // A refused request changes nothing: the names are checked before a
+    // directory is made (WithState refuses a version this daemon does not
+    // hold before calling back), and what was made for a write that fails
+    // later is removed again.
+    if (request.world_size() < 1 || request.daemon_rank() < 0 ||
+        request.daemon_rank() >= request.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("daemon rank ", request.daemon_rank(),
+                                                     " of world ", request.world_size()));
+    }
+    {
+      ASSIGN_OR_RETURN(CheckpointStore root, CheckpointStore::Open(options_.root, false));
+      RETURN_IF_ERROR(SafeJoin(root.root(), request.dir()).status());
+    }
+    std::vector<std::string> created;
+    const absl::Status status = daemon_->WithState(
         static_cast<int64_t>(request.version()),
         [&](const DaemonStateView& state) -> absl::Status {
+          ASSIGN_OR_RETURN(CheckpointStore store,
+                           CheckpointStore::OpenUnder(options_.root, request.dir(),
+                                                      /*create=*/true, options_.modes, &created));
           ASSIGN_OR_RETURN(*response->mutable_shard(),
                            WriteDaemonShard(store, request.daemon_rank(), request.world_size(),
-                                            state));
+                                            state, &created));
           return absl::OkStatus();
         });
+    if (!status.ok()) RemoveCreatedDirs(created);
+    return status;
   }
 
   const CheckpointServiceOptions options_;
@@ -323,7 +340,9 @@ static int SweepStaleTempFiles(const std::string& dir, int depth) {
 absl::StatusOr<std::unique_ptr<CheckpointDaemonService>> CheckpointDaemonService::Create(
     CheckpointServiceOptions options, CheckpointableDaemon* daemon) {
   if (daemon == nullptr) return absl::InvalidArgumentError("no daemon");
-  if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
+  if (!options.root.empty()) {
+    RETURN_IF_ERROR(CheckpointStore::Open(options.root, true, options.modes).status());
+  }
   if (!options.root.empty()) {
     if (const int n = SweepStaleTempFiles(options.root, 3); n > 0) {
       LogInfo(kTag, absl::StrCat("removed ", n, " temporary files of killed writers under ",
@@ -551,7 +570,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
  private:
   absl::StatusOr<CheckpointStore> OpenStore(const std::string& dir, bool create) {
     if (options_.root.empty()) return NoRoot();
-    return CheckpointStore::OpenUnder(options_.root, dir, create);
+    return CheckpointStore::OpenUnder(options_.root, dir, create, options_.modes);
   }
 
   grpc::ServerUnaryReactor* RunOnThread(grpc::CallbackServerContext* context,
@@ -647,7 +666,9 @@ absl::StatusOr<std::unique_ptr<CheckpointCoordinatorService>> CheckpointCoordina
     CheckpointServiceOptions options, std::unique_ptr<ClusterView> cluster) {
   if (cluster == nullptr) return absl::InvalidArgumentError("no cluster view");
   if (options.keep < 0) return absl::InvalidArgumentError("keep must be >= 0");
-  if (!options.root.empty()) RETURN_IF_ERROR(CheckpointStore::Open(options.root, true).status());
+  if (!options.root.empty()) {
+    RETURN_IF_ERROR(CheckpointStore::Open(options.root, true, options.modes).status());
+  }
   return std::unique_ptr<CheckpointCoordinatorService>(new CheckpointCoordinatorService(
       std::make_unique<Impl>(std::move(options), std::move(cluster))));
 }

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "checkpoint/daemon_state.h"
+#include "common/file_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/checkpoint_service.pb.h"
 #include "proto/paramd.pb.h"
@@ -53,6 +54,9 @@ struct CheckpointServiceOptions {
   int version_retries = 3;
   // Daemon: bytes per ExportRows message (default when the request says 0).
   int64_t export_chunk_bytes = 4 << 20;
+  // The permissions of the checkpoint directories and files written
+  // (0700 / 0600; 0750 / 0640 with --checkpoint_group_readable).
+  FileModes modes;
   // Who may call the service (auth/security.h; null = no checks).
   std::shared_ptr<auth::Authenticator> authenticator;
   // Coordinator: how its channels to the daemons authenticate (TLS, the

@@ -257,6 +257,41 @@ TEST_F(ServiceTest, RefusesPathTraversal) {
   EXPECT_FALSE(Exists(outside + "/v5"));
 }
 
+// A WriteShard the daemon refuses -- a version it does not hold, a rank
+// outside the world -- leaves no directory behind.
+TEST_F(ServiceTest, RefusedWriteShardCreatesNothing) {
+  auto daemon_stub = CheckpointDaemon::NewStub(
+      grpc::CreateChannel(addresses_[0], grpc::InsecureChannelCredentials()));
+  struct Case {
+    uint64_t version;
+    int rank, world;
+    grpc::StatusCode code;
+  };
+  for (const Case& c : {Case{99, 0, 2, grpc::StatusCode::FAILED_PRECONDITION},
+                        Case{5, 0, 0, grpc::StatusCode::INVALID_ARGUMENT},
+                        Case{5, -1, 2, grpc::StatusCode::INVALID_ARGUMENT}}) {
+    grpc::ClientContext context;
+    WriteShardRequest request;
+    request.set_dir("refused/run");
+    request.set_version(c.version);
+    request.set_daemon_rank(c.rank);
+    request.set_world_size(c.world);
+    WriteShardResponse response;
+    EXPECT_EQ(daemon_stub->WriteShard(&context, request, &response).error_code(), c.code)
+        << "v" << c.version << " rank " << c.rank << " of " << c.world;
+    EXPECT_FALSE(Exists(root_ + "/refused")) << "v" << c.version << " rank " << c.rank;
+  }
+  // Into the root itself: no v5/ either.
+  grpc::ClientContext context;
+  WriteShardRequest request;
+  request.set_version(5);
+  request.set_daemon_rank(3);
+  request.set_world_size(2);
+  WriteShardResponse response;
+  EXPECT_NE(daemon_stub->WriteShard(&context, request, &response).error_code(), grpc::StatusCode::OK);
+  EXPECT_FALSE(Exists(root_ + "/v5"));
+}
+
 TEST_F(ServiceTest, DaemonThatMovedOn) {
   // Explicit version the daemons no longer hold: refused, nothing listed.
   StepTo(6);

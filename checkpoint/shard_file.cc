@@ -70,7 +70,7 @@ ShardWriter::ShardWriter(std::string dir, std::string name, std::string temp_pat
 absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(std::string dir, std::string name,
                                                                   uint64_t version,
                                                                   int daemon_rank,
-                                                                  int world_size) {
+                                                                  int world_size, mode_t mode) {
   if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("bad shard file name '", name, "'"));
   }
@@ -78,12 +78,13 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(std::string dir
     return absl::InvalidArgumentError(
         absl::StrCat("daemon rank ", daemon_rank, " of world ", world_size));
   }
-  static std::atomic<uint64_t> counter{0};
-  std::string temp_path = absl::StrCat(dir, "/.", name, ".tmp-", ::getpid(), "-",
-                                       counter.fetch_add(1));
-  ASSIGN_OR_RETURN(UniqueFd fd, CreateExclusive(temp_path));
+  // The pid in the name lets a restarted daemon remove what a killed writer
+  // left (CheckpointStore::RemoveStaleTempFiles).
+  ASSIGN_OR_RETURN(UniqueFile temp,
+                   CreateUniqueFile(dir, absl::StrCat(".", name, ".tmp-", ::getpid(), "-"), mode));
+  UniqueFd fd(temp.fd);
   std::unique_ptr<ShardWriter> writer(
-      new ShardWriter(std::move(dir), std::move(name), std::move(temp_path), std::move(fd)));
+      new ShardWriter(std::move(dir), std::move(name), std::move(temp.path), std::move(fd)));
   writer->index_.set_version(version);
   writer->index_.set_daemon_rank(daemon_rank);
   writer->index_.set_world_size(world_size);

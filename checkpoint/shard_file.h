@@ -18,8 +18,10 @@
 // The manifest (store.h) records the file's size and the XXH3-64 of all of
 // its bytes; Verify compares both before anything is restored.
 //
-// Durability: ShardWriter writes to a temporary name (".<name>.tmp-<pid>-<n>",
-// created with O_EXCL | O_NOFOLLOW) in the target directory, and Finish()
+// Durability: ShardWriter writes to a fresh temporary name
+// (".<name>.tmp-<pid>-<random>", common/file_util.h CreateUniqueFile:
+// O_EXCL | O_NOFOLLOW, exactly the store's file mode) in the target
+// directory, and Finish()
 // fsyncs the file, renames it to its final name and fsyncs the directory. A
 // writer destroyed before Finish() (or a process killed at any point) leaves
 // at most a temporary file, which no reader looks at and KeepLast removes.
@@ -60,10 +62,12 @@ std::string ShardFileName(int rank, int world_size);
 class ShardWriter {
  public:
   // Creates the temporary file in `dir` (an existing directory the caller
-  // has already confined). `name` is the final file name (no '/').
+  // has already confined) with exactly `mode`. `name` is the final file
+  // name (no '/').
   static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(std::string dir, std::string name,
                                                              uint64_t version, int daemon_rank,
-                                                             int world_size);
+                                                             int world_size,
+                                                             mode_t mode = FileModes().file);
   // Unlinks the temporary file unless Finish() succeeded.
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;

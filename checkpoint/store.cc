@@ -177,7 +177,8 @@ absl::Status CheckCoverage(const Manifest& manifest) {
 
 std::string VersionDirName(uint64_t version) { return absl::StrCat("v", version); }
 
-absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, bool create) {
+absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, bool create,
+                                                      FileModes modes) {
   if (root.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
   if (create) {
     // The configured root itself is trusted (operator input); create it
@@ -186,7 +187,10 @@ absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, b
     for (size_t pos = 1; pos <= root.size(); ++pos) {
       if (pos == root.size() || root[pos] == '/') {
         prefix = root.substr(0, pos);
-        if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        if (::mkdir(prefix.c_str(), modes.dir) == 0) {
+          // mkdir applied the umask; the configured mode is the contract.
+          if (::chmod(prefix.c_str(), modes.dir) != 0) return ErrnoStatus(errno, "chmod", prefix);
+        } else if (errno != EEXIST) {
           return ErrnoStatus(errno, "mkdir", prefix);
         }
       }
@@ -198,20 +202,21 @@ absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, b
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(absl::StrCat(real, " is not a directory"));
   }
-  return CheckpointStore(std::move(real));
+  return CheckpointStore(std::move(real), modes);
 }
 
 absl::StatusOr<CheckpointStore> CheckpointStore::OpenUnder(const std::string& root,
                                                            absl::string_view relative,
-                                                           bool create) {
-  ASSIGN_OR_RETURN(CheckpointStore base, Open(root, create));
+                                                           bool create, FileModes modes,
+                                                           std::vector<std::string>* created) {
+  ASSIGN_OR_RETURN(CheckpointStore base, Open(root, create, modes));
   std::string path;
   if (create) {
-    ASSIGN_OR_RETURN(path, MakeDirsUnder(base.root(), relative));
+    ASSIGN_OR_RETURN(path, MakeDirsUnder(base.root(), relative, modes.dir, created));
   } else {
     ASSIGN_OR_RETURN(path, SafeJoin(base.root(), relative));
   }
-  return Open(path, /*create=*/false);
+  return Open(path, /*create=*/false, modes);
 }
 
 std::string CheckpointStore::VersionDir(uint64_t version) const {
@@ -290,15 +295,21 @@ absl::StatusOr<uint64_t> CheckpointStore::LatestVersion() const {
 }
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> CheckpointStore::NewShardWriter(
-    uint64_t version, int daemon_rank, int world_size) const {
+    uint64_t version, int daemon_rank, int world_size, std::vector<std::string>* created) const {
+  // Refused before anything is created: a refused request changes nothing.
+  if (world_size < 1 || daemon_rank < 0 || daemon_rank >= world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("daemon rank ", daemon_rank, " of world ", world_size));
+  }
   if (ReadManifest(version).ok()) {
     return absl::AlreadyExistsError(
         absl::StrCat("version ", version, " is already checkpointed in ", root_));
   }
-  ASSIGN_OR_RETURN(std::string dir, MakeDirsUnder(root_, VersionDirName(version)));
+  ASSIGN_OR_RETURN(std::string dir,
+                   MakeDirsUnder(root_, VersionDirName(version), modes_.dir, created));
   RETURN_IF_ERROR(RemoveStaleTempFiles(version).status());
   return ShardWriter::Create(std::move(dir), ShardFileName(daemon_rank, world_size), version,
-                             daemon_rank, world_size);
+                             daemon_rank, world_size, modes_.file);
 }
 
 absl::Status CheckpointStore::CommitManifest(Manifest manifest) const {
@@ -343,10 +354,14 @@ absl::Status CheckpointStore::CommitManifest(Manifest manifest) const {
   bytes.append(reinterpret_cast<const char*>(&hash), 8);
   bytes.append(payload);
 
-  const std::string temp = absl::StrCat(dir, "/.", kManifestFileName, ".tmp-", ::getpid());
-  RETURN_IF_ERROR(UnlinkIfPresent(temp));  // left by an earlier attempt of this process id
+  // A fresh name (the pid lets RemoveStaleTempFiles tell a killed writer's).
+  ASSIGN_OR_RETURN(
+      UniqueFile created,
+      CreateUniqueFile(dir, absl::StrCat(".", kManifestFileName, ".tmp-", ::getpid(), "-"),
+                       modes_.file));
+  const std::string temp = created.path;
   {
-    ASSIGN_OR_RETURN(UniqueFd fd, CreateExclusive(temp));
+    UniqueFd fd(created.fd);
     absl::Status status = WriteAll(fd.get(), bytes.data(), bytes.size(), temp);
     if (status.ok()) status = FsyncFd(fd.get(), temp);
     if (status.ok()) status = fd.Close(temp);

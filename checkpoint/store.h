@@ -76,13 +76,20 @@ class CheckpointStore {
  public:
   // Opens the checkpoint directory `root` (created, with its parents, when
   // `create` is set). Every later path is confined to realpath(root).
-  static absl::StatusOr<CheckpointStore> Open(const std::string& root, bool create);
+  // Directories and files the store creates get exactly `modes` (0700 and
+  // 0600 unless the operator lets the group read them).
+  static absl::StatusOr<CheckpointStore> Open(const std::string& root, bool create,
+                                              FileModes modes = {});
 
   // The store in `relative` below `root`, e.g. the `--dir` of a request.
   // The name is validated with SafeJoin (no "..", no absolute path, no
-  // symlink out of `root`); the directory is created when `create` is set.
+  // symlink out of `root`); the directory is created when `create` is set,
+  // and `created` (if given) gets the directories that were made
+  // (RemoveCreatedDirs undoes them).
   static absl::StatusOr<CheckpointStore> OpenUnder(const std::string& root,
-                                                   absl::string_view relative, bool create);
+                                                   absl::string_view relative, bool create,
+                                                   FileModes modes = {},
+                                                   std::vector<std::string>* created = nullptr);
 
   const std::string& root() const { return root_; }
   std::string VersionDir(uint64_t version) const;
@@ -99,10 +106,12 @@ class CheckpointStore {
   absl::StatusOr<Manifest> ReadManifest(uint64_t version) const;
 
   // ---- daemon role ----
-  // Creates v<version>/ if needed and a writer for this daemon's shard file.
-  // AlreadyExists when the version is already complete.
-  absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(uint64_t version, int daemon_rank,
-                                                              int world_size) const;
+  // Creates v<version>/ if needed (recorded in `created`, if given) and a
+  // writer for this daemon's shard file. AlreadyExists when the version is
+  // already complete; InvalidArgument for a rank outside [0, world_size).
+  absl::StatusOr<std::unique_ptr<ShardWriter>> NewShardWriter(
+      uint64_t version, int daemon_rank, int world_size,
+      std::vector<std::string>* created = nullptr) const;
 
   // ---- coordinator role ----
   // Writes `manifest` (shards = what every daemon's Finish() returned) as
@@ -134,12 +143,13 @@ class CheckpointStore {
   absl::StatusOr<int> RemoveStaleTempFilesEverywhere() const;
 
  private:
-  explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+  CheckpointStore(std::string root, FileModes modes) : root_(std::move(root)), modes_(modes) {}
   // Version numbers of every "v<N>" directory, complete or not.
   absl::StatusOr<std::vector<uint64_t>> VersionDirs() const;
   absl::Status RemoveVersion(uint64_t version) const;
 
   std::string root_;
+  FileModes modes_;
 };
 
 // Restores one complete checkpoint. Open checks the manifest against the

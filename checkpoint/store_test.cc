@@ -90,6 +90,37 @@ TEST(StoreTest, RoundTripSameWorld) {
             (std::vector<std::string>{"master", "exp_avg", "exp_avg_sq"}));
 }
 
+// Every directory and file of a checkpoint is private to the daemon's user
+// (0700 / 0600), or group-readable (0750 / 0640) when the operator says so;
+// the umask neither widens nor narrows that.
+TEST(StoreTest, CheckpointFilesAndDirectoriesHaveTheConfiguredModes) {
+  const std::vector<TensorInfo> tensors = FakeTensors({{40, 8}, {3, 5}});
+  for (const bool group : {false, true}) {
+    const std::string root = testing::MakeTestDir("modes") + "/ckpt";
+    const FileModes modes = FileModes::ForGroupReadable(group);
+    const mode_t old_umask = ::umask(group ? 077 : 0);
+    auto store = CheckpointStore::OpenUnder(root, "run/a", /*create=*/true, modes);
+    absl::Status written = store.ok() ? WriteFakeCheckpoint(*store, 3, 1, tensors, 2)
+                                      : store.status();
+    ::umask(old_umask);
+    ASSERT_TRUE(written.ok()) << written;
+    const mode_t file = group ? 0640 : 0600;
+    const mode_t dir = group ? 0750 : 0700;
+    for (const auto& [path, mode] : std::vector<std::pair<std::string, mode_t>>{
+             {root, dir},
+             {root + "/run", dir},
+             {root + "/run/a", dir},
+             {root + "/run/a/v3", dir},
+             {root + "/run/a/v3/MANIFEST", file},
+             {root + "/run/a/v3/shard-00000-of-00002.ckpt", file},
+             {root + "/run/a/v3/shard-00001-of-00002.ckpt", file}}) {
+      struct stat st;
+      ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path;
+      EXPECT_EQ(st.st_mode & 0777, mode) << path << (group ? " (group readable)" : "");
+    }
+  }
+}
+
 TEST(StoreTest, DaemonBlobCopiesThatDifferAreReported) {
   // The fake's daemon-wide "daemon" blob differs per daemon: with one
   // daemon there is one copy; with three, ReadBlob must report that the

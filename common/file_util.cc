@@ -1,17 +1,21 @@
 #include "common/file_util.h"
 
-#include <cstdlib>
-
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
+#include "common/status_macros.h"
 
 namespace paramd {
 
@@ -64,6 +68,54 @@ absl::Status FsyncDir(const std::string& dir) {
   absl::Status status = FsyncFd(fd, dir);
   if (::close(fd) != 0 && status.ok()) status = ErrnoStatus(errno, "close", dir);
   return status;
+}
+
+absl::StatusOr<UniqueFile> CreateUniqueFile(const std::string& dir, absl::string_view prefix,
+                                            mode_t mode) {
+  static constexpr char kChars[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 random(std::random_device{}() ^
+                                      static_cast<uint64_t>(::getpid()) << 32);
+  const std::string base = absl::StrCat(dir, "/", prefix);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::string path = base;
+    uint64_t bits = random();
+    for (int i = 0; i < 10; ++i, bits /= 62) path.push_back(kChars[bits % 62]);
+    const int fd =
+        ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0777);
+    if (fd < 0) {
+      if (errno == EEXIST || errno == EINTR) continue;
+      return ErrnoStatus(errno, "cannot create", path);
+    }
+    // open() applied the umask; the caller's mode is the contract.
+    if (::fchmod(fd, mode & 0777) != 0) {
+      const absl::Status status = ErrnoStatus(errno, "cannot chmod", path);
+      ::close(fd);
+      ::unlink(path.c_str());
+      return status;
+    }
+    return UniqueFile{fd, std::move(path)};
+  }
+  return absl::AlreadyExistsError(
+      absl::StrCat("cannot create a file ", base, "*: 100 fresh names were all taken"));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, mode_t mode) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  ASSIGN_OR_RETURN(UniqueFile temp,
+                   CreateUniqueFile(DirectoryOf(path), absl::StrCat(name, ".tmp-"), mode));
+  absl::Status s = WriteAll(temp.fd, bytes.data(), bytes.size(), temp.path);
+  if (s.ok()) s = FsyncFd(temp.fd, temp.path);
+  if (::close(temp.fd) != 0 && s.ok()) s = ErrnoStatus(errno, "cannot close", temp.path);
+  if (s.ok() && ::rename(temp.path.c_str(), path.c_str()) != 0) {
+    s = ErrnoStatus(errno, "cannot rename to", path);
+  }
+  if (!s.ok()) {
+    ::unlink(temp.path.c_str());
+    return s;
+  }
+  return FsyncDir(DirectoryOf(path));
 }
 
 absl::StatusOr<std::string> ResolveBelow(const std::vector<std::string>& roots,

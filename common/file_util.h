@@ -1,13 +1,21 @@
 // File: common/file_util.h
 //
-// POSIX helpers shared by checkpoint/ and safetensors/: the absl::Status for
-// a failed system call, a full write(), and the fsyncs that make a
-// write-then-rename durable (fsync the file, rename, fsync the directory).
+// POSIX helpers shared by checkpoint/, safetensors/ and server/: the
+// absl::Status for a failed system call, a full write(), the fsyncs that
+// make a write-then-rename durable (fsync the file, rename, fsync the
+// directory), and the one way every file this code writes is created
+// (CreateUniqueFile, WriteFileAtomically): a fresh name with O_CREAT |
+// O_EXCL | O_NOFOLLOW, so that neither an existing file nor a symlink
+// planted at the name -- predictable or not -- is ever followed or
+// truncated, with exactly the mode asked for (the umask does not widen or
+// narrow it).
 //
 // Thread-safe (no state). Every function but ErrnoStatus and DirectoryOf
 // blocks on the file system. Errors name the path and carry strerror(errno).
 #ifndef PARAMD_COMMON_FILE_UTIL_H_
 #define PARAMD_COMMON_FILE_UTIL_H_
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <string>
@@ -40,6 +48,35 @@ absl::Status FsyncFd(int fd, absl::string_view path);
 // fsync() of a directory, so that a rename, create or unlink inside it is
 // durable. Opens and closes `dir` (a failed close is reported).
 absl::Status FsyncDir(const std::string& dir);
+
+// The permissions of the files and directories a server writes: its own
+// user's only, unless the operator lets the group read them
+// (hybrid-paramd --checkpoint_group_readable).
+struct FileModes {
+  mode_t file = 0600;
+  mode_t dir = 0700;
+  static FileModes ForGroupReadable(bool group_readable) {
+    return group_readable ? FileModes{0640, 0750} : FileModes{};
+  }
+};
+
+// A new, empty file "<dir>/<prefix><random suffix>", opened for writing.
+// The caller owns `fd` (close it) and removes `path` if it does not keep it.
+struct UniqueFile {
+  int fd = -1;
+  std::string path;
+};
+
+// Creates a UniqueFile with O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC and
+// then exactly `mode` (fchmod). Retries a name that exists.
+absl::StatusOr<UniqueFile> CreateUniqueFile(const std::string& dir, absl::string_view prefix,
+                                            mode_t mode);
+
+// Replaces `path` with `bytes` so that a crash leaves the old content or the
+// new, never a torn file: a CreateUniqueFile "<name>.tmp-" beside it, write,
+// fsync, rename over `path`, fsync the directory. The file ends with exactly
+// `mode`. A symlink at `path` itself is replaced, not followed.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes, mode_t mode);
 
 // Confines a path read on a client's behalf to trusted roots. With `roots`
 // empty, returns `path` unchanged (no confinement). Otherwise `path`

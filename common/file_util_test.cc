@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +68,69 @@ TEST(FileUtilTest, ErrorsNameThePath) {
   EXPECT_EQ(bad_fd.code(), absl::StatusCode::kInternal) << bad_fd;
   EXPECT_NE(bad_fd.message().find(file), absl::string_view::npos);
   EXPECT_EQ(WriteAll(-1, "x", 1, file).code(), absl::StatusCode::kInternal);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW);
+  if (fd < 0) return "<cannot open>";
+  char buf[256];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) out.append(buf, n);
+  ::close(fd);
+  return out;
+}
+
+TEST(FileUtilTest, CreateUniqueFileNeverFollowsAndHasExactlyTheMode) {
+  const std::string dir = MakeTempDir();
+  const mode_t old_umask = ::umask(077);  // narrower than 0640: the mode still wins
+  absl::StatusOr<UniqueFile> a = CreateUniqueFile(dir, ".x.tmp-", 0640);
+  absl::StatusOr<UniqueFile> b = CreateUniqueFile(dir, ".x.tmp-", 0600);
+  ::umask(0);  // wider: still exactly the mode
+  absl::StatusOr<UniqueFile> c = CreateUniqueFile(dir, "y-", 0600);
+  ::umask(old_umask);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
+  EXPECT_NE(a->path, b->path);
+  EXPECT_EQ(a->path.rfind(dir + "/.x.tmp-", 0), 0u) << a->path;
+  for (const auto& [file, mode] : {std::pair{&*a, 0640}, std::pair{&*b, 0600}, std::pair{&*c, 0600}}) {
+    struct stat st;
+    ASSERT_EQ(::lstat(file->path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_mode & 0777, static_cast<mode_t>(mode)) << file->path;
+    ::close(file->fd);
+  }
+}
+
+TEST(FileUtilTest, WriteFileAtomicallyIgnoresSymlinksPlantedBesideIt) {
+  const std::string dir = MakeTempDir();
+  const std::string victim = dir + "/victim";
+  ASSERT_TRUE(WriteFileAtomically(victim, "keep", 0644).ok());
+  const std::string path = dir + "/state";
+  // The names a writer with a predictable temporary name would use.
+  for (const std::string& planted :
+       {path + ".tmp", absl::StrCat(path, ".tmp-", ::getpid()), path + ".tmp-XXXXXX"}) {
+    ASSERT_EQ(::symlink(victim.c_str(), planted.c_str()), 0) << planted;
+  }
+  ASSERT_TRUE(WriteFileAtomically(path, "secret", 0600).ok());
+  ASSERT_TRUE(WriteFileAtomically(path, "secret2", 0600).ok()) << "replaces the old one";
+  EXPECT_EQ(ReadAll(victim), "keep");
+  struct stat st;
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(ReadAll(path), "secret2");
+  // A symlink at the path itself is replaced by the file, not written through.
+  const std::string linked = dir + "/linked";
+  ASSERT_EQ(::symlink(victim.c_str(), linked.c_str()), 0);
+  ASSERT_TRUE(WriteFileAtomically(linked, "new", 0600).ok());
+  EXPECT_EQ(ReadAll(victim), "keep");
+  EXPECT_EQ(ReadAll(linked), "new");
+  // No temporary file is left behind: victim, state, linked, the 3 planted.
+  int entries = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    (void)entry;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 6);
 }
 
 TEST(FileUtilTest, DirectoryOf) {

@@ -1,13 +1,10 @@
 #include "safetensors/atomic_file.h"
 
 #include <errno.h>
-#include <stdlib.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/file_util.h"
@@ -19,20 +16,18 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   return paramd::ErrnoStatus(err, what, absl::StrCat("'", path, "'"));
 }
 
-absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path) {
-  std::string templ = path + ".tmp-XXXXXX";
-  std::vector<char> buffer(templ.begin(), templ.end());
-  buffer.push_back('\0');
-  int fd = mkstemp(buffer.data());
-  if (fd < 0) return ErrnoStatus(errno, "cannot create a temporary file for", path);
-  std::string temp_path(buffer.data());
-  if (fchmod(fd, 0644) != 0) {
-    int err = errno;
-    close(fd);
-    unlink(temp_path.c_str());
-    return ErrnoStatus(err, "cannot chmod", temp_path);
+absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string& path,
+                                                               mode_t mode) {
+  const size_t slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  absl::StatusOr<UniqueFile> temp =
+      CreateUniqueFile(DirectoryOf(path), absl::StrCat(name, ".tmp-"), mode);
+  if (!temp.ok()) {
+    return absl::Status(temp.status().code(),
+                        absl::StrCat("cannot create a temporary file for '", path,
+                                     "': ", temp.status().message()));
   }
-  return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::move(temp_path), fd));
+  return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::move(temp->path), temp->fd));
 }
 
 AtomicFile::AtomicFile(std::string path, std::string temp_path, int fd)

@@ -1,13 +1,16 @@
 // File: safetensors/atomic_file.h
 //
 // A file that appears at its final path complete or not at all: bytes go to
-// "<path>.tmp-XXXXXX" in the same directory; Commit() fsyncs, renames over
+// a fresh "<path>.tmp-<random>" in the same directory (common/file_util.h
+// CreateUniqueFile: never an existing file or a planted symlink); Commit() fsyncs, renames over
 // `path` and fsyncs the directory. Destroying an uncommitted AtomicFile
 // removes the temporary file.
 //
 // Not thread-safe; every call blocks on disk I/O.
 #ifndef PARAMD_SAFETENSORS_ATOMIC_FILE_H_
 #define PARAMD_SAFETENSORS_ATOMIC_FILE_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
@@ -23,9 +26,10 @@ namespace safetensors {
 
 class AtomicFile {
  public:
-  // Creates the temporary file (mode 0644). The error status (from errno)
-  // names the path.
-  static absl::StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path);
+  // Creates the temporary file with exactly `mode`. The error status (from
+  // errno) names the path.
+  static absl::StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path,
+                                                            mode_t mode = 0644);
 
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;

@@ -1,7 +1,6 @@
 #include "server/coordinator_state.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,19 +43,9 @@ absl::StatusOr<std::optional<rpc::CoordinatorState>> ReadStateFile(const std::st
 absl::Status WriteStateFile(const std::string& path, const rpc::CoordinatorState& state) {
   rpc::CoordinatorState copy = state;
   copy.set_format(kFormat);
-  const std::string bytes = copy.SerializeAsString();
-  const std::string temp = absl::StrCat(path, ".tmp-", getpid());
-  const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(errno, "cannot create", temp);
-  absl::Status s = WriteAll(fd, bytes.data(), bytes.size(), temp);
-  if (s.ok()) s = FsyncFd(fd, temp);
-  if (close(fd) != 0 && s.ok()) s = ErrnoStatus(errno, "cannot close", temp);
-  if (s.ok() && rename(temp.c_str(), path.c_str()) != 0) s = ErrnoStatus(errno, "cannot rename to", path);
-  if (!s.ok()) {
-    unlink(temp.c_str());
-    return s;
-  }
-  return FsyncDir(DirectoryOf(path));
+  // It holds the cluster's secrets: 0600, through a fresh temporary name
+  // that a symlink planted beside it cannot redirect.
+  return WriteFileAtomically(path, copy.SerializeAsString(), 0600);
 }
 
 StateWriter::StateWriter(std::string path, std::function<rpc::CoordinatorState()> make_state)

@@ -12,9 +12,11 @@
 // then the lowest, never below the one in the file).
 //
 // The file is small (the manifest, no tensor data) and holds secrets: it
-// is written with mode 0600, to a temporary name, fsynced, renamed over the
-// old one and the directory fsynced, so that a crash leaves the old file or
-// the new one, never a torn one.
+// is written with mode 0600 to a fresh temporary name beside it (created
+// with O_EXCL | O_NOFOLLOW: a symlink planted there is never followed),
+// fsynced, renamed over the old one and the directory fsynced, so that a
+// crash leaves the old file or the new one, never a torn one
+// (common/file_util.h WriteFileAtomically).
 //
 // Threading: ReadStateFile / WriteStateFile block on the file system;
 // StateWriter is thread-safe and MarkDirty never blocks.

@@ -31,6 +31,7 @@
 #include "absl/strings/str_split.h"
 #include "common/address.h"
 #include "common/cli.h"
+#include "common/file_util.h"
 #include "common/library_log.h"
 #include "common/log.h"
 #include "common/names.h"
@@ -179,6 +180,9 @@ ABSL_FLAG(int32_t, checkpoint_every, 0,
           "it runs, the newer committed version is saved.");
 ABSL_FLAG(int32_t, keep_checkpoints, 0,
           "coordinator: keep only the newest N checkpoints (0 = keep all)");
+ABSL_FLAG(bool, checkpoint_group_readable, false,
+          "checkpoint directories and files are 0750 / 0640 (the group may read them, e.g. "
+          "an export job) instead of 0700 / 0600");
 ABSL_FLAG(std::string, log_format, "text",
           "log lines on stderr: text (date, level, role, rank, pid, component: message) | json "
           "(one JSON object per line, same fields)");
@@ -460,6 +464,8 @@ absl::Status Run() {
   checkpoint::CheckpointServiceOptions checkpoint_options;
   checkpoint_options.root = absl::GetFlag(FLAGS_checkpoint_dir);
   checkpoint_options.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+  checkpoint_options.modes =
+      FileModes::ForGroupReadable(absl::GetFlag(FLAGS_checkpoint_group_readable));
   checkpoint_options.authenticator = options.authenticator;
   std::unique_ptr<checkpoint::CheckpointableDaemon> checkpointable;
   std::unique_ptr<checkpoint::CheckpointDaemonService> checkpoint_daemon;
@@ -556,16 +562,10 @@ absl::Status Run() {
                                       ":", metrics->port(), "/metrics"));
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_port_file);
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << server->port() << "\n";
-      if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-      return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-    }
+    // Readable by all (it holds a port number, no secret), never through a
+    // symlink planted beside it.
+    RETURN_IF_ERROR(WriteFileAtomically(absl::GetFlag(FLAGS_port_file),
+                                        absl::StrCat(server->port(), "\n"), 0644));
   }
   std::atomic<bool> waking{false};
   std::thread signal_thread([&server, &waking, signals] {
