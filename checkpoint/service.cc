@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -412,6 +413,32 @@ std::vector<TensorInfo> CheckpointTensorsOf(const rpc::Manifest& manifest) {
   return tensors;
 }
 
+namespace {
+// OK when checkpoint `existing` of `store` holds the state of the model
+// `served` (the cluster's manifest): of its generation (none recorded
+// counts as 0), or the very checkpoint that model was restored from.
+absl::Status CheckSameModel(const CheckpointStore& store, const Manifest& existing,
+                            const rpc::Manifest& served) {
+  int64_t generation = 0;
+  auto it = existing.metadata().find(kModelGenerationKey);
+  if (it != existing.metadata().end() && !absl::SimpleAtoi(it->second, &generation)) {
+    generation = -1;  // damaged: of no model
+  }
+  if (generation == served.model_generation()) return absl::OkStatus();
+  if (served.has_restored_from() &&
+      served.restored_from().version() == static_cast<int64_t>(existing.version())) {
+    absl::StatusOr<CheckpointStore> from =
+        CheckpointStore::Open(served.restored_from().path(), /*create=*/false);
+    if (from.ok() && from->root() == store.root()) return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", existing.version(), " in ", store.root(),
+      " belongs to another model (generation ", generation, "; the cluster serves generation ",
+      served.model_generation(), "): checkpoint into another directory (hpctl checkpoint "
+      "--dir) or remove ", store.VersionDir(existing.version())));
+}
+}  // namespace
+
 class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::CallbackService {
  public:
   Impl(CheckpointServiceOptions options, std::unique_ptr<ClusterView> cluster)
@@ -516,7 +543,10 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       CheckpointResponse response;
       response.set_version(version);
       response.set_path(store.VersionDir(version));
-      if (store.ReadManifest(version).ok()) {
+      if (absl::StatusOr<Manifest> existing = store.ReadManifest(version); existing.ok()) {
+        // Only this model's own: another model's checkpoint of the same
+        // version (before a load --force) is not its state.
+        RETURN_IF_ERROR(CheckSameModel(store, *existing, manifest));
         response.set_already_existed(true);
         response.set_seconds(SecondsSince(start));
         return response;
@@ -534,6 +564,12 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
           {"optimizer", manifest.optimizer()},
           {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
           {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
+      // Which model this is (server/model_generation.h): a recovery never
+      // restores another generation's checkpoint. None recorded for a model
+      // loaded before generations were.
+      if (manifest.model_generation() > 0) {
+        metadata[kModelGenerationKey] = absl::StrCat(manifest.model_generation());
+      }
       // The optimizer config and per-tensor overrides the model steps with
       // (a restore steps on with them: server/coordinator_load.cc).
       if (manifest.has_optimizer_config()) {

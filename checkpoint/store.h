@@ -55,6 +55,10 @@ namespace checkpoint {
 
 inline constexpr uint32_t kManifestFormatVersion = 1;
 inline constexpr char kManifestFileName[] = "MANIFEST";
+// Manifest metadata: the model generation (rpc::Manifest.model_generation)
+// the checkpoint was written of; absent in checkpoints written before
+// generations were recorded (server/model_generation.h).
+inline constexpr char kModelGenerationKey[] = "model_generation";
 
 // "v42".
 std::string VersionDirName(uint64_t version);

@@ -316,6 +316,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   int next_member_ ABSL_GUARDED_BY(mu_) = 0;
   int next_trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
   rpc::Manifest manifest_ ABSL_GUARDED_BY(mu_);
+  // Loads accepted in this cluster's life (server/model_generation.h):
+  // BuildManifest stamps the next one, StartLoad takes it once accepted.
+  int64_t model_generation_ ABSL_GUARDED_BY(mu_) = 0;
   // The config of the next load and of joins; the loaded model's is
   // manifest_.optimizer_config (the same once a model is loaded).
   OptimizerOptions optimizer_ ABSL_GUARDED_BY(mu_);

@@ -374,6 +374,19 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
   manifest.set_optimizer(std::string(OptimizerName(optimizer.kind)));
   *manifest.mutable_optimizer_config() = OptimizerToProto(optimizer);
   RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
+  // The next model generation, before the fingerprint: a manifest of
+  // another generation never has the same one (server/model_generation.h).
+  // model_generation_ moves only once the load is accepted (FanOutLoad).
+  manifest.set_model_generation(model_generation_ + 1);
+  if (!request.checkpoint_path().empty()) {
+    manifest.mutable_restored_from()->set_path(request.checkpoint_path());
+    manifest.mutable_restored_from()->set_version(checkpoint_version);
+    manifest.set_loaded_from(
+        absl::StrCat("checkpoint ", checkpoint_version, " of ", request.checkpoint_path()));
+  } else {
+    manifest.set_loaded_from(request.safetensors_path().empty() ? "pushed weights"
+                                                                : request.safetensors_path());
+  }
   manifest.set_plan_fingerprint(absl::HashOf(manifest.SerializeAsString()));
   // Every daemon's address: snapshots go to the buddy (server/snapshot.h).
   for (int r = 0; r < table_.size(); ++r) {
@@ -532,6 +545,7 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
   {
     absl::MutexLock lock(&mu_);
     manifest_ = manifest;
+    model_generation_ = std::max(model_generation_, manifest_.model_generation());
     committed_ = -1;
     for (int r = 0; r < table_.size(); ++r) table_.slot(r).published = -1;
     stubs = StubsLocked();

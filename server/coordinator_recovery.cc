@@ -20,26 +20,13 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/fan_out.h"
+#include "server/model_generation.h"
 #include "server/optimizer_config.h"
 #include "server/recovery.h"
 
 namespace paramd {
 
 using coordinator_internal::kTag;
-
-namespace {
-
-// The newest complete checkpoint of the store at `root`; -1 if none.
-int64_t NewestCheckpointVersion(const std::string& root) {
-  absl::StatusOr<checkpoint::CheckpointStore> store =
-      checkpoint::CheckpointStore::Open(root, /*create=*/false);
-  if (!store.ok()) return -1;
-  absl::StatusOr<std::vector<checkpoint::CheckpointSummary>> list = store->List();
-  if (!list.ok() || list->empty()) return -1;
-  return static_cast<int64_t>(list->back().version);
-}
-
-}  // namespace
 
 void Coordinator::Impl::MaybeStartRecoveryLocked() {
   if (recovering_ || shut_down_ || loading_ || !table_.all_joined()) return;
@@ -78,15 +65,35 @@ void Coordinator::Impl::Recover(int64_t epoch) {
   }
   const bool have_model = plan.have_model;
   const absl::Time start = absl::Now();
-  if (have_model && !options_.checkpoint_root.empty()) {
-    plan.disk_version = NewestCheckpointVersion(options_.checkpoint_root);
-    plan.checkpoint_path = options_.checkpoint_root;
-    plan.disk_manifest = [this](int64_t* version) {
-      rpc::LoadRequest request;
-      request.set_checkpoint_path(options_.checkpoint_root);
-      request.set_checkpoint_version(-1);  // the newest complete one
-      return BuildManifest(request, *version);
-    };
+  if (have_model) {
+    // Only checkpoints of the served model generation, or the one it was
+    // restored from (server/model_generation.h): another model's newer
+    // checkpoint in the same store is never restored in its place.
+    const rpc::Manifest& served = plan.snapshot_manifest;
+    RecoveryCheckpointChoice choice = ChooseRecoveryCheckpoint(
+        CheckpointsForRecovery(options_.checkpoint_root, served), served);
+    plan.disk_refused = choice.refused;
+    if (choice.chosen) {
+      plan.disk_version = choice.chosen->version;
+      plan.checkpoint_path = choice.chosen->path;
+      plan.disk_manifest = [this, checkpoint = *choice.chosen, addresses = plan.addresses,
+                            generation = served.model_generation(),
+                            restored_from = served.restored_from(),
+                            loaded_from = served.loaded_from()](
+                               int64_t* version) -> absl::StatusOr<rpc::Manifest> {
+        rpc::LoadRequest request;
+        request.set_checkpoint_path(checkpoint.path);
+        request.set_checkpoint_version(checkpoint.version);
+        ASSIGN_OR_RETURN(rpc::Manifest manifest, BuildManifest(request, *version));
+        // A recovery is no new Load: the served generation goes on, with
+        // what it was loaded from (and a fingerprint of that).
+        manifest.set_model_generation(generation);
+        *manifest.mutable_restored_from() = restored_from;
+        if (restored_from.path().empty()) manifest.clear_restored_from();
+        manifest.set_loaded_from(loaded_from);
+        return RelocatedManifest(std::move(manifest), addresses);
+      };
+    }
   }
   absl::StatusOr<RecoveryResult> result = RunRecovery(plan);
   {
@@ -187,6 +194,7 @@ rpc::CoordinatorState Coordinator::Impl::CurrentState() const {
   for (const rpc::Member& m : others_) *s.add_others() = m;
   s.set_next_member(next_member_);
   s.set_next_trainer_rank(next_trainer_rank_);
+  s.set_model_generation(model_generation_);
   return s;
 }
 
@@ -196,6 +204,8 @@ void Coordinator::Impl::Restore(const rpc::CoordinatorState& state) {
   manifest_.clear_committed_version();
   committed_ = manifest_.tensors_size() > 0 ? state.committed_version() : -1;
   recovery_epoch_ = state.recovery_epoch();
+  // The next Load makes a newer generation than any this cluster served.
+  model_generation_ = std::max(state.model_generation(), manifest_.model_generation());
   recovery_ = state.recovery();
   if (state.has_optimizer()) {
     absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(state.optimizer());
@@ -226,10 +236,27 @@ void Coordinator::Impl::Restore(const rpc::CoordinatorState& state) {
                          table_.size(), " daemons, ",
                          manifest_.tensors_size() > 0
                              ? absl::StrCat(manifest_.tensors_size(),
-                                            " tensors at committed version ", committed_)
+                                            " tensors at committed version ", committed_, " (",
+                                            DescribeGeneration(manifest_), ")")
                              : std::string("no model"),
                          ", recovery epoch ", recovery_epoch_,
                          "; asking the daemons what they publish"));
+  // The state file's model wins over a startup load: loading --model or
+  // --restore_from over it would replace the model the cluster serves
+  // (another generation) behind the operator's back.
+  if (manifest_.tensors_size() > 0) {
+    absl::MutexLock startup(&startup_mu_);
+    startup_load_started_ = true;
+    if (!options_.restore_from.empty() || !options_.model_path.empty()) {
+      Log(kTag, absl::StrCat(
+                    options_.restore_from.empty() ? absl::StrCat("--model=", options_.model_path)
+                                                  : absl::StrCat("--restore_from=",
+                                                                 options_.restore_from),
+                    " is not loaded: the cluster serves the state file's model (",
+                    DescribeGeneration(manifest_),
+                    "); replace it with hpctl load --force, or start without --state_file"));
+    }
+  }
 }
 
 void Coordinator::Impl::RebuildFromDaemons() {

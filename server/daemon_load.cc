@@ -215,7 +215,8 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(std::shared_ptr<const ModelVi
                          view->shards.size(), " shards of ", view->tensors.size(),
                          " tensors", restore ? absl::StrCat(" at version ", first_version) : ""));
   snapshots_->SetModel(view->rank, DaemonAddresses(view->manifest),
-                       ShardLayoutHash(view->tensors, view->shards));
+                       ShardLayoutHash(view->tensors, view->shards),
+                       view->manifest.model_generation());
   RunStep(first_version - 1, /*apply_optimizer=*/false, /*update_delayed=*/!restore);
   absl::MutexLock lock(&mu_);
   if (!latest_) return last_step_error_;

@@ -118,17 +118,20 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
   if (view != nullptr) {
     LoadSource source;
     if (request.has_snapshot_version()) {
-      // This rank's own copy, or the buddy's copy of a replaced rank.
+      // This rank's own copy, or the buddy's copy of a replaced rank; of
+      // the model the manifest is of, never another one's.
+      const int64_t generation = request.load().manifest().model_generation();
       if (request.snapshot_source().empty()) {
-        source.snapshot = snapshots_->Find(rank, request.snapshot_version());
+        source.snapshot = snapshots_->Find(rank, request.snapshot_version(), generation);
         if (source.snapshot == nullptr) {
           return absl::NotFoundError(absl::StrCat("no snapshot v", request.snapshot_version(),
-                                                  " of rank ", rank, " held here"));
+                                                  " of rank ", rank, " of model generation ",
+                                                  generation, " held here"));
         }
       } else {
         ASSIGN_OR_RETURN(source.snapshot,
                          snapshots_->Fetch(request.snapshot_source(), rank,
-                                           request.snapshot_version()));
+                                           request.snapshot_version(), generation));
       }
     } else {
       source.checkpoint_path = request.load().checkpoint_path();

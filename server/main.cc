@@ -171,7 +171,8 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "refused (exports still work)");
 ABSL_FLAG(std::string, restore_from, "",
           "coordinator: restore this checkpoint store (readable by every daemon) once every "
-          "daemon has joined, instead of --model");
+          "daemon has joined, instead of --model; a new model generation (a --state_file "
+          "that holds a model wins: it is served and this is not loaded)");
 ABSL_FLAG(int64_t, restore_version, -1,
           "coordinator: the version to restore (-1 = the newest complete checkpoint)");
 ABSL_FLAG(int32_t, checkpoint_every, 0,

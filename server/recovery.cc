@@ -48,12 +48,13 @@ bool IsNothingToRecoverFrom(const absl::Status& status) {
 }
 
 int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>& held, int n,
-                               std::vector<int>* holders) {
+                               int64_t generation, std::vector<int>* holders) {
   // version -> holder of each rank (-1: nobody yet)
   std::map<int64_t, std::vector<int>> by_version;
   for (int d = 0; d < static_cast<int>(held.size()); ++d) {
     for (const rpc::SnapshotHeld& h : held[d]) {
       if (h.rank() < 0 || h.rank() >= n || h.version() < 0) continue;
+      if (h.model_generation() != generation) continue;  // another model's
       std::vector<int>& who = by_version[h.version()];
       if (who.empty()) who.assign(n, -1);
       if (who[h.rank()] < 0 || d == h.rank()) who[h.rank()] = d;
@@ -114,7 +115,10 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
   // The source: the newest of snapshot and checkpoint (a snapshot on a tie:
   // it needs no file system).
   std::vector<int> holders;
-  const int64_t snapshot = plan.have_model ? NewestCompleteSnapshot(held, n, &holders) : -1;
+  const int64_t snapshot =
+      plan.have_model
+          ? NewestCompleteSnapshot(held, n, plan.snapshot_manifest.model_generation(), &holders)
+          : -1;
   int64_t checkpoint_version = -1;
   if (!plan.have_model) {
     result.source = "none (no model loaded)";
@@ -126,8 +130,10 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
     result.source = absl::StrCat("checkpoint ", plan.checkpoint_path, " v", checkpoint_version);
   } else {
     return NothingToRecoverFrom(absl::FailedPreconditionError(
-        "nothing to recover from: no in-memory snapshot that every rank still has "
-        "(--snapshot_every_steps) and no complete checkpoint (--checkpoint_dir)"));
+        absl::StrCat("nothing to recover from: no in-memory snapshot of the served model that "
+                     "every rank still has (--snapshot_every_steps) and no complete checkpoint "
+                     "of it (--checkpoint_dir)",
+                     plan.disk_refused.empty() ? "" : absl::StrCat("; ", plan.disk_refused))));
   }
   auto recovered = CallAll<rpc::RecoverRequest, rpc::RecoverResponse>(
       plan.stubs, plan.recover_timeout,

@@ -48,6 +48,10 @@ struct RecoveryPlan {
   // Builds the manifest of checkpoint disk_version (called only if chosen)
   // and sets the version it found.
   std::function<absl::StatusOr<rpc::Manifest>(int64_t* version)> disk_manifest;
+  // Why a newer checkpoint than disk_version, of another model generation,
+  // is not used (server/model_generation.h); "" if none is. Part of the
+  // error when there is nothing to recover from.
+  std::string disk_refused;
   int expected_pushers = 0;
   absl::Duration prepare_timeout = absl::Seconds(10);
   absl::Duration recover_timeout = absl::Minutes(10);
@@ -61,11 +65,12 @@ struct RecoveryResult {
   std::string source;
 };
 
-// The newest version of which every rank in [0, n) has a snapshot held by
-// some daemon (`held[d]`: what daemon d holds), with the daemon holding
-// each rank's (the rank itself when it can); -1 when there is none.
+// The newest version of which every rank in [0, n) has a snapshot of model
+// `generation` held by some daemon (`held[d]`: what daemon d holds), with
+// the daemon holding each rank's (the rank itself when it can); -1 when
+// there is none. Snapshots of another generation never count.
 int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>& held, int n,
-                               std::vector<int>* holders);
+                               int64_t generation, std::vector<int>* holders);
 
 // `manifest` with every piece's and daemon's address the one of its rank
 // now (`addresses`), and a new plan fingerprint when they changed.

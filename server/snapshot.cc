@@ -287,7 +287,7 @@ SnapshotKeeper::~SnapshotKeeper() {
 }
 
 void SnapshotKeeper::SetModel(int rank, std::vector<std::string> addresses,
-                              uint64_t layout_hash) {
+                              uint64_t layout_hash, int64_t model_generation) {
   std::shared_ptr<const DaemonSnapshot> resend;
   {
     absl::MutexLock lock(&mu_);
@@ -299,6 +299,15 @@ void SnapshotKeeper::SetModel(int rank, std::vector<std::string> addresses,
         addresses_.size() == addresses.size() && rank == rank_ ? buddy(addresses_) : "";
     rank_ = rank;
     layout_hash_ = layout_hash;
+    model_generation_ = model_generation;
+    // A late copy of the model a load replaced (after DropAll).
+    for (auto& [r, copies] : buddy_) {
+      copies.erase(std::remove_if(copies.begin(), copies.end(),
+                                  [&](const auto& c) {
+                                    return c->header.model_generation() < model_generation;
+                                  }),
+                   copies.end());
+    }
     addresses_ = std::move(addresses);
     const std::string after = buddy(addresses_);
     if (!after.empty() && !before.empty() && before != after && !own_.empty()) {
@@ -334,6 +343,7 @@ void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion&
     recycled_.clear();
     pending->snapshot->header.set_rank(rank_);
     pending->snapshot->header.set_layout_hash(layout_hash_);
+    pending->snapshot->header.set_model_generation(model_generation_);
   }
   absl::StatusOr<CapturedState> captured = backend.CaptureState();
   if (!captured.ok()) {
@@ -520,7 +530,13 @@ void SnapshotKeeper::TrimLocked() {
 
 void SnapshotKeeper::AddBuddyCopy(std::shared_ptr<const DaemonSnapshot> snapshot) {
   absl::MutexLock lock(&mu_);
+  const int64_t generation = snapshot->header.model_generation();
+  if (generation < model_generation_) return;  // of a model replaced here
   auto& copies = buddy_[snapshot->header.rank()];
+  if (!copies.empty() && copies.back()->header.model_generation() != generation) {
+    if (copies.back()->header.model_generation() > generation) return;  // late, replaced
+    copies.clear();  // another history, whatever its versions
+  }
   // Versions only grow within one history; an older one arriving late
   // (a slow send) is kept in order.
   auto it = std::find_if(copies.begin(), copies.end(), [&](const auto& c) {
@@ -561,6 +577,7 @@ std::vector<rpc::SnapshotHeld> SnapshotKeeper::HoldForRecovery() {
     h.set_rank(s.header.rank());
     h.set_version(s.header.version());
     h.set_bytes(s.header.bytes());
+    h.set_model_generation(s.header.model_generation());
     held.push_back(std::move(h));
   };
   for (const auto& s : own_) add(*s);
@@ -570,27 +587,33 @@ std::vector<rpc::SnapshotHeld> SnapshotKeeper::HoldForRecovery() {
   return held;
 }
 
-std::shared_ptr<const DaemonSnapshot> SnapshotKeeper::Find(int rank, int64_t version) const {
+std::shared_ptr<const DaemonSnapshot> SnapshotKeeper::Find(int rank, int64_t version,
+                                                           int64_t model_generation) const {
   absl::MutexLock lock(&mu_);
+  auto match = [&](const DaemonSnapshot& s) {
+    return s.header.rank() == rank && s.header.version() == version &&
+           s.header.model_generation() == model_generation;
+  };
   for (const auto& s : own_) {
-    if (s->header.rank() == rank && s->header.version() == version) return s;
+    if (match(*s)) return s;
   }
   auto it = buddy_.find(rank);
   if (it == buddy_.end()) return nullptr;
   for (const auto& s : it->second) {
-    if (s->header.version() == version) return s;
+    if (match(*s)) return s;
   }
   return nullptr;
 }
 
 absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> SnapshotKeeper::Fetch(
-    const std::string& address, int rank, int64_t version) {
+    const std::string& address, int rank, int64_t version, int64_t model_generation) {
   auto stub = rpc::Daemon::NewStub(auth::CreateChannel(address, {options_.tls, options_.token}));
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.transfer_timeout));
   rpc::GetSnapshotRequest request;
   request.set_rank(rank);
   request.set_version(version);
+  request.set_model_generation(model_generation);
   std::unique_ptr<grpc::ClientReader<rpc::SnapshotChunk>> reader =
       stub->GetSnapshot(&context, request);
   Assembler assembler;
@@ -611,11 +634,12 @@ absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> SnapshotKeeper::Fetch(
                                      address, ": ", s.error_message()));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const DaemonSnapshot> snapshot, assembler.Finish());
-  if (snapshot->header.rank() != rank || snapshot->header.version() != version) {
-    return absl::DataLossError(absl::StrCat("asked ", address, " for snapshot v", version,
-                                            " of rank ", rank, ", got v",
-                                            snapshot->header.version(), " of rank ",
-                                            snapshot->header.rank()));
+  if (snapshot->header.rank() != rank || snapshot->header.version() != version ||
+      snapshot->header.model_generation() != model_generation) {
+    return absl::DataLossError(absl::StrCat(
+        "asked ", address, " for snapshot v", version, " of rank ", rank, " of model generation ",
+        model_generation, ", got v", snapshot->header.version(), " of rank ",
+        snapshot->header.rank(), " of model generation ", snapshot->header.model_generation()));
   }
   return snapshot;
 }
@@ -627,11 +651,13 @@ grpc::ServerReadReactor<rpc::SnapshotChunk>* SnapshotKeeper::StartPut(
 
 grpc::ServerWriteReactor<rpc::SnapshotChunk>* SnapshotKeeper::StartGet(
     const rpc::GetSnapshotRequest& request) {
-  std::shared_ptr<const DaemonSnapshot> s = Find(request.rank(), request.version());
+  std::shared_ptr<const DaemonSnapshot> s =
+      Find(request.rank(), request.version(), request.model_generation());
   if (s == nullptr) {
     return auth::RefusedWriter<rpc::SnapshotChunk>(grpc::Status(
-        grpc::StatusCode::NOT_FOUND, absl::StrCat("no snapshot v", request.version(), " of rank ",
-                                                  request.rank(), " held here")));
+        grpc::StatusCode::NOT_FOUND,
+        absl::StrCat("no snapshot v", request.version(), " of rank ", request.rank(),
+                     " of model generation ", request.model_generation(), " held here")));
   }
   return new GetReactor(std::move(s), options_.chunk_bytes);
 }

@@ -118,11 +118,14 @@ class SnapshotKeeper {
 
   // ---- On the daemon's worker ----
 
-  // A model is installed as `rank`; `addresses` are the daemons' gRPC
-  // addresses by rank (the buddy is rank+1 mod n). When the buddy's
-  // address changed (it was replaced), the newest own snapshot is sent to
-  // it again.
-  void SetModel(int rank, std::vector<std::string> addresses, uint64_t layout_hash);
+  // A model of `model_generation` (Manifest.model_generation: every
+  // snapshot taken from now on records it) is installed as `rank`;
+  // `addresses` are the daemons' gRPC addresses by rank (the buddy is
+  // rank+1 mod n). When the buddy's address changed (it was replaced), the
+  // newest own snapshot is sent to it again. Buddy copies of older
+  // generations are dropped.
+  void SetModel(int rank, std::vector<std::string> addresses, uint64_t layout_hash,
+                int64_t model_generation);
   // A new model (LoadShards): every snapshot held is dropped.
   void DropAll();
   // `published` was just published by `backend` after an optimizer step:
@@ -143,15 +146,19 @@ class SnapshotKeeper {
 
   // ---- Recovery, any thread ----
 
-  // What this daemon holds (its own and its buddy copies). Nothing is
-  // dropped from then until AfterRecovery, so that what the coordinator
-  // picks from this stays here.
+  // What this daemon holds (its own and its buddy copies, each with its
+  // model generation). Nothing is dropped from then until AfterRecovery,
+  // so that what the coordinator picks from this stays here.
   std::vector<rpc::SnapshotHeld> HoldForRecovery();
-  // The snapshot of `rank` at `version` held here, or null.
-  std::shared_ptr<const DaemonSnapshot> Find(int rank, int64_t version) const;
+  // The snapshot of `rank` at `version` of model `model_generation` held
+  // here, or null (also when one of that rank and version is of another
+  // model).
+  std::shared_ptr<const DaemonSnapshot> Find(int rank, int64_t version,
+                                             int64_t model_generation) const;
   // Reads it from the daemon at `address` (Daemon.GetSnapshot). Blocking.
   absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> Fetch(const std::string& address,
-                                                              int rank, int64_t version);
+                                                              int rank, int64_t version,
+                                                              int64_t model_generation);
 
   // ---- RPC bodies (authorized by the caller) ----
   grpc::ServerReadReactor<rpc::SnapshotChunk>* StartPut(grpc::CallbackServerContext* context,
@@ -162,6 +169,9 @@ class SnapshotKeeper {
   void FillStats(rpc::DaemonStats* stats) const;
 
   // Used by the Put reactor: a complete copy received from `rank`'s daemon.
+  // Kept unless it is of an older model generation than this daemon's
+  // model or than a copy of that rank already held (a send that was slow
+  // across a load); a newer generation's copy replaces that rank's others.
   void AddBuddyCopy(std::shared_ptr<const DaemonSnapshot> snapshot);
 
  private:
@@ -180,6 +190,7 @@ class SnapshotKeeper {
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   uint64_t layout_hash_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t model_generation_ ABSL_GUARDED_BY(mu_) = 0;  // SetModel's
   std::deque<std::shared_ptr<const DaemonSnapshot>> own_ ABSL_GUARDED_BY(mu_);  // oldest first
   // The arrays of the last own snapshot that TrimLocked dropped while
   // nothing else held it; the next snapshot's copy writes into them (the

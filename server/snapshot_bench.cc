@@ -53,7 +53,7 @@ int Main() {
   SnapshotOptions options;
   options.every_steps = 1;
   SnapshotKeeper keeper(options);
-  keeper.SetModel(0, {"unused"}, ShardLayoutHash(b.tensors(), b.shards()));
+  keeper.SetModel(0, {"unused"}, ShardLayoutHash(b.tensors(), b.shards()), 1);
   for (size_t i = 0; i < b.shards().size(); ++i) {
     absl::Span<float> m = b.load_master(static_cast<int>(i));
     for (size_t k = 0; k < m.size(); ++k) m[k] = 0.001f * static_cast<float>(k % 997);

@@ -115,7 +115,8 @@ TEST(SnapshotTest, RestoredSnapshotRepublishesAndStepsByteForByte) {
   options.every_steps = 2;
   SnapshotKeeper keeper(options);
   auto live = NewBackend();
-  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(live->tensors(), live->shards()));
+  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(live->tensors(), live->shards()),
+                  /*model_generation=*/1);
   std::shared_ptr<const PublishedVersion> v = Load(*live);
   std::shared_ptr<const PublishedVersion> v4;
   for (int64_t from = 0; from < 7; ++from) {
@@ -125,10 +126,10 @@ TEST(SnapshotTest, RestoredSnapshotRepublishesAndStepsByteForByte) {
     if (v->version == 4) v4 = v;
   }
   keeper.BeforeChange();
-  ASSERT_NE(keeper.Find(0, 6), nullptr);
-  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 4);
+  ASSERT_NE(keeper.Find(0, 6, 1), nullptr);
+  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 4, 1);
   ASSERT_NE(snap, nullptr);  // keep = 2: 4 and 6
-  EXPECT_EQ(keeper.Find(0, 2), nullptr);
+  EXPECT_EQ(keeper.Find(0, 2, 1), nullptr);
   EXPECT_EQ(snap->header.optimizer_steps(), 4);
   rpc::DaemonStats stats;
   keeper.FillStats(&stats);
@@ -157,11 +158,12 @@ TEST(SnapshotTest, SnapshotOfAnotherLayoutIsRefused) {
   options.every_steps = 1;
   SnapshotKeeper keeper(options);
   auto live = NewBackend();
-  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(live->tensors(), live->shards()));
+  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(live->tensors(), live->shards()),
+                  /*model_generation=*/1);
   Load(*live);
   keeper.AfterPublish(*live, *Step(*live, 0));
   keeper.BeforeChange();
-  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 1);
+  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 1, 1);
   ASSERT_NE(snap, nullptr);
   auto other = CreateShardBackend(gpu_backend::DaemonBackend::kCpu, Tensors(),
                                   {{0, 0, 256}, {1, 0, 128}}, {Adam(), absl::Seconds(10)});
@@ -179,7 +181,8 @@ TEST(SnapshotTest, RecoveryDropsNewerSnapshotsAndHoldingKeepsOlderOnes) {
   SnapshotKeeper keeper(options);
   auto live = NewBackend();
   keeper.SetModel(1, {"127.0.0.1:1", "127.0.0.1:2"},
-                  ShardLayoutHash(live->tensors(), live->shards()));
+                  ShardLayoutHash(live->tensors(), live->shards()),
+                  /*model_generation=*/1);
   std::shared_ptr<const PublishedVersion> v = Load(*live);
   for (int64_t from = 0; from < 2; ++from) {
     keeper.BeforeChange();
@@ -195,11 +198,58 @@ TEST(SnapshotTest, RecoveryDropsNewerSnapshotsAndHoldingKeepsOlderOnes) {
   v = Step(*live, 2);
   keeper.AfterPublish(*live, *v);  // 3 arrives while held: 1 stays
   keeper.BeforeChange();
-  EXPECT_NE(keeper.Find(1, 1), nullptr);
+  EXPECT_NE(keeper.Find(1, 1, 1), nullptr);
   keeper.AfterRecovery(1, nullptr);
-  EXPECT_NE(keeper.Find(1, 1), nullptr);
-  EXPECT_EQ(keeper.Find(1, 2), nullptr);
-  EXPECT_EQ(keeper.Find(1, 3), nullptr);
+  EXPECT_NE(keeper.Find(1, 1, 1), nullptr);
+  EXPECT_EQ(keeper.Find(1, 2, 1), nullptr);
+  EXPECT_EQ(keeper.Find(1, 3, 1), nullptr);
+}
+
+// Every snapshot records the model generation it was taken of; a recovery
+// asking for another generation's finds nothing, and a buddy copy of a
+// model a load replaced (a send slow across the load) is not kept, whatever
+// its version.
+TEST(SnapshotTest, SnapshotsBelongToTheirModelGeneration) {
+  SnapshotOptions options;
+  options.every_steps = 1;
+  SnapshotKeeper keeper(options);
+  auto live = NewBackend();
+  keeper.SetModel(1, {"", ""}, ShardLayoutHash(live->tensors(), live->shards()),
+                  /*model_generation=*/2);
+  Load(*live);
+  keeper.AfterPublish(*live, *Step(*live, 0));
+  keeper.BeforeChange();
+  ASSERT_NE(keeper.Find(1, 1, 2), nullptr);
+  EXPECT_EQ(keeper.Find(1, 1, 2)->header.model_generation(), 2);
+  EXPECT_EQ(keeper.Find(1, 1, 1), nullptr);
+
+  auto copy = [](int rank, int64_t version, int64_t generation) {
+    auto s = std::make_shared<DaemonSnapshot>();
+    s->header.set_rank(rank);
+    s->header.set_version(version);
+    s->header.set_model_generation(generation);
+    return std::shared_ptr<const DaemonSnapshot>(s);
+  };
+  keeper.AddBuddyCopy(copy(0, 9, 1));  // the replaced model's, newer version
+  EXPECT_EQ(keeper.Find(0, 9, 1), nullptr);
+  keeper.AddBuddyCopy(copy(0, 1, 2));
+  keeper.AddBuddyCopy(copy(0, 5, 3));  // a newer load's: replaces generation 2's
+  keeper.AddBuddyCopy(copy(0, 2, 2));  // late: older than what is held
+  EXPECT_EQ(keeper.Find(0, 1, 2), nullptr);
+  EXPECT_EQ(keeper.Find(0, 2, 2), nullptr);
+  EXPECT_NE(keeper.Find(0, 5, 3), nullptr);
+
+  std::vector<rpc::SnapshotHeld> held = keeper.HoldForRecovery();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].rank(), 1);
+  EXPECT_EQ(held[0].model_generation(), 2);
+  EXPECT_EQ(held[1].rank(), 0);
+  EXPECT_EQ(held[1].model_generation(), 3);
+  keeper.AfterRecovery(1, nullptr);
+
+  // The daemon loads generation 4: generation 3's copy goes.
+  keeper.SetModel(1, {"", ""}, ShardLayoutHash(live->tensors(), live->shards()), 4);
+  EXPECT_EQ(keeper.Find(0, 5, 3), nullptr);
 }
 
 // The arrays (master, m, v per shard) of `b`'s live state.
@@ -249,7 +299,8 @@ TEST(SnapshotTest, SnapshotsCopiedIntoReusedMemoryHoldTheirOwnVersion) {
   options.keep = 2;
   SnapshotKeeper keeper(options);
   auto live = NewBackend();
-  keeper.SetModel(0, {"", ""}, ShardLayoutHash(live->tensors(), live->shards()));
+  keeper.SetModel(0, {"", ""}, ShardLayoutHash(live->tensors(), live->shards()),
+                  /*model_generation=*/1);
   std::shared_ptr<const PublishedVersion> v = Load(*live);
   std::map<int64_t, std::vector<std::array<std::vector<float>, 3>>> want;
   std::shared_ptr<const DaemonSnapshot> held3;
@@ -259,13 +310,13 @@ TEST(SnapshotTest, SnapshotsCopiedIntoReusedMemoryHoldTheirOwnVersion) {
     want[from + 1] = LiveArrays(*live);
     keeper.AfterPublish(*live, *v);
     keeper.BeforeChange();  // the copy is done
-    if (from + 1 == 3) held3 = keeper.Find(0, 3);  // still held when 3 falls out
+    if (from + 1 == 3) held3 = keeper.Find(0, 3, 1);  // still held when 3 falls out
   }
-  EXPECT_EQ(keeper.Find(0, 3), nullptr);
+  EXPECT_EQ(keeper.Find(0, 3, 1), nullptr);
   ASSERT_NE(held3, nullptr);
   EXPECT_EQ(held3->arrays, want[3]);
   for (int64_t version : {5, 6}) {
-    std::shared_ptr<const DaemonSnapshot> s = keeper.Find(0, version);
+    std::shared_ptr<const DaemonSnapshot> s = keeper.Find(0, version, 1);
     ASSERT_NE(s, nullptr) << version;
     EXPECT_EQ(s->arrays, want[version]) << version;
   }

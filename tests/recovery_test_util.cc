@@ -35,7 +35,7 @@ std::string SocketsOnPort(int port) {
   return out.empty() ? "  (none)\n" : out;
 }
 
-void WriteModel(const std::string& path) {
+void WriteModel(const std::string& path, float offset) {
   std::vector<safetensors::TensorSpec> specs;
   for (const auto& [name, shape] : kTensors) {
     specs.push_back({name, safetensors::Dtype::kF32, {shape.first, shape.second}});
@@ -44,7 +44,9 @@ void WriteModel(const std::string& path) {
   ASSERT_TRUE(writer.ok()) << writer.status();
   for (const auto& spec : specs) {
     std::vector<float> v(spec.shape[0] * spec.shape[1]);
-    for (size_t i = 0; i < v.size(); ++i) v[i] = 0.01f * static_cast<float>((i * 37) % 101) - 0.5f;
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = 0.01f * static_cast<float>((i * 37) % 101) - 0.5f + offset;
+    }
     ASSERT_TRUE((*writer)
                     ->WriteTensor(spec.name, absl::MakeConstSpan(
                                                  reinterpret_cast<const uint8_t*>(v.data()),

@@ -22,9 +22,10 @@ namespace testing {
 // gRPC messages, each under the default 4 MiB receive limit.
 extern const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> kTensors;
 
-// Writes kTensors as an FP32 safetensors file at `path` (fixed values);
-// fails the running test if it cannot.
-void WriteModel(const std::string& path);
+// Writes kTensors as an FP32 safetensors file at `path` (fixed values, plus
+// `offset`: another model of the same shapes); fails the running test if
+// it cannot.
+void WriteModel(const std::string& path, float offset = 0.0f);
 
 // The gradient every test pusher sends for `version`, one vector per entry
 // of kTensors (deterministic).

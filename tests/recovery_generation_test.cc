@@ -1,0 +1,263 @@
+// Recovery never crosses model generations, against real processes
+// (tests/client_cluster.h): a coordinator and two hybrid-paramd daemons on
+// loopback. Model A is loaded, stepped and checkpointed; model B (the same
+// shapes, other values) replaces it with load --force and steps; a daemon
+// is SIGKILLed and a replacement takes its rank. The cluster comes back
+// with B's bytes -- from B's checkpoint, or from B's snapshots -- never
+// from A's newer checkpoint in the same store; with nothing of B to go
+// back to, the recovery fails and says whose checkpoint it refused.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/checkpoint_service.grpc.pb.h"
+#include "proto/paramd.grpc.pb.h"
+#include "tests/client_cluster.h"
+#include "tests/recovery_test_util.h"
+
+namespace paramd {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using testing::PushGradientsFor;
+using testing::TestCluster;
+using testing::TestClusterFlags;
+using testing::TestClusterOptions;
+
+class Cluster {
+ public:
+  // Two daemons, one pusher (this test), --checkpoint_dir everywhere, the
+  // daemons' --snapshot_every_steps; model A loaded.
+  static std::unique_ptr<Cluster> Start(int snapshot_every) {
+    auto c = std::make_unique<Cluster>();
+    c->snapshot_every_ = snapshot_every;
+    TestClusterOptions options;
+    options.daemons = 2;
+    options.expected_pushers = 1;
+    options.optimizer = "adamw";
+    options.lr = 0.01;
+    auto cluster = TestCluster::Start(options, [&](const std::string& dir) {
+      TestClusterFlags flags;
+      flags.coordinator = {"--checkpoint_dir=" + dir + "/ckpt"};
+      flags.daemons = {"--checkpoint_dir=" + dir + "/ckpt",
+                       absl::StrCat("--snapshot_every_steps=", snapshot_every)};
+      return flags;
+    });
+    EXPECT_TRUE(cluster.ok()) << cluster.status();
+    if (!cluster.ok()) return nullptr;
+    c->cluster = *std::move(cluster);
+    ClientOptions co;
+    co.coordinator_address = c->cluster->coordinator_address();
+    co.expected_pushers = 1;
+    auto client = Client::Connect(co);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return nullptr;
+    c->client = *std::move(client);
+    absl::StatusOr<int64_t> v =
+        testing::WriteAndLoadModel(*c->client, c->cluster->dir() + "/a.safetensors");
+    EXPECT_TRUE(v.ok()) << v.status() << c->cluster->Logs();
+    if (!v.ok()) return nullptr;
+    return c;
+  }
+
+  // load --force of model B over whatever is served.
+  absl::Status LoadB() {
+    const std::string path = cluster->dir() + "/b.safetensors";
+    testing::WriteModel(path, /*offset=*/2.0f);  // model B: A's shapes, other values
+    absl::StatusOr<int64_t> v = client->Load(path, "", absl::Seconds(30), /*replace_model=*/true);
+    if (!v.ok()) return v.status();
+    return client->RefreshManifest().status();
+  }
+
+  // The model generation the coordinator serves (GetManifest).
+  int64_t Generation() {
+    auto stub = rpc::Coordinator::NewStub(grpc::CreateChannel(
+        cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    rpc::GetManifestResponse response;
+    grpc::Status s = stub->GetManifest(&context, rpc::GetManifestRequest(), &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.manifest().model_generation();
+  }
+
+  absl::Status Push(int64_t version) {
+    RETURN_IF_ERROR(PushGradientsFor(*client, version));
+    return client->WaitForVersion(version + 1, absl::Seconds(30)).status();
+  }
+
+  absl::Status Checkpoint() {
+    auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
+        cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    checkpoint::CheckpointRequest request;
+    request.set_version(-1);
+    checkpoint::CheckpointResponse response;
+    grpc::Status s = stub->Checkpoint(&context, request, &response);
+    if (!s.ok()) return absl::InternalError(s.error_message());
+    return absl::OkStatus();
+  }
+
+  // Every tensor's published rowwise bytes of `version`, concatenated.
+  absl::StatusOr<std::string> Published(int64_t version) {
+    RETURN_IF_ERROR(client->RefreshManifest().status());
+    ASSIGN_OR_RETURN(client::FetchResult r,
+                     client->Fetch(version, client::AllTargets(client->manifest(),
+                                                               {Direction::kRowwise})));
+    std::string bytes;
+    for (const client::FetchedTensor& t : r.tensors) {
+      bytes.append(reinterpret_cast<const char*>(t.value.data.data()), t.value.data.size());
+    }
+    return bytes;
+  }
+
+  rpc::GetStatusResponse Status() {
+    auto s = client->Status(false, absl::Seconds(5));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : rpc::GetStatusResponse();
+  }
+
+  // Kills the daemon of `rank` and starts a replacement with its rank.
+  absl::Status Replace(int rank) {
+    int victim = -1;
+    const rpc::GetStatusResponse status = Status();
+    for (const rpc::Member& m : status.members()) {
+      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
+      for (int d = 0; d < 8; ++d) {
+        if (m.address() == absl::StrCat("127.0.0.1:", cluster->daemon_port(d))) victim = d;
+      }
+    }
+    if (victim < 0) return absl::NotFoundError(absl::StrCat("no process of rank ", rank));
+    cluster->KillDaemon(victim);
+    return cluster
+        ->StartDaemon({absl::StrCat("--rank=", rank), "--checkpoint_dir=" + ckpt(),
+                       absl::StrCat("--snapshot_every_steps=", snapshot_every_)})
+        .status();
+  }
+
+  // The recovery status once `done` holds for it (30 s at most).
+  rpc::RecoveryStatus AwaitRecovery(const std::function<bool(const rpc::RecoveryStatus&)>& done) {
+    const absl::Time start = absl::Now();
+    rpc::RecoveryStatus r = Status().recovery();
+    while (!done(r) && absl::Now() - start < absl::Seconds(30)) {
+      absl::SleepFor(absl::Milliseconds(20));
+      r = Status().recovery();
+    }
+    return r;
+  }
+
+  // Both daemons hold each other's snapshot of `version`.
+  void AwaitBuddySnapshots(int64_t version) {
+    for (int attempt = 0; attempt < 250; ++attempt) {
+      const rpc::GetStatusResponse s = Status();
+      if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == version &&
+          s.daemons(1).buddy_snapshot_version() == version) {
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ADD_FAILURE() << "no buddy snapshots of version " << version << cluster->Logs();
+  }
+
+  std::string ckpt() const { return cluster->dir() + "/ckpt"; }
+
+  // Model A stepped to 3 and checkpointed there, then model B loaded over
+  // it with load --force (generation 2).
+  void CheckpointAThenLoadB() {
+    for (int64_t v = 0; v < 3; ++v) ASSERT_TRUE(Push(v).ok()) << cluster->Logs();
+    ASSERT_TRUE(Checkpoint().ok());  // A v3
+    ASSERT_TRUE(LoadB().ok()) << cluster->Logs();
+    EXPECT_EQ(Generation(), 2);
+  }
+
+  std::unique_ptr<TestCluster> cluster;
+  std::unique_ptr<Client> client;
+
+ private:
+  int snapshot_every_ = 0;
+};
+
+// A's checkpoint 3 is newer than B's checkpoint 1 in the same store: the
+// recovery goes back to B's.
+TEST(RecoveryGenerationTest, RecoveryFromDiskRestoresTheServedModelsCheckpoint) {
+  auto c = Cluster::Start(/*snapshot_every=*/0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
+  ASSERT_TRUE(c->Push(0).ok()) << c->cluster->Logs();
+  ASSERT_TRUE(c->Checkpoint().ok());  // B v1
+  absl::StatusOr<std::string> b1 = c->Published(1);
+  ASSERT_TRUE(b1.ok()) << b1.status();
+  ASSERT_TRUE(c->Push(1).ok()) << c->cluster->Logs();
+
+  ASSERT_TRUE(c->Replace(1).ok());
+  const rpc::RecoveryStatus r =
+      c->AwaitRecovery([](const rpc::RecoveryStatus& r) { return r.epoch() >= 1; });
+  ASSERT_EQ(r.epoch(), 1) << r.ShortDebugString() << c->cluster->Logs();
+  EXPECT_EQ(r.source(), absl::StrCat("checkpoint ", c->ckpt(), " v1"));
+  EXPECT_EQ(r.rewound_to_version(), 1);
+  absl::StatusOr<std::string> recovered = c->Published(1);
+  ASSERT_TRUE(recovered.ok()) << recovered.status() << c->cluster->Logs();
+  EXPECT_TRUE(*recovered == *b1) << "the recovered bytes are not model B's";
+  EXPECT_EQ(c->Generation(), 2);
+  // The trainer learns of the rewind, and the cluster steps on.
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(2, absl::Seconds(10));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->rewound_to.has_value());
+  EXPECT_EQ(*info->rewound_to, 1);
+  absl::Status pushed = c->Push(1);
+  EXPECT_TRUE(pushed.ok()) << pushed << c->cluster->Logs();
+}
+
+// Snapshots every step: B's snapshot 2 is what every rank goes back to,
+// not A's (newer) checkpoint 3.
+TEST(RecoveryGenerationTest, RecoveryWithSnapshotsRestoresTheServedModels) {
+  auto c = Cluster::Start(/*snapshot_every=*/1);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
+  for (int64_t v = 0; v < 2; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  c->AwaitBuddySnapshots(2);
+  absl::StatusOr<std::string> b2 = c->Published(2);
+  ASSERT_TRUE(b2.ok()) << b2.status();
+
+  ASSERT_TRUE(c->Replace(1).ok());
+  const rpc::RecoveryStatus r =
+      c->AwaitRecovery([](const rpc::RecoveryStatus& r) { return r.epoch() >= 1; });
+  ASSERT_EQ(r.epoch(), 1) << r.ShortDebugString() << c->cluster->Logs();
+  EXPECT_EQ(r.source(), "snapshot v2");
+  absl::StatusOr<std::string> recovered = c->Published(2);
+  ASSERT_TRUE(recovered.ok()) << recovered.status() << c->cluster->Logs();
+  EXPECT_TRUE(*recovered == *b2) << "the recovered bytes are not model B's";
+}
+
+// Nothing of B to go back to: the recovery fails, naming A's checkpoint and
+// both generations, and never serves A.
+TEST(RecoveryGenerationTest, NothingOfTheServedModelIsAFailedRecoveryThatSaysWhy) {
+  auto c = Cluster::Start(/*snapshot_every=*/0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
+  ASSERT_TRUE(c->Push(0).ok()) << c->cluster->Logs();
+
+  ASSERT_TRUE(c->Replace(1).ok());
+  const rpc::RecoveryStatus r =
+      c->AwaitRecovery([](const rpc::RecoveryStatus& r) { return !r.error().empty(); });
+  EXPECT_EQ(r.epoch(), 0) << r.ShortDebugString() << c->cluster->Logs();
+  EXPECT_NE(r.error().find(absl::StrCat("checkpoint 3 in ", c->ckpt(),
+                                        " belongs to another model (generation 1; the cluster "
+                                        "serves generation 2, loaded from ")),
+            std::string::npos)
+      << r.error();
+  EXPECT_NE(c->Status().committed_version(), 3);
+}
+
+}  // namespace
+}  // namespace paramd
