@@ -71,6 +71,10 @@ class CheckpointableDaemon {
   // daemon does not hold or a version it no longer keeps.
   virtual absl::Status ReadRows(int64_t version, ExportValuesKind kind, const std::string& tensor,
                                 int64_t row_begin, int64_t row_end, absl::Span<float> out) = 0;
+
+  // The rank this daemon holds (-1: none yet, or not known to this
+  // implementation). A shard is written only under the writer's own rank.
+  virtual int rank() const { return -1; }
 };
 
 }  // namespace checkpoint

@@ -129,6 +129,12 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
  private:
   absl::Status DoWriteShard(const WriteShardRequest& request, WriteShardResponse* response) {
     if (options_.root.empty()) return NoRoot();
+    // Another rank's shard written from this daemon's state would pass for
+    // that rank's in the checkpoint: refused before anything is created.
+    if (const int rank = daemon_->rank(); rank >= 0 && request.daemon_rank() != rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this daemon holds rank ", rank, ", not rank ", request.daemon_rank()));
+    }
     // A refused request changes nothing: the names are checked before a
     // directory is made (WithState refuses a version this daemon does not
     // hold before calling back), and what was made for a write that fails
@@ -231,6 +237,16 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
     // refused up front, not only when the export falls back to it.
     if (!request_.checkpoint_dir().empty()) {
       RETURN_IF_ERROR(ValidateRelativePath(request_.checkpoint_dir()));
+    }
+    // Proto3 enums keep unknown numbers: one this daemon does not know is
+    // refused, never read as the default.
+    if (!ExportRowsDtype_IsValid(request_.dtype())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown export dtype ", request_.dtype(), " (BF16 = 0, FP32 = 1)"));
+    }
+    if (!ExportValues_IsValid(request_.values())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown export values ", request_.values(), " (MASTER = 0, ROWWISE = 1, COLUMNWISE = 2)"));
     }
     const int64_t cols = request_.cols();
     if (cols < 1 || request_.row_begin() < 0 || request_.row_end() <= request_.row_begin()) {
@@ -437,6 +453,14 @@ absl::Status CheckSameModel(const CheckpointStore& store, const Manifest& existi
       served.model_generation(), "): checkpoint into another directory (hpctl checkpoint "
       "--dir) or remove ", store.VersionDir(existing.version())));
 }
+
+// A requested version is a version (>= 0) or -1, which means `minus_one`.
+absl::Status CheckRequestedVersion(int64_t version, absl::string_view minus_one) {
+  if (version >= -1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("version ", version,
+                                                 " is out of range: a version >= 0, or -1 for ",
+                                                 minus_one));
+}
 }  // namespace
 
 class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::CallbackService {
@@ -507,6 +531,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       return auth::RefusedUnary(context, s);
     }
     return RunOnThread(context, [this, request, response]() -> absl::Status {
+      RETURN_IF_ERROR(CheckRequestedVersion(request->version(), "the newest complete one"));
       ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request->dir(), /*create=*/false));
       uint64_t version = static_cast<uint64_t>(request->version());
       if (request->version() < 0) {
@@ -524,12 +549,15 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
 
   absl::StatusOr<CheckpointResponse> DoCheckpoint(const CheckpointRequest& request) {
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request.dir(), /*create=*/true));
-    // One checkpoint at a time: KeepLast must not see another's files.
-    absl::MutexLock serial(&checkpoint_mu_);
-    absl::Status last;
-    for (int attempt = 0; attempt <= options_.version_retries; ++attempt) {
-      ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
+    // Before anything is created: a refused checkpoint leaves no directory.
+    RETURN_IF_ERROR(CheckRequestedVersion(request.version(), "the committed version"));
+    if (request.keep() < -1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keep ", request.keep(),
+          " is out of range: > 0 keeps that many, 0 the server's --keep_checkpoints, "
+          "-1 every checkpoint"));
+    }
+    auto check_committed = [&request](const rpc::Manifest& manifest) -> absl::Status {
       if (manifest.committed_version() < 0) {
         return absl::FailedPreconditionError("no model loaded: nothing to checkpoint");
       }
@@ -538,6 +566,20 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
             absl::StrCat("version ", request.version(), " is not committed (committed: ",
                          manifest.committed_version(), ")"));
       }
+      return absl::OkStatus();
+    };
+    {
+      ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
+      RETURN_IF_ERROR(check_committed(manifest));
+    }
+    ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request.dir(), /*create=*/true));
+    // One checkpoint at a time: KeepLast must not see another's files.
+    absl::MutexLock serial(&checkpoint_mu_);
+    absl::Status last;
+    for (int attempt = 0; attempt <= options_.version_retries; ++attempt) {
+      ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
+      // Again: a load may have replaced the model meanwhile.
+      RETURN_IF_ERROR(check_committed(manifest));
       const uint64_t version = static_cast<uint64_t>(
           request.version() >= 0 ? request.version() : manifest.committed_version());
       CheckpointResponse response;

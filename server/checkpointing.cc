@@ -50,6 +50,8 @@ class CheckpointableCpuDaemon : public checkpoint::CheckpointableDaemon {
         });
   }
 
+  int rank() const override { return daemon_->rank(); }
+
  private:
   Daemon* const daemon_;
 };

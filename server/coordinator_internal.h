@@ -248,8 +248,14 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
       const std::string& path, int64_t& version, SavedOptimizer* saved_optimizer);
 
   // `checkpoint_version` is resolved for a restore.
+  // Changes nothing of the coordinator: the manifest carries the optimizer
+  // config the model will step with.
   absl::StatusOr<rpc::Manifest> BuildManifest(const rpc::LoadRequest& request,
                                               int64_t& checkpoint_version);
+  // Makes the manifest's optimizer config the coordinator's, once a load
+  // or recovery that built it was accepted.
+  void AdoptManifestOptimizerLocked(const rpc::Manifest& manifest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   using LoadDone = std::function<void(absl::Status, const rpc::LoadResponse&)>;
 

@@ -394,11 +394,18 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     info->set_rank(r);
     info->set_address(table_.slot(r).member.address());
   }
-  if (DescribeOptimizer(optimizer) != DescribeOptimizer(optimizer_)) {
-    Log(kTag, absl::StrCat("optimizer for this model: ", DescribeOptimizer(optimizer)));
-  }
-  optimizer_ = optimizer;
+  // The coordinator's optimizer_ changes only once the load is accepted
+  // (AdoptManifestOptimizerLocked): a refused load changes nothing.
   return manifest;
+}
+
+void Coordinator::Impl::AdoptManifestOptimizerLocked(const rpc::Manifest& manifest) {
+  absl::StatusOr<OptimizerOptions> optimizer = OptimizerFromProto(manifest.optimizer_config());
+  if (!optimizer.ok()) return;  // BuildManifest wrote it from an OptimizerOptions
+  if (DescribeOptimizer(*optimizer) != DescribeOptimizer(optimizer_)) {
+    Log(kTag, absl::StrCat("optimizer for this model: ", DescribeOptimizer(*optimizer)));
+  }
+  optimizer_ = *optimizer;
 }
 
 absl::StatusOr<rpc::LoadRequest> Coordinator::Impl::ConfineLoadPaths(
@@ -545,6 +552,7 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
   {
     absl::MutexLock lock(&mu_);
     manifest_ = manifest;
+    AdoptManifestOptimizerLocked(manifest_);
     model_generation_ = std::max(model_generation_, manifest_.model_generation());
     committed_ = -1;
     for (int r = 0; r < table_.size(); ++r) table_.slot(r).published = -1;

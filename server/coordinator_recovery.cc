@@ -106,6 +106,7 @@ void Coordinator::Impl::Recover(int64_t epoch) {
       AdoptRecoveredWorldLocked(*result, epoch);
       if (have_model) {
         manifest_ = result->manifest;
+        AdoptManifestOptimizerLocked(manifest_);
         committed_ = result->published_version;
       }
       recovery_.set_needs_load(false);
