@@ -12,6 +12,11 @@ std::string QuoteForError(absl::string_view name, size_t max_bytes) {
                       " bytes)");
 }
 
+absl::Status UnknownTensorError(absl::string_view name, int64_t max_bytes) {
+  if (absl::Status bad = CheckTensorName(name, max_bytes); !bad.ok()) return bad;
+  return absl::NotFoundError(absl::StrCat("unknown tensor ", QuoteForMessage(name)));
+}
+
 absl::Status CheckClientId(absl::string_view what, absl::string_view id) {
   if (id.size() <= kMaxClientStringBytes) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, " of ", id.size(), " bytes (",

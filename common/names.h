@@ -51,6 +51,13 @@ inline std::string QuoteForMessage(absl::string_view value) {
   return QuoteForError(value, kMaxClientStringBytes);
 }
 
+// The refusal of a request naming a tensor the model does not have:
+// NotFound "unknown tensor \"<QuoteForMessage(name)>\"", or CheckTensorName's
+// InvalidArgument when `name` could not be any tensor's (too long, control
+// characters), so that a megabyte-long name is answered in a short message.
+absl::Status UnknownTensorError(absl::string_view name,
+                                int64_t max_bytes = kDefaultMaxTensorNameBytes);
+
 // OK, or InvalidArgument ("<what> of 8388608 bytes ("..." ...): longer than
 // the limit of 256 bytes") for a client-supplied id longer than
 // kMaxClientStringBytes. Checked before the id is stored or compared.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "server/convert.h"
 #include "server/optimizer_config.h"
@@ -72,7 +73,7 @@ ChunkAssembler::ChunkAssembler(const ModelView* view, bool allow_non_finite)
 
 absl::Status ChunkAssembler::Add(const rpc::GradientChunk& c) {
   const int t = view_->Find(c.tensor());
-  if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", c.tensor(), "\""));
+  if (t < 0) return UnknownTensorError(c.tensor());
   const TensorDef& def = view_->tensors[t];
   ASSIGN_OR_RETURN(const int elem, DTypeSize(c.dtype()));
   if (c.row_begin() < 0 || c.row_end() <= c.row_begin() || c.row_end() > def.rows) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "server/optimizer_config.h"
 
@@ -26,6 +27,13 @@ using coordinator_internal::kTag;
 grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* context,
                                                   const rpc::JoinRequest* request,
                                                   rpc::JoinResponse* response) {
+  // The joiner's free strings are stored (and written to the state file):
+  // bounded before anything else.
+  for (const auto& [what, value] : {std::pair{"name", &request->name()},
+                                    std::pair{"address", &request->address()},
+                                    std::pair{"member_id", &request->member_id()}}) {
+    if (absl::Status s = CheckClientId(what, *value); !s.ok()) return Done(context, s);
+  }
   bool may_take_rank = true;
   if (grpc::Status s = AuthorizeJoin(*context, *request, &may_take_rank); !s.ok()) {
     return auth::RefusedUnary(context, s);
@@ -36,7 +44,8 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
     // joiner every 100 ms until its lease ends: no news each time.
     LogAt(absl::IsUnavailable(member.status()) ? LogLevel::kDebug : LogLevel::kWarning, kTag,
           absl::StrCat("join refused: ", rpc::Role_Name(request->role()), " at ",
-                       request->address(), " (", request->name(), "): ",
+                       QuoteForMessage(request->address()), " (", QuoteForMessage(request->name()),
+                       "): ",
                        member.status().ToString()));
     return Done(context, member.status());
   }
@@ -91,11 +100,11 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Leave(grpc::CallbackServerContext* 
     return m.member_id() == request->member_id();
   });
   if (it == others_.end()) {
-    return Done(context, absl::NotFoundError(
-                             absl::StrCat("no trainer/observer ", request->member_id())));
+    return Done(context, absl::NotFoundError(absl::StrCat(
+                             "no trainer/observer ", QuoteForMessage(request->member_id()))));
   }
   LogInfo(kTag, absl::StrCat(it->role() == rpc::ROLE_TRAINER ? "trainer " : "observer ",
-                             it->member_id(), " (", it->name(), ") left"));
+                             it->member_id(), " (", QuoteForMessage(it->name()), ") left"));
   others_.erase(it);  // daemons never leave: their rank is their shards
   StateChangedLocked();
   return Done(context, absl::OkStatus());
@@ -272,13 +281,15 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
         StateChangedLocked();  // a restart takes this daemon back
         if (j.replaced) {
           start_recovery = true;
-          Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ", request.address(),
-                                 " (", request.name(), ")",
+          Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ",
+                                 QuoteForMessage(request.address()), " (",
+                                 QuoteForMessage(request.name()), ")",
                                  table_.slot(rank).needs_state
                                      ? "; it needs the rank's state"
                                      : ""));
         } else {
-          Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ", request.address(), " (",
+          Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ",
+                                 QuoteForMessage(request.address()), " (",
                                  joined_before + 1, "/", options_.expected_daemons, ")"));
         }
         break;
@@ -309,7 +320,8 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
         StateChangedLocked();
         LogInfo(kTag, absl::StrCat(trainer ? "trainer " : "observer ", m.member_id(),
                                    trainer ? absl::StrCat(" rank ", m.rank()) : "", " (",
-                                   m.name(), m.pusher() ? ", pusher" : "", ") joined"));
+                                   QuoteForMessage(m.name()), m.pusher() ? ", pusher" : "",
+                                   ") joined"));
         result = m;
         break;
       }

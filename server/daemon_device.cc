@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -260,7 +261,7 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
   int64_t bytes[2] = {0, 0};
   for (const rpc::TensorDirections& td : request.tensors()) {
     const int t = view.Find(td.tensor());
-    if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", td.tensor(), "\""));
+    if (t < 0) return UnknownTensorError(td.tensor());
     if (td.directions().empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("FetchDevice of ", td.tensor(), " names no direction"));
@@ -480,7 +481,7 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
   std::vector<Rows> seen;
   for (const rpc::DevicePushTensor& dt : request.tensors()) {
     const int t = view.Find(dt.tensor());
-    if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", dt.tensor(), "\""));
+    if (t < 0) return UnknownTensorError(dt.tensor());
     const TensorDef& def = view.tensors[t];
     if (dt.dtype() != rpc::DTYPE_FP32 && dt.dtype() != rpc::DTYPE_BF16) {
       return absl::InvalidArgumentError(absl::StrCat(

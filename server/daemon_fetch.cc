@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -215,7 +216,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     std::vector<std::pair<int, std::vector<Direction>>> wanted;
     for (const rpc::TensorDirections& td : request_.tensors()) {
       const int t = view.Find(td.tensor());
-      if (t < 0) return absl::NotFoundError(absl::StrCat("unknown tensor \"", td.tensor(), "\""));
+      if (t < 0) return UnknownTensorError(td.tensor());
       std::vector<Direction> dirs;
       for (int d : td.directions()) {
         ASSIGN_OR_RETURN(Direction dir, DirectionFromProto(static_cast<rpc::Direction>(d)));

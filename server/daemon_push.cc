@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -120,6 +121,7 @@ absl::Status Daemon::Impl::CheckDevicePushAllowedLocked() const {
 
 absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
                                        const grpc::ServerContextBase& context, bool bind) {
+  RETURN_IF_ERROR(CheckClientId("pusher_id", pusher));  // before it is stored
   if (options_.authenticator == nullptr) return absl::OkStatus();
   const std::string identity = options_.authenticator->TokenIdentity(context);
   if (identity.empty()) return absl::OkStatus();
@@ -145,6 +147,7 @@ absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
 
 absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& pusher) {
   if (pusher.empty()) return absl::InvalidArgumentError("push without pusher_id");
+  RETURN_IF_ERROR(CheckClientId("pusher_id", pusher));  // before it is stored
   RETURN_IF_ERROR(CheckNotReplacedLocked());
   if (recovering_) {
     return absl::UnavailableError(
@@ -156,7 +159,7 @@ absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& p
   }
   const int64_t current = latest_->version;
   if (version == current && pushers_.count(pusher) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat("pusher ", pusher,
+    return absl::AlreadyExistsError(absl::StrCat("pusher ", QuoteForMessage(pusher),
                                                  " already pushed gradients for version ",
                                                  version, " to this daemon"));
   }

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -184,7 +185,7 @@ bool PushPipeline::WaitLocked(absl::Time give_up) {
 absl::Status PushPipeline::UsedFailedLocked() const {
   for (const auto& s : used_) {
     if (s->state == Stream::State::kFailed) {
-      return StepAbandonedError(absl::StrCat("the push of ", s->pusher, " for version ",
+      return StepAbandonedError(absl::StrCat("the push of ", QuoteForMessage(s->pusher), " for version ",
                                              s->version, " failed after the step used it"));
     }
   }

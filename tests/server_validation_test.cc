@@ -550,6 +550,60 @@ TEST_F(LimitsTest, PushersPerVersion) {
   ASSERT_TRUE(cluster_->PushAll(v + 1, "p3", {{"w", g}}).ok()) << "a new version starts afresh";
 }
 
+// A client's names and ids reach replies and log lines bounded and
+// escaped; an id over 256 bytes is refused before it is stored.
+TEST_F(LimitsTest, ClientStringsAreBoundedAndEscaped) {
+  // A 1 MiB tensor name: a short INVALID_ARGUMENT (echoed whole, the message
+  // overflowed gRPC's metadata and came back as RESOURCE_EXHAUSTED).
+  rpc::FetchRequest fetch;
+  fetch.set_version(Version());
+  fetch.add_tensors()->set_tensor(std::string(1 << 20, 'a'));
+  FetchedPieces got;
+  grpc::Status s = cluster_->FetchFrom(0, fetch, absl::Seconds(10), &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message().substr(0, 300);
+  EXPECT_LT(s.error_message().size(), 1500u);
+  // A control character is escaped in the reply.
+  fetch.mutable_tensors(0)->set_tensor("w\nE0101 forged");
+  s = cluster_->FetchFrom(0, fetch, absl::Seconds(10), &got);
+  EXPECT_EQ(s.error_message().find('\n'), std::string::npos) << s.error_message();
+  // An 8 MiB pusher id: refused, nothing pushed.
+  const int64_t v = AdminStep();  // a version nobody pushed for yet
+  const std::vector<float> g(kRows * kCols, 0.25f);
+  const absl::Status pushed = cluster_->PushAll(v, std::string(8 << 20, 'p'), {{"w", g}});
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kInvalidArgument) << pushed.message().substr(0, 300);
+  EXPECT_TRUE(absl::StrContains(pushed.message(), "pusher_id of 8388608 bytes"))
+      << pushed.message().substr(0, 300);
+  EXPECT_LT(pushed.message().size(), 1500u);
+  for (const char* pusher : {"p1", "p2"}) {  // --max_pushers_per_version=2: none was used up
+    EXPECT_TRUE(cluster_->PushAll(v, pusher, {{"w", g}}).ok()) << pusher;
+  }
+  EXPECT_EQ(AdminStep(), v + 1);
+  // A joiner's name with a newline: one log line, the newline escaped.
+  rpc::JoinRequest join;
+  join.set_role(rpc::ROLE_OBSERVER);
+  join.set_address("127.0.0.1:1");
+  join.set_name("evil\nE0101 00:00:00 forged line");
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  rpc::JoinResponse joined;
+  const grpc::Status j = cluster_->coordinator().Join(&context, join, &joined);
+  ASSERT_TRUE(j.ok()) << j.error_message();
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  std::string logs;
+  while (!absl::StrContains(logs = cluster_->cluster().Logs(), "evil\\nE0101") &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(absl::StrContains(logs, "\"evil\\nE0101 00:00:00 forged line\"")) << logs;
+  EXPECT_FALSE(absl::StrContains(logs, "\nE0101 00:00:00 forged line")) << logs;
+  // Ids over 256 bytes are refused at the door.
+  join.set_name(std::string(300, 'n'));
+  grpc::ClientContext context2;
+  SetDeadline(context2, absl::Seconds(10));
+  EXPECT_EQ(cluster_->coordinator().Join(&context2, join, &joined).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(LimitsTest, ParkedFetchesPerClient) {
   const int64_t ahead = Version() + 5;  // not published for a while
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
