@@ -88,6 +88,15 @@ std::string DefaultName() {
   return absl::StrCat(host, ":", getpid());
 }
 
+// `s` (not OK) with the daemon it concerns in front of its message, code
+// kept: "device same-GPU fetch of version 3, daemon 0 (ADDR): ...".
+absl::Status InDaemonContext(const absl::Status& s, absl::string_view what, int64_t version,
+                             int rank, const std::string& address) {
+  return absl::Status(s.code(), absl::StrCat("device ", what, " of version ", version,
+                                             ", daemon ", rank, " (", address, "): ",
+                                             s.message()));
+}
+
 // One (target, piece) on one daemon.
 struct PieceJob {
   int target = 0;
@@ -449,7 +458,10 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     }
   }
   // Work the caller enqueued on `stream` may still read the destinations.
-  if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // nullptr is CUDA's default stream, not "no stream": the caller's
+  // cudaMemcpy / kernels there are not ordered before this fetcher's own
+  // (non-blocking) streams otherwise.
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   // Daemons on this GPU: in place through a same-GPU session, then device
   // copies (NCCL cannot join two ranks on one GPU); NCCL for the others.
@@ -466,7 +478,10 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     (void)committed;
     absl::Status s = FetchInPlace(*ipc, it->second, version, copy_stream_);
     if (absl::IsUnavailable(s)) local_.erase(it->first);  // reopened by the next fetch
-    RETURN_IF_ERROR(s);
+    // Named like the NCCL path's errors ("device fetch from daemon N ..."):
+    // the session's own messages know only the daemon's pid.
+    if (!s.ok()) return InDaemonContext(s, "same-GPU fetch", version, it->second.rank,
+                                        it->second.address);
     ++in_place;
     it = jobs.erase(it);
   }
@@ -673,7 +688,13 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
                       absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
   }
   RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed, coverage));
-  if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // The gradients were written on `stream`; nullptr is CUDA's default
+  // stream (where a plain cudaMemcpy goes), so it is waited for too. A
+  // pageable host-to-device cudaMemcpy may return before its bytes reach
+  // the device, and every read below runs on a cudaStreamNonBlocking
+  // stream (the transport's inline_stream_ or NCCL's, copy_stream_), which
+  // does not wait for the default stream by itself.
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   struct PushJob {
     int rank = 0;
@@ -737,7 +758,8 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
       if (r.ok()) {
         j->response = *std::move(r);
       } else {
-        j->status = r.status();
+        j->status = InDaemonContext(r.status(), "same-GPU push", j->request.version(), j->rank,
+                                    j->address);
       }
       return;
     }

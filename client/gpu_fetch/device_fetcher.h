@@ -40,7 +40,10 @@
 // Streams: Fetch first waits for `stream` (host synchronisation), so work
 // the caller enqueued there that still reads the destination finishes
 // before it is overwritten; when Fetch returns the bytes are in place, and
-// work enqueued on any stream afterwards sees them.
+// work enqueued on any stream afterwards sees them. `stream` nullptr means
+// CUDA's default stream (legacy or per-thread, as the caller is built),
+// which is waited for like any other; Push likewise waits for it before
+// reading the gradients.
 //
 // Errors: UNAVAILABLE (a daemon is down or its channel broke: the channel
 // is closed and reopened by the next fetch), DEADLINE_EXCEEDED (the timeout

@@ -148,7 +148,11 @@ absl::Status PinTable::Close(uint64_t session) {
 absl::Status PinTable::Pin(uint64_t session, PinKey key) {
   return WithLiveSession(session, [&](Session& live) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (retiring_.count(key) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
+      // NOT_FOUND, as for a version already gone and as the device channel's
+      // FetchDevice answers for the version a step rewrites ("dropped"): it
+      // is gone a moment later in any case, and the caller's remedy is the
+      // same (fetch / pin a newer version). The message keeps the reason.
+      return absl::NotFoundError(absl::StrCat(
           KeyName(key), " is being retired (the step in progress rewrites its buffers); "
           "pin the latest version"));
     }

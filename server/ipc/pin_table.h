@@ -70,8 +70,9 @@ class PinTable {
   absl::Status Close(uint64_t session);
 
   // Pins `key` for the session (renewing it). Idempotent per session.
-  // FAILED_PRECONDITION while `key` is being retired; RESOURCE_EXHAUSTED
-  // past max_pins_per_session; NOT_FOUND as Renew.
+  // NOT_FOUND while `key` is being retired (as for a version no longer
+  // held; the message says "being retired"); RESOURCE_EXHAUSTED past
+  // max_pins_per_session; NOT_FOUND as Renew (the message names the session).
   absl::Status Pin(uint64_t session, PinKey key);
   // Releases a pin (renewing the session). NOT_FOUND: session unknown;
   // a version the session does not pin is OK (nothing to do).

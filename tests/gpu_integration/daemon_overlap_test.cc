@@ -119,10 +119,17 @@ std::unique_ptr<client::Client> Trainer(RawCluster& c) {
   return cl.ok() ? *std::move(cl) : nullptr;
 }
 
+// `same_gpu_ipc` false: a daemon on the trainer's GPU is reached through
+// its device channel too (as daemon_push_test's *Nccl cases do), so that the
+// daemon's send paths this file tests (streamed in flight, beside the step,
+// ABORTED after a failed step) run with one GPU. On one GPU the channel's
+// transport moves the bytes inline through the host (NCCL refuses two ranks
+// on one GPU); the daemon side (pins, events, counters) is the same.
 std::unique_ptr<DeviceFetcher> Fetcher(client::Client* c, bool stream_in_flight,
-                                       int device = TrainerDevice()) {
+                                       int device = TrainerDevice(), bool same_gpu_ipc = true) {
   gpu_fetch::DeviceFetcherOptions options;
   options.device = device;
+  options.same_gpu_ipc = same_gpu_ipc;
   options.timeout = absl::Seconds(60);
   options.stream_in_flight = stream_in_flight;
   absl::StatusOr<std::unique_ptr<DeviceFetcher>> f = DeviceFetcher::Create(c, options);
@@ -264,10 +271,12 @@ class Overlap : public ::testing::Test {
     ASSERT_TRUE(trainer_->RefreshManifest().ok());
     ASSERT_TRUE(cluster_->RefreshManifest().ok());
     specs_ = Specs(*trainer_, tensors_);
-    fetcher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true);
+    fetcher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true, TrainerDevice(),
+                       /*same_gpu_ipc=*/false);
     ASSERT_NE(fetcher_, nullptr);
     // Pushes beside a fetch in progress: a fetcher serialises its calls.
-    pusher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true);
+    pusher_ = Fetcher(trainer_.get(), /*stream_in_flight=*/true, TrainerDevice(),
+                      /*same_gpu_ipc=*/false);
     ASSERT_NE(pusher_, nullptr);
   }
   void TearDown() override {
@@ -320,6 +329,7 @@ TEST_F(Overlap, InFlightVersionEqualsReference) {
   // Each request waited at the daemon for its step's enqueue, and the step
   // held its device work back for kStepDelayMs: every send left in flight.
   EXPECT_GE(stats.device_fetches_streamed(), kSteps);
+  EXPECT_EQ(fetcher_->path_stats().fetch_same_gpu, 0) << "the channel path must be tested";
 }
 
 TEST_F(Overlap, HeldVersionsBesideStep) {
@@ -379,9 +389,11 @@ TEST(OverlapFailure, FailedStepFailsTheFetch) {
   ASSERT_NE(trainer, nullptr);
   ASSERT_TRUE(trainer->Load(path, kRecipe, absl::Seconds(60)).ok());
   ASSERT_TRUE(trainer->RefreshManifest().ok());
-  std::unique_ptr<DeviceFetcher> fetcher = Fetcher(trainer.get(), /*stream_in_flight=*/true);
+  std::unique_ptr<DeviceFetcher> fetcher =
+      Fetcher(trainer.get(), /*stream_in_flight=*/true, TrainerDevice(), /*same_gpu_ipc=*/false);
   ASSERT_NE(fetcher, nullptr);
-  std::unique_ptr<DeviceFetcher> pusher = Fetcher(trainer.get(), /*stream_in_flight=*/true);
+  std::unique_ptr<DeviceFetcher> pusher =
+      Fetcher(trainer.get(), /*stream_in_flight=*/true, TrainerDevice(), /*same_gpu_ipc=*/false);
   ASSERT_NE(pusher, nullptr);
   // The channel first: its connect (queued before the send on the daemon's
   // channel worker) would otherwise delay the send past the step.

@@ -7,7 +7,11 @@
 //     dead trainer fails at once.
 //   DaemonKilledMidFetch: the trainer (GPU 1) gets an error within its
 //     deadline, never a hang.
-// Tag gpu, 2 GPUs.
+// Tag gpu. Two GPUs: the bytes move over NCCL. One GPU: every role on GPU 0,
+// where the transport moves device messages inline through the host (NCCL
+// refuses two ranks on one GPU), so the same kills test the control
+// channel's hang-up detection and the inline path; the big transfer is
+// 1 GiB there (it is staged in host memory twice).
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -36,6 +40,12 @@ namespace {
 
 constexpr size_t kWarm = size_t{64} << 20;
 constexpr size_t kBig = size_t{8} << 30;
+constexpr size_t kBigOneGpu = size_t{1} << 30;
+
+// Set by Roles() before the children fork (they inherit them): the
+// trainers' GPU and the big transfer's size.
+int g_trainer_device = 1;
+size_t g_big = kBig;
 
 
 
@@ -181,15 +191,26 @@ int GpuCountInChild() {
   return n;
 }
 
+// Trainers on GPU 1 with two GPUs, else beside the daemon on GPU 0. False
+// without a GPU.
+bool Roles() {
+  const int gpus = GpuCountInChild();
+  g_trainer_device = gpus >= 2 ? 1 : 0;
+  g_big = gpus >= 2 ? kBig : kBigOneGpu;
+  std::printf("kill_test: %d GPU(s): trainers on GPU %d, %s, big transfer %zu MiB\n", gpus,
+              g_trainer_device, gpus >= 2 ? "NCCL" : "inline (one GPU)", g_big >> 20);
+  return gpus >= 1;
+}
+
 TEST(GpuKillTest, TrainerKilledMidFetch) {
-  if (GpuCountInChild() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (!Roles()) GTEST_SKIP() << "needs a GPU";
   std::vector<Child> children;
   // rank 0: daemon on GPU 0.
   children.push_back(Spawn([](int in, int out) {
     std::unique_ptr<Transport> t = Join(0, 0, in, out);
     if (t == nullptr) return;
     NcclTransport& n = *AsNcclTransport(t.get());
-    void* big = DeviceFill(kBig, 7);
+    void* big = DeviceFill(g_big, 7);
     for (std::string cmd; !(cmd = ReadLine(in, absl::Seconds(120))).empty();) {
       const absl::Time start = absl::Now();
       absl::Status s;
@@ -198,7 +219,7 @@ TEST(GpuKillTest, TrainerKilledMidFetch) {
         if (s.ok()) s = n.SendDevice(2, 2, {{big, kWarm}}, nullptr, start + absl::Seconds(60));
       } else if (cmd == "big") {
         WriteLine(out, "sending");
-        s = n.SendDevice(1, 3, {{big, kBig}}, nullptr, start + absl::Seconds(5));
+        s = n.SendDevice(1, 3, {{big, g_big}}, nullptr, start + absl::Seconds(5));
       } else if (cmd == "serve_b") {
         s = n.SendDevice(2, 4, {{big, kWarm}}, nullptr, start + absl::Seconds(30));
       } else if (cmd == "again_a") {
@@ -212,10 +233,10 @@ TEST(GpuKillTest, TrainerKilledMidFetch) {
   // ranks 1 and 2: trainers A and B on GPU 1.
   for (int rank : {1, 2}) {
     children.push_back(Spawn([rank](int in, int out) {
-      std::unique_ptr<Transport> t = Join(1, rank, in, out);
+      std::unique_ptr<Transport> t = Join(g_trainer_device, rank, in, out);
       if (t == nullptr) return;
       NcclTransport& n = *AsNcclTransport(t.get());
-      void* buf = DeviceFill(rank == 1 ? kBig : kWarm, 0);
+      void* buf = DeviceFill(rank == 1 ? g_big : kWarm, 0);
       for (std::string cmd; !(cmd = ReadLine(in, absl::Seconds(120))).empty();) {
         const absl::Time start = absl::Now();
         absl::Status s;
@@ -224,7 +245,7 @@ TEST(GpuKillTest, TrainerKilledMidFetch) {
           if (s.ok() && !DeviceAllEqual(buf, kWarm, 7)) s = absl::DataLossError("bytes");
         } else if (cmd == "big") {
           WriteLine(out, "posted");
-          s = n.RecvDevice(0, 3, {{buf, kBig}}, start + absl::Seconds(60));
+          s = n.RecvDevice(0, 3, {{buf, g_big}}, start + absl::Seconds(60));
         } else if (cmd == "recv4") {
           cudaMemset(buf, 0, kWarm);
           cudaDeviceSynchronize();
@@ -274,13 +295,13 @@ TEST(GpuKillTest, TrainerKilledMidFetch) {
 }
 
 TEST(GpuKillTest, DaemonKilledMidFetch) {
-  if (GpuCountInChild() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  if (!Roles()) GTEST_SKIP() << "needs a GPU";
   std::vector<Child> children;
   children.push_back(Spawn([](int in, int out) {
     std::unique_ptr<Transport> t = Join(0, 0, in, out);
     if (t == nullptr) return;
     NcclTransport& n = *AsNcclTransport(t.get());
-    void* big = DeviceFill(kBig, 9);
+    void* big = DeviceFill(g_big, 9);
     for (std::string cmd; !(cmd = ReadLine(in, absl::Seconds(120))).empty();) {
       const absl::Time start = absl::Now();
       absl::Status s;
@@ -288,7 +309,7 @@ TEST(GpuKillTest, DaemonKilledMidFetch) {
         s = n.SendDevice(1, 1, {{big, kWarm}}, nullptr, start + absl::Seconds(60));
       } else if (cmd == "big") {
         WriteLine(out, "sending");
-        s = n.SendDevice(1, 3, {{big, kBig}}, nullptr, start + absl::Seconds(60));
+        s = n.SendDevice(1, 3, {{big, g_big}}, nullptr, start + absl::Seconds(60));
       } else {
         break;
       }
@@ -296,10 +317,10 @@ TEST(GpuKillTest, DaemonKilledMidFetch) {
     }
   }));
   children.push_back(Spawn([](int in, int out) {
-    std::unique_ptr<Transport> t = Join(1, 1, in, out);
+    std::unique_ptr<Transport> t = Join(g_trainer_device, 1, in, out);
     if (t == nullptr) return;
     NcclTransport& n = *AsNcclTransport(t.get());
-    void* buf = DeviceFill(kBig, 0);
+    void* buf = DeviceFill(g_big, 0);
     for (std::string cmd; !(cmd = ReadLine(in, absl::Seconds(120))).empty();) {
       const absl::Time start = absl::Now();
       absl::Status s;
@@ -307,7 +328,7 @@ TEST(GpuKillTest, DaemonKilledMidFetch) {
         s = n.RecvDevice(0, 1, {{buf, kWarm}}, start + absl::Seconds(60));
       } else if (cmd == "big") {
         WriteLine(out, "posted");
-        s = n.RecvDevice(0, 3, {{buf, kBig}}, start + absl::Seconds(5));
+        s = n.RecvDevice(0, 3, {{buf, g_big}}, start + absl::Seconds(5));
       } else {
         break;
       }
