@@ -27,16 +27,18 @@ using coordinator_internal::kTag;
 grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* context,
                                                   const rpc::JoinRequest* request,
                                                   rpc::JoinResponse* response) {
+  // A stranger learns nothing but that it is one: authorization first
+  // (it reads only the role, never the strings below).
+  bool may_take_rank = true;
+  if (grpc::Status s = AuthorizeJoin(*context, *request, &may_take_rank); !s.ok()) {
+    return auth::RefusedUnary(context, s);
+  }
   // The joiner's free strings are stored (and written to the state file):
-  // bounded before anything else.
+  // bounded before anything is.
   for (const auto& [what, value] : {std::pair{"name", &request->name()},
                                     std::pair{"address", &request->address()},
                                     std::pair{"member_id", &request->member_id()}}) {
     if (absl::Status s = CheckClientId(what, *value); !s.ok()) return Done(context, s);
-  }
-  bool may_take_rank = true;
-  if (grpc::Status s = AuthorizeJoin(*context, *request, &may_take_rank); !s.ok()) {
-    return auth::RefusedUnary(context, s);
   }
   absl::StatusOr<rpc::Member> member = AddMember(*request, may_take_rank);
   if (!member.ok()) {
