@@ -86,7 +86,8 @@ int Run() {
   SnapshotOptions options;
   options.every_steps = every;
   SnapshotKeeper keeper(options);
-  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(backend.tensors(), backend.shards()));
+  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(backend.tensors(), backend.shards()),
+                  /*model_generation=*/1);
 
   std::vector<double> plain, capture, wait_before, after, rest;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
@@ -127,7 +128,8 @@ int Run() {
 
   double host_state_ms = 0, restore_ms = 0, republish_ms = 0;
   if (absl::GetFlag(FLAGS_restore)) {
-    std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, stats.snapshot_version());
+    std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, stats.snapshot_version(),
+                                                               /*model_generation=*/1);
     if (snap == nullptr) {
       std::fprintf(stderr, "no snapshot held\n");
       return 1;

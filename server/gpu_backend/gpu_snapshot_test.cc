@@ -146,7 +146,8 @@ TEST_P(GpuSnapshotTest, HoldsItsVersionWhileStepsGoOnAndRestoresToTheSameBytes) 
   SnapshotOptions options;
   options.every_steps = 2;
   SnapshotKeeper keeper(options);
-  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(Tensors(), Shards()));
+  keeper.SetModel(0, {"127.0.0.1:1"}, ShardLayoutHash(Tensors(), Shards()),
+                  /*model_generation=*/1);
   keeper.AfterPublish(*a, *at2);
   const std::vector<std::vector<float>> want = State(*b);  // of version 2
 
@@ -158,7 +159,7 @@ TEST_P(GpuSnapshotTest, HoldsItsVersionWhileStepsGoOnAndRestoresToTheSameBytes) 
     ASSERT_NE(PushAndStep(*b, v), nullptr);
   }
   keeper.BeforeChange();  // the copy is done
-  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 2);
+  std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, 2, /*model_generation=*/1);
   ASSERT_NE(snap, nullptr);
   rpc::DaemonStats stats;
   keeper.FillStats(&stats);
