@@ -26,11 +26,22 @@ cd "$(dirname "$0")/.."
 BAZEL=${BAZEL:-bazel}
 BAZEL_BIN=${BAZEL_BIN:-bazel-bin}
 
-# Exactly the tag "gpu" ('\bgpu\b' would also match "no-gpu").
-QUERY='attr(tags, "[\[ ,]gpu[,\]]", tests(//...))'
+# Every package of the workspace, spelled out: //... would also descend
+# into the convenience symlinks of another output base (bazel-<name>).
+universe() {
+  local d first=1
+  for d in */; do
+    d=${d%/}
+    case "$d" in bazel-*) continue ;; esac
+    [ -n "$(find "$d" -name BUILD -print -quit)" ] || continue
+    if [ $first = 1 ]; then first=0; else printf ' + '; fi
+    printf '//%s/...' "$d"
+  done
+}
 
+# Exactly the tag "gpu" ('\bgpu\b' would also match "no-gpu").
 gpu_targets() {
-  $BAZEL query "$QUERY" 2>/dev/null | sort
+  $BAZEL query "attr(tags, \"[\\[ ,]gpu[,\\]]\", tests($(universe)))" 2>/dev/null | sort
 }
 
 # The sh_tests run a script with arguments; everything else is a gtest binary.
@@ -49,7 +60,7 @@ bundle() {
   # What they start: the binaries among their data and runfiles.
   local data
   mapfile -t data < <($BAZEL query \
-      "kind('cc_binary', deps(set(${targets[*]})) intersect //...)" 2>/dev/null |
+      "kind('cc_binary', deps(set(${targets[*]})) intersect ($(universe)))" 2>/dev/null |
       grep -v -e '_test$' -e '//third_party' | sort)
   $BAZEL build --config=cuda "${targets[@]}" "${data[@]}" //client:libhybrid_paramd.so || return 1
   rm -rf "$bundle"
