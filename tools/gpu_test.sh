@@ -19,6 +19,7 @@
 # folder, to keep the CUDA build out of the CPU build's outputs.
 # Knobs (run): JOBS=3 tests at a time (the GPU is shared; 1 for timings),
 # TEST_TIMEOUT=600 seconds per test binary, ONLY=regex of targets to run,
+# EXCEPT=regex of targets not to run,
 # GTEST_FILTER passed to every gtest binary.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -146,6 +147,7 @@ run_all() {
   local -a order=()
   while read -r target kind path args; do
     if [ -n "${ONLY:-}" ] && ! [[ "$target" =~ $ONLY ]]; then continue; fi
+    if [ -n "${EXCEPT:-}" ] && [[ "$target" =~ $EXCEPT ]]; then continue; fi
     local name=${target#//}
     name=${name//[:\/]/_}
     order+=("$target:$name")
