@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -164,24 +165,7 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string
 }
 
 absl::Status WriteSecretFile(const std::string& path, absl::string_view secret) {
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  unlink(tmp.c_str());  // a leftover of a killed writer of this pid
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", tmp, " (", strerror(errno), ")"));
-  }
-  const std::string text = absl::StrCat(secret, "\n");
-  const bool written = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                       fsync(fd) == 0;
-  const int e = errno;
-  close(fd);
-  if (!written || rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = written ? errno : e;
-    unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("cannot write ", path, " (", strerror(err), ")"));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, absl::StrCat(secret, "\n"), 0600);
 }
 
 absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path) {

@@ -90,10 +90,10 @@ absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path);
 // only line). NotFound/InvalidArgument when the file has no usable token.
 absl::StatusOr<std::string> LoadClientToken(const std::string& path, Role preferred);
 
-// Writes `secret` and a newline to `path` with mode 0600: a new file of a
-// temporary name (created 0600, never a link followed), fsynced and renamed
-// over `path`, so that no reader sees a partial secret or a file others may
-// read. Blocks on the file system.
+// Writes `secret` and a newline to `path` with mode 0600 through
+// common/file_util's WriteFileAtomically (a fresh temporary name, never a
+// link followed, fsynced and renamed over `path`), so that no reader sees a
+// partial secret or a file others may read. Blocks on the file system.
 absl::Status WriteSecretFile(const std::string& path, absl::string_view secret);
 
 // 32 random bytes (OpenSSL RAND_bytes) as 64 hex characters.

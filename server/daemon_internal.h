@@ -230,10 +230,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::optional<absl::Status> OutcomeOf(const PublishedVersion* v);
 
   // With a token file, a pusher id belongs to the token whose push under
-  // it first committed (auth::Authenticator::TokenIdentity, a digest):
-  // PERMISSION_DENIED naming the id for a push of another token, before
-  // anything changes. `bind`: record the caller as the owner if the id has
-  // none (at commit). No-op without a token file. Thread-safe.
+  // it first committed (auth::Authenticator::TokenIdentity, a digest).
+  // `bind` false (before a commit): PERMISSION_DENIED naming the id for a
+  // push of another token, RESOURCE_EXHAUSTED when an unbound id would not
+  // fit the table; nothing changes. `bind` true (after a commit): records
+  // the caller as the owner if the id has none. No-op without a token
+  // file. Thread-safe.
   absl::Status ClaimPusher(const std::string& pusher, const grpc::ServerContextBase& context,
                            bool bind) ABSL_LOCKS_EXCLUDED(pusher_owners_mu_);
   absl::Mutex pusher_owners_mu_;

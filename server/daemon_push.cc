@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
@@ -121,27 +120,30 @@ absl::Status Daemon::Impl::CheckDevicePushAllowedLocked() const {
 
 absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
                                        const grpc::ServerContextBase& context, bool bind) {
-  RETURN_IF_ERROR(CheckClientId("pusher_id", pusher));  // before it is stored
   if (options_.authenticator == nullptr) return absl::OkStatus();
   const std::string identity = options_.authenticator->TokenIdentity(context);
   if (identity.empty()) return absl::OkStatus();
   absl::MutexLock lock(&pusher_owners_mu_);
   auto it = pusher_owners_.find(pusher);
   if (it == pusher_owners_.end()) {
-    if (!bind) return absl::OkStatus();
+    // Only a committed push binds (its id passed CheckPushLocked's bound):
+    // a refused one leaves the table as it was.
+    if (bind) {
+      pusher_owners_.emplace(pusher, identity);
+      return absl::OkStatus();
+    }
     // Bounded: a token cannot grow the table without limit.
     if (pusher_owners_.size() >= kMaxPusherOwners) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this daemon has bound ", pusher_owners_.size(),
           " pusher ids to tokens, its limit: push under an id this token pushed before"));
     }
-    pusher_owners_.emplace(pusher, identity);
     return absl::OkStatus();
   }
   if (it->second == identity) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      "pusher_id \"", absl::CHexEscape(absl::string_view(pusher).substr(0, 64)),
-      "\" belongs to another token: each trainer token pushes under its own pusher ids "
+      "pusher_id ", QuoteForMessage(pusher),
+      " belongs to another token: each trainer token pushes under its own pusher ids "
       "(its JoinResponse.member_id); nothing was applied"));
 }
 
@@ -327,9 +329,13 @@ class PushReactor
     if (!request.has_end()) return absl::OkStatus();
     RETURN_IF_ERROR(CheckStreamEnd(request.end().total_bytes(), carried_, "push"));
     RETURN_IF_ERROR(assembler_->Close());
-    RETURN_IF_ERROR(daemon_->ClaimPusher(pusher_, *context_, /*bind=*/true));
+    RETURN_IF_ERROR(daemon_->ClaimPusher(pusher_, *context_, /*bind=*/false));
     RETURN_IF_ERROR(daemon_->CommitPush(version_, pusher_, *view_, assembler_->pieces(),
                                         assembler_->bytes(), response_, live_));
+    // Cannot fail: binds the id to this token if no other push did meanwhile
+    // (two tokens' pushes under one id and version: the second commit was
+    // refused as a duplicate above).
+    daemon_->ClaimPusher(pusher_, *context_, /*bind=*/true).IgnoreError();
     finished_ = true;
     return absl::OkStatus();
   }
