@@ -69,6 +69,8 @@ class TestCluster {
   // The gRPC port of daemon process `d` (the order of starting, which is
   // not necessarily its rank: ranks go by the order of joining).
   int daemon_port(int d) const { return daemon_ports_[d]; }
+  // Daemon processes started so far (replacements included).
+  int num_daemon_processes() const { return static_cast<int>(daemon_ports_.size()); }
   // SIGKILLs daemon `d` and reaps it.
   void KillDaemon(int d);
   // SIGKILLs the coordinator (if it still runs) and starts it again with

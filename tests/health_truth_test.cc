@@ -97,14 +97,7 @@ class LostStateCluster {
 
   // The daemon process (index for KillDaemon) holding `rank`; -1 if none.
   int ProcessOfRank(int rank) {
-    const rpc::GetStatusResponse status = Status();
-    for (const rpc::Member& m : status.members()) {
-      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
-      for (int d = 0; d < 8; ++d) {
-        if (m.address() == absl::StrCat("127.0.0.1:", cluster->daemon_port(d))) return d;
-      }
-    }
-    return -1;
+    return DaemonProcessOfRank(Status(), *cluster, rank);
   }
 
   // paramd_daemon_up of `rank` in a scrape of the coordinator's /metrics

@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
+#include "tests/checkpoint_test_util.h"
 #include "tests/client_cluster.h"
 #include "tests/recovery_test_util.h"
 
@@ -28,6 +29,7 @@ namespace {
 
 using client::Client;
 using client::ClientOptions;
+using testing::DaemonProcessOfRank;
 using testing::PushGradientsFor;
 using testing::TestCluster;
 using testing::TestClusterFlags;
@@ -96,14 +98,8 @@ class Cluster {
   }
 
   absl::Status Checkpoint() {
-    auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-        cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    checkpoint::CheckpointRequest request;
-    request.set_version(-1);
-    checkpoint::CheckpointResponse response;
-    grpc::Status s = stub->Checkpoint(&context, request, &response);
+    const grpc::Status s =
+        testing::CheckpointVia(cluster->coordinator_address(), -1, absl::Seconds(30));
     if (!s.ok()) return absl::InternalError(s.error_message());
     return absl::OkStatus();
   }
@@ -129,14 +125,7 @@ class Cluster {
 
   // Kills the daemon of `rank` and starts a replacement with its rank.
   absl::Status Replace(int rank) {
-    int victim = -1;
-    const rpc::GetStatusResponse status = Status();
-    for (const rpc::Member& m : status.members()) {
-      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
-      for (int d = 0; d < 8; ++d) {
-        if (m.address() == absl::StrCat("127.0.0.1:", cluster->daemon_port(d))) victim = d;
-      }
-    }
+    const int victim = DaemonProcessOfRank(Status(), *cluster, rank);
     if (victim < 0) return absl::NotFoundError(absl::StrCat("no process of rank ", rank));
     cluster->KillDaemon(victim);
     return cluster

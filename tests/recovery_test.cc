@@ -79,12 +79,8 @@ class MembershipTest : public ::testing::Test {
   int ProcessOfRank(int rank) {
     auto s = client_->Status(false, absl::Seconds(5));
     EXPECT_TRUE(s.ok()) << s.status();
-    for (const rpc::Member& m : s->members()) {
-      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
-      for (int d = 0; d < 8; ++d) {
-        if (m.address() == absl::StrCat("127.0.0.1:", cluster_->daemon_port(d))) return d;
-      }
-    }
+    const int d = s.ok() ? DaemonProcessOfRank(*s, *cluster_, rank) : -1;
+    if (d >= 0) return d;
     ADD_FAILURE() << "no process for rank " << rank;
     return 0;
   }
@@ -284,14 +280,7 @@ class RecoveryCluster {
   }
 
   int ProcessOfRank(int rank) {
-    const rpc::GetStatusResponse status = Status();
-    for (const rpc::Member& m : status.members()) {
-      if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
-      for (int d = 0; d < 8; ++d) {
-        if (m.address() == absl::StrCat("127.0.0.1:", cluster->daemon_port(d))) return d;
-      }
-    }
-    return -1;
+    return DaemonProcessOfRank(Status(), *cluster, rank);
   }
 
   std::string ckpt() const { return cluster->dir() + "/ckpt"; }

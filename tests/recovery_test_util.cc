@@ -94,6 +94,17 @@ absl::Status PushGradientsFor(client::Client& client, int64_t version) {
   return client.PushGradients(version, grads).status();
 }
 
+int DaemonProcessOfRank(const rpc::GetStatusResponse& status, const TestCluster& cluster,
+                        int rank) {
+  for (const rpc::Member& m : status.members()) {
+    if (m.role() != rpc::ROLE_DAEMON || m.rank() != rank) continue;
+    for (int d = 0; d < cluster.num_daemon_processes(); ++d) {
+      if (m.address() == absl::StrCat("127.0.0.1:", cluster.daemon_port(d))) return d;
+    }
+  }
+  return -1;
+}
+
 int EnvInt(const char* name, int fallback) {
   const char* value = getenv(name);
   return value != nullptr ? atoi(value) : fallback;

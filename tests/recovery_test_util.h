@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/client.h"
+#include "proto/paramd.pb.h"
+#include "tests/client_cluster.h"
 
 namespace paramd {
 namespace testing {
@@ -38,6 +40,11 @@ absl::StatusOr<int64_t> WriteAndLoadModel(client::Client& client, const std::str
 
 // Pushes GradientsFor(version), every tensor of kTensors, from `client`.
 absl::Status PushGradientsFor(client::Client& client, int64_t version);
+
+// The daemon process of `cluster` (its index for KillDaemon) holding
+// `rank` in `status`; -1 if none.
+int DaemonProcessOfRank(const rpc::GetStatusResponse& status, const TestCluster& cluster,
+                        int rank);
 
 // The integer in environment variable `name`, else `fallback`.
 int EnvInt(const char* name, int fallback);
