@@ -17,12 +17,12 @@
 #include <fstream>
 #include <set>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/internal/private_handle_accessor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
@@ -142,20 +142,30 @@ ABSL_FLAG(int32_t, daemon_lease_ms, 1500,
           "are refused until a replacement with its --rank joins)");
 // The optimizer config is the coordinator's (proto/optimizer.proto): its
 // recipe's `optimizer` section, else --optimizer=FILE, else these flags on
-// the coordinator. A daemon needs none of them; a daemon flag given
-// explicitly must agree with the coordinator's config (else its join is
-// refused, both values named).
-ABSL_FLAG(std::string, optimizer, "adamw",
+// the coordinator. A daemon needs none of them; a daemon flag that is set
+// must agree with the coordinator's config (else its join is refused, both
+// values named).
+ABSL_FLAG(std::string, optimizer, "",
           "adamw | sgd | FILE: coordinator: the optimizer config in protobuf text "
           "(proto/optimizer.proto: kind, lr, betas, eps, weight_decay, schedule, max_grad_norm, "
-          "non_finite) or just the kind; daemon: the kind it expects (checked at join)");
-ABSL_FLAG(double, lr, 1e-3, "learning rate (peak of the schedule); daemons: checked at join");
-ABSL_FLAG(double, beta1, 0.9, "AdamW beta1; daemons: checked at join");
-ABSL_FLAG(double, beta2, 0.999, "AdamW beta2; daemons: checked at join");
-ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon; daemons: checked at join");
-ABSL_FLAG(double, weight_decay, 0.0,
-          "weight decay (AdamW: decoupled; SGD: added to the gradient); daemons: checked at join");
-ABSL_FLAG(double, momentum, 0.0, "SGD momentum; daemons: checked at join");
+          "non_finite) or just the kind (unset: adamw); daemon: unset takes the coordinator's "
+          "kind, set must agree with it (checked at join)");
+// Unset (the default) is no opinion: the coordinator uses the value in the
+// brackets, a daemon takes the coordinator's.
+ABSL_FLAG(std::optional<double>, lr, std::nullopt,
+          "learning rate, the peak of the schedule (coordinator: unset = 1e-3; daemon: unset "
+          "takes the coordinator's, set must agree, checked at join)");
+ABSL_FLAG(std::optional<double>, beta1, std::nullopt,
+          "AdamW beta1 (coordinator: unset = 0.9; daemon: checked at join if set)");
+ABSL_FLAG(std::optional<double>, beta2, std::nullopt,
+          "AdamW beta2 (coordinator: unset = 0.999; daemon: checked at join if set)");
+ABSL_FLAG(std::optional<double>, adam_eps, std::nullopt,
+          "AdamW epsilon (coordinator: unset = 1e-8; daemon: checked at join if set)");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
+          "weight decay, AdamW: decoupled; SGD: added to the gradient (coordinator: unset = 0; "
+          "daemon: checked at join if set)");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt,
+          "SGD momentum (coordinator: unset = 0; daemon: checked at join if set)");
 ABSL_FLAG(int64_t, chunk_bytes, int64_t{1} << 20, "daemon: default fetch chunk size in bytes");
 ABSL_FLAG(int32_t, step_timeout_s, 60, "daemon: a step whose all-reduce takes longer fails");
 ABSL_FLAG(bool, pipelined_step, false,
@@ -299,27 +309,24 @@ absl::Status Run() {
     RETURN_IF_ERROR(check_address("advertise_address", options.advertise_address));
   }
 
-  // The optimizer flags given on the command line (a default is no opinion).
+  // The optimizer flags that are set (on the command line, in a --flagfile
+  // or in the --config file); an unset one is no opinion.
   const std::string optimizer_flag = absl::GetFlag(FLAGS_optimizer);
-  const bool optimizer_file = optimizer_flag != "adamw" && optimizer_flag != "sgd";
+  const bool optimizer_file =
+      !optimizer_flag.empty() && optimizer_flag != "adamw" && optimizer_flag != "sgd";
   recipe::OptimizerConfig& pins = options.daemon.optimizer_flags;
-  // Given on the command line or in the --config file.
-  auto given = [](const auto& flag) {
-    const absl::CommandLineFlag& h = absl::GetFlagReflectionHandle(flag);
-    return absl::flags_internal::PrivateHandleAccessor::IsSpecifiedOnCommandLine(h) ||
-           h.CurrentValue() != h.DefaultValue();
-  };
-  if (given(FLAGS_optimizer) && !optimizer_file) {
+  if (!optimizer_flag.empty() && !optimizer_file) {
     pins.set_kind(optimizer_flag == "sgd" ? recipe::SGD : recipe::ADAMW);
   }
-  if (given(FLAGS_lr)) pins.set_lr(static_cast<float>(absl::GetFlag(FLAGS_lr)));
-  if (given(FLAGS_beta1)) pins.set_beta1(static_cast<float>(absl::GetFlag(FLAGS_beta1)));
-  if (given(FLAGS_beta2)) pins.set_beta2(static_cast<float>(absl::GetFlag(FLAGS_beta2)));
-  if (given(FLAGS_adam_eps)) pins.set_eps(static_cast<float>(absl::GetFlag(FLAGS_adam_eps)));
-  if (given(FLAGS_weight_decay)) {
-    pins.set_weight_decay(static_cast<float>(absl::GetFlag(FLAGS_weight_decay)));
-  }
-  if (given(FLAGS_momentum)) pins.set_momentum(static_cast<float>(absl::GetFlag(FLAGS_momentum)));
+  auto pin = [](const std::optional<double>& flag, auto set) {
+    if (flag.has_value()) set(static_cast<float>(*flag));
+  };
+  pin(absl::GetFlag(FLAGS_lr), [&](float v) { pins.set_lr(v); });
+  pin(absl::GetFlag(FLAGS_beta1), [&](float v) { pins.set_beta1(v); });
+  pin(absl::GetFlag(FLAGS_beta2), [&](float v) { pins.set_beta2(v); });
+  pin(absl::GetFlag(FLAGS_adam_eps), [&](float v) { pins.set_eps(v); });
+  pin(absl::GetFlag(FLAGS_weight_decay), [&](float v) { pins.set_weight_decay(v); });
+  pin(absl::GetFlag(FLAGS_momentum), [&](float v) { pins.set_momentum(v); });
   if (options.run_daemon && optimizer_file && !options.run_coordinator) {
     return absl::InvalidArgumentError(
         "--optimizer=FILE is the coordinator's; a daemon takes the coordinator's config");

@@ -77,25 +77,49 @@ std::vector<uint8_t> Weights(RawCluster& c, int64_t version) {
   return q.ok() ? q->data : std::vector<uint8_t>();
 }
 
+// Starts a daemon of `c` with `flags`, expects its join to be refused (it
+// exits 1) and returns what it logged.
+std::string RefusedDaemonLog(TestCluster& c, const std::vector<std::string>& flags) {
+  demo::ChildProcesses children;
+  const std::string log = c.dir() + "/refused.log";
+  std::vector<std::string> argv = {"server/hybrid-paramd", "--role=daemon",
+                                   "--listen=127.0.0.1:0",
+                                   "--coordinator=" + c.coordinator_address()};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<int> child = children.Start({"daemon", argv, log, log});
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return "";
+  absl::StatusOr<int> status = children.Wait(*child, absl::Seconds(30));
+  EXPECT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 1);
+  std::ifstream in(log);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 TEST(OptimizerClusterTest, MismatchedDaemonFlagIsRefusedAtJoin) {
   TestClusterOptions o = Options(1);
   o.coordinator_flags = {"--optimizer=adamw", "--lr=0.01"};
   absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
   // A daemon told --lr=0.5: its join is refused, it exits 1 naming both.
-  demo::ChildProcesses children;
-  const std::string log = (*c)->dir() + "/refused.log";
-  absl::StatusOr<int> child = children.Start(
-      {"daemon", {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
-                  "--coordinator=" + (*c)->coordinator_address(), "--lr=0.5"},
-       log, log});
-  ASSERT_TRUE(child.ok()) << child.status();
-  absl::StatusOr<int> status = children.Wait(*child, absl::Seconds(30));
-  ASSERT_TRUE(status.ok()) << status.status();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1);
-  std::ifstream in(log);
-  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string out = RefusedDaemonLog(**c, {"--lr=0.5"});
   EXPECT_NE(out.find("--lr=0.5"), std::string::npos) << out;
+  EXPECT_NE(out.find("lr: 0.01"), std::string::npos) << out;
+}
+
+// A daemon flag set in its --config file is set, even to the value a
+// coordinator without that flag would use (1e-3): it must agree with the
+// coordinator's config like a flag on the command line.
+TEST(OptimizerClusterTest, DaemonFlagFromTheConfigFileIsChecked) {
+  absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
+  ASSERT_TRUE(dir.ok());
+  TestClusterOptions o = Options(1);
+  o.coordinator_flags = {"--lr=0.01"};
+  absl::StatusOr<std::unique_ptr<TestCluster>> c = TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string config = WriteFile(dir->path(), "daemon.textproto", "lr: 0.001\n");
+  const std::string out = RefusedDaemonLog(**c, {"--config=" + config});
+  EXPECT_NE(out.find("--lr=0.001"), std::string::npos) << out;
   EXPECT_NE(out.find("lr: 0.01"), std::string::npos) << out;
 }
 
