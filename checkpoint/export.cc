@@ -1,7 +1,5 @@
 #include "checkpoint/export.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -33,17 +31,6 @@ absl::Status CheckTensor(const ExportTensor& tensor) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name, ": shape holds ",
                                                    elements, " elements, rows x cols ",
                                                    tensor.rows * tensor.cols));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MakeDirs(const std::string& path) {
-  for (size_t pos = 1; pos <= path.size(); ++pos) {
-    if (pos != path.size() && path[pos] != '/') continue;
-    const std::string prefix = path.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, "mkdir", prefix);
-    }
   }
   return absl::OkStatus();
 }
@@ -159,9 +146,10 @@ absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& 
   ASSIGN_OR_RETURN(safetensors::ShardPlan plan,
                    safetensors::PlanShards(std::move(specs), options.max_shard_bytes,
                                            options.prefix));
-  RETURN_IF_ERROR(MakeDirs(options.out_dir));
+  RETURN_IF_ERROR(MakeDirs(options.out_dir, options.modes.dir));
   ASSIGN_OR_RETURN(std::unique_ptr<safetensors::ShardedWriter> writer,
-                   safetensors::ShardedWriter::Create(options.out_dir, plan));
+                   safetensors::ShardedWriter::Create(options.out_dir, plan, {{"format", "pt"}},
+                                                      options.modes.file));
 
   const uint64_t total = plan.total_size;
   const int64_t element_bytes = ExportDtypeSize(options.dtype);

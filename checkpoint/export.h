@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "checkpoint/store.h"
+#include "common/file_util.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -97,7 +98,11 @@ std::unique_ptr<ExportSource> NewCheckpointExportSource(const CheckpointReader* 
                                                         uint64_t chunk_bytes = 8 << 20);
 
 struct ExportOptions {
-  std::string out_dir;  // created (with parents) if missing
+  std::string out_dir;  // created (with parents, modes.dir) if missing
+  // The modes of the files written (shards and index) and of the
+  // directories created: the user's only unless widened (hpctl export
+  // --group_readable).
+  FileModes modes;
   ExportDtype dtype = ExportDtype::kBf16;
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's "5GB"
   std::string prefix = "model";

@@ -196,6 +196,42 @@ TEST(ExportTest, FromCheckpointOfTwoDaemons) {
   }
 }
 
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+// An export is model data: its files are the user's only (the umask of a
+// shell would have made them world-readable), and so are the directories it
+// creates; FileModes::ForGroupReadable widens both for a group.
+TEST(ExportTest, FilesAndCreatedDirectoriesAreTheUsersOnlyUnlessWidened) {
+  const MemoryModel model = FakeModel();
+  const mode_t old_umask = ::umask(0);  // the modes must not come from the umask
+  struct Case {
+    FileModes modes;
+    mode_t file, dir;
+  };
+  for (const Case& c : {Case{FileModes(), 0600, 0700},
+                        Case{FileModes::ForGroupReadable(true), 0640, 0750}}) {
+    FloatRowSource source = model.Source(1 << 20);
+    const std::string parent = OutDir(absl::StrCat("modes", c.file));
+    ExportOptions options;
+    options.out_dir = parent + "/inner";  // both created
+    options.max_shard_bytes = 9000;       // several shards
+    options.modes = c.modes;
+    auto result = ExportSafetensors(model.tensors, source, options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_GE(result->files.size(), 3u);
+    for (const std::string& file : result->files) {
+      EXPECT_EQ(ModeOf(options.out_dir + "/" + file), c.file) << file;
+    }
+    EXPECT_EQ(ModeOf(parent), c.dir);
+    EXPECT_EQ(ModeOf(options.out_dir), c.dir);
+  }
+  ::umask(old_umask);
+}
+
 class BrokenSource : public ExportSource {
  public:
   explicit BrokenSource(int mode) : mode_(mode) {}

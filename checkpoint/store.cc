@@ -181,20 +181,8 @@ absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, b
                                                       FileModes modes) {
   if (root.empty()) return absl::InvalidArgumentError("empty checkpoint directory");
   if (create) {
-    // The configured root itself is trusted (operator input); create it
-    // component by component from the first existing ancestor.
-    std::string prefix;
-    for (size_t pos = 1; pos <= root.size(); ++pos) {
-      if (pos == root.size() || root[pos] == '/') {
-        prefix = root.substr(0, pos);
-        if (::mkdir(prefix.c_str(), modes.dir) == 0) {
-          // mkdir applied the umask; the configured mode is the contract.
-          if (::chmod(prefix.c_str(), modes.dir) != 0) return ErrnoStatus(errno, "chmod", prefix);
-        } else if (errno != EEXIST) {
-          return ErrnoStatus(errno, "mkdir", prefix);
-        }
-      }
-    }
+    // The configured root itself is trusted (operator input).
+    RETURN_IF_ERROR(MakeDirs(root, modes.dir));
   }
   ASSIGN_OR_RETURN(std::string real, RealPath(root));
   struct stat st;

@@ -62,6 +62,19 @@ absl::Status FsyncFd(int fd, absl::string_view path) {
   return absl::OkStatus();
 }
 
+absl::Status MakeDirs(const std::string& path, mode_t mode) {
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos != path.size() && path[pos] != '/') continue;
+    const std::string prefix = path.substr(0, pos);
+    if (::mkdir(prefix.c_str(), mode) == 0) {
+      if (::chmod(prefix.c_str(), mode) != 0) return ErrnoStatus(errno, "chmod", prefix);
+    } else if (errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir", prefix);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FsyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(errno, "open directory", dir);

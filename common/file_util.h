@@ -60,6 +60,13 @@ struct FileModes {
   }
 };
 
+// Creates directory `path` and every missing parent, each new one with
+// exactly `mode` (chmod after mkdir: the umask does not change it);
+// directories that exist are left as they are. For paths the operator or
+// user names (symlinks are followed); a path from a request goes through
+// checkpoint/file_util.h MakeDirsUnder instead.
+absl::Status MakeDirs(const std::string& path, mode_t mode);
+
 // A new, empty file "<dir>/<prefix><random suffix>", opened for writing.
 // The caller owns `fd` (close it) and removes `path` if it does not keep it.
 struct UniqueFile {

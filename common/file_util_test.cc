@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -98,6 +99,27 @@ TEST(FileUtilTest, CreateUniqueFileNeverFollowsAndHasExactlyTheMode) {
     EXPECT_EQ(st.st_mode & 0777, static_cast<mode_t>(mode)) << file->path;
     ::close(file->fd);
   }
+}
+
+TEST(FileUtilTest, MakeDirsGivesNewDirectoriesExactlyTheModeAndLeavesOldOnes) {
+  const std::string dir = MakeTempDir();
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  const mode_t old_umask = ::umask(077);  // narrower than 0750: the mode still wins
+  absl::Status made = MakeDirs(dir + "/a/b", 0750);
+  ::umask(old_umask);
+  ASSERT_TRUE(made.ok()) << made;
+  auto mode_of = [](const std::string& path) {
+    struct stat st;
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode_of(dir), 0755u);  // existed: untouched
+  EXPECT_EQ(mode_of(dir + "/a"), 0750u);
+  EXPECT_EQ(mode_of(dir + "/a/b"), 0750u);
+  EXPECT_TRUE(MakeDirs(dir + "/a/b", 0700).ok());  // all there: nothing changes
+  EXPECT_EQ(mode_of(dir + "/a/b"), 0750u);
+  std::ofstream(dir + "/file") << "x";
+  EXPECT_FALSE(MakeDirs(dir + "/file/c", 0700).ok());
 }
 
 TEST(FileUtilTest, WriteFileAtomicallyIgnoresSymlinksPlantedBesideIt) {

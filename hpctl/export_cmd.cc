@@ -2,7 +2,8 @@
 // from the FP32 masters on the daemons (BF16 round to nearest even, or
 // FP32), streamed to this machine and written as model-0000k-of-0000n
 // shards plus model.safetensors.index.json. --direction exports the
-// dequantized published copy a trainer saw instead of the master.
+// dequantized published copy a trainer saw instead of the master. The files
+// are the user's only (0600) unless --group_readable.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "checkpoint/export.h"
 #include "checkpoint/remote_export.h"
+#include "common/file_util.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "hpctl/export_dir.h"
@@ -33,16 +35,18 @@ int RunExport(int argc, char** argv) {
   std::string checkpoint_dir;
   bool progress = true;
   bool overwrite = false;
+  bool group_readable = false;
   OptionParser opts(
       "hpctl export --out DIR [--version V] [--max_shard_size 5GB] [--dtype bf16|fp32] "
-      "[--direction master|rowwise|columnwise] [--overwrite]",
+      "[--direction master|rowwise|columnwise] [--overwrite] [--group_readable]",
       "Writes version V (default: the committed one) as Hugging Face safetensors in DIR: "
       "model-0000k-of-0000n.safetensors with __metadata__ {\"format\": \"pt\"} and "
       "model.safetensors.index.json (written last). The daemons convert their FP32 master "
       "shards (BF16: round to nearest even, a NaN stays NaN) and stream them here. A version "
       "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any. DIR must "
       "be new or empty; --overwrite replaces an older export there (its shards and index are "
-      "removed first, other files such as config.json are kept).");
+      "removed first, other files such as config.json are kept). The files are written 0600 and "
+      "the directories created 0700 (0640 / 0750 with --group_readable), whatever the umask.");
   cluster.AddTo(opts);
   opts.AddString("out", &out, "output directory (created)");
   opts.AddInt("version", &version, "version to export; -1 = the committed one");
@@ -56,6 +60,8 @@ int RunExport(int argc, char** argv) {
   opts.AddBool("progress", &progress, "progress bar on a terminal");
   opts.AddBool("overwrite", &overwrite,
                "replace an older export in --out (removes its shards and index first)");
+  opts.AddBool("group_readable", &group_readable,
+               "write the files 0640 and create directories 0750 (default 0600 / 0700)");
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
   auto usage_error = [&](const std::string& message) {
     std::cerr << "hpctl export: " << message << "\n\n" << opts.Usage();
@@ -125,6 +131,7 @@ int RunExport(int argc, char** argv) {
   options.out_dir = out;
   options.dtype = *dtype;
   options.max_shard_bytes = *shard_bytes;
+  options.modes = FileModes::ForGroupReadable(group_readable);
   options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
   const auto start = std::chrono::steady_clock::now();
   auto result = checkpoint::ExportSafetensors(tensors, *source, options);

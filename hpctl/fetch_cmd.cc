@@ -1,5 +1,6 @@
 // hpctl fetch: one direction of one tensor, as a trainer would receive it,
-// written to a safetensors file.
+// written to a safetensors file, the user's only (0600) unless
+// --group_readable.
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -7,9 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"
+#include "common/status_macros.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
-#include "common/status_macros.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "safetensors/safetensors.h"
@@ -19,7 +21,7 @@ namespace hpctl {
 namespace {
 
 absl::Status Write(const std::string& path, const client::FetchedTensor& t, int64_t version,
-                   bool dequantize) {
+                   bool dequantize, mode_t mode) {
   namespace st = safetensors;
   const QuantizedTensor& q = t.value;
   st::Metadata metadata = {
@@ -38,7 +40,7 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
     if (!values.ok()) return values.status();
     metadata["content"] = "dequantized fp32 [rows][cols]";
     auto writer = st::SafetensorsWriter::Create(
-        path, {{t.tensor, st::Dtype::kF32, {q.rows, q.cols}}}, metadata);
+        path, {{t.tensor, st::Dtype::kF32, {q.rows, q.cols}}}, metadata, mode);
     if (!writer.ok()) return writer.status();
     absl::Status s = (*writer)->WriteTensor(
         t.tensor, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(values->data()),
@@ -80,7 +82,7 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
   if (per_tensor) specs.push_back({t.tensor + ".scale_inv", st::Dtype::kF32, {}});
   if (has_amax) specs.push_back({t.tensor + ".amax", st::Dtype::kF32, {}});
   specs.push_back({t.tensor, data_dtype, {l.data_rows, l.data_row_bytes / elem}});
-  auto writer = st::SafetensorsWriter::Create(path, specs, metadata);
+  auto writer = st::SafetensorsWriter::Create(path, specs, metadata, mode);
   if (!writer.ok()) return writer.status();
   auto scalar = [](const float& f) {
     return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&f), sizeof(float));
@@ -118,9 +120,10 @@ int RunFetch(int argc, char** argv) {
   std::string out;
   int64_t version = -1;
   bool dequantize = false;
+  bool group_readable = false;
   OptionParser opts(
       "hpctl fetch TENSOR --out FILE [--direction rowwise|columnwise] [--version V] "
-      "[--dequantize]",
+      "[--dequantize] [--group_readable]",
       "Fetches one published direction of one tensor (assembled from every daemon holding a "
       "piece of it) and writes a safetensors file with the buffers exactly as in FORMATS.md: "
       "TENSOR (the data: F8_E4M3 / F8_E5M2 for FP8 formats, BF16 / F32 for identity formats, "
@@ -129,12 +132,14 @@ int RunFetch(int argc, char** argv) {
       "scale_cols]) where the format has a scale buffer, and scalar F32 TENSOR.scale_inv "
       "(per-tensor FP8) and TENSOR.amax (per-tensor FP8, NVFP4); format, direction, version, "
       "rows, cols, scale_inv and amax are in the metadata too. --dequantize writes the FP32 "
-      "[rows, cols] values instead.");
+      "[rows, cols] values instead. The file is written 0600 (0640 with --group_readable), "
+      "whatever the umask.");
   cluster.AddTo(opts);
   opts.AddString("direction", &direction_name, "rowwise or columnwise");
   opts.AddInt("version", &version, "version to fetch; -1 = the committed one");
   opts.AddString("out", &out, "output file");
   opts.AddBool("dequantize", &dequantize, "write dequantized FP32 values");
+  opts.AddBool("group_readable", &group_readable, "write the file 0640 (default 0600)");
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
   if (opts.positional().size() != 1 || out.empty()) {
     std::cerr << "hpctl fetch: expected one TENSOR and --out FILE\n" << opts.Usage();
@@ -157,7 +162,9 @@ int RunFetch(int argc, char** argv) {
   auto result = (*client)->Fetch(version, {{opts.positional()[0], direction, {}, {}}});
   if (!result.ok()) return ReportFailure("fetch", result.status());
   const client::FetchedTensor& t = result->tensors[0];
-  if (absl::Status s = Write(out, t, result->version, dequantize); !s.ok()) {
+  if (absl::Status s = Write(out, t, result->version, dequantize,
+                             FileModes::ForGroupReadable(group_readable).file);
+      !s.ok()) {
     return ReportFailure("fetch", s);
   }
   std::cout << absl::StrFormat(

@@ -388,7 +388,7 @@ absl::StatusOr<std::string> EncodeHeader(absl::Span<const TensorSpec> tensors,
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::string& path, std::vector<TensorSpec> tensors, Metadata metadata) {
+    const std::string& path, std::vector<TensorSpec> tensors, Metadata metadata, mode_t mode) {
   ASSIGN_OR_RETURN(std::string header, EncodeHeader(tensors, metadata));
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   for (const TensorSpec& t : tensors) {
@@ -400,7 +400,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   while (writer->current_ < writer->specs_.size() && writer->sizes_[writer->current_] == 0) {
     ++writer->current_;
   }
-  ASSIGN_OR_RETURN(writer->out_, AtomicFile::Create(path));
+  ASSIGN_OR_RETURN(writer->out_, AtomicFile::Create(path, mode));
   RETURN_IF_ERROR(writer->out_->Append(header));
   return writer;
 }

@@ -26,6 +26,8 @@
 #ifndef PARAMD_SAFETENSORS_SAFETENSORS_H_
 #define PARAMD_SAFETENSORS_SAFETENSORS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -177,10 +179,12 @@ class SafetensorsWriter {
  public:
   // InvalidArgument for an empty or duplicate name, the name "__metadata__",
   // a negative dimension or a size overflow; an I/O error status if the
-  // temporary file cannot be created.
+  // temporary file cannot be created. The file gets exactly `mode` (the
+  // umask does not change it).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
                                                                    std::vector<TensorSpec> tensors,
-                                                                   Metadata metadata = {});
+                                                                   Metadata metadata = {},
+                                                                   mode_t mode = 0644);
 
   ~SafetensorsWriter();
 

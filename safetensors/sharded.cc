@@ -95,7 +95,8 @@ std::string EncodeIndex(const ShardPlan& plan) {
 
 absl::StatusOr<std::unique_ptr<ShardedWriter>> ShardedWriter::Create(const std::string& dir,
                                                                      ShardPlan plan,
-                                                                     Metadata metadata) {
+                                                                     Metadata metadata,
+                                                                     mode_t mode) {
   struct stat st;
   if (stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot use directory", dir);
   if (!S_ISDIR(st.st_mode)) return absl::InvalidArgumentError(dir + ": not a directory");
@@ -104,9 +105,11 @@ absl::StatusOr<std::unique_ptr<ShardedWriter>> ShardedWriter::Create(const std::
   writer->dir_ = dir;
   writer->plan_ = std::move(plan);
   writer->metadata_ = std::move(metadata);
+  writer->mode_ = mode;
   const ShardPlan::Shard& first = writer->plan_.shards[0];
-  ASSIGN_OR_RETURN(writer->writer_, SafetensorsWriter::Create(JoinPath(dir, first.file_name),
-                                                              first.tensors, writer->metadata_));
+  ASSIGN_OR_RETURN(writer->writer_,
+                   SafetensorsWriter::Create(JoinPath(dir, first.file_name), first.tensors,
+                                             writer->metadata_, mode));
   RETURN_IF_ERROR(writer->Advance());
   return writer;
 }
@@ -120,7 +123,7 @@ absl::Status ShardedWriter::Advance() {
     if (++shard_ < plan_.shards.size()) {
       const ShardPlan::Shard& shard = plan_.shards[shard_];
       ASSIGN_OR_RETURN(writer_, SafetensorsWriter::Create(JoinPath(dir_, shard.file_name),
-                                                          shard.tensors, metadata_));
+                                                          shard.tensors, metadata_, mode_));
     }
   }
   return absl::OkStatus();
@@ -152,7 +155,7 @@ absl::Status ShardedWriter::Finish() {
     return WithContext(writer_->Finish(), absl::StrCat(plan_.shards[shard_].file_name, ": "));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> index,
-                   AtomicFile::Create(JoinPath(dir_, kIndexFileName)));
+                   AtomicFile::Create(JoinPath(dir_, kIndexFileName), mode_));
   RETURN_IF_ERROR(index->Append(EncodeIndex(plan_)));
   RETURN_IF_ERROR(index->Commit());
   finished_ = true;

@@ -58,11 +58,13 @@ absl::StatusOr<ShardPlan> PlanShards(std::vector<TensorSpec> tensors, uint64_t m
 // shard is an atomic SafetensorsWriter, finished as soon as its last tensor
 // is complete; Finish() writes model.safetensors.index.json (atomically,
 // last). Every shard gets `metadata` as its __metadata__ (Hugging Face's
-// loaders like {"format": "pt"}). Not thread-safe; blocks on disk I/O.
+// loaders like {"format": "pt"}); every file, shards and index, gets
+// exactly `mode`. Not thread-safe; blocks on disk I/O.
 class ShardedWriter {
  public:
   static absl::StatusOr<std::unique_ptr<ShardedWriter>> Create(
-      const std::string& dir, ShardPlan plan, Metadata metadata = {{"format", "pt"}});
+      const std::string& dir, ShardPlan plan, Metadata metadata = {{"format", "pt"}},
+      mode_t mode = 0644);
   ~ShardedWriter();
 
   // As SafetensorsWriter: `name` must be the next declared tensor (plan
@@ -84,6 +86,7 @@ class ShardedWriter {
   std::string dir_;
   ShardPlan plan_;
   Metadata metadata_;
+  mode_t mode_ = 0644;
   size_t shard_ = 0;  // index of the shard being written
   std::unique_ptr<SafetensorsWriter> writer_;
   bool finished_ = false;

@@ -1,6 +1,7 @@
 // hpctl's cluster commands (load, status, fetch, step) as an operator runs
 // them: the //hpctl:hpctl binary against a coordinator and two daemon
 // processes.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -166,11 +167,19 @@ TEST_F(HpctlTest, LoadStatusStepAndStatusJson) {
   EXPECT_EQ(parameters, 384 * 256 + 64 * 64);
 }
 
+// The permission bits of `path` (07777 part of st_mode).
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
 TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   Load();
   const std::string raw = dir_ + "/w_col.safetensors";
   HpctlRun fetch = Hpctl({"fetch", "w.weight", "--direction=columnwise", "--out=" + raw});
   ASSERT_EQ(fetch.exit_code, 0) << fetch.out;
+  EXPECT_EQ(ModeOf(raw), 0600u);
   auto file = safetensors::SafetensorsFile::Open(raw);
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_EQ(file->metadata().at("format"), "fp8_current");
@@ -392,6 +401,9 @@ TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
   // w.weight (192 KiB in BF16) and v.weight in separate shards.
   HpctlRun first = Hpctl({"export", "--out=" + out, "--max_shard_size=100KB"});
   ASSERT_EQ(first.exit_code, 0) << first.out << cluster_->Logs();
+  // Model data is the user's only, whatever the umask.
+  EXPECT_EQ(ModeOf(out), 0700u);
+  for (const std::string& name : DirNames(out)) EXPECT_EQ(ModeOf(out + "/" + name), 0600u) << name;
   std::ofstream(out + "/config.json") << "{}";
   const std::vector<std::string> before = DirNames(out);
   EXPECT_EQ(before, (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
@@ -404,13 +416,15 @@ TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
   EXPECT_TRUE(absl::StrContains(refused.out, "--overwrite")) << refused.out;
   EXPECT_EQ(DirNames(out), before);  // nothing touched
 
-  HpctlRun again = Hpctl({"export", "--out=" + out, "--overwrite"});
+  HpctlRun again = Hpctl({"export", "--out=" + out, "--overwrite", "--group_readable"});
   ASSERT_EQ(again.exit_code, 0) << again.out << cluster_->Logs();
   EXPECT_TRUE(absl::StrContains(again.out, "removed 3 file(s) of the older export")) << again.out;
   // One shard now; the older second shard is gone, config.json kept.
   EXPECT_EQ(DirNames(out), (std::vector<std::string>{"config.json",
                                                      "model-00001-of-00001.safetensors",
                                                      "model.safetensors.index.json"}));
+  EXPECT_EQ(ModeOf(out + "/model-00001-of-00001.safetensors"), 0640u);
+  EXPECT_EQ(ModeOf(out + "/model.safetensors.index.json"), 0640u);
   std::ifstream index_file(out + "/model.safetensors.index.json");
   nlohmann::json index = nlohmann::json::parse(index_file, nullptr, false);
   ASSERT_FALSE(index.is_discarded());
