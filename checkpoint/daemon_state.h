@@ -9,9 +9,9 @@
 // produced published version v (the FP32 masters and optimizer moments after
 // the step to v, the scaling state whose scales quantized v, the optimizer
 // step count) and guarantees that no step commits a newer state while fn
-// runs. A daemon that has already moved past v, or is not loaded, returns
-// FailedPrecondition naming its version; callers retry with the new
-// committed version.
+// runs. A daemon that is not at v answers NotAtVersion: Aborted when it
+// has moved past v (callers asking for "the committed version" retry with
+// the new one), FailedPrecondition when it is not there yet or not loaded.
 #ifndef PARAMD_CHECKPOINT_DAEMON_STATE_H_
 #define PARAMD_CHECKPOINT_DAEMON_STATE_H_
 
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "proto/checkpoint.pb.h"
 
@@ -54,6 +55,14 @@ struct DaemonStateView {
 
 // What a directional export reads: the master, or a dequantized published copy.
 enum class ExportValuesKind : uint8_t { kMaster = 0, kRowwise = 1, kColumnwise = 2 };
+
+// WithState's refusal of version `wanted` by a daemon at version `at`:
+// Aborted if the daemon has moved past it (a retry with the newer committed
+// version can succeed), else FailedPrecondition.
+inline absl::Status NotAtVersion(int64_t at, int64_t wanted) {
+  const std::string message = absl::StrCat("daemon is at version ", at, ", not ", wanted);
+  return at > wanted ? absl::AbortedError(message) : absl::FailedPreconditionError(message);
+}
 
 class CheckpointableDaemon {
  public:

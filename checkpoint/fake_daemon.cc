@@ -56,10 +56,7 @@ void FakeDaemon::set_write_delay(absl::Duration delay) {
 absl::Status FakeDaemon::WithState(int64_t version,
                                    const std::function<absl::Status(const DaemonStateView&)>& fn) {
   absl::MutexLock lock(&mu_);
-  if (version != version_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("daemon is at version ", version_, ", not ", version));
-  }
+  if (version != version_) return NotAtVersion(version_, version);
   if (write_delay_ > absl::ZeroDuration()) absl::SleepFor(write_delay_);
   DaemonStateView view;
   view.version = version_;

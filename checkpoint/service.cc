@@ -128,7 +128,12 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
 
  private:
   absl::Status DoWriteShard(const WriteShardRequest& request, WriteShardResponse* response) {
-    if (options_.root.empty()) return NoRoot();
+    if (options_.root.empty()) {
+      return absl::FailedPreconditionError(
+          "this daemon runs without --checkpoint_dir, so it writes no checkpoint shards: start "
+          "every hybrid-paramd of the cluster with --checkpoint_dir=DIR (a directory all of them "
+          "share)");
+    }
     // Another rank's shard written from this daemon's state would pass for
     // that rank's in the checkpoint: refused before anything is created.
     if (const int rank = daemon_->rank(); rank >= 0 && request.daemon_rank() != rank) {
@@ -597,10 +602,14 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
                                                                       manifest);
       if (!shards.ok()) {
         last = shards.status();
-        // A daemon moved past the version: retry with the new one if the
-        // caller asked for "the committed version".
-        if (request.version() < 0 && absl::IsFailedPrecondition(last)) continue;
-        return last;
+        // Only a daemon that moved past the version (NotAtVersion: ABORTED)
+        // is worth a retry, with the new committed version, and only if the
+        // caller asked for "the committed version"; a version asked for by
+        // number is gone for good. Anything else (a daemon without
+        // --checkpoint_dir, a bad directory) is the answer.
+        if (!absl::IsAborted(last)) return last;
+        if (request.version() < 0) continue;
+        return absl::FailedPreconditionError(last.message());
       }
       std::map<std::string, std::string> metadata = {
           {"optimizer", manifest.optimizer()},

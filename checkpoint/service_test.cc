@@ -450,6 +450,10 @@ TEST(ServiceOptionsTest, StartRemovesStaleTempFilesOfKilledWriters) {
   EXPECT_TRUE(below->Verify(3).ok());
 }
 
+// A daemon without a root (hybrid-paramd without --checkpoint_dir) refuses
+// WriteShard, and a coordinator with one in front of it refuses a
+// Checkpoint at once as FAILED_PRECONDITION naming the flag and the daemon,
+// without retrying it as if the daemons had moved on (ABORTED).
 TEST(ServiceOptionsTest, NoRootMeansRefused) {
   auto tensors = testing::FakeTensors({{4, 4}});
   FakeDaemon daemon(tensors, testing::SimplePlan(tensors, 1)[0], 1);
@@ -457,8 +461,9 @@ TEST(ServiceOptionsTest, NoRootMeansRefused) {
   ASSERT_TRUE(service.ok());
   int port = 0;
   auto server = Serve((*service)->service(), &port);
-  auto stub = CheckpointDaemon::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                            grpc::InsecureChannelCredentials()));
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  auto stub = CheckpointDaemon::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   WriteShardRequest request;
   request.set_version(1);
@@ -467,6 +472,30 @@ TEST(ServiceOptionsTest, NoRootMeansRefused) {
   grpc::Status status = stub->WriteShard(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(status.error_message().find("--checkpoint_dir"), std::string::npos);
+
+  CheckpointServiceOptions options;
+  options.root = testing::MakeTestDir("service_no_daemon_root") + "/ckpt";
+  auto coordinator = CheckpointCoordinatorService::Create(
+      options, std::make_unique<FakeClusterView>(FakeClusterManifest(
+                   tensors, testing::SimplePlan(tensors, 1), {address}, 1)));
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto coordinator_server = Serve((*coordinator)->service(), &port);
+  auto coordinator_stub = CheckpointCoordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  for (int64_t version : {-1, 1}) {
+    grpc::ClientContext checkpoint_context;
+    CheckpointRequest checkpoint;
+    checkpoint.set_version(version);
+    CheckpointResponse checkpoint_response;
+    status = coordinator_stub->Checkpoint(&checkpoint_context, checkpoint, &checkpoint_response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << version << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("--checkpoint_dir"), std::string::npos)
+        << status.error_message();
+    EXPECT_NE(status.error_message().find("daemon 0 at " + address), std::string::npos)
+        << status.error_message();
+  }
+  coordinator_server->Shutdown();
   server->Shutdown();
 }
 

@@ -19,10 +19,7 @@ class CheckpointableCpuDaemon : public checkpoint::CheckpointableDaemon {
     return daemon_->WithStableState(
         [&](const ShardSet& shards, const PublishedVersion& latest,
             const PublishedVersion*) -> absl::Status {
-          if (latest.version != version) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "daemon is at version ", latest.version, ", not ", version));
-          }
+          if (latest.version != version) return checkpoint::NotAtVersion(latest.version, version);
           return fn(checkpoint::MakeDaemonStateView(shards, latest));
         });
   }
