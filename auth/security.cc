@@ -12,9 +12,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -36,16 +33,11 @@ namespace paramd {
 namespace auth {
 namespace {
 
+// "<what>: no such file: PATH", "<what>: permission denied: PATH", ...
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open (", strerror(errno),
-                                            ")"));
-  }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(what, " ", path, ": read failed"));
-  return s.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return WithContext(text.status(), what);
+  return text;
 }
 
 std::array<uint8_t, 32> Sha256(absl::string_view data) {
@@ -126,41 +118,25 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
 }
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat(what, " ", path, ": cannot open (", strerror(errno),
-                                            ")"));
-  }
+  absl::StatusOr<int> fd = OpenForReading(path);
+  if (!fd.ok()) return WithContext(fd.status(), what);
   // The mode of the file opened, not of whatever the path names later.
   struct stat st {};
-  const bool stat_ok = fstat(fd, &st) == 0;
-  const int stat_errno = errno;
-  if (!stat_ok || (st.st_mode & 077) != 0) {
-    close(fd);
-    if (!stat_ok) {
-      return absl::NotFoundError(
-          absl::StrCat(what, " ", path, ": cannot stat (", strerror(stat_errno), ")"));
-    }
+  if (fstat(*fd, &st) != 0) {
+    const absl::Status s = ErrnoStatus(errno, "cannot stat", path);
+    close(*fd);
+    return WithContext(s, what);
+  }
+  if ((st.st_mode & 077) != 0) {
+    close(*fd);
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s: permissions %04o for %s are too open; chmod 600 %s (it holds secrets: only its "
         "owner may read it)",
         what, st.st_mode & 07777, path, path));
   }
-  std::string text;
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      close(fd);
-      return absl::DataLossError(absl::StrCat(what, " ", path, ": read failed (", strerror(e),
-                                              ")"));
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
+  absl::StatusOr<std::string> text = ReadAll(*fd, path);
+  close(*fd);
+  if (!text.ok()) return WithContext(text.status(), what);
   return text;
 }
 

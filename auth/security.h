@@ -80,8 +80,10 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
 // Every file of secrets (a token file, a cluster secret file, a client's
 // token file) is read through ReadSecretFile, which refuses, as ssh does, a
 // file that its group or others may read or write: FailedPrecondition
-// "permissions 0644 for PATH are too open; chmod 600 PATH". NotFound for a
-// file that cannot be opened.
+// "permissions 0644 for PATH are too open; chmod 600 PATH". A file that
+// cannot be opened is NotFound "WHAT: no such file: PATH" or
+// PermissionDenied "WHAT: permission denied: PATH" (common/file_util.h
+// OpenForReading).
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view what);
 absl::StatusOr<std::vector<TokenEntry>> LoadTokenFile(const std::string& path);
 

@@ -1,12 +1,21 @@
 #include "auth/security.h"
 
+#include <linux/capability.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
 #include <fstream>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
@@ -79,6 +88,70 @@ TEST(SecretFiles, FilesOthersMayReadAreRefusedAsSshDoes) {
     EXPECT_EQ(*client, "bbbbbbbbbbbbbbbb2");
   }
   EXPECT_EQ(LoadTokenFile("/nonexistent/tokens").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The statuses `attempt` returns where the files `paths` exist but cannot
+// be read, as "CODE message" lines: the files get mode 0000 and `attempt`
+// runs in a child process without the capabilities that let root read any
+// file (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH).
+std::vector<std::string> WhereUnreadable(const std::vector<std::string>& paths,
+                                         const std::function<std::vector<absl::Status>()>& attempt) {
+  for (const std::string& path : paths) EXPECT_EQ(chmod(path.c_str(), 0), 0) << path;
+  int fds[2];
+  if (pipe(fds) != 0) return {"pipe failed"};
+  const pid_t child = fork();
+  if (child == 0) {
+    close(fds[0]);
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[_LINUX_CAPABILITY_U32S_3] = {};
+    if (syscall(SYS_capget, &header, caps) != 0) _exit(2);
+    caps[0].effective &= ~((1u << CAP_DAC_OVERRIDE) | (1u << CAP_DAC_READ_SEARCH));
+    if (syscall(SYS_capset, &header, caps) != 0) _exit(2);
+    std::string text;
+    for (const absl::Status& s : attempt()) {
+      absl::StrAppend(&text, absl::StatusCodeToString(s.code()), " ", s.message(), "\n");
+    }
+    const ssize_t n = write(fds[1], text.data(), text.size());
+    _exit(n == static_cast<ssize_t>(text.size()) ? 0 : 3);
+  }
+  close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, n);
+  close(fds[0]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  return absl::StrSplit(text, '\n', absl::SkipEmpty());
+}
+
+// A file that exists but cannot be read says so (PERMISSION_DENIED
+// "permission denied: PATH"); a missing one is NOT_FOUND "no such file".
+TEST(SecretFiles, UnreadableIsPermissionDeniedMissingIsNotFound) {
+  const std::string secret = WriteFileWithMode("unreadable_tokens", "trainer aaaaaaaaaaaaaaaa1\n",
+                                               0600);
+  const std::string pem = WriteFileWithMode("unreadable.pem", "-----BEGIN CERTIFICATE-----\n",
+                                            0644);
+  const std::vector<std::string> got = WhereUnreadable({secret, pem}, [&] {
+    return std::vector<absl::Status>{
+        LoadTokenFile(secret).status(), LoadClientToken(secret, Role::kOperator).status(),
+        ReadSecretFile(secret, "--cluster_secret_file").status(),
+        LoadTls({.ca = pem}).status(), LoadTls({.cert = pem, .key = pem}).status()};
+  });
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i], absl::StrCat(i == 2 ? "PERMISSION_DENIED --cluster_secret_file"
+                                          : "PERMISSION_DENIED token file",
+                                   ": permission denied: ", secret));
+  }
+  EXPECT_EQ(got[3], "PERMISSION_DENIED --tls_ca: permission denied: " + pem);
+  EXPECT_EQ(got[4], "PERMISSION_DENIED --tls_cert: permission denied: " + pem);
+  for (const absl::Status& s :
+       {LoadTokenFile("/nonexistent/tokens").status(),
+        LoadTls({.ca = "/nonexistent/ca.pem"}).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_THAT(s.message(), HasSubstr("no such file: /nonexistent/")) << s;
+  }
 }
 
 TEST(SecretFiles, WriteSecretFileMakesAnOwnerOnlyFileReadBack) {

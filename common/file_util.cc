@@ -41,6 +41,51 @@ absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path
   }
 }
 
+absl::StatusOr<int> OpenForReading(const std::string& path) {
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) return fd;
+    switch (errno) {
+      case EINTR:
+        continue;
+      case ENOENT:
+      case ENOTDIR:
+        return absl::NotFoundError(absl::StrCat("no such file: ", path));
+      case EACCES:
+      case EPERM:
+        return absl::PermissionDeniedError(absl::StrCat("permission denied: ", path));
+      default:
+        return ErrnoStatus(errno, "cannot open", path);
+    }
+  }
+}
+
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path) {
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EISDIR) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " is a directory, not a file"));
+    }
+    if (n < 0) return ErrnoStatus(errno, "read", path);
+    if (n == 0) return text;
+    text.append(buf, static_cast<size_t>(n));
+  }
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  ASSIGN_OR_RETURN(const int fd, OpenForReading(path));
+  absl::StatusOr<std::string> text = ReadAll(fd, path);
+  ::close(fd);
+  return text;
+}
+
+absl::Status WithContext(const absl::Status& status, absl::string_view context) {
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
 absl::Status WriteAll(int fd, const void* data, size_t size, absl::string_view path) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {

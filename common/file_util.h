@@ -79,6 +79,23 @@ struct UniqueFile {
 absl::StatusOr<UniqueFile> CreateUniqueFile(const std::string& dir, absl::string_view prefix,
                                             mode_t mode);
 
+// Opens `path` for reading (O_RDONLY | O_CLOEXEC; the caller closes the
+// descriptor). The error tells a missing file from an unreadable one:
+// NotFound "no such file: PATH" (ENOENT, ENOTDIR), PermissionDenied
+// "permission denied: PATH" (EACCES, EPERM), else ErrnoStatus("cannot
+// open", path).
+absl::StatusOr<int> OpenForReading(const std::string& path);
+
+// Everything left to read from `fd` (retries EINTR; the caller closes it).
+// InvalidArgument for a directory, else ErrnoStatus("read", path).
+absl::StatusOr<std::string> ReadAll(int fd, const std::string& path);
+
+// The whole content of the file `path`: OpenForReading, ReadAll, close.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+// `status` (not OK) with "<context>: " before its message, same code.
+absl::Status WithContext(const absl::Status& status, absl::string_view context);
+
 // Replaces `path` with `bytes` so that a crash leaves the old content or the
 // new, never a torn file: a CreateUniqueFile "<name>.tmp-" beside it, write,
 // fsync, rename over `path`, fsync the directory. The file ends with exactly

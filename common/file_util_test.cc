@@ -81,6 +81,23 @@ std::string ReadAll(const std::string& path) {
   return out;
 }
 
+// A missing file and a directory are told apart from a file read back
+// (the unreadable file: auth/security_test's UnreadableIsPermissionDenied...).
+TEST(FileUtilTest, ReadFileToStringSaysWhatIsWrong) {
+  const std::string dir = MakeTempDir();
+  ASSERT_TRUE(WriteFileAtomically(dir + "/f", "bytes", 0600).ok());
+  absl::StatusOr<std::string> read = ReadFileToString(dir + "/f");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "bytes");
+  read = ReadFileToString(dir + "/missing");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(read.status().message(), "no such file: " + dir + "/missing");
+  read = ReadFileToString(dir);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WithContext(read.status(), "--config").message(),
+            "--config: " + dir + " is a directory, not a file");
+}
+
 TEST(FileUtilTest, CreateUniqueFileNeverFollowsAndHasExactlyTheMode) {
   const std::string dir = MakeTempDir();
   const mode_t old_umask = ::umask(077);  // narrower than 0640: the mode still wins

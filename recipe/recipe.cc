@@ -6,12 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/names.h"
 #include "common/status_macros.h"
 
@@ -397,12 +396,9 @@ absl::StatusOr<Recipe> Recipe::FromProto(const recipe::Recipe& proto, absl::stri
 }
 
 absl::StatusOr<Recipe> Recipe::Load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read recipe '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading recipe '", path, "'"));
-  return Parse(text.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return WithContext(text.status(), "recipe");
+  return Parse(*text, path);
 }
 
 absl::string_view Recipe::BuiltinRecipeText() { return kBuiltinText; }

@@ -1,9 +1,7 @@
 #include "server/config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -12,6 +10,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "proto/server_config.pb.h"
@@ -138,11 +137,9 @@ absl::Status ApplyConfigText(const std::string& text, const std::string& path) {
 }
 
 absl::Status ApplyConfigFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("--config=", path, ": cannot read it"));
-  std::stringstream text;
-  text << in.rdbuf();
-  return ApplyConfigText(text.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return WithContext(text.status(), "--config");
+  return ApplyConfigText(*text, path);
 }
 
 }  // namespace paramd

@@ -4,12 +4,11 @@
 #include <google/protobuf/text_format.h>
 
 #include <charconv>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -137,11 +136,9 @@ absl::StatusOr<OptimizerOptions> ParseOptimizerConfig(absl::string_view text,
 }
 
 absl::StatusOr<OptimizerOptions> LoadOptimizerConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read optimizer config '", path, "'"));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseOptimizerConfig(text.str(), path);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return WithContext(text.status(), "optimizer config");
+  return ParseOptimizerConfig(*text, path);
 }
 
 absl::Status CheckOptimizerFlags(const recipe::OptimizerConfig& f, const OptimizerOptions& c) {
