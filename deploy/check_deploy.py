@@ -7,7 +7,7 @@ Every flag a file passes to hybrid-paramd must be one that
 deployment. Usage:
 
   check_deploy.py systemd HYBRID_PARAMD DIR
-  check_deploy.py k8s HYBRID_PARAMD HPCTL DIR
+  check_deploy.py k8s HYBRID_PARAMD HPCTL HEALTH DIR
   check_deploy.py slurm HYBRID_PARAMD SCRIPT
   check_deploy.py docker HYBRID_PARAMD DOCKERFILE INSTALL_DEPS
 
@@ -28,10 +28,11 @@ def problem(where, message):
     PROBLEMS.append(f"{where}: {message}")
 
 
-def known_flags(binary):
+def known_flags(binary, expect=("role", "coordinator")):
+    """The flags `binary --helpfull` lists (it must list those of `expect`)."""
     out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True).stdout
     flags = set(re.findall(r"^\s+--([A-Za-z0-9_]+) ", out, re.M))
-    if "role" not in flags or "coordinator" not in flags:
+    if not set(expect) <= flags:
         sys.exit(f"could not read the flags of {binary} --helpfull:\n{out[:2000]}")
     return flags
 
@@ -80,6 +81,24 @@ def check_role(values, where):
     return role
 
 
+# The optimizer config is the coordinator's (recipe `optimizer` section,
+# --optimizer=FILE or these flags there); daemons take it at join.
+OPTIMIZER_FLAGS = ("optimizer", "lr", "beta1", "beta2", "adam_eps", "weight_decay", "momentum")
+
+
+def check_no_daemon_optimizer(values, role, where):
+    if role != "daemon":
+        return
+    given = [f"--{f}" for f in OPTIMIZER_FLAGS if f in values]
+    if given:
+        problem(where, f"daemon optimizer flags {' '.join(given)}: the coordinator owns the optimizer "
+                "config (daemons take it at join); give them to the coordinator")
+
+
+# Flags naming files of secrets (Kubernetes: from a Secret; systemd: credentials).
+SECRET_FLAGS = ("tls_cert", "tls_key", "tls_ca", "auth_token_file", "cluster_secret_file")
+
+
 def is_loopback(listen):
     host = listen.rsplit(":", 1)[0] if ":" in listen else listen
     host = host.strip("[]")
@@ -112,28 +131,72 @@ def host_port(value):
 # ---------------------------------------------------------------- systemd
 
 
+def check_secured(values, where, network):
+    """Servers on a network: TLS and tokens."""
+    if not values.get("tls_cert"):
+        problem(where, f"gRPC on {network} without TLS (--tls_cert/--tls_key)")
+    if not values.get("auth_token_file"):
+        problem(where, f"no --auth_token_file: anyone on {network} may call every RPC")
+
+
 def check_systemd(binary, directory):
     flags = known_flags(binary)
     unit_path = os.path.join(directory, "hybrid-paramd@.service")
     unit = open(unit_path).read()
-    m = re.search(r"^ExecStart=(\S+)", unit, re.M)
+    joined = unit.replace("\\\n", " ")
+    m = re.search(r"^ExecStart=(.*)$", joined, re.M)
     if not m:
         problem(unit_path, "no ExecStart")
         return
+    words = shlex.split(m.group(1))
+    exec_binary, exec_args = words[0], words[1:]
+    dynamic_user = re.search(r"^DynamicUser=(yes|true|on|1)\s*$", unit, re.M) is not None
+    credentials = dict(re.findall(r"^(?:LoadCredential|LoadCredentialEncrypted)=([^:\s]+):(\S+)\s*$",
+                                  unit, re.M))
     instances = sorted(f[: -len(".flags")] for f in os.listdir(directory) if f.endswith(".flags"))
     if not instances:
         problem(directory, "no example .flags files")
     with tempfile.TemporaryDirectory() as tmp:
         for instance in instances:
             where = os.path.join(directory, instance + ".flags")
-            values = check_flags(flagfile_args(open(where).read(), where), flags, where)
-            check_role(values, where)
+            file_args = flagfile_args(open(where).read(), where)
+            # The command line: the flagfile (this instance's file), then the
+            # unit's own flags, which override it.
+            args = []
+            for a in exec_args:
+                parsed = parse_flag(a.replace("%i", instance))
+                if parsed and parsed[0] == "flagfile":
+                    if os.path.basename(parsed[1]) != instance + ".flags":
+                        problem(unit_path, f"--flagfile={parsed[1]} is not the instance's .flags file")
+                    args += file_args
+                else:
+                    args.append(a.replace("%i", instance))
+            values = check_flags(args, flags, f"{unit_path} + {where}")
+            role = check_role(values, where)
             check_listen(values, where)
+            check_no_daemon_optimizer(values, role, where)
+            check_secured(values, where, "the network")
+            # Secret files: the dynamic user owns no file on the host, so
+            # they come as credentials (%d = $CREDENTIALS_DIRECTORY).
+            file_values = check_flags(file_args, flags, where)
+            for flag in SECRET_FLAGS:
+                path = values.get(flag)
+                if not path:
+                    continue
+                if flag in file_values:
+                    problem(where, f"--{flag} in a flagfile: give it in the unit as %d/NAME with "
+                            "LoadCredential=NAME:PATH")
+                elif not path.startswith("%d/"):
+                    if dynamic_user:
+                        problem(unit_path, f"--{flag}={path}: a DynamicUser cannot read a root-owned "
+                                "0600 file; LoadCredential=NAME:PATH and %d/NAME")
+                elif path[len("%d/"):] not in credentials:
+                    problem(unit_path, f"--{flag}={path}: no LoadCredential={path[len('%d/'):]}:PATH")
             # systemd-analyze verify needs the binary to exist: point
             # ExecStart at the one under test, one file per instance.
             path = os.path.join(tmp, f"hybrid-paramd@{instance}.service")
             with open(path, "w") as f:
-                f.write(unit.replace(m.group(1), os.path.abspath(binary), 1))
+                f.write(unit.replace("ExecStart=" + exec_binary, "ExecStart=" + os.path.abspath(binary), 1))
             r = subprocess.run(["systemd-analyze", "verify", path], capture_output=True, text=True)
             # Unknown keys are only warnings there: any output is a problem.
             out = (r.stdout + r.stderr).strip()
@@ -172,8 +235,93 @@ def expand(value, env):
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
 
 
-def check_k8s(binary, hpctl, directory):
+def secret_sources(pod, volumes, where):
+    """mountPath -> the Secret names whose files are there, for the secret
+    volumes the containers mount and for the emptyDirs an init container
+    fills from secret volumes with mode 0600 (a Secret volume's own files are
+    readable by group or others, which hybrid-paramd refuses)."""
+    def secret_of(v):
+        return v.get("secret", {}).get("secretName")
+
+    copied = {}  # emptyDir volume name -> Secret names
+    for ic in pod.get("initContainers", []):
+        mounts = ic.get("volumeMounts", [])
+        for m in mounts:
+            if m["name"] not in volumes:
+                problem(where, f"init container {ic['name']}: volumeMount {m['name']} is not a volume of the pod")
+        names = [secret_of(volumes[m["name"]]) for m in mounts if m["name"] in volumes]
+        names = [n for n in names if n]
+        targets = [m["name"] for m in mounts
+                   if m["name"] in volumes and "emptyDir" in volumes[m["name"]] and not m.get("readOnly")]
+        if names and targets:
+            command = " ".join(ic.get("command", []) + ic.get("args", []))
+            if not re.search(r"(-m\s*0?600\b|chmod\s+0?600\b|-m\s*0?400\b|chmod\s+0?400\b)", command):
+                problem(where, f"init container {ic['name']} copies Secrets without making the files 0600")
+            for t in targets:
+                copied.setdefault(t, set()).update(names)
+    return copied
+
+
+def check_secret_files(values, mounts, copied, where):
+    """Every secret file flag names a file under a mount that a Secret fills."""
+    for flag in SECRET_FLAGS:
+        path = values.get(flag)
+        if not path:
+            continue
+        directory = os.path.dirname(path)
+        volume = mounts.get(directory)
+        if volume is None:
+            problem(where, f"--{flag}={path} is not in a mounted volume")
+        elif "secret" in volume:
+            problem(where, f"--{flag}={path} is read straight from Secret volume {volume['name']}: its "
+                    "files are readable by group or others, which hybrid-paramd refuses; copy them "
+                    "0600 into an emptyDir in an init container")
+        elif volume["name"] not in copied:
+            problem(where, f"--{flag}={path} is in volume {volume['name']}, which no Secret fills")
+
+
+def check_probes(c, values, listen_port, health, health_flags, where):
+    """Readiness is gRPC health (over TLS when the server speaks it: only an
+    exec of hybrid-paramd-health can, Kubernetes' gRPC probe is plaintext);
+    liveness is not health, or a process waiting for its peers is killed."""
+    tls = bool(values.get("tls_cert"))
+    readiness = c.get("readinessProbe")
+    if not readiness:
+        problem(where, "no readinessProbe (gRPC health)")
+    elif "grpc" in readiness:
+        if tls:
+            problem(where, "a gRPC readinessProbe against a TLS server: Kubernetes' gRPC probe speaks no "
+                    "TLS; exec hybrid-paramd-health --tls_ca")
+        elif readiness["grpc"].get("port") != listen_port:
+            problem(where, f"the gRPC readiness probe's port {readiness['grpc'].get('port')} is not --listen's")
+    elif "exec" in readiness:
+        command = readiness["exec"].get("command", [])
+        if not command or os.path.basename(command[0]) != os.path.basename(health):
+            problem(where, f"the readiness probe runs {command[:1]}, not {os.path.basename(health)}")
+        else:
+            probe = check_flags(command[1:], health_flags, f"{where} readinessProbe")
+            _, port = host_port(probe.get("address", "127.0.0.1:7070"))
+            if port != listen_port:
+                problem(where, f"the readiness probe asks port {port}, not --listen's {listen_port}")
+            if tls and probe.get("tls_ca") != values.get("tls_ca"):
+                problem(where, f"the readiness probe's --tls_ca={probe.get('tls_ca')} is not the "
+                        f"server's --tls_ca={values.get('tls_ca')}")
+            if not tls and probe.get("tls_ca"):
+                problem(where, "the readiness probe speaks TLS to a plaintext server")
+            if readiness.get("timeoutSeconds", 1) < 2:
+                problem(where, "the readiness probe's timeoutSeconds < 2 (a health call may take 2 s)")
+    else:
+        problem(where, "the readinessProbe is neither gRPC health nor hybrid-paramd-health")
+    liveness = c.get("livenessProbe", {})
+    live_command = liveness.get("exec", {}).get("command", [""])
+    if "grpc" in liveness or os.path.basename(live_command[0]) == os.path.basename(health):
+        problem(where, "the livenessProbe is gRPC health, which is NOT_SERVING while the process waits "
+                "for its peers or a model: it would be restarted; probe the port (tcpSocket)")
+
+
+def check_k8s(binary, hpctl, health, directory):
     flags = known_flags(binary)
+    health_flags = known_flags(health, expect=("address", "tls_ca"))
     objects = load_k8s(directory)
     by_kind = {}
     for o in objects:
@@ -186,7 +334,7 @@ def check_k8s(binary, hpctl, directory):
         if required not in by_kind:
             problem(directory, f"no {required}")
 
-    roles = {}  # role -> (workload, flag values)
+    roles = {}  # role -> (workload, flag values, Secret names the secret files come from)
     for name, w in workloads.items():
         where = f"{w['_file']}: {w['kind']} {name}"
         spec = w.get("spec", {})
@@ -207,6 +355,7 @@ def check_k8s(binary, hpctl, directory):
                 problem(where, f"volume {v['name']}: no ConfigMap {v['configMap']['name']}")
             if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in pvcs:
                 problem(where, f"volume {v['name']}: no PVC {v['persistentVolumeClaim']['claimName']}")
+        copied = secret_sources(pod, volumes, where)
         for c in pod.get("containers", []):
             cwhere = f"{where} container {c['name']}"
             env = {e["name"]: f"<{e['name']}>" for e in c.get("env", [])}
@@ -232,14 +381,19 @@ def check_k8s(binary, hpctl, directory):
             values = check_flags(args, flags, cwhere)
             role = check_role(values, cwhere)
             check_listen(values, cwhere)
-            roles[role] = (w, values)
+            check_no_daemon_optimizer(values, role, cwhere)
+            # The pod network is not loopback: TLS and tokens, from Secrets.
+            check_secured(values, cwhere, "the pod network")
+            check_secret_files(values, mounts, copied, cwhere)
+            sources = {f: mounts[os.path.dirname(values[f])]["name"] for f in SECRET_FLAGS
+                       if values.get(f) and os.path.dirname(values[f]) in mounts}
+            secrets = {f: sorted(copied.get(v, [])) for f, v in sources.items()}
+            roles[role] = (w, values, secrets)
             ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
             _, listen_port = host_port(values.get("listen", "0.0.0.0:7070"))
             if listen_port not in ports.values():
                 problem(cwhere, f"--listen port {listen_port} is not a containerPort")
-            probe = c.get("readinessProbe", {}).get("grpc", {})
-            if probe and probe.get("port") != listen_port:
-                problem(cwhere, f"the gRPC readiness probe's port {probe.get('port')} is not --listen's")
+            check_probes(c, values, listen_port, health, health_flags, cwhere)
             for flag in ("recipe", "model", "restore_from", "checkpoint_dir"):
                 if values.get(flag) and not any(
                     values[flag] == p or values[flag].startswith(p + "/") for p in mounts
@@ -263,11 +417,8 @@ def check_k8s(binary, hpctl, directory):
                     svc = services.get(parts[1]) if len(parts) > 1 else None
                     if svc is None or svc["metadata"]["name"] != w["spec"].get("serviceName"):
                         problem(cwhere, f"--advertise_address {adv_host} is not <pod>.<its headless Service>")
-                    elif svc["spec"].get("clusterIP") != "None":
-                        problem(cwhere, f"Service {svc['metadata']['name']} is not headless")
-                    elif not svc["spec"].get("publishNotReadyAddresses"):
-                        problem(cwhere, f"Service {svc['metadata']['name']} needs publishNotReadyAddresses "
-                                "(daemons are not ready before they join)")
+                    else:
+                        check_reachable_before_ready(svc, "the coordinator dials the daemons by it")
 
     # Services: their selectors pick a workload and their ports exist there.
     for name, svc in services.items():
@@ -286,12 +437,12 @@ def check_k8s(binary, hpctl, directory):
                     problem(where, f"targetPort {target} is no containerPort of {w['metadata']['name']}")
 
     # The world: the coordinator expects as many daemons as there are, and
-    # the daemons reach it through its Service.
+    # the daemons reach it through its Service before it is ready.
     if "coordinator" not in roles or "daemon" not in roles:
         problem(directory, f"need a coordinator and daemons, found roles {sorted(roles)}")
     else:
-        coordinator, cvalues = roles["coordinator"]
-        daemons, dvalues = roles["daemon"]
+        coordinator, cvalues, csecrets = roles["coordinator"]
+        daemons, dvalues, dsecrets = roles["daemon"]
         expected = int(cvalues.get("daemons", "1"))
         if expected != daemons["spec"].get("replicas", 1):
             problem(daemons["_file"], f"replicas {daemons['spec'].get('replicas', 1)} != the coordinator's --daemons={expected}")
@@ -304,9 +455,26 @@ def check_k8s(binary, hpctl, directory):
                 problem(svc["_file"], f"Service {host} does not select the coordinator")
             if port not in [p["port"] for p in svc["spec"].get("ports", [])]:
                 problem(svc["_file"], f"Service {host} has no port {port}")
+            check_reachable_before_ready(svc, "the daemons join through it, and the coordinator is "
+                                         "ready only once they have")
         if cvalues.get("data_plane", "host") != dvalues.get("data_plane", "host"):
             problem(directory, "--data_plane differs between the coordinator and the daemons")
+        for flag in ("auth_token_file", "tls_ca"):
+            if csecrets.get(flag) != dsecrets.get(flag):
+                problem(directory, f"--{flag} comes from Secrets {csecrets.get(flag)} on the coordinator "
+                        f"but {dsecrets.get(flag)} on the daemons: one cluster, one set")
     print(f"k8s: {len(objects)} objects in {directory} checked")
+
+
+def check_reachable_before_ready(svc, why):
+    """A Service that processes must reach before they are ready: headless
+    and publishing not-ready addresses (a ClusterIP Service routes only to
+    ready pods, which would deadlock the start)."""
+    where = f"{svc['_file']}: Service {svc['metadata']['name']}"
+    if svc["spec"].get("clusterIP") != "None":
+        problem(where, f"is not headless (clusterIP: None), but {why}")
+    if not svc["spec"].get("publishNotReadyAddresses"):
+        problem(where, f"needs publishNotReadyAddresses: true, because {why}")
 
 
 def configmap_file(path, mounts, configmaps, where):
@@ -436,7 +604,7 @@ def main():
     if what == "systemd":
         check_systemd(sys.argv[2], sys.argv[3])
     elif what == "k8s":
-        check_k8s(sys.argv[2], sys.argv[3], sys.argv[4])
+        check_k8s(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif what == "slurm":
         check_slurm(sys.argv[2], sys.argv[3])
     elif what == "docker":
