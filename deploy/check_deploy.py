@@ -9,7 +9,7 @@ deployment. Usage:
   check_deploy.py systemd HYBRID_PARAMD DIR
   check_deploy.py k8s HYBRID_PARAMD HPCTL HEALTH DIR
   check_deploy.py slurm HYBRID_PARAMD SCRIPT
-  check_deploy.py docker HYBRID_PARAMD DOCKERFILE INSTALL_DEPS
+  check_deploy.py docker HYBRID_PARAMD DOCKERFILE INSTALL_DEPS README HEALTH HPCTL MAKE_CERTS
 
 Prints one line per problem and exits 1 if there is any.
 """
@@ -20,6 +20,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 PROBLEMS = []
 
@@ -553,7 +554,86 @@ def check_slurm(binary, script):
 # ---------------------------------------------------------------- docker
 
 
-def check_docker(binary, dockerfile, install_deps):
+def free_port():
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def docker_run_args(text):
+    """The hybrid-paramd arguments of every `docker run ... hybrid-paramd
+    ARGS` line in `text` (shell lines or Dockerfile comments, with
+    backslash continuations)."""
+    text = re.sub(r"\\\n[ \t]*(#[ \t]*)?", " ", text)
+    runs = []
+    for line in text.splitlines():
+        line = line.strip().lstrip("#").strip()
+        if not line.startswith("docker run "):
+            continue
+        words = shlex.split(line)
+        if "hybrid-paramd" in words:
+            runs.append(words[words.index("hybrid-paramd") + 1:])
+    return runs
+
+
+def check_quick_starts(binary, health, hpctl, make_certs, sources):
+    """Runs each documented `docker run` line's arguments (without docker):
+    the server must start and answer SERVING. /models and /certs are
+    generated here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        models, certs = os.path.join(tmp, "models"), os.path.join(tmp, "certs")
+        os.makedirs(models)
+        subprocess.run([hpctl, "generate", "--out", os.path.join(models, "demo.safetensors"),
+                        "--preset", "demo"], check=True, capture_output=True)
+        subprocess.run(["bash", make_certs, certs, "IP:127.0.0.1,DNS:localhost"], check=True,
+                       capture_output=True)
+        fd = os.open(os.path.join(certs, "tokens"), os.O_WRONLY | os.O_CREAT, 0o600)
+        os.write(fd, b"".join(f"{role} {os.urandom(16).hex()}\n".encode()
+                              for role in ("cluster", "operator", "trainer")))
+        os.close(fd)
+        count = 0
+        for where, text in sources:
+            for args in docker_run_args(text):
+                count += 1
+                run_quick_start(binary, health, args, models, certs, tmp, f"{where}: docker run #{count}")
+        if count == 0:
+            problem(sources[0][0], "no `docker run ... hybrid-paramd ARGS` line")
+    return count
+
+
+def run_quick_start(binary, health, args, models, certs, tmp, where):
+    port = free_port()
+    args = [a.replace("/models/", models + "/").replace("/certs/", certs + "/") for a in args]
+    args = [re.sub(r"^--listen=(.*):\d+$", rf"--listen=\1:{port}", a) for a in args]
+    port_file = os.path.join(tmp, f"port{port}")
+    log = open(os.path.join(tmp, f"log{port}"), "w+")
+    server = subprocess.Popen([binary, *args, f"--port_file={port_file}"], stdout=log, stderr=log)
+    try:
+        for _ in range(200):
+            if os.path.exists(port_file) or server.poll() is not None:
+                break
+            time.sleep(0.1)
+        if not os.path.exists(port_file):
+            log.seek(0)
+            problem(where, f"hybrid-paramd {' '.join(args)} did not start (rc {server.poll()}): "
+                    f"{log.read()[-1500:]}")
+            return
+        probe = [health, f"--address=127.0.0.1:{port}", "--wait=30"]
+        probe += [a for a in args if a.startswith("--tls_ca=")]
+        if not any(a.startswith("--model=") for a in args):
+            # No model yet (`hpctl load` follows): the world has formed.
+            probe.append("--service=paramd.rpc.Coordinator")
+        r = subprocess.run(probe, capture_output=True, text=True)
+        if r.returncode != 0:
+            problem(where, f"hybrid-paramd {' '.join(args)} is not SERVING: {r.stderr.strip()}")
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+
+
+def check_docker(binary, dockerfile, install_deps, readme, health, hpctl, make_certs):
     text = open(dockerfile).read()
     lines = [l.strip() for l in re.sub(r"\\\n", " ", text).splitlines()]
     froms = [l.split()[1] for l in lines if l.upper().startswith("FROM ")]
@@ -569,7 +649,9 @@ def check_docker(binary, dockerfile, install_deps):
     runtime_packages = set()
     for m in re.finditer(r"apt-get install([^\n&;]*)", runtime):
         runtime_packages |= {w for w in m.group(1).split() if re.match(r"^[a-z0-9][a-z0-9.+-]+$", w)}
-    ldd = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    # (Every binary the image ships.)
+    ldd = "".join(subprocess.run(["ldd", b], capture_output=True, text=True).stdout
+                  for b in (binary, health, hpctl))
     # dpkg knows a library by one of its names: the path ldd prints, the
     # symlink's target, or either without /usr (Debian 12 merges /usr).
     names = {}
@@ -594,7 +676,15 @@ def check_docker(binary, dockerfile, install_deps):
         problem(dockerfile, f"the runtime stage does not install {pkg} (hybrid-paramd links it)")
     if not os.path.exists(install_deps):
         problem(dockerfile, f"{install_deps} does not exist")
-    print(f"docker: {dockerfile}: stages {froms}, runtime packages cover {len(needed)} linked packages")
+    # The quick start: the README's container section and the Dockerfile's
+    # header.
+    readme_text = open(readme).read()
+    section = readme_text[readme_text.find("### Container"):]
+    section = section[:section.find("\n### ", 1)] if "\n### " in section[1:] else section
+    runs = check_quick_starts(binary, health, hpctl, make_certs,
+                              [(readme, section), (dockerfile, text)])
+    print(f"docker: {dockerfile}: stages {froms}, runtime packages cover {len(needed)} linked packages; "
+          f"{runs} documented docker run lines serve")
 
 
 def main():
@@ -608,7 +698,7 @@ def main():
     elif what == "slurm":
         check_slurm(sys.argv[2], sys.argv[3])
     elif what == "docker":
-        check_docker(sys.argv[2], sys.argv[3], sys.argv[4])
+        check_docker(*sys.argv[2:9])
     else:
         sys.exit(__doc__)
     for p in PROBLEMS:
