@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -82,7 +83,7 @@ absl::StatusOr<RestoredDaemonState> ReadDaemonState(const CheckpointReader& read
     const TensorInfo* tensor = reader.FindTensor(info.tensor());
     if (tensor == nullptr) {
       return absl::NotFoundError(absl::StrCat("checkpoint v", state.version, " has no tensor ",
-                                              info.tensor()));
+                                              QuoteForMessage(info.tensor())));
     }
     RestoredPiece piece;
     piece.tensor = info.tensor();

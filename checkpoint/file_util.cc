@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -101,25 +102,22 @@ absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset, absl::st
 }
 
 absl::Status ValidateRelativePath(absl::string_view relative) {
-  if (relative.find('\0') != absl::string_view::npos) {
-    return absl::InvalidArgumentError("path contains a NUL byte");
-  }
+  // NUL and other control characters, and more than PATH_MAX / 2 bytes.
+  RETURN_IF_ERROR(CheckClientPath("checkpoint directory name", relative, PATH_MAX / 2));
   if (!relative.empty() && relative[0] == '/') {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", relative, "' is absolute; only names relative to the checkpoint "
-                                    "directory are accepted"));
+        absl::StrCat(QuoteForMessage(relative), " is absolute; only names relative to the "
+                     "checkpoint directory are accepted"));
   }
   if (relative.find('\\') != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("'", relative, "' contains a backslash"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(QuoteForMessage(relative), " contains a backslash"));
   }
   for (absl::string_view part : absl::StrSplit(relative, '/')) {
     if (part == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", relative, "' contains '..'; it may not leave the checkpoint directory"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          QuoteForMessage(relative), " contains '..'; it may not leave the checkpoint directory"));
     }
-  }
-  if (relative.size() > PATH_MAX / 2) {
-    return absl::InvalidArgumentError("path too long");
   }
   return absl::OkStatus();
 }
@@ -150,7 +148,8 @@ absl::StatusOr<std::string> SafeJoin(absl::string_view root, absl::string_view r
       absl::StatusOr<std::string> target = RealPath(next);
       if (!target.ok() || !IsWithin(*target, root_real)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "'", relative, "': ", next, " is a symlink that leads outside the checkpoint "
+            QuoteForMessage(relative), ": ", next,
+            " is a symlink that leads outside the checkpoint "
             "directory ", root_real));
       }
       next = *target;

@@ -7,7 +7,9 @@
 // Confinement (SafeJoin): a daemon writes only inside its configured
 // checkpoint directory. Names that come from requests are relative paths
 // made of plain components; `..`, absolute paths, empty components, NUL
-// bytes and backslashes are refused, and the deepest existing ancestor of the
+// bytes, other control characters, backslashes and names longer than
+// PATH_MAX / 2 are refused (the refusal quotes the name with
+// QuoteForMessage, bounded), and the deepest existing ancestor of the
 // result (the result itself when it exists) must resolve, through any
 // symlinks, to a path inside the root. Files are then created with
 // O_NOFOLLOW | O_EXCL, so a symlink planted after the check is not followed

@@ -35,6 +35,14 @@ TEST(SafeJoinTest, RefusesTraversalAndAbsoluteNames) {
     EXPECT_TRUE(absl::IsInvalidArgument(joined.status())) << bad << " -> " << joined.status();
   }
   EXPECT_TRUE(absl::IsInvalidArgument(SafeJoin(root, std::string("a\0b", 3)).status()));
+  // Control characters are refused, and refusals quote the name escaped.
+  for (const std::string bad : {std::string("a\nE0101 forged"), std::string("x\x1b[2J"),
+                                std::string("/etc\nE0101 forged"), std::string("..\nx/../..")}) {
+    absl::StatusOr<std::string> joined = SafeJoin(root, bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(joined.status())) << joined.status();
+    EXPECT_EQ(joined.status().message().find_first_of("\n\x1b"), absl::string_view::npos)
+        << joined.status();
+  }
 }
 
 TEST(SafeJoinTest, RefusesSymlinkLeadingOutside) {

@@ -27,6 +27,7 @@
 #include "checkpoint/store.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/names.h"
 #include "common/telemetry.h"
 #include "common/status_macros.h"
 #include "proto/checkpoint_service.grpc.pb.h"
@@ -293,9 +294,10 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
   void Produce() {
     const absl::Time start = absl::Now();
     absl::Status status = Stream();
-    const std::string what = absl::StrCat("export of ", request_.tensor(), " rows [",
-                                          request_.row_begin(), ", ", request_.row_end(),
-                                          ") at version ", request_.version());
+    const std::string what =
+        absl::StrCat("export of ", QuoteForMessage(request_.tensor()), " rows [",
+                     request_.row_begin(), ", ", request_.row_end(), ") at version ",
+                     request_.version());
     telemetry::ObserveExport(absl::ToDoubleSeconds(absl::Now() - start));
     if (status.ok()) {
       VLog(1, kTag, absl::StrCat(what, " done in ", absl::FormatDuration(absl::Now() - start)));

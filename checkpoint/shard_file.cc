@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -38,6 +39,10 @@ absl::Status Corrupt(absl::string_view path, absl::string_view what) {
 }
 
 }  // namespace
+
+std::string SectionForMessage(const Section& section) {
+  return absl::StrCat(QuoteForMessage(section.tensor()), "/", QuoteForMessage(section.name()));
+}
 
 struct ShardWriter::HashState {
   HashState() : state(XXH3_createState()) { XXH3_64bits_reset(state); }
@@ -72,7 +77,7 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(std::string dir
                                                                   int daemon_rank,
                                                                   int world_size, mode_t mode) {
   if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("bad shard file name '", name, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("bad shard file name ", QuoteForMessage(name)));
   }
   if (world_size < 1 || daemon_rank < 0 || daemon_rank >= world_size) {
     return absl::InvalidArgumentError(
@@ -152,8 +157,9 @@ absl::Status ShardWriter::BeginRows(absl::string_view tensor, absl::string_view 
     return absl::InvalidArgumentError("a ROWS section needs a tensor and a section name");
   }
   if (row_begin < 0 || row_end <= row_begin || cols < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": bad rows [", row_begin,
-                                                   ", ", row_end, ") x ", cols));
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor),
+                                                   ": bad rows [", row_begin, ", ", row_end,
+                                                   ") x ", cols));
   }
   Section section;
   section.set_kind(Section::ROWS);
@@ -172,7 +178,8 @@ absl::Status ShardWriter::AppendRows(absl::Span<const float> data) {
   const uint64_t begin = index_.sections().rbegin()->offset();
   if (offset_ - begin + data.size() * sizeof(float) > section_expected_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", index_.sections().rbegin()->tensor(), ": more data than rows x cols"));
+        absl::StrCat("section ", SectionForMessage(*index_.sections().rbegin()),
+                     ": more data than rows x cols"));
   }
   return Write(data.data(), data.size() * sizeof(float));
 }
@@ -183,8 +190,8 @@ absl::Status ShardWriter::EndSection() {
   Section& section = *index_.mutable_sections()->rbegin();
   const uint64_t length = offset_ - section.offset();
   if (length != section_expected_) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", section.tensor(), " section ",
-                                                   section.name(), ": ", length, " bytes of ",
+    return absl::InvalidArgumentError(absl::StrCat("section ", SectionForMessage(section), ": ",
+                                                   length, " bytes of ",
                                                    section_expected_, " written"));
   }
   section.set_length(length);
@@ -300,7 +307,7 @@ absl::StatusOr<std::unique_ptr<ShardFileReader>> ShardFileReader::Open(std::stri
   for (const Section& section : index.sections()) {
     if (section.offset() < kShardHeaderBytes || section.offset() > index_offset ||
         section.length() > index_offset - section.offset()) {
-      return Corrupt(path, absl::StrCat("section ", section.tensor(), "/", section.name(),
+      return Corrupt(path, absl::StrCat("section ", SectionForMessage(section),
                                         " lies outside the data area"));
     }
     if (section.kind() == Section::ROWS) {
@@ -308,11 +315,11 @@ absl::StatusOr<std::unique_ptr<ShardFileReader>> ShardFileReader::Open(std::stri
           section.cols() < 1 ||
           section.length() != static_cast<uint64_t>(section.row_end() - section.row_begin()) *
                                   section.cols() * sizeof(float)) {
-        return Corrupt(path, absl::StrCat("section ", section.tensor(), "/", section.name(),
+        return Corrupt(path, absl::StrCat("section ", SectionForMessage(section),
                                           ": length does not match its rows x cols"));
       }
     } else if (section.kind() != Section::BLOB) {
-      return Corrupt(path, absl::StrCat("section ", section.tensor(), "/", section.name(),
+      return Corrupt(path, absl::StrCat("section ", SectionForMessage(section),
                                         ": unknown kind ", section.kind()));
     }
   }
@@ -325,8 +332,7 @@ absl::Status ShardFileReader::ReadRows(const Section& section, int64_t row_begin
   if (section.kind() != Section::ROWS || row_begin < section.row_begin() ||
       row_end > section.row_end() || row_end < row_begin) {
     return absl::InvalidArgumentError(absl::StrCat("rows [", row_begin, ", ", row_end,
-                                                   ") not in section ", section.tensor(), "/",
-                                                   section.name(), " of ", path_));
+                                                   ") not in section ", SectionForMessage(section), " of ", path_));
   }
   const uint64_t row_bytes = static_cast<uint64_t>(section.cols()) * sizeof(float);
   const uint64_t bytes = static_cast<uint64_t>(row_end - row_begin) * row_bytes;
@@ -339,7 +345,7 @@ absl::Status ShardFileReader::ReadRows(const Section& section, int64_t row_begin
   RETURN_IF_ERROR(PReadAll(fd_.get(), out.data(), bytes, offset, path_));
   if (row_begin == section.row_begin() && row_end == section.row_end() &&
       XXH3_64bits(out.data(), bytes) != section.xxh3_64()) {
-    return Corrupt(path_, absl::StrCat("section ", section.tensor(), "/", section.name(),
+    return Corrupt(path_, absl::StrCat("section ", SectionForMessage(section),
                                        ": checksum mismatch"));
   }
   return absl::OkStatus();
@@ -347,13 +353,12 @@ absl::Status ShardFileReader::ReadRows(const Section& section, int64_t row_begin
 
 absl::StatusOr<std::string> ShardFileReader::ReadBlob(const Section& section) const {
   if (section.kind() != Section::BLOB) {
-    return absl::InvalidArgumentError(absl::StrCat("section ", section.tensor(), "/",
-                                                   section.name(), " is not a blob"));
+    return absl::InvalidArgumentError(absl::StrCat("section ", SectionForMessage(section), " is not a blob"));
   }
   std::string bytes(section.length(), '\0');
   RETURN_IF_ERROR(PReadAll(fd_.get(), bytes.data(), bytes.size(), section.offset(), path_));
   if (Xxh3(bytes) != section.xxh3_64()) {
-    return Corrupt(path_, absl::StrCat("section ", section.tensor(), "/", section.name(),
+    return Corrupt(path_, absl::StrCat("section ", SectionForMessage(section),
                                        ": checksum mismatch"));
   }
   return bytes;

@@ -57,6 +57,11 @@ inline constexpr char kTensorStateSection[] = "state";
 // "shard-00001-of-00003.ckpt" for daemon 1 of 3.
 std::string ShardFileName(int rank, int world_size);
 
+// A section as errors name it: "\"<tensor>\"/\"<name>\"", each part quoted
+// and bounded with QuoteForMessage (common/names.h): the names come from
+// files and requests.
+std::string SectionForMessage(const Section& section);
+
 // Streams one shard file. Not thread-safe; one writer per file. Every call
 // blocks on the file system.
 class ShardWriter {

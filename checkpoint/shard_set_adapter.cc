@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "kernels/reference.h"
 
@@ -122,7 +123,8 @@ absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& publ
   }
   const int s = t < 0 ? -1 : set.FindShard(t, row_begin, row_end);
   if (s < 0) {
-    return absl::NotFoundError(absl::StrCat("rows [", row_begin, ", ", row_end, ") of ", tensor,
+    return absl::NotFoundError(absl::StrCat("rows [", row_begin, ", ", row_end, ") of ",
+                                            QuoteForMessage(tensor),
                                             " are not held by this daemon"));
   }
   const TensorDef& def = set.tensors()[t];
@@ -147,7 +149,8 @@ absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& publ
     return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("version ", published.version, " has no ",
-                                          DirectionName(direction), " copy of ", tensor));
+                                          DirectionName(direction), " copy of ",
+                                          QuoteForMessage(tensor)));
 }
 
 }  // namespace checkpoint

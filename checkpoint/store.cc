@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/file_util.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -108,6 +109,13 @@ absl::StatusOr<Manifest> ReadManifestFile(const std::string& path) {
   return manifest;
 }
 
+// The refusal of a tensor a checkpoint does not hold (the name may come
+// from a request: quoted and bounded).
+absl::Status NoSuchTensor(uint64_t version, absl::string_view tensor) {
+  return absl::NotFoundError(
+      absl::StrCat("checkpoint v", version, " has no tensor ", QuoteForMessage(tensor)));
+}
+
 // One shard file per rank 0..world-1, each named ShardFileName(rank,
 // world): the only names a reader joins to the version directory (so a
 // crafted manifest cannot name "../x" or an absolute path).
@@ -121,8 +129,8 @@ absl::Status CheckShardNames(const Manifest& manifest) {
   for (const ShardFileInfo& shard : manifest.shards()) {
     const int rank = shard.daemon_rank();
     if (rank < 0 || rank >= world || seen[rank] || shard.name() != ShardFileName(rank, world)) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected shard file '", shard.name(),
-                                                     "' for daemon ", rank));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected shard file ", QuoteForMessage(shard.name()), " for daemon ", rank));
     }
     seen[rank] = true;
   }
@@ -135,19 +143,21 @@ absl::Status CheckCoverage(const Manifest& manifest) {
   for (const TensorInfo& tensor : manifest.tensors()) {
     if (tensor.name().empty() || tensor.rows() < 1 || tensor.cols() < 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", tensor.name(), "' has shape ", tensor.rows(), " x ",
-                       tensor.cols()));
+          absl::StrCat("tensor ", QuoteForMessage(tensor.name()), " has shape ", tensor.rows(),
+                       " x ", tensor.cols()));
     }
     if (!pieces.emplace(tensor.name(), std::vector<std::pair<int64_t, int64_t>>()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor.name(), " listed twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", QuoteForMessage(tensor.name()), " listed twice"));
     }
   }
   for (const ShardFileInfo& shard : manifest.shards()) {
     for (const PieceInfo& piece : shard.pieces()) {
       auto it = pieces.find(piece.tensor());
       if (it == pieces.end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "shard file ", shard.name(), " holds rows of unknown tensor ", piece.tensor()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("shard file ", QuoteForMessage(shard.name()),
+                         " holds rows of unknown tensor ", QuoteForMessage(piece.tensor())));
       }
       it->second.emplace_back(piece.row_begin(), piece.row_end());
     }
@@ -159,7 +169,8 @@ absl::Status CheckCoverage(const Manifest& manifest) {
     for (const auto& [begin, end] : ranges) {
       if (begin != next || end <= begin) {
         return absl::FailedPreconditionError(
-            absl::StrCat("tensor ", tensor.name(), ": master rows are not covered exactly once (",
+            absl::StrCat("tensor ", QuoteForMessage(tensor.name()),
+                         ": master rows are not covered exactly once (",
                          begin < next ? "overlap" : "gap", " at row ", std::min(begin, next),
                          ")"));
       }
@@ -167,7 +178,8 @@ absl::Status CheckCoverage(const Manifest& manifest) {
     }
     if (next != tensor.rows()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "tensor ", tensor.name(), ": master rows end at ", next, " of ", tensor.rows()));
+          "tensor ", QuoteForMessage(tensor.name()), ": master rows end at ", next, " of ",
+          tensor.rows()));
     }
   }
   return absl::OkStatus();
@@ -513,7 +525,7 @@ absl::Status CheckpointReader::BuildIndex() {
         if (tensor == nullptr || section.cols() != tensor->cols() ||
             section.row_end() > tensor->rows()) {
           return absl::DataLossError(absl::StrCat("shard file ", file->path(), ": section ",
-                                                  section.tensor(), "/", section.name(),
+                                                  SectionForMessage(section),
                                                   " does not fit the manifest's tensors"));
         }
         rows_[key].push_back({file.get(), &section});
@@ -528,7 +540,8 @@ absl::Status CheckpointReader::BuildIndex() {
     });
     for (size_t i = 1; i < locations.size(); ++i) {
       if (locations[i].section->row_begin() < locations[i - 1].section->row_end()) {
-        return absl::DataLossError(absl::StrCat("tensor ", key.first, " section ", key.second,
+        return absl::DataLossError(absl::StrCat("tensor ", QuoteForMessage(key.first), " section ",
+                                                QuoteForMessage(key.second),
                                                 ": rows saved twice (", locations[i - 1].file->path(),
                                                 ", ", locations[i].file->path(), ")"));
       }
@@ -548,12 +561,10 @@ absl::Status CheckpointReader::ReadRows(absl::string_view tensor, absl::string_v
                                         int64_t row_begin, int64_t row_end,
                                         absl::Span<float> out) const {
   const TensorInfo* info = FindTensor(tensor);
-  if (info == nullptr) {
-    return absl::NotFoundError(absl::StrCat("checkpoint v", manifest_.version(),
-                                            " has no tensor ", tensor));
-  }
+  if (info == nullptr) return NoSuchTensor(manifest_.version(), tensor);
   if (row_begin < 0 || row_end > info->rows() || row_end < row_begin) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " has ", info->rows(),
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor), " has ",
+                                                   info->rows(),
                                                    " rows; asked for [", row_begin, ", ",
                                                    row_end, ")"));
   }
@@ -578,7 +589,8 @@ absl::Status CheckpointReader::ReadRows(absl::string_view tensor, absl::string_v
   }
   if (next < row_end) {
     return absl::NotFoundError(absl::StrCat("checkpoint v", manifest_.version(), ": rows ", next,
-                                            ".. of ", tensor, "/", name, " are in no shard file"));
+                                            ".. of ", QuoteForMessage(tensor), "/",
+                                            QuoteForMessage(name), " are in no shard file"));
   }
   return absl::OkStatus();
 }
@@ -588,10 +600,7 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRows(absl::string_view 
                                                               int64_t row_begin,
                                                               int64_t row_end) const {
   const TensorInfo* info = FindTensor(tensor);
-  if (info == nullptr) {
-    return absl::NotFoundError(absl::StrCat("checkpoint v", manifest_.version(),
-                                            " has no tensor ", tensor));
-  }
+  if (info == nullptr) return NoSuchTensor(manifest_.version(), tensor);
   std::vector<float> out(static_cast<size_t>(std::max<int64_t>(0, row_end - row_begin)) *
                          info->cols());
   RETURN_IF_ERROR(ReadRows(tensor, name, row_begin, row_end, absl::MakeSpan(out)));
@@ -616,7 +625,8 @@ absl::StatusOr<std::string> CheckpointReader::ReadBlob(absl::string_view tensor,
   auto it = blobs_.find(std::make_pair(std::string(tensor), std::string(name)));
   if (it == blobs_.end()) {
     return absl::NotFoundError(absl::StrCat("checkpoint v", manifest_.version(), " has no ",
-                                            name, " for tensor '", tensor, "'"));
+                                            QuoteForMessage(name), " for tensor ",
+                                            QuoteForMessage(tensor)));
   }
   std::string first;
   for (size_t i = 0; i < it->second.size(); ++i) {
@@ -624,7 +634,8 @@ absl::StatusOr<std::string> CheckpointReader::ReadBlob(absl::string_view tensor,
     if (i == 0) {
       first = std::move(bytes);
     } else if (bytes != first) {
-      return absl::DataLossError(absl::StrCat("tensor ", tensor, " ", name, ": copies in ",
+      return absl::DataLossError(absl::StrCat("tensor ", QuoteForMessage(tensor), " ",
+                                              QuoteForMessage(name), ": copies in ",
                                               it->second[0].file->path(), " and ",
                                               it->second[i].file->path(), " differ"));
     }
@@ -636,7 +647,8 @@ absl::StatusOr<TensorState> CheckpointReader::ReadTensorState(absl::string_view 
   ASSIGN_OR_RETURN(std::string bytes, ReadBlob(tensor, kTensorStateSection));
   TensorState state;
   if (!state.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat("tensor ", tensor, ": state does not parse"));
+    return absl::DataLossError(
+        absl::StrCat("tensor ", QuoteForMessage(tensor), ": state does not parse"));
   }
   return state;
 }

@@ -153,6 +153,16 @@ TEST(StoreTest, ReshardTwoToOneAndOneToThree) {
   EXPECT_TRUE(absl::IsInvalidArgument(reader->ReadRows("layers.0.weight", "master", 0, 301).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("nope", "master", 0, 1).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("layers.0.weight", "nope", 0, 1).status()));
+  // Names from a request come back quoted, bounded and escaped.
+  for (const std::string& name : {std::string(1 << 20, 'n'), std::string("a\nE0101 forged")}) {
+    const absl::Status missing = reader->ReadRows(name, "master", 0, 1).status();
+    EXPECT_TRUE(absl::IsNotFound(missing));
+    EXPECT_LT(missing.message().size(), 1500u);
+    EXPECT_EQ(missing.message().find('\n'), absl::string_view::npos) << missing;
+    const absl::Status blob = reader->ReadBlob(name, "state").status();
+    EXPECT_LT(blob.message().size(), 1500u);
+    EXPECT_EQ(blob.message().find('\n'), absl::string_view::npos) << blob;
+  }
 }
 
 // The project's shard plan (128-row aligned cuts, byte balancing), as the

@@ -2,8 +2,38 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace paramd {
+
+namespace {
+
+// OK, or InvalidArgument "<what> <quoted> holds control character 0xNN at
+// byte I (...)" for the first byte 0x00-0x1f or 0x7f of `value`.
+absl::Status CheckNoControlCharacter(absl::string_view what, absl::string_view value,
+                                     absl::string_view quoted) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(value[i]);
+    if (c < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", quoted, " holds control character 0x",
+                       absl::Hex(c, absl::kZeroPad2), " at byte ", i,
+                       " (NUL and control characters are refused)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OK, or InvalidArgument "<what> of N bytes ("..."): longer than the limit
+// of M bytes".
+absl::Status CheckSize(absl::string_view what, absl::string_view value, size_t max_bytes) {
+  if (value.size() <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " of ", value.size(), " bytes (",
+                                                 QuoteForError(value), "): longer than the limit of ",
+                                                 max_bytes, " bytes"));
+}
+
+}  // namespace
 
 std::string QuoteForError(absl::string_view name, size_t max_bytes) {
   const bool cut = name.size() > max_bytes;
@@ -18,10 +48,13 @@ absl::Status UnknownTensorError(absl::string_view name, int64_t max_bytes) {
 }
 
 absl::Status CheckClientId(absl::string_view what, absl::string_view id) {
-  if (id.size() <= kMaxClientStringBytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " of ", id.size(), " bytes (",
-                                                 QuoteForError(id), "): longer than the limit of ",
-                                                 kMaxClientStringBytes, " bytes"));
+  return CheckSize(what, id, kMaxClientStringBytes);
+}
+
+absl::Status CheckClientIds(
+    std::initializer_list<std::pair<absl::string_view, absl::string_view>> ids) {
+  for (const auto& [what, id] : ids) RETURN_IF_ERROR(CheckClientId(what, id));
+  return absl::OkStatus();
 }
 
 absl::Status CheckTensorName(absl::string_view name, int64_t max_bytes) {
@@ -32,16 +65,12 @@ absl::Status CheckTensorName(absl::string_view name, int64_t max_bytes) {
                      "): longer than the limit of ", max_bytes,
                      " bytes (--max_tensor_name_bytes)"));
   }
-  for (size_t i = 0; i < name.size(); ++i) {
-    const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor name ", QuoteForError(name), " holds control character 0x",
-                       absl::Hex(c, absl::kZeroPad2), " at byte ", i,
-                       " (NUL and control characters are refused)"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckNoControlCharacter("tensor name", name, QuoteForError(name));
+}
+
+absl::Status CheckClientPath(absl::string_view what, absl::string_view path, size_t max_bytes) {
+  RETURN_IF_ERROR(CheckSize(what, path, max_bytes));
+  return CheckNoControlCharacter(what, path, QuoteForMessage(path));
 }
 
 }  // namespace paramd

@@ -17,7 +17,9 @@
 #define PARAMD_COMMON_NAMES_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -62,6 +64,23 @@ absl::Status UnknownTensorError(absl::string_view name,
 // the limit of 256 bytes") for a client-supplied id longer than
 // kMaxClientStringBytes. Checked before the id is stored or compared.
 absl::Status CheckClientId(absl::string_view what, absl::string_view id);
+
+// CheckClientId of each {what, id} of a request, in order: the first
+// refusal, or OK.
+absl::Status CheckClientIds(
+    std::initializer_list<std::pair<absl::string_view, absl::string_view>> ids);
+
+// The longest file path a server accepts from a client (Load's
+// safetensors_path and checkpoint_path): PATH_MAX.
+inline constexpr size_t kMaxClientPathBytes = 4096;
+
+// OK, or InvalidArgument for a client-supplied path longer than `max_bytes`
+// or holding a NUL or other control character (no file name the servers
+// write or read needs one, and a newline in a path forges log lines):
+//   safetensors_path "a\nb" holds control character 0x0a at byte 1
+// Checked before the path is opened, stored or logged.
+absl::Status CheckClientPath(absl::string_view what, absl::string_view path,
+                             size_t max_bytes = kMaxClientPathBytes);
 
 }  // namespace paramd
 

@@ -56,5 +56,21 @@ TEST(NamesTest, CheckClientIdBoundsIds) {
   EXPECT_LT(s.message().size(), 200u);
 }
 
+TEST(NamesTest, CheckClientPathBoundsPathsAndRefusesControlCharacters) {
+  EXPECT_TRUE(CheckClientPath("safetensors_path", "/models/llama 3/model.safetensors").ok());
+  EXPECT_TRUE(CheckClientPath("safetensors_path", std::string(4096, 'p')).ok());
+  const absl::Status long_path = CheckClientPath("safetensors_path", std::string(1 << 20, 'p'));
+  EXPECT_EQ(long_path.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(long_path.message(), "safetensors_path of 1048576 bytes"))
+      << long_path;
+  EXPECT_LT(long_path.message().size(), 200u);
+  const absl::Status forged = CheckClientPath("checkpoint_path", "/a\nE0101 forged");
+  EXPECT_EQ(forged.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(forged.message(), "control character 0x0a at byte 2")) << forged;
+  EXPECT_EQ(forged.message().find('\n'), std::string::npos) << forged;
+  EXPECT_FALSE(CheckClientPath("dir", std::string("a\0b", 3)).ok());
+  EXPECT_FALSE(CheckClientPath("dir", "abcd", 3).ok());
+}
+
 }  // namespace
 }  // namespace paramd

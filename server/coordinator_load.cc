@@ -26,6 +26,7 @@
 #include "checkpoint/store.h"
 #include "common/file_util.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 #include "common/status_macros.h"
 #include "grpcpp/alarm.h"
 #include "safetensors/safetensors.h"
@@ -60,6 +61,18 @@ absl::StatusOr<SavedOptimizer> ReadSavedOptimizer(const checkpoint::Manifest& ma
     }
   }
   return saved;
+}
+
+// Where a load takes its model from, for log lines and the recovery status:
+// "checkpoint V of \"PATH\"", "\"PATH\"" or "pushed weights" (paths quoted
+// and bounded with QuoteForMessage).
+std::string LoadSourceForMessage(const rpc::LoadRequest& request, int64_t checkpoint_version) {
+  if (!request.checkpoint_path().empty()) {
+    return absl::StrCat("checkpoint ", checkpoint_version, " of ",
+                        QuoteForMessage(request.checkpoint_path()));
+  }
+  return request.safetensors_path().empty() ? "pushed weights"
+                                            : QuoteForMessage(request.safetensors_path());
 }
 
 }  // namespace
@@ -256,7 +269,8 @@ Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
     rpc::HybridSpec proto;
     if (!proto.ParseFromString(t.spec())) {
       return absl::DataLossError(
-          absl::StrCat("checkpoint ", version, ": tensor ", t.name(), " has a bad spec"));
+          absl::StrCat("checkpoint ", version, ": tensor ", QuoteForMessage(t.name()),
+                       " has a bad spec"));
     }
     ASSIGN_OR_RETURN(HybridSpec spec, HybridSpecFromProto(proto));
     out.emplace_back(std::move(d), spec);
@@ -338,7 +352,7 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     for (int64_t s : d.shape()) {
       if (s < 1) {
         return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", d.name(), " has an empty dimension"));
+            absl::StrCat("tensor ", QuoteForMessage(d.name()), " has an empty dimension"));
       }
     }
     HybridSpec spec;
@@ -410,6 +424,7 @@ void Coordinator::Impl::AdoptManifestOptimizerLocked(const rpc::Manifest& manife
 
 absl::StatusOr<rpc::LoadRequest> Coordinator::Impl::ConfineLoadPaths(
     rpc::LoadRequest request) const {
+  RETURN_IF_ERROR(CheckSourcePaths(request.safetensors_path(), request.checkpoint_path()));
   const std::vector<std::string>& roots = options_.limits.file_roots;
   if (!request.safetensors_path().empty()) {
     ASSIGN_OR_RETURN(*request.mutable_safetensors_path(),
@@ -534,10 +549,9 @@ void Coordinator::Impl::RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest
     recovery_.set_rewound_to_version(first);
     recovery_.set_versions_lost(std::max<int64_t>(0, committed_ - first));
     recovery_.set_source(request.checkpoint_path().empty()
-                             ? absl::StrCat("load of ", request.safetensors_path().empty()
-                                                            ? "pushed weights"
-                                                            : request.safetensors_path())
-                             : absl::StrCat("checkpoint ", request.checkpoint_path(), " v", first));
+                             ? absl::StrCat("load of ", LoadSourceForMessage(request, first))
+                             : absl::StrCat("checkpoint ", QuoteForMessage(request.checkpoint_path()),
+                                            " v", first));
     recovery_.set_state("data plane rebuilt; loading");
     LogInfo(kTag, absl::StrCat("recovery ", plan.epoch,
                                ": data plane rebuilt for the load that replaces the lost state"));
@@ -559,13 +573,8 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
     stubs = StubsLocked();
   }
   LogInfo(kTag, absl::StrCat("loading ", manifest.tensors_size(), " tensors in ",
-                             manifest.pieces_size(), " pieces on ", stubs.size(), " daemons",
-                             request.checkpoint_path().empty()
-                                 ? absl::StrCat(" from ", request.safetensors_path().empty()
-                                                              ? "pushed weights"
-                                                              : request.safetensors_path())
-                                 : absl::StrCat(" from checkpoint ", checkpoint_version, " of ",
-                                                request.checkpoint_path())));
+                             manifest.pieces_size(), " pieces on ", stubs.size(),
+                             " daemons from ", LoadSourceForMessage(request, checkpoint_version)));
   const absl::Time load_start = absl::Now();
   FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
       stubs, options_.load_timeout,

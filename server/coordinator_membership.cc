@@ -35,10 +35,14 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
   }
   // The joiner's free strings are stored (and written to the state file):
   // bounded before anything is.
-  for (const auto& [what, value] : {std::pair{"name", &request->name()},
-                                    std::pair{"address", &request->address()},
-                                    std::pair{"member_id", &request->member_id()}}) {
-    if (absl::Status s = CheckClientId(what, *value); !s.ok()) return Done(context, s);
+  if (absl::Status s = CheckClientIds({{"name", request->name()},
+                                       {"address", request->address()},
+                                       {"data_plane_address", request->data_plane_address()},
+                                       {"member_id", request->member_id()},
+                                       {"incarnation", request->incarnation()},
+                                       {"member_secret", request->member_secret()}});
+      !s.ok()) {
+    return Done(context, s);
   }
   absl::StatusOr<rpc::Member> member = AddMember(*request, may_take_rank);
   if (!member.ok()) {
@@ -119,6 +123,12 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Heartbeat(grpc::CallbackServerConte
                                        "/paramd.rpc.Coordinator/Heartbeat");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
+  }
+  // Compared with the stored ones only: bounded first all the same.
+  if (absl::Status s = CheckClientIds(
+          {{"member_id", request->member_id()}, {"incarnation", request->incarnation()}});
+      !s.ok()) {
+    return Done(context, s);
   }
   bool revived = false;
   {

@@ -49,6 +49,12 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<const ModelView> view;
   if (request->load().manifest().tensors_size() > 0) {
+    // The same checks as a LoadShards (names, shapes, paths), before
+    // anything changes.
+    if (absl::Status s = CheckLoadShardsRequest(request->load(), options_.limits); !s.ok()) {
+      reactor->Finish(ToGrpcStatus(s));
+      return reactor;
+    }
     absl::StatusOr<ModelView> v;
     {
       absl::MutexLock lock(&mu_);

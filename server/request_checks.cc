@@ -55,6 +55,12 @@ absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
   return absl::OkStatus();
 }
 
+absl::Status CheckSourcePaths(absl::string_view safetensors_path,
+                              absl::string_view checkpoint_path) {
+  RETURN_IF_ERROR(CheckClientPath("safetensors_path", safetensors_path));
+  return CheckClientPath("checkpoint_path", checkpoint_path);
+}
+
 absl::Status CheckLoadRequest(const rpc::LoadRequest& request, const RequestLimits& limits) {
   const int sources = !request.safetensors_path().empty() + (request.tensors_size() > 0) +
                       !request.checkpoint_path().empty();
@@ -95,6 +101,7 @@ absl::Status CheckLoadShardsRequest(const rpc::LoadShardsRequest& request,
   if (!request.safetensors_path().empty() && !request.checkpoint_path().empty()) {
     return absl::InvalidArgumentError("LoadShards: a safetensors path or a checkpoint, not both");
   }
+  RETURN_IF_ERROR(CheckSourcePaths(request.safetensors_path(), request.checkpoint_path()));
   std::set<absl::string_view> names;
   for (const rpc::TensorInfo& t : m.tensors()) {
     RETURN_IF_ERROR(CheckName(t.name(), limits));

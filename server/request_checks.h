@@ -66,13 +66,20 @@ absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimit
 absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
                               const RequestLimits& limits);
 
+// The file paths of a Load or LoadShards (safetensors_path,
+// checkpoint_path; empty ones pass): CheckClientPath (common/names.h), at
+// most 4096 bytes and no control character. Checked before a path is
+// resolved, opened, stored or logged.
+absl::Status CheckSourcePaths(absl::string_view safetensors_path,
+                              absl::string_view checkpoint_path);
+
 // Coordinator.Load before anything is read: exactly one source, declared
 // tensors through CheckTensorDecls, checkpoint_version >= -1.
 absl::Status CheckLoadRequest(const rpc::LoadRequest& request, const RequestLimits& limits);
 
 // Daemon.LoadShards: a manifest with at least one tensor, names and counts
 // as above, rows/cols >= 1, pieces inside their tensors, daemon_rank >= 0,
-// expected_pushers >= 0, at most one source. An empty or invalid manifest
+// expected_pushers >= 0, at most one source (CheckSourcePaths). An empty or invalid manifest
 // is InvalidArgument (and the loaded model stays as it was).
 absl::Status CheckLoadShardsRequest(const rpc::LoadShardsRequest& request,
                                     const RequestLimits& limits);

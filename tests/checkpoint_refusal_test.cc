@@ -221,14 +221,19 @@ class ConfinementTest : public ::testing::Test {
 TEST_F(ConfinementTest, DirectoriesOutsideTheRootAreRefusedByEveryRpc) {
   const std::vector<std::string> bad = {"../x",        "../outside", "/etc",  "/tmp",
                                         "a/../../x",   "..",         "link",  "link/sub",
-                                        "a\\..\\..\\x", std::string("a\0b", 3)};
+                                        "a\\..\\..\\x", std::string("a\0b", 3),
+                                        "a\nE0101 forged", std::string(1 << 20, 'a')};
   for (const std::string& d : bad) {
-    SCOPED_TRACE("dir '" + d + "'");
+    SCOPED_TRACE("dir '" + d.substr(0, 64) + "'");
     checkpoint::CheckpointRequest create;
     create.set_dir(d);
     create.set_version(-1);
-    EXPECT_EQ(Call(*coordinator_, &Coordinator::Checkpoint, create).error_code(),
-              grpc::StatusCode::INVALID_ARGUMENT);
+    const grpc::Status created = Call(*coordinator_, &Coordinator::Checkpoint, create);
+    EXPECT_EQ(created.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << created.error_message().substr(0, 300);
+    // The name comes back bounded and escaped.
+    EXPECT_LT(created.error_message().size(), 1500u);
+    EXPECT_EQ(created.error_message().find('\n'), std::string::npos) << created.error_message();
     checkpoint::ListCheckpointsRequest list;
     list.set_dir(d);
     checkpoint::ListCheckpointsResponse listed;

@@ -476,6 +476,20 @@ class LimitsTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response.committed_version();
   }
+  // The cluster's logs come to hold "\"<before>\\n<forged>\"" (a client
+  // string with a newline, quoted and escaped) within 5 s, and never the
+  // newline itself followed by `forged` (a forged log line).
+  static void ExpectLoggedEscaped(const std::string& before, const std::string& forged) {
+    const std::string escaped = absl::StrCat("\"", before, "\\n", forged, "\"");
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    std::string logs;
+    while (!absl::StrContains(logs = cluster_->cluster().Logs(), escaped) &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_TRUE(absl::StrContains(logs, escaped)) << logs;
+    EXPECT_FALSE(absl::StrContains(logs, "\n" + forged)) << logs;
+  }
   static RawCluster* cluster_;
 };
 
@@ -588,20 +602,90 @@ TEST_F(LimitsTest, ClientStringsAreBoundedAndEscaped) {
   rpc::JoinResponse joined;
   const grpc::Status j = cluster_->coordinator().Join(&context, join, &joined);
   ASSERT_TRUE(j.ok()) << j.error_message();
-  const absl::Time give_up = absl::Now() + absl::Seconds(5);
-  std::string logs;
-  while (!absl::StrContains(logs = cluster_->cluster().Logs(), "evil\\nE0101") &&
-         absl::Now() < give_up) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(absl::StrContains(logs, "\"evil\\nE0101 00:00:00 forged line\"")) << logs;
-  EXPECT_FALSE(absl::StrContains(logs, "\nE0101 00:00:00 forged line")) << logs;
+  ExpectLoggedEscaped("evil", "E0101 00:00:00 forged line");
   // Ids over 256 bytes are refused at the door.
   join.set_name(std::string(300, 'n'));
   grpc::ClientContext context2;
   SetDeadline(context2, absl::Seconds(10));
   EXPECT_EQ(cluster_->coordinator().Join(&context2, join, &joined).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Paths, the joiner's other strings, heartbeat ids and the tensor of an
+// ExportRows: bounded before use, escaped wherever they are echoed.
+TEST_F(LimitsTest, PathsIdsAndExportNamesAreBoundedAndEscaped) {
+  // Load paths: a control character or a megabyte is a short
+  // INVALID_ARGUMENT, before any file is looked at.
+  for (const std::string& path : {std::string("/no/such\nE0101 forged.safetensors"),
+                                  std::string(1 << 20, 'p')}) {
+    for (const bool checkpoint : {false, true}) {
+      rpc::LoadRequest load;
+      if (checkpoint) {
+        load.set_checkpoint_path(path);
+      } else {
+        load.set_safetensors_path(path);
+      }
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      rpc::LoadResponse response;
+      const grpc::Status s = cluster_->coordinator().Load(&context, load, &response);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << s.error_message().substr(0, 300);
+      EXPECT_LT(s.error_message().size(), 1500u);
+      EXPECT_EQ(s.error_message().find('\n'), std::string::npos) << s.error_message();
+      EXPECT_TRUE(absl::StrContains(s.error_message(), checkpoint ? "checkpoint_path"
+                                                                  : "safetensors_path"))
+          << s.error_message().substr(0, 300);
+    }
+  }
+  // A joiner's stored strings beyond name/address/member_id, and the ids a
+  // heartbeat is compared by: over 256 bytes is refused.
+  for (const char* field : {"data_plane_address", "incarnation", "member_secret"}) {
+    rpc::JoinRequest join;
+    join.set_role(rpc::ROLE_OBSERVER);
+    join.set_address("127.0.0.1:1");
+    const std::string big(1024, 'x');
+    if (std::string(field) == "data_plane_address") join.set_data_plane_address(big);
+    if (std::string(field) == "incarnation") join.set_incarnation(big);
+    if (std::string(field) == "member_secret") join.set_member_secret(big);
+    grpc::ClientContext context;
+    SetDeadline(context, absl::Seconds(10));
+    rpc::JoinResponse joined;
+    const grpc::Status s = cluster_->coordinator().Join(&context, join, &joined);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_TRUE(absl::StrContains(s.error_message(), absl::StrCat(field, " of 1024 bytes")))
+        << s.error_message();
+  }
+  rpc::HeartbeatRequest heartbeat;
+  heartbeat.set_rank(0);
+  heartbeat.set_member_id(std::string(1 << 20, 'm'));
+  grpc::ClientContext heartbeat_context;
+  SetDeadline(heartbeat_context, absl::Seconds(10));
+  rpc::HeartbeatResponse beat;
+  const grpc::Status h = cluster_->coordinator().Heartbeat(&heartbeat_context, heartbeat, &beat);
+  EXPECT_EQ(h.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << h.error_message();
+  EXPECT_LT(h.error_message().size(), 1500u);
+  // ExportRows of a tensor named with a newline: the reply and the daemon's
+  // log line carry it escaped.
+  checkpoint::ExportRowsRequest request;
+  request.set_version(Version());
+  request.set_tensor("w\nE0101 00:00:00 forged export");
+  request.set_row_begin(0);
+  request.set_row_end(1);
+  request.set_cols(kCols);
+  auto daemon = checkpoint::CheckpointDaemon::NewStub(
+      cluster_->Channel(cluster_->manifest().daemons(0).address()));
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(10));
+  auto reader = daemon->ExportRows(&context, request);
+  checkpoint::ExportRowsChunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  const grpc::Status exported = reader->Finish();
+  EXPECT_FALSE(exported.ok());
+  EXPECT_EQ(exported.error_message().find('\n'), std::string::npos) << exported.error_message();
+  ExpectLoggedEscaped("w", "E0101 00:00:00 forged export");
+  EXPECT_GT(AdminStep(), 0) << "the cluster still steps";
 }
 
 TEST_F(LimitsTest, ParkedFetchesPerClient) {
