@@ -8,7 +8,7 @@ deployment. Usage:
 
   check_deploy.py systemd HYBRID_PARAMD DIR
   check_deploy.py k8s HYBRID_PARAMD HPCTL HEALTH DIR
-  check_deploy.py slurm HYBRID_PARAMD SCRIPT
+  check_deploy.py slurm HYBRID_PARAMD SCRIPT HEALTH
   check_deploy.py docker HYBRID_PARAMD DOCKERFILE INSTALL_DEPS README HEALTH HPCTL MAKE_CERTS
 
 Prints one line per problem and exits 1 if there is any.
@@ -507,8 +507,9 @@ def check_recipe(hpctl, recipe, where):
 # ---------------------------------------------------------------- slurm
 
 
-def check_slurm(binary, script):
+def check_slurm(binary, script, health):
     flags = known_flags(binary)
+    health_flags = known_flags(health, expect=("address", "service"))
     r = subprocess.run(["bash", "-n", script], capture_output=True, text=True)
     if r.returncode != 0:
         problem(script, f"bash -n: {r.stderr.strip()}")
@@ -520,6 +521,7 @@ def check_slurm(binary, script):
         "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_JOB_NUM_NODES": "2",
         "PARAMD_NODES": "gpu01 gpu02", "PARAMD_GPUS_PER_NODE": "4", "PARAMD_BIN": binary,
         "PARAMD_DRY_RUN": "1", "PARAMD_MODEL": "/shared/model.safetensors",
+        "PARAMD_HEALTH": health,
     })
     r = subprocess.run(["bash", script, "--", "python3", "train.py"], capture_output=True,
                        text=True, env=env)
@@ -543,12 +545,30 @@ def check_slurm(binary, script):
         words = shlex.split(l)
         if binary in words:
             check_flags(words[words.index(binary) + 1:], flags, f"{script} (dry run)")
+    # Up = gRPC health, asked of the coordinator before any trainer starts:
+    # its service (every daemon joined), then the process (model loaded).
+    lines = r.stdout.splitlines()
+    trainer_at = next((i for i, l in enumerate(lines) if "train.py" in l), len(lines))
+    probes = {}
+    for l in lines[:trainer_at]:
+        words = shlex.split(l)
+        if words and words[0] == health:
+            values = check_flags(words[1:], health_flags, f"{script} (dry run)")
+            if values.get("address") != "gpu01:7070":
+                problem(script, f"the health probe asks {values.get('address')}, not the coordinator gpu01:7070")
+            probes[values.get("service") or ""] = l
+    for service, meaning in (("paramd.rpc.Coordinator", "every daemon joined"),
+                             ("", "the model loaded")):
+        if service not in probes:
+            problem(script, f"no health probe of service {service!r} ({meaning}) before the trainers start")
+    if "/dev/tcp" in open(script).read():
+        problem(script, "a TCP port check: a listening coordinator is not a cluster that is up")
     for n in ("gpu01", "gpu02"):
         gpus = sorted(re.search(r"--gpu=(\d+)", l).group(1) for l in daemons if f"-w {n}" in l)
         if gpus != ["0", "1", "2", "3"]:
             problem(script, f"daemons on {n} use GPUs {gpus}, want 0-3 once each")
     print(f"slurm: {script} dry run: {len(coordinators)} coordinator, {len(daemons)} daemons, "
-          f"{len(trainers)} trainer step")
+          f"{len(probes)} health waits, {len(trainers)} trainer step")
 
 
 # ---------------------------------------------------------------- docker
@@ -696,7 +716,7 @@ def main():
     elif what == "k8s":
         check_k8s(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif what == "slurm":
-        check_slurm(sys.argv[2], sys.argv[3])
+        check_slurm(sys.argv[2], sys.argv[3], sys.argv[4])
     elif what == "docker":
         check_docker(*sys.argv[2:9])
     else:

@@ -3,11 +3,14 @@
 # (slurmctld + slurmd + munged from Debian's slurm-wlm, all on localhost,
 # in a private directory with free ports). The batch job starts the
 # coordinator and 2 daemons (CPU backend) through the launcher and runs a
-# "trainer" step that checks the cluster with hpctl: both daemons joined,
-# the model loaded, one admin step. Then every process must be gone.
-# Args: HYBRID_PARAMD HPCTL LAUNCHER. Needs root (slurmd launches the steps).
+# "trainer" step that checks the cluster once with hpctl, as it is when the
+# launcher says it is up: both daemons joined, the model loaded; then one
+# admin step. A second job whose daemon 1 cannot start (its port is taken)
+# must fail before any trainer runs. Then every process must be gone.
+# Args: HYBRID_PARAMD HPCTL LAUNCHER HYBRID_PARAMD_HEALTH. Needs root
+# (slurmd launches the steps).
 set -euo pipefail
-BIN=$(realpath "$1"); HPCTL=$(realpath "$2"); LAUNCHER=$(realpath "$3")
+BIN=$(realpath "$1"); HPCTL=$(realpath "$2"); LAUNCHER=$(realpath "$3"); HEALTH=$(realpath "$4")
 if [ "$(id -u)" != 0 ]; then echo "slurm_test: needs root (slurmd)" >&2; exit 1; fi
 for tool in munged slurmctld slurmd sbatch scontrol; do
   command -v "$tool" >/dev/null || PATH=$PATH:/usr/sbin
@@ -105,36 +108,63 @@ cat > "$T/work/trainer.sh" <<TRAINER
 #!/usr/bin/env bash
 set -eu
 echo "trainer \$SLURM_PROCID of \$SLURM_NTASKS: coordinator \$PARAMD_COORDINATOR"
-for _ in \$(seq 100); do
-  out=\$("$HPCTL" status --address="\$PARAMD_COORDINATOR" --timeout=2 2>&1) || true
-  case "\$out" in *"committed version 0"*) break ;; esac
-  sleep 0.3
-done
-echo "\$out"
+# Once, no waiting: the launcher starts trainers only on a cluster that is up.
+"$HPCTL" status --address="\$PARAMD_COORDINATOR" --timeout=2 2>&1 || true
 "$HPCTL" step --address="\$PARAMD_COORDINATOR"
 TRAINER
 chmod +x "$T/work/trainer.sh"
 
 start=$SECONDS
 cd "$T/work"
-PARAMD_BIN=$BIN PARAMD_PORT=$PARAMD_PORT PARAMD_DAEMON_PORT=$DAEMON_PORT PARAMD_GPUS_PER_NODE=2 \
-  PARAMD_TRAINERS_PER_NODE=1 PARAMD_EXPECTED_PUSHERS=0 PARAMD_MODEL="$T/work/model.safetensors" \
-  PARAMD_DAEMON_ARGS=--backend=cpu \
+PARAMD_BIN=$BIN PARAMD_HEALTH=$HEALTH PARAMD_PORT=$PARAMD_PORT PARAMD_DAEMON_PORT=$DAEMON_PORT \
+  PARAMD_GPUS_PER_NODE=2 PARAMD_TRAINERS_PER_NODE=1 PARAMD_EXPECTED_PUSHERS=0 \
+  PARAMD_MODEL="$T/work/model.safetensors" PARAMD_DAEMON_ARGS=--backend=cpu \
   sbatch --wait --nodes=1 --time=5 --output="$T/work/job.out" "$LAUNCHER" -- "$T/work/trainer.sh" \
   >/dev/null || fail "the batch job failed"
 echo "slurm_test: job done in $((SECONDS - start)) s"
 out=$(cat "$T/work/job.out")
-for want in "trainer 0 of 1: coordinator localhost:$PARAMD_PORT" "committed version 0" \
+for want in "hybrid-paramd: up: coordinator localhost:$PARAMD_PORT, 2 daemon(s)" \
+            "trainer 0 of 1: coordinator localhost:$PARAMD_PORT" "committed version 0" \
             "stepped from version 0; committed version 1"; do
   grep -qF "$want" <<< "$out" || fail "job output lacks '$want'"
 done
 for port in "$DAEMON_PORT" "$((DAEMON_PORT + 1))"; do
   grep -qE "^ +[01] +localhost:$port " <<< "$out" || fail "hpctl status lists no daemon at localhost:$port"
 done
+
+# Half a cluster is not up: daemon 1's port is taken, so it exits; the job
+# fails without starting the trainer.
+FIRST_PORT=$PARAMD_PORT
+PARAMD_PORT=$(free_port); DAEMON_PORT=$(free_port 2)
+python3 -c "
+import socket, time
+s = socket.socket(); s.bind(('0.0.0.0', $((DAEMON_PORT + 1)))); s.listen(1); time.sleep(120)
+" &
+squatter=$!
+start=$SECONDS
+if PARAMD_BIN=$BIN PARAMD_HEALTH=$HEALTH PARAMD_PORT=$PARAMD_PORT PARAMD_DAEMON_PORT=$DAEMON_PORT \
+     PARAMD_GPUS_PER_NODE=2 PARAMD_TRAINERS_PER_NODE=1 PARAMD_EXPECTED_PUSHERS=0 \
+     PARAMD_MODEL="$T/work/model.safetensors" PARAMD_DAEMON_ARGS=--backend=cpu \
+     PARAMD_START_TIMEOUT=60 \
+     sbatch --wait --nodes=1 --time=5 --output="$T/work/job2.out" "$LAUNCHER" -- "$T/work/trainer.sh" \
+     >/dev/null; then
+  kill "$squatter" 2>/dev/null || true
+  fail "the job with a daemon that cannot start succeeded: $(cat "$T/work/job2.out")"
+fi
+kill "$squatter" 2>/dev/null || true
+wait "$squatter" 2>/dev/null || true
+echo "slurm_test: half-started job failed in $((SECONDS - start)) s"
+out=$(cat "$T/work/job2.out")
+grep -qF "exited before every daemon joined" <<< "$out" || fail "job 2 output lacks the reason: $out"
+if grep -qF "trainer 0 of" <<< "$out" || grep -qF "hybrid-paramd: up" <<< "$out"; then
+  fail "job 2 reported the cluster up or ran the trainer: $out"
+fi
 # Nothing the job started may survive it.
 sleep 1
-if pgrep -f -- "--coordinator=localhost:$PARAMD_PORT" >/dev/null ||
-   pgrep -f -- "--listen=0.0.0.0:$PARAMD_PORT" >/dev/null; then
-  fail "hybrid-paramd processes left after the job: $(pgrep -af -- ":$PARAMD_PORT")"
-fi
+for port in "$FIRST_PORT" "$PARAMD_PORT"; do
+  if pgrep -f -- "--coordinator=localhost:$port" >/dev/null ||
+     pgrep -f -- "--listen=0.0.0.0:$port" >/dev/null; then
+    fail "hybrid-paramd processes left after a job: $(pgrep -af -- ":$port")"
+  fi
+done
 echo "slurm_test: OK"
