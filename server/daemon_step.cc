@@ -1,6 +1,6 @@
 // File: server/daemon_step.cc
 //
-// The daemon's step (server/daemon.h, DESIGN.md section 3): when it starts
+// The daemon's step (server/daemon.h, server/shard_set.h): when it starts
 // (every expected push, or the admin Step), the whole and the pipelined step on
 // the worker, and SetOptimizer between steps.
 

@@ -1,6 +1,7 @@
 // File: server/device_channel.h
 //
-// The daemon's side of one device channel (DESIGN.md §4, issue 5): a
+// The daemon's side of one device channel (docs/ARCHITECTURE.md, "Device
+// fetch through the daemon"): a
 // 2-rank NCCL transport world between this daemon (rank 0) and one trainer
 // (rank 1), over which FetchDevice sends published device buffers of the
 // gpu backend straight into the trainer's GPU memory. Host-only interface:

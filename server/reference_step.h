@@ -1,6 +1,6 @@
 // File: server/reference_step.h
 //
-// The step of DESIGN.md §3 for ONE whole tensor on the CPU, written plainly
+// The daemon's step for ONE whole tensor on the CPU, written plainly
 // from kernels/reference.h: what the daemons' sharded, all-reduced step must
 // reproduce byte for byte. Test-only (//server:reference_step, testonly):
 // unit tests of ShardSet and the multi-process tests compare against it.

@@ -1,6 +1,6 @@
 // File: server/restore.h
 //
-// Restoring a daemon's shards from a checkpoint (checkpoint/, DESIGN.md §6)
+// Restoring a daemon's shards from a checkpoint (checkpoint/, docs/CHECKPOINTS.md)
 // onto whatever rows the current plan gives it (resharding is the
 // checkpoint reader's job): masters, optimizer moments, optimizer step count
 // and per-tensor delayed-scaling state.

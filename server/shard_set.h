@@ -3,7 +3,7 @@
 // The compute state of one daemon, without any RPC: for every shard (a row
 // range of a tensor that this daemon owns) the FP32 master, the optimizer
 // state and the FP32 gradient accumulator; for every tensor with a piece
-// here the per-direction delayed-scaling state; and the step of DESIGN.md §3
+// here the per-direction delayed-scaling state; and the daemon's step
 // on the CPU (optimizer, partial amaxes, all-reduce MAX across daemons,
 // scaling update, quantization per the tensor's HybridSpec with the CPU
 // reference of kernels/reference.h).

@@ -1,4 +1,4 @@
-// step_bench: wall time of one daemon step (DESIGN.md §3 on the CPU:
+// step_bench: wall time of one daemon step (the cpu backend's step:
 // AdamW, packed amax all-reduce, scaling, quantization of both directions)
 // for the demo model (deploy/model.h shapes) under a recipe, with the
 // weights sharded by //sharding:plan over 1..N in-process daemons (one

@@ -1,6 +1,6 @@
 // File: sharding/assemble.h
 //
-// Client-side assembly of a weight from its shards (DESIGN.md §4), and the
+// Client-side assembly of a weight from its shards, and the
 // inverse split.
 //
 // A daemon owning rows [r0, r1) of a weight W[M, K] quantizes exactly those

@@ -3,8 +3,9 @@
 // What one element of a weight costs a daemon, for balancing the shard plan
 // (sharding/plan.h) by bytes rather than by element count: the FP32 master
 // and its optimizer state and gradient accumulator, plus the published
-// quantized copies (both double-buffered versions, DESIGN.md §2) in the
-// formats the tensor's HybridSpec asks for, with their scale buffers.
+// quantized copies (both double-buffered versions: the latest and the
+// previous stay fetchable) in the formats the tensor's HybridSpec asks for,
+// with their scale buffers.
 //
 // Pure host code; thread-safe.
 #ifndef PARAMD_SHARDING_BALANCE_H_

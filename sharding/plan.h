@@ -1,6 +1,6 @@
 // File: sharding/plan.h
 //
-// The shard plan: which daemon owns which rows of which weight (DESIGN.md §5).
+// The shard plan: which daemon owns which rows of which weight.
 //
 // A plan is a pure function of (manifest, number of daemons, options). Every
 // tensor is cut into row ranges [row_begin, row_end) whose inner boundaries

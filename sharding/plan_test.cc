@@ -28,7 +28,7 @@ PlanOptions SplitEverything() {
   return o;
 }
 
-// A manifest with the awkward shapes DESIGN.md §5 names, plus a realistic
+// A manifest with awkward shapes (1-D, one row, tiny, odd sizes), plus a realistic
 // transformer-ish block.
 std::vector<ManifestTensor> OddManifest() {
   return {

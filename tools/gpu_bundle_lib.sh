@@ -1,6 +1,7 @@
 # Sourced (not run) by the scripts that carry GPU binaries to the GPU
-# machine, which has no Bazel (DESIGN.md §7): tools/gpu_bundle.sh,
-# tests/gpu_nccl_run.sh, tests/gpu_backend_run.sh, tests/gpu_fetch_run.sh.
+# machine, which has no Bazel (docs/ARCHITECTURE.md, "Build"):
+# tools/gpu_bundle.sh, tests/gpu_nccl_run.sh, tests/gpu_backend_run.sh,
+# tests/gpu_fetch_run.sh.
 #
 # A bundle folder holds the binaries and the shared libraries they load that
 # the GPU machine may lack: everything `ldd` resolves except glibc,

@@ -1,6 +1,6 @@
 // File: transport/nccl_transport.h
 //
-// The "nccl" backend (DESIGN.md §4): bulk bytes between GPUs over NCCL,
+// The "nccl" backend: bulk bytes between GPUs over NCCL,
 // control over gRPC. Registered as "nccl" (link //transport:nccl,
 // alwayslink; --config=cuda only). Passes the conformance suite
 // (transport/nccl_test.cc) with detects_size_mismatch = true and
@@ -31,8 +31,8 @@
 // ones, which end every group on a new NCCL thread, ~250 us per
 // side: FP8 cold fetch ratio to raw NCCL 0.90-0.94 blocking against
 // 0.86-0.92 non-blocking, same-run A/B in docs/BENCHMARKS.md).
-// DESIGN.md §4 asks for non-blocking ones so that a dead peer cannot hang
-// a call; the blocking ones keep that promise this way
+// Non-blocking ones are what keeps a dead peer from hanging a call; the
+// blocking ones keep that promise this way
 // (docs/ARCHITECTURE.md, "Transport communicators"): a detached helper
 // thread runs the init and one 16-byte warm-up transfer that connects
 // every p2p channel of the direction (NCCL connects them lazily, inside

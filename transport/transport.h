@@ -1,6 +1,6 @@
 // File: transport/transport.h
 //
-// The data plane (DESIGN.md §4): a small `Transport` interface that moves
+// The data plane: a small `Transport` interface that moves
 // bytes between the ranks of a world (daemons and trainers) and all-reduces
 // the daemons' packed amax vector, plus a registry that opens backends by
 // name ("local", "host", later "nccl"). Every backend passes one conformance

@@ -1,6 +1,7 @@
 // File: client/gpu_fetch/device_fetcher.h
 //
-// Device fetch through hybrid-paramd daemons (DESIGN.md §4, issue 5): the
+// Device fetch through hybrid-paramd daemons (docs/ARCHITECTURE.md,
+// "Device fetch through the daemon"): the
 // published directions of a version land straight in the trainer's GPU
 // memory, over NCCL, in exactly the layouts of docs/FORMATS.md
 // (ComputeLayout(spec, direction, M, K) of the WHOLE tensor), whatever the

@@ -1,6 +1,6 @@
 // File: client/gpu_fetch/fetch_plan.h
 //
-// The piece order of one device fetch message (DESIGN.md §4), the ONE
+// The piece order of one device fetch message, the ONE
 // definition both sides use: the daemon's sender
 // (server/gpu_backend/fetch_server.h) and the trainer's receiver
 // (client/gpu_fetch/fetch.h). Per (shard, direction) item, in item order:

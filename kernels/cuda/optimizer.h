@@ -4,7 +4,8 @@
 // moments and an FP32 gradient accumulator (all device pointers, updated in
 // place). Each step also max-updates every tensor's amax slot with the amax
 // of its updated weights rounded to the source dtype (D1), in the same pass:
-// the packed partial-amax vector of DESIGN.md §3 step 2.
+// the packed partial-amax vector the daemons all-reduce (MAX) before the
+// scaling update.
 //
 // AdamWStepAndQuantize goes further for tensors whose scales are known before
 // the step (per-tensor FP8 with delayed scaling, MXFP8, FP8 blocks, identity):

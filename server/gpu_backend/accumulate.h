@@ -1,9 +1,9 @@
 // File: server/gpu_backend/accumulate.h
 //
 // Gradient accumulation on the daemon's GPU: acc[i] += float(grad[i]) for a
-// pushed BF16 or FP32 gradient (DESIGN.md §3 step 1). Enqueue-only on
-// `stream`; device pointers. Not part of kernels/cuda (issue 3 has no
-// accumulate kernel); issue 5 owns it.
+// pushed BF16 or FP32 gradient (the first part of a step: summing the
+// pushes). Enqueue-only on `stream`; device pointers. Not part of
+// kernels/cuda, which has no accumulate kernel.
 #ifndef PARAMD_SERVER_GPU_BACKEND_ACCUMULATE_H_
 #define PARAMD_SERVER_GPU_BACKEND_ACCUMULATE_H_
 

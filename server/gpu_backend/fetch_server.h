@@ -1,6 +1,7 @@
 // File: server/gpu_backend/fetch_server.h
 //
-// The daemon's side of a GPU fetch (DESIGN.md §4): the device pieces of the
+// The daemon's side of a GPU fetch (docs/ARCHITECTURE.md, "Device fetch
+// through the daemon"): the device pieces of the
 // requested (shard, direction) items of a published version, in the order
 // of the fetch plan that both sides derive from the same request: for each
 // item, its data buffer, its scale buffer (if the layout has one), then the

@@ -1,9 +1,9 @@
 // File: server/gpu_backend/shard_store.h
 //
-// The daemon's GPU backend (issue 5): every shard's FP32 master, AdamW
-// moments and FP32 gradient accumulator live in device memory, and one step
-// (DESIGN.md §3) is a few kernel launches on the store's stream with no
-// host wait between them and one wait at the end:
+// The daemon's GPU backend: every shard's FP32 master, AdamW moments and
+// FP32 gradient accumulator live in device memory, and one step
+// (server/shard_set.h's on the CPU) is a few kernel launches on the store's
+// stream with no host wait between them and one wait at the end:
 //
 //   [the global gradient norm when clipping or skip_step: row sums (taken
 //    in the last pusher's add, else here), 128-row block slots, one
