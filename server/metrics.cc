@@ -1,10 +1,7 @@
 #include "server/metrics.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <exception>
-#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -24,6 +21,7 @@
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "common/status_macros.h"
+#include "server/process_metrics.h"
 
 namespace paramd {
 namespace {
@@ -62,13 +60,36 @@ prometheus::MetricFamily Counter(std::string name, std::string help, double valu
                 {Metric(MetricType::Counter, value)});
 }
 
-// Resident set size of this process (host memory), from /proc.
-double HostMemoryBytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t pages = 0;
-  int64_t resident = 0;
-  if (!(in >> pages >> resident)) return 0;
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+// The standard process_* series (server/process_metrics.h).
+void AppendProcessMetrics(const ProcessStats& p, std::vector<prometheus::MetricFamily>* out) {
+  out->push_back(Counter("process_cpu_seconds_total", "Total user and system CPU time spent in "
+                         "seconds", p.cpu_seconds));
+  out->push_back(Gauge("process_resident_memory_bytes", "Resident memory size in bytes",
+                       p.resident_bytes));
+  out->push_back(Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes",
+                       p.virtual_bytes));
+  out->push_back(Gauge("process_open_fds", "Number of open file descriptors", p.open_fds));
+  out->push_back(Gauge("process_max_fds", "Maximum number of open file descriptors", p.max_fds));
+  out->push_back(Gauge("process_start_time_seconds",
+                       "Start time of the process since unix epoch in seconds",
+                       p.start_time_seconds));
+}
+
+// A coordinator's recovery state: failing (the last attempt failed; it is
+// retried, or waits for a load) and needing a load (nothing to recover
+// from), and how many recoveries completed.
+void AppendRecoveryMetrics(const rpc::RecoveryStatus& r,
+                           std::vector<prometheus::MetricFamily>* out) {
+  out->push_back(Gauge("paramd_recovery_failed",
+                       "1 while the last recovery attempt after a lost daemon failed (retried "
+                       "every 2 s, or waiting for a load: paramd_recovery_needs_load)",
+                       r.error().empty() ? 0 : 1));
+  out->push_back(Gauge("paramd_recovery_needs_load",
+                       "1 while the cluster cannot serve until a load replaces lost state (a "
+                       "recovery found nothing to recover from: hpctl load MODEL --force)",
+                       r.needs_load() ? 1 : 0));
+  out->push_back(Counter("paramd_recoveries_total", "Recoveries completed since start",
+                         static_cast<double>(r.epoch())));
 }
 
 // Per (tensor, direction): the amax and scale of the cast, and the fraction
@@ -128,7 +149,9 @@ void AppendFp8Health(const std::vector<PieceHealth>& pieces,
 class Collector : public prometheus::Collectable {
  public:
   Collector(ParamdServer* server, MetricsOptions options)
-      : server_(server), options_(std::move(options)) {}
+      : server_(server),
+        options_(std::move(options)),
+        started_(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch())) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out = telemetry::Registry()->Collect();
@@ -139,15 +162,25 @@ class Collector : public prometheus::Collectable {
                                  {{"version", build.version},
                                   {"commit", build.commit},
                                   {"mode", build.mode}})}));
+    const absl::StatusOr<ProcessStats> process = ReadProcessStats();
+    const ProcessStats p = process.ok() ? *process : ProcessStats{};
+    if (process.ok()) AppendProcessMetrics(p, &out);
     out.push_back(Gauge("paramd_host_memory_bytes", "Resident host memory of this process",
-                        HostMemoryBytes()));
-    if (const double last = telemetry::LastCheckpointUnixSeconds(); last > 0) {
-      out.push_back(Gauge("paramd_checkpoint_age_seconds",
-                          "Seconds since the last successful checkpoint",
-                          absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()) - last));
-    }
+                        p.resident_bytes));
     int rank = -1;
     if (Coordinator* c = server_->coordinator()) {
+      // Present from the start, so that an alert on it fires when no
+      // checkpoint was ever taken: before the first, the process's age.
+      const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+      const double last = telemetry::LastCheckpointUnixSeconds();
+      const double since = last > 0                    ? last
+                           : p.start_time_seconds > 0 ? p.start_time_seconds
+                                                      : started_;
+      out.push_back(Gauge("paramd_checkpoint_age_seconds",
+                          "Seconds since this coordinator's last successful checkpoint; before "
+                          "its first one, seconds since the process started",
+                          std::max(0.0, now - since)));
+      AppendRecoveryMetrics(c->recovery(), &out);
       out.push_back(Gauge("paramd_committed_version", "Committed model version (-1: none)",
                           static_cast<double>(c->committed_version())));
       out.push_back(Gauge("paramd_daemons_joined", "Daemons that have joined",
@@ -229,6 +262,7 @@ class Collector : public prometheus::Collectable {
  private:
   ParamdServer* const server_;
   const MetricsOptions options_;
+  const double started_;  // unix seconds: the process's start where /proc is not read
 };
 
 }  // namespace

@@ -5,8 +5,12 @@
 //   - the instruments of common/telemetry.h (step, push, fetch, checkpoint
 //     and export latency histograms; refused requests by method and code;
 //     last checkpoint bytes, duration and time);
-//   - read at scrape time: build info, host memory (RSS), checkpoint age;
-//     coordinator: committed version, daemons joined and expected; daemon:
+//   - read at scrape time: build info, host memory (RSS), the standard
+//     process_* series (server/process_metrics.h); coordinator: checkpoint
+//     age (seconds since its last successful checkpoint, before the first
+//     one since the process started, so "too old" fires when there never
+//     was one), committed version, daemons joined and expected, daemon up
+//     per rank, recovery failing / needing a load, recoveries; daemon:
 //     rank, published version, steps, last step time, pushes, bytes pushed
 //     and served, parameters, device memory, and per tensor and direction
 //     the FP8 health signals (amax, scale, saturated and zero fractions of

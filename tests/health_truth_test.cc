@@ -103,11 +103,15 @@ class LostStateCluster {
   // paramd_daemon_up of `rank` in a scrape of the coordinator's /metrics
   // ("" if the scrape has no such series).
   std::string DaemonUp(int rank) {
+    return Metric(absl::StrCat(R"(paramd_daemon_up\{rank=\")", rank, R"(\"[^}]*\})"));
+  }
+
+  // The value of the first series matching `series` (a regex of name and
+  // labels) in a scrape of the coordinator's /metrics ("" if none).
+  std::string Metric(const std::string& series) {
     const std::string body = HttpGet(metrics_port, "/metrics");
     std::smatch m;
-    const std::regex series(absl::StrCat(R"(paramd_daemon_up\{rank=\")", rank,
-                                         R"(\"[^}]*\} ([0-9.]+))"));
-    return std::regex_search(body, m, series) ? m[1].str() : "";
+    return std::regex_search(body, m, std::regex(series + " ([0-9.]+)")) ? m[1].str() : "";
   }
 
   // hpctl with `args` against the coordinator: its exit code and output.
@@ -169,6 +173,9 @@ TEST(HealthTruthTest, NothingToRecoverFromIsNotServingUntilLoadedAgain) {
   EXPECT_EQ(Health(coordinator, ""), HealthStatus::NOT_SERVING);
   EXPECT_EQ(c->DaemonUp(1), "0");
   EXPECT_EQ(c->DaemonUp(0), "1");
+  // What deploy/prometheus/alerts.yml's ParamdRecoveryFailed reads.
+  EXPECT_EQ(c->Metric(R"(paramd_recovery_failed\{[^}]*\})"), "1");
+  EXPECT_EQ(c->Metric(R"(paramd_recovery_needs_load\{[^}]*\})"), "1");
   absl::StatusOr<int64_t> step = c->client->Step(1, /*wait=*/false, absl::Seconds(5));
   EXPECT_FALSE(step.ok());
 
@@ -203,6 +210,8 @@ TEST(HealthTruthTest, NothingToRecoverFromIsNotServingUntilLoadedAgain) {
   EXPECT_TRUE(WaitForHealth(coordinator, "paramd.rpc.Coordinator", HealthStatus::SERVING,
                             absl::Seconds(1)));
   EXPECT_EQ(c->DaemonUp(1), "1");
+  EXPECT_EQ(c->Metric(R"(paramd_recovery_failed\{[^}]*\})"), "0");
+  EXPECT_EQ(c->Metric(R"(paramd_recovery_needs_load\{[^}]*\})"), "0");
   recovery = c->Status().recovery();
   EXPECT_FALSE(recovery.needs_load()) << recovery.ShortDebugString();
   EXPECT_EQ(recovery.error(), "");

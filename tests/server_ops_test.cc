@@ -408,6 +408,39 @@ TEST_F(ServerOpsTest, MetricsCoverLatencyRefusalsCheckpointsMembersAndFp8Health)
   EXPECT_GT(queried, 20);
 }
 
+// Before any checkpoint, paramd_checkpoint_age_seconds is the process's
+// age (so an alert "too old" fires on a cluster that never checkpointed),
+// and the standard process_* series describe this process.
+TEST_F(ServerOpsTest, CheckpointAgeAndProcessMetricsBeforeTheFirstCheckpoint) {
+  const int metrics_port = FreePort();
+  std::string address;
+  const int child = Start("coordinator",
+                          {"--role=coordinator", "--daemons=1",
+                           absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+                          &address);
+  ASSERT_FALSE(address.empty());
+  absl::SleepFor(absl::Seconds(2));
+  const std::string m = HttpGet(metrics_port, "/metrics");
+  const std::string who = "{role=\"coordinator\",rank=\"-\"}";
+  const double now = absl::ToUnixSeconds(absl::Now());
+  const double started = Sample(m, "process_start_time_seconds" + who);
+  EXPECT_GT(started, now - 60) << m;
+  EXPECT_LE(started, now - 1.5) << m;
+  const double age = Sample(m, "paramd_checkpoint_age_seconds" + who);
+  EXPECT_GE(age, 1.5) << m;
+  EXPECT_NEAR(age, now - started, 1) << m;
+  EXPECT_GT(Sample(m, "process_cpu_seconds_total" + who), 0) << m;
+  EXPECT_GT(Sample(m, "process_resident_memory_bytes" + who), 1 << 20) << m;
+  EXPECT_GT(Sample(m, "process_virtual_memory_bytes" + who), 1 << 20) << m;
+  EXPECT_GT(Sample(m, "process_open_fds" + who), 3) << m;
+  EXPECT_GT(Sample(m, "process_max_fds" + who), 0) << m;
+  EXPECT_EQ(Sample(m, "paramd_recovery_failed" + who), 0) << m;
+  EXPECT_EQ(Sample(m, "paramd_recovery_needs_load" + who), 0) << m;
+  EXPECT_EQ(Sample(m, "paramd_recoveries_total" + who), 0) << m;
+  EXPECT_TRUE(absl::StrContains(m, "# TYPE process_cpu_seconds_total counter")) << m;
+  EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
+}
+
 TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
   std::string address;
   const int child = Start("both",

@@ -30,7 +30,7 @@ PACKAGES=(
 )
 # What the tests need besides: the Python client's, and the deploy kit's
 # checks (python3-yaml for the Kubernetes manifests, systemd-analyze,
-# a single-node Slurm).
+# a single-node Slurm, promtool for the Prometheus alert rules).
 TEST_PACKAGES=(
   python3-numpy
   python3-torch
@@ -39,6 +39,7 @@ TEST_PACKAGES=(
   python3-yaml
   systemd
   slurm-wlm
+  prometheus
 )
 if [ "${1:-}" != "--build-only" ]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
