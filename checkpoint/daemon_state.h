@@ -45,6 +45,10 @@ struct PieceView {
 
 struct DaemonStateView {
   int64_t version = -1;
+  // The model generation of the model this state belongs to (the loaded
+  // manifest's model_generation; 0 if none was recorded). A shard written
+  // for a checkpoint of another generation's manifest is refused.
+  int64_t model_generation = 0;
   std::vector<PieceView> pieces;
   // Per tensor held here: optimizer step count and scaling state.
   std::map<std::string, TensorState> tensor_states;

@@ -53,6 +53,11 @@ void FakeDaemon::set_write_delay(absl::Duration delay) {
   write_delay_ = delay;
 }
 
+void FakeDaemon::set_model_generation(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  model_generation_ = generation;
+}
+
 absl::Status FakeDaemon::WithState(int64_t version,
                                    const std::function<absl::Status(const DaemonStateView&)>& fn) {
   absl::MutexLock lock(&mu_);
@@ -60,6 +65,7 @@ absl::Status FakeDaemon::WithState(int64_t version,
   if (write_delay_ > absl::ZeroDuration()) absl::SleepFor(write_delay_);
   DaemonStateView view;
   view.version = version_;
+  view.model_generation = model_generation_;
   for (const Piece& piece : pieces_) {
     PieceView p;
     p.tensor = piece.info.tensor();
@@ -156,6 +162,11 @@ absl::StatusOr<rpc::Manifest> FakeClusterView::GetManifest() {
 void FakeClusterView::SetCommittedVersion(int64_t version) {
   absl::MutexLock lock(&mu_);
   manifest_.set_committed_version(version);
+}
+
+void FakeClusterView::SetModelGeneration(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  manifest_.set_model_generation(generation);
 }
 
 void FakeClusterView::set_on_get(std::function<void()> on_get) {

@@ -34,6 +34,9 @@ class FakeDaemon : public CheckpointableDaemon {
   // Sleeps this long inside WithState before calling fn (a slow disk; lets
   // tests kill a daemon in the middle of writing).
   void set_write_delay(absl::Duration delay);
+  // The model generation WithState reports (default 0: none recorded); a
+  // load of another model is a new one.
+  void set_model_generation(int64_t generation);
 
   absl::Status WithState(int64_t version,
                          const std::function<absl::Status(const DaemonStateView&)>& fn) override;
@@ -52,6 +55,7 @@ class FakeDaemon : public CheckpointableDaemon {
   mutable absl::Mutex mu_;
   int64_t version_ ABSL_GUARDED_BY(mu_);
   absl::Duration write_delay_ ABSL_GUARDED_BY(mu_);
+  int64_t model_generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Piece> pieces_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -67,6 +71,7 @@ class FakeClusterView : public ClusterView {
   explicit FakeClusterView(rpc::Manifest manifest) : manifest_(std::move(manifest)) {}
   absl::StatusOr<rpc::Manifest> GetManifest() override;
   void SetCommittedVersion(int64_t version);
+  void SetModelGeneration(int64_t generation);
   // Called at the start of every GetManifest (e.g. to move a daemon on).
   void set_on_get(std::function<void()> on_get);
 

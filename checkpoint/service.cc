@@ -158,6 +158,15 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
     const absl::Status status = daemon_->WithState(
         static_cast<int64_t>(request.version()),
         [&](const DaemonStateView& state) -> absl::Status {
+          // Version numbers start again with every load: a version of the
+          // model the checkpoint is for, not of the one that replaced it.
+          if (request.model_generation() > 0 &&
+              state.model_generation != request.model_generation()) {
+            return absl::AbortedError(absl::StrCat(
+                "this daemon serves model generation ", state.model_generation, ", not ",
+                request.model_generation(), " (a load replaced the model while the checkpoint "
+                "was taken): nothing written"));
+          }
           ASSIGN_OR_RETURN(CheckpointStore store,
                            CheckpointStore::OpenUnder(options_.root, request.dir(),
                                                       /*create=*/true, options_.modes, &created));
@@ -569,9 +578,18 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         return absl::FailedPreconditionError("no model loaded: nothing to checkpoint");
       }
       if (request.version() > manifest.committed_version()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("version ", request.version(), " is not committed (committed: ",
-                         manifest.committed_version(), ")"));
+        // After a load --force the versions start again: a version asked
+        // for by number may be one of the model that was replaced.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "version ", request.version(), " is not committed (committed: ",
+            manifest.committed_version(),
+            manifest.model_generation() > 1
+                ? absl::StrCat(" by model generation ", manifest.model_generation(),
+                               ", loaded from ", manifest.loaded_from(),
+                               "; the versions of a model a load replaced cannot be "
+                               "checkpointed any more")
+                : "",
+            ")"));
       }
       return absl::OkStatus();
     };
@@ -711,6 +729,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         request.set_version(version);
         request.set_daemon_rank(rank);
         request.set_world_size(world);
+        request.set_model_generation(manifest.model_generation());
         WriteShardResponse response;
         grpc::Status status;
         // A daemon restarted on the same address leaves this channel in

@@ -318,6 +318,47 @@ TEST_F(ServiceTest, DaemonThatMovedOn) {
   EXPECT_EQ(Checkpoint(request, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// A load replaces the model between the coordinator's manifest and the
+// daemons' writes, and the new model reaches the same version number: its
+// state is never written under the replaced model's manifest.
+TEST_F(ServiceTest, ShardsOfAModelThatALoadReplacedAreNotWritten) {
+  view_->SetModelGeneration(1);
+  for (auto& daemon : daemons_) daemon->set_model_generation(1);
+  int gets = 0;
+  view_->set_on_get([&] {
+    // The first manifest is checked; the load lands after the second.
+    if (++gets == 2) {
+      for (auto& daemon : daemons_) daemon->set_model_generation(2);
+    }
+    if (gets == 3) view_->SetModelGeneration(2);
+  });
+  // Version 5 by number: refused, naming both generations, nothing written.
+  CheckpointRequest request;
+  request.set_version(5);
+  CheckpointResponse response;
+  grpc::Status status = Checkpoint(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_NE(status.error_message().find("serves model generation 2, not 1"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(Listed().empty());
+  EXPECT_FALSE(Exists(root_ + "/v5"));
+  // "The committed version": taken again from the new manifest, of the
+  // model that is served now.
+  gets = 0;
+  view_->SetModelGeneration(1);
+  for (auto& daemon : daemons_) daemon->set_model_generation(1);
+  request.set_version(-1);
+  status = Checkpoint(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(Listed(), std::vector<uint64_t>{5});
+  auto store = CheckpointStore::Open(root_, false);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto manifest = store->ReadManifest(5);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->metadata().at(kModelGenerationKey), "2");
+  view_->set_on_get(nullptr);
+}
+
 TEST_F(ServiceTest, DeadDaemonFailsTheCheckpointAndKeepsThePreviousOne) {
   CheckpointRequest request;
   request.set_version(-1);

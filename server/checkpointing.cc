@@ -17,10 +17,12 @@ class CheckpointableCpuDaemon : public checkpoint::CheckpointableDaemon {
       int64_t version,
       const std::function<absl::Status(const checkpoint::DaemonStateView&)>& fn) override {
     return daemon_->WithStableState(
-        [&](const ShardSet& shards, const PublishedVersion& latest,
-            const PublishedVersion*) -> absl::Status {
+        [&](const ShardSet& shards, const PublishedVersion& latest, const PublishedVersion*,
+            int64_t model_generation) -> absl::Status {
           if (latest.version != version) return checkpoint::NotAtVersion(latest.version, version);
-          return fn(checkpoint::MakeDaemonStateView(shards, latest));
+          checkpoint::DaemonStateView view = checkpoint::MakeDaemonStateView(shards, latest);
+          view.model_generation = model_generation;
+          return fn(view);
         });
   }
 
@@ -29,7 +31,7 @@ class CheckpointableCpuDaemon : public checkpoint::CheckpointableDaemon {
                         absl::Span<float> out) override {
     return daemon_->WithStableState(
         [&](const ShardSet& shards, const PublishedVersion& latest,
-            const PublishedVersion* previous) -> absl::Status {
+            const PublishedVersion* previous, int64_t /*model_generation*/) -> absl::Status {
           const PublishedVersion* v = nullptr;
           if (version == latest.version) v = &latest;
           if (previous != nullptr && version == previous->version) v = previous;

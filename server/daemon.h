@@ -18,7 +18,7 @@
 //      source); the daemon loads its rows and publishes version 0.
 //   3. Trainers push gradients for the current version; when every expected
 //      pusher's push has been summed (or on an admin Step) the daemon runs
-//      the step of DESIGN.md §3 on its worker thread, publishes v+1 and
+//      the step (server/shard_set.h) on its worker thread, publishes v+1 and
 //      reports it to the coordinator.
 //
 // Threading: all public methods are thread-safe. gRPC callbacks never
@@ -181,13 +181,16 @@ class Daemon {
 
   // Runs `fn` on the calling thread while no step can commit (the worker is
   // parked), with the shard state that produced the latest published
-  // version, that version, and the previous one (null if not kept). For
-  // checkpoints and exports (server/checkpointing.h). Blocks until the
-  // worker is free (queued steps run first); UNAVAILABLE if that takes
-  // longer than `timeout` or the daemon shuts down; FAILED_PRECONDITION if
-  // nothing is published yet. `fn` must not call back into this daemon.
-  using StableStateFn = std::function<absl::Status(
-      const ShardSet& shards, const PublishedVersion& latest, const PublishedVersion* previous)>;
+  // version, that version, the previous one (null if not kept) and the
+  // model generation of the loaded model (its manifest's; 0 if none was
+  // recorded). For checkpoints and exports (server/checkpointing.h). Blocks
+  // until the worker is free (queued steps run first); UNAVAILABLE if that
+  // takes longer than `timeout` or the daemon shuts down;
+  // FAILED_PRECONDITION if nothing is published yet. `fn` must not call
+  // back into this daemon.
+  using StableStateFn =
+      std::function<absl::Status(const ShardSet& shards, const PublishedVersion& latest,
+                                 const PublishedVersion* previous, int64_t model_generation)>;
   absl::Status WithStableState(const StableStateFn& fn,
                                absl::Duration timeout = absl::Minutes(10));
 

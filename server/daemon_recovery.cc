@@ -194,6 +194,7 @@ absl::Status Daemon::Impl::WithStableState(const Daemon::StableStateFn& fn,
   }
   snapshots_->BeforeChange();  // host_state() below may rewrite what a snapshot copies
   std::shared_ptr<const PublishedVersion> latest, previous;
+  int64_t model_generation = 0;
   {
     absl::MutexLock lock(&mu_);
     if (shut_down_) return absl::UnavailableError("daemon shutting down");
@@ -202,6 +203,8 @@ absl::Status Daemon::Impl::WithStableState(const Daemon::StableStateFn& fn,
     }
     latest = latest_;
     previous = previous_;
+    // Set with shards_ by a load on the worker, which is parked here.
+    if (view_ != nullptr) model_generation = view_->manifest.model_generation();
   }
   const ShardSet* host = shards_->host_state();
   if (host == nullptr) {
@@ -217,7 +220,7 @@ absl::Status Daemon::Impl::WithStableState(const Daemon::StableStateFn& fn,
       previous = p.ok() ? *std::move(p) : nullptr;
     }
   }
-  return fn(*host, *latest, previous.get());
+  return fn(*host, *latest, previous.get(), model_generation);
 }
 
 }  // namespace paramd

@@ -5,7 +5,10 @@
 // is SIGKILLed and a replacement takes its rank. The cluster comes back
 // with B's bytes -- from B's checkpoint, or from B's snapshots -- never
 // from A's newer checkpoint in the same store; with nothing of B to go
-// back to, the recovery fails and says whose checkpoint it refused.
+// back to, the recovery fails and says whose checkpoint it refused; a
+// restore of a checkpoint is then a way out. A coordinator restarted from
+// its --state_file keeps the generation, and a Checkpoint of a version of
+// the replaced model is refused saying so.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -38,8 +41,9 @@ using testing::TestClusterOptions;
 class Cluster {
  public:
   // Two daemons, one pusher (this test), --checkpoint_dir everywhere, the
-  // daemons' --snapshot_every_steps; model A loaded.
-  static std::unique_ptr<Cluster> Start(int snapshot_every) {
+  // daemons' --snapshot_every_steps, the coordinator's --state_file if
+  // `state_file`; model A loaded.
+  static std::unique_ptr<Cluster> Start(int snapshot_every, bool state_file = false) {
     auto c = std::make_unique<Cluster>();
     c->snapshot_every_ = snapshot_every;
     TestClusterOptions options;
@@ -50,6 +54,7 @@ class Cluster {
     auto cluster = TestCluster::Start(options, [&](const std::string& dir) {
       TestClusterFlags flags;
       flags.coordinator = {"--checkpoint_dir=" + dir + "/ckpt"};
+      if (state_file) flags.coordinator.push_back("--state_file=" + dir + "/coordinator.state");
       flags.daemons = {"--checkpoint_dir=" + dir + "/ckpt",
                        absl::StrCat("--snapshot_every_steps=", snapshot_every)};
       return flags;
@@ -80,16 +85,31 @@ class Cluster {
     return client->RefreshManifest().status();
   }
 
+  std::unique_ptr<rpc::Coordinator::Stub> Coordinator() {
+    return rpc::Coordinator::NewStub(grpc::CreateChannel(cluster->coordinator_address(),
+                                                         grpc::InsecureChannelCredentials()));
+  }
+
   // The model generation the coordinator serves (GetManifest).
   int64_t Generation() {
-    auto stub = rpc::Coordinator::NewStub(grpc::CreateChannel(
-        cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     rpc::GetManifestResponse response;
-    grpc::Status s = stub->GetManifest(&context, rpc::GetManifestRequest(), &response);
+    grpc::Status s = Coordinator()->GetManifest(&context, rpc::GetManifestRequest(), &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response.manifest().model_generation();
+  }
+
+  // Load --force of checkpoint `version` of the store (a restore).
+  grpc::Status Restore(int64_t version) {
+    rpc::LoadRequest request;
+    request.set_checkpoint_path(ckpt());
+    request.set_checkpoint_version(version);
+    request.set_force(true);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    rpc::LoadResponse response;
+    return Coordinator()->Load(&context, request, &response);
   }
 
   absl::Status Push(int64_t version) {
@@ -246,6 +266,105 @@ TEST(RecoveryGenerationTest, NothingOfTheServedModelIsAFailedRecoveryThatSaysWhy
             std::string::npos)
       << r.error();
   EXPECT_NE(c->Status().committed_version(), 3);
+}
+
+// A version of the replaced model, asked for by number after load --force:
+// refused, saying which model the committed version belongs to.
+TEST(RecoveryGenerationTest, CheckpointOfAVersionOfTheReplacedModelIsRefused) {
+  auto c = Cluster::Start(/*snapshot_every=*/0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
+  checkpoint::CheckpointResponse response;
+  const grpc::Status refused = testing::CheckpointVia(c->cluster->coordinator_address(), 2,
+                                                      absl::Seconds(30), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("version 2 is not committed (committed: 0 by model "
+                                         "generation 2, loaded from "),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("b.safetensors"), std::string::npos)
+      << refused.error_message();
+  // B's own committed version is checkpointed as B's.
+  const grpc::Status own = testing::CheckpointVia(c->cluster->coordinator_address(), -1,
+                                                  absl::Seconds(30), &response);
+  ASSERT_TRUE(own.ok()) << own.error_message();
+  EXPECT_EQ(response.version(), 0u);
+}
+
+// A coordinator restarted from its --state_file serves the same model
+// generation: a recovery after the restart still refuses A's checkpoint,
+// and the next load is a generation after B's.
+TEST(RecoveryGenerationTest, RestartedCoordinatorKeepsTheModelGeneration) {
+  auto c = Cluster::Start(/*snapshot_every=*/0, /*state_file=*/true);
+  ASSERT_NE(c, nullptr);
+  ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
+  ASSERT_TRUE(c->Push(0).ok()) << c->cluster->Logs();
+  absl::SleepFor(absl::Milliseconds(300));  // the state writer's coalescing
+  ASSERT_TRUE(c->cluster->RestartCoordinator().ok()) << c->cluster->Logs();
+  int64_t generation = -1;
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30);
+       generation != 2 && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(50));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    rpc::GetManifestResponse manifest;
+    if (c->Coordinator()->GetManifest(&context, rpc::GetManifestRequest(), &manifest).ok() &&
+        manifest.manifest().committed_version() >= 1) {
+      generation = manifest.manifest().model_generation();
+    }
+  }
+  ASSERT_EQ(generation, 2) << c->cluster->Logs();
+
+  ASSERT_TRUE(c->Replace(1).ok());
+  const rpc::RecoveryStatus r =
+      c->AwaitRecovery([](const rpc::RecoveryStatus& r) { return !r.error().empty(); });
+  EXPECT_NE(r.error().find(absl::StrCat("checkpoint 3 in ", c->ckpt(),
+                                        " belongs to another model (generation 1; the cluster "
+                                        "serves generation 2")),
+            std::string::npos)
+      << r.ShortDebugString() << c->cluster->Logs();
+  EXPECT_TRUE(r.needs_load()) << r.ShortDebugString();
+  ASSERT_TRUE(c->LoadB().ok()) << c->cluster->Logs();
+  EXPECT_EQ(c->Generation(), 3);
+}
+
+// After a recovery with nothing to recover from, restoring a checkpoint is
+// a way out as a load is: the cluster serves again (no load needed; gRPC
+// health follows that flag, tests/health_truth_test), with the
+// checkpoint's bytes, as a new model generation, and steps on.
+TEST(RecoveryGenerationTest, RestoringACheckpointIsAWayOutOfNothingToRecoverFrom) {
+  auto c = Cluster::Start(/*snapshot_every=*/0);
+  ASSERT_NE(c, nullptr);
+  for (int64_t v = 0; v < 3; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  absl::StatusOr<std::string> a3 = c->Published(3);
+  ASSERT_TRUE(a3.ok()) << a3.status();
+  ASSERT_TRUE(c->Checkpoint().ok());  // A v3
+  ASSERT_TRUE(c->LoadB().ok()) << c->cluster->Logs();
+  ASSERT_TRUE(c->Push(0).ok()) << c->cluster->Logs();
+
+  ASSERT_TRUE(c->Replace(1).ok());
+  rpc::RecoveryStatus r =
+      c->AwaitRecovery([](const rpc::RecoveryStatus& r) { return r.needs_load(); });
+  ASSERT_TRUE(r.needs_load()) << r.ShortDebugString() << c->cluster->Logs();
+
+  const grpc::Status restored = c->Restore(3);
+  ASSERT_TRUE(restored.ok()) << restored.error_message() << c->cluster->Logs();
+  r = c->Status().recovery();
+  EXPECT_FALSE(r.needs_load()) << r.ShortDebugString();
+  EXPECT_EQ(r.error(), "");
+  EXPECT_EQ(c->Generation(), 3);
+  EXPECT_EQ(c->Status().committed_version(), 3);
+  absl::StatusOr<std::string> back = c->Published(3);
+  ASSERT_TRUE(back.ok()) << back.status() << c->cluster->Logs();
+  EXPECT_TRUE(*back == *a3) << "the restored bytes are not checkpoint 3's";
+  // The trainer learns that the cluster went back to version 3, and steps on.
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(3, absl::Seconds(10));
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->rewound_to.has_value());
+  EXPECT_EQ(*info->rewound_to, 3);
+  absl::Status pushed = c->Push(3);
+  EXPECT_TRUE(pushed.ok()) << pushed << c->cluster->Logs();
 }
 
 }  // namespace
