@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/base/internal/raw_logging.h"
+#include "absl/base/log_severity.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "google/protobuf/stubs/logging.h"
@@ -27,11 +29,22 @@ void ProtobufLog(google::protobuf::LogLevel severity, const char* file, int line
   LogAt(level, "protobuf", absl::StrCat(file == nullptr ? "" : file, ":", line, ": ", message));
 }
 
+// Abseil's ABSL_INTERNAL_LOG / ABSL_INTERNAL_CHECK (a FATAL one aborts
+// once this returns).
+void AbseilLog(absl::LogSeverity severity, const char* file, int line,
+               const std::string& message) {
+  LogLevel level = LogLevel::kError;
+  if (severity == absl::LogSeverity::kInfo) level = LogLevel::kInfo;
+  if (severity == absl::LogSeverity::kWarning) level = LogLevel::kWarning;
+  LogAt(level, "absl", absl::StrCat(file == nullptr ? "" : file, ":", line, ": ", message));
+}
+
 }  // namespace
 
 void RouteLibraryLogging() {
   gpr_set_log_function(&GrpcLog);
   google::protobuf::SetLogHandler(&ProtobufLog);
+  absl::raw_logging_internal::RegisterInternalLogFunction(&AbseilLog);
 }
 
 }  // namespace paramd

@@ -1,11 +1,17 @@
 // File: common/library_log.h
 //
-// The libraries' own diagnostics (gRPC's gpr_log, protobuf's GOOGLE_LOG)
-// written through common/log.h instead of straight to stderr, so that in
-// --log_format=json every line the process writes is one JSON object.
-// gRPC's lines get tag "grpc" (its ERROR as error, INFO as info, DEBUG as
-// debug; GRPC_VERBOSITY still filters what gRPC emits), protobuf's
-// "protobuf".
+// The libraries' own diagnostics (gRPC's gpr_log, protobuf's GOOGLE_LOG,
+// Abseil's ABSL_INTERNAL_LOG and ABSL_INTERNAL_CHECK) written through
+// common/log.h instead of straight to stderr, so that in --log_format=json
+// they are JSON objects like every line of the process. gRPC's lines get
+// tag "grpc" (its ERROR as error, INFO as info, DEBUG as debug;
+// GRPC_VERBOSITY still filters what gRPC emits), protobuf's "protobuf",
+// Abseil's "absl".
+//
+// Not covered: Abseil's ABSL_RAW_LOG, which writes its text to stderr
+// itself (its hooks never see the message; in this Abseil it reports
+// Mutex misuse and fatal errors just before an abort), and command-line
+// flag errors, reported before the log format is known.
 //
 // Threading: call once from main() after InitLogging, before threads that
 // use gRPC or protobuf start (protobuf's SetLogHandler is not thread-safe).

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/library_log.h"
+#include "google/protobuf/stubs/logging.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -109,6 +112,29 @@ TEST(LogTest, JsonLinesParseWithEveryField) {
   EXPECT_EQ(j["ts"].get<std::string>().size(), std::string("2026-12-01T20:21:12.345+00:00").size());
   EXPECT_EQ(nlohmann::json::parse(lines[1])["level"], "error");
   SetLogRank(-1);
+  ASSERT_TRUE(InitLogging({}).ok());
+}
+
+// The libraries' diagnostics in JSON mode: protobuf's and Abseil's
+// internal log lines are JSON objects too.
+TEST(LogTest, LibraryLinesAreJsonLinesToo) {
+  ASSERT_TRUE(InitLogging({"json", "info", 0, "daemon"}).ok());
+  RouteLibraryLogging();
+  const std::string out = CaptureStderr([] {
+    GOOGLE_LOG(WARNING) << "protobuf says\nno";
+    ABSL_INTERNAL_LOG(ERROR, "abseil says no");
+  });
+  const std::vector<std::string> lines = Lines(out);
+  ASSERT_EQ(lines.size(), 2u) << out;
+  std::vector<std::string> tags;
+  for (const std::string& line : lines) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << "not a JSON line: " << line;
+    tags.push_back(j.value("tag", ""));
+    EXPECT_TRUE(absl::StrContains(j.value("msg", ""), "says")) << line;
+  }
+  EXPECT_EQ(tags, (std::vector<std::string>{"protobuf", "absl"}));
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["level"], "error");
   ASSERT_TRUE(InitLogging({}).ok());
 }
 
