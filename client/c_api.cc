@@ -139,9 +139,8 @@ absl::Status ToClientOptions(const hpd_connect_options& in, client::ClientOption
         "options.struct_size is ", in.struct_size, ", expected ", sizeof(hpd_connect_options),
         ": call hpd_connect_options_init first"));
   }
-  if (!Set(in.address)) return absl::InvalidArgumentError("address is empty");
   if (in.expected_pushers < 0) return absl::InvalidArgumentError("expected_pushers < 0");
-  o->coordinator_address = in.address;
+  if (Set(in.address)) o->coordinator_address = in.address;
   o->role = in.observer ? client::ClientOptions::Role::kObserver
                         : client::ClientOptions::Role::kTrainer;
   o->pusher = in.pusher != 0;

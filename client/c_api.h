@@ -136,7 +136,8 @@ HPD_EXPORT const char* hpd_code_name(int32_t code);
 
 typedef struct hpd_connect_options {
   uint32_t struct_size;   /* sizeof(hpd_connect_options): set by _init */
-  const char* address;    /* coordinator "host:port" (required) */
+  const char* address;    /* coordinator "host:port"; NULL or "": $PARAMD_COORDINATOR,
+                           * else "127.0.0.1:7070" */
   const char* name;       /* for status listings; NULL or "": "<hostname>:<pid>" */
   int32_t observer;       /* 0: trainer (joins with a rank), 1: observer (tools) */
   int32_t pusher;         /* trainers: 1 if this trainer pushes gradients */
@@ -145,9 +146,13 @@ typedef struct hpd_connect_options {
   int64_t call_timeout_ms;    /* 0: 30 s */
   int64_t max_chunk_bytes;    /* 0: server default */
   /* Security (docs/SECURITY.md); NULL or "" = unset. A CA turns TLS on: the
-   * PEM roots that signed the servers' certificates. A client certificate
-   * and its key (both or neither) are for servers that require mutual TLS.
-   * Unreadable or inconsistent files are INVALID_ARGUMENT / NOT_FOUND. */
+   * PEM roots that signed the servers' certificates (unset, with no client
+   * certificate either: $HPCTL_TLS_CA if set). A client certificate and its
+   * key (both or neither) are for servers that require mutual TLS.
+   * Inconsistent files are INVALID_ARGUMENT; a missing file NOT_FOUND, an
+   * unreadable one PERMISSION_DENIED. A TLS server called without a CA, a
+   * plaintext server called with one, a certificate the CA did not sign are
+   * FAILED_PRECONDITION at once, in words. */
   const char* tls_root_certs_path; /* --tls_ca */
   const char* tls_cert_chain_path; /* --tls_cert */
   const char* tls_private_key_path; /* --tls_key */

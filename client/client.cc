@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/client_internal.h"
 #include "client/fetch_stream.h"
+#include "auth/endpoint_probe.h"
 #include "client/host_allocator.h"
 #include "common/address.h"
 #include "common/grpc_status.h"
@@ -46,12 +48,54 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
   return auth::CreateChannel(address, security, args);
 }
 
+// The defaults ClientOptions takes from the environment (client.h).
+// Returns whether the CA came from HPCTL_TLS_CA.
+bool ApplyEnvironment(ClientOptions* options) {
+  if (options->coordinator_address.empty()) {
+    const char* env = std::getenv("PARAMD_COORDINATOR");
+    options->coordinator_address = env != nullptr && *env != 0 ? env : "127.0.0.1:7070";
+  }
+  if (options->tls.ca.empty() && options->tls.cert.empty()) {
+    const char* env = std::getenv("HPCTL_TLS_CA");
+    if (env != nullptr && *env != 0) {
+      options->tls.ca = env;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Join answered UNIMPLEMENTED: no coordinator serves at `address`. A
+// daemon says which coordinator it joins (Daemon.GetStats).
+absl::Status NotACoordinator(const std::shared_ptr<grpc::Channel>& channel,
+                             const std::string& address, absl::Time deadline,
+                             const absl::Status& join) {
+  grpc::ClientContext context;
+  context.set_deadline(ToChrono(std::min(deadline, absl::Now() + absl::Seconds(2))));
+  rpc::GetStatsResponse stats;
+  const grpc::Status s =
+      rpc::Daemon::NewStub(channel)->GetStats(&context, rpc::GetStatsRequest(), &stats);
+  if (s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " is a hybrid-paramd daemon",
+        stats.stats().rank() >= 0 ? absl::StrCat(" (rank ", stats.stats().rank(), ")") : "",
+        ", not the coordinator; its coordinator is at ", stats.coordinator_address(),
+        ": connect to that address"));
+  }
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " is a hybrid-paramd daemon, not the coordinator: connect to the address of "
+                 "the coordinator it joins (its --coordinator flag)"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      address, " serves no hybrid-paramd coordinator (", join.message(), ")"));
+}
+
 }  // namespace
 
 absl::Status Client::Impl::Connect() {
-  if (options_.coordinator_address.empty()) {
-    return absl::InvalidArgumentError("ClientOptions::coordinator_address is empty");
-  }
+  const bool ca_from_environment = ApplyEnvironment(&options_);
   // A malformed address is refused now, not after connect_timeout; one
   // with a gRPC scheme ("dns:///...", "unix:...") is left to gRPC.
   if (absl::Status s = CheckAddress(options_.coordinator_address); !s.ok()) {
@@ -60,16 +104,31 @@ absl::Status Client::Impl::Connect() {
   if (options_.name.empty()) options_.name = DefaultName();
   ASSIGN_OR_RETURN(security_.tls, auth::LoadTls(options_.tls));
   security_.token = std::make_shared<auth::BearerToken>(options_.token);
+  // What waiting will not mend (TLS against plaintext, an untrusted
+  // certificate, ...) is said at once; a refused or silent address is
+  // waited for below (a coordinator may start after its trainers).
+  auth::ProbeNames names;
+  names.ca = ca_from_environment ? "HPCTL_TLS_CA=" + options_.tls.ca : "the CA " + options_.tls.ca;
+  names.give_ca = "give the CA that signed its certificate (the client's TLS CA, or "
+                  "$HPCTL_TLS_CA)";
+  names.server_name = "the client's TLS server name";
+  auto probe = [&](absl::Duration timeout) {
+    return auth::ProbeEndpoint(options_.coordinator_address, security_.tls, timeout, names);
+  };
+  if (absl::Status s = probe(std::min(options_.connect_timeout, absl::Seconds(2)));
+      !s.ok() && !absl::IsUnavailable(s)) {
+    return s;
+  }
   coordinator_channel_ = MakeChannel(options_.coordinator_address, security_);
   coordinator_ = rpc::Coordinator::NewStub(coordinator_channel_);
   const absl::Time deadline = absl::Now() + options_.connect_timeout;
   if (!coordinator_channel_->WaitForConnected(ToChrono(deadline))) {
     // Waited the whole timeout (a coordinator may start after its
-    // trainers); say what a plain connection meets now, if it fails.
-    const absl::Status probe = ProbeAddress(options_.coordinator_address, absl::Seconds(1));
-    if (!probe.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          probe.message(), " (waited ", absl::FormatDuration(options_.connect_timeout), ")"));
+    // trainers); say what a connection meets now, if it fails.
+    if (const absl::Status s = probe(absl::Seconds(1)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(s.message(), " (waited ",
+                                                 absl::FormatDuration(options_.connect_timeout),
+                                                 ")"));
     }
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the coordinator at ", options_.coordinator_address, " within ",
@@ -87,8 +146,12 @@ absl::Status Client::Impl::Connect() {
   rpc::JoinResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
-  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->Join(&context, request, &response),
-                                 "join the coordinator"));
+  if (absl::Status join = FromGrpcStatus(coordinator_->Join(&context, request, &response),
+                                         "join the coordinator");
+      !join.ok()) {
+    if (!absl::IsUnimplemented(join)) return join;
+    return NotACoordinator(coordinator_channel_, options_.coordinator_address, deadline, join);
+  }
   member_id_ = response.member_id();
   rank_ = response.rank();
   return RefreshManifest(deadline).status();

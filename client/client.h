@@ -79,8 +79,9 @@ namespace paramd {
 namespace client {
 
 struct ClientOptions {
-  // "host:port" of the coordinator's gRPC service.
-  std::string coordinator_address = "127.0.0.1:7070";
+  // "host:port" of the coordinator's gRPC service. Empty: the environment
+  // variable PARAMD_COORDINATOR, else "127.0.0.1:7070".
+  std::string coordinator_address;
   // kTrainer joins with a rank; kObserver (hpctl, tools) joins without one.
   enum class Role { kTrainer, kObserver };
   Role role = Role::kTrainer;
@@ -108,7 +109,9 @@ struct ClientOptions {
   // Security (docs/SECURITY.md). TLS: `tls.ca` (PEM roots that signed the
   // servers' certificates) turns TLS on; `tls.cert`/`tls.key` add a client
   // certificate (mutual TLS); `tls.server_name` overrides the name checked
-  // in the servers' certificates. Empty = plaintext.
+  // in the servers' certificates. Empty = plaintext, unless the environment
+  // variable HPCTL_TLS_CA names a CA (taken when `tls.ca` and `tls.cert`
+  // are both empty).
   auth::TlsFiles tls;
   // Bearer token presented on every call (`authorization: Bearer ...`) to
   // a cluster started with --auth_token_file; "" = none. A trainer's token
@@ -279,8 +282,13 @@ class Client {
  public:
   // Connects to the coordinator, joins (ClientOptions::role) and reads the
   // manifest. INVALID_ARGUMENT at once for an address that is not HOST:PORT
-  // (or a gRPC target with a scheme); UNAVAILABLE if the coordinator cannot
-  // be reached within connect_timeout (blocks that long: a coordinator may
+  // (or a gRPC target with a scheme). FAILED_PRECONDITION at once, in
+  // words, for what waiting will not mend (auth/endpoint_probe.h): a TLS
+  // server spoken to in plaintext or the reverse, a certificate the CA did
+  // not sign or issued for another name, a missing or refused client
+  // certificate; and for an address where a daemon answers, naming the
+  // coordinator that daemon joins. UNAVAILABLE if the coordinator cannot be
+  // reached within connect_timeout (blocks that long: a coordinator may
   // start after its trainers), with the reason a plain connection meets
   // (refused, unresolvable); FAILED_PRECONDITION if expected_pushers
   // disagrees.

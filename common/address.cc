@@ -24,9 +24,10 @@ bool HasScheme(absl::string_view address) {
          absl::StartsWith(address, "ipv6:") || absl::StartsWith(address, "vsock:");
 }
 
-// Result of one connection attempt: 0 = connected, ETIMEDOUT = no answer
-// within the time given, else the errno of a definite failure.
-int TryConnect(const addrinfo& ai, absl::Duration timeout) {
+// One connection attempt: 0 = connected (*out = the socket, blocking
+// again), ETIMEDOUT = no answer within the time given, else the errno of a
+// definite failure.
+int TryConnect(const addrinfo& ai, absl::Duration timeout, int* out) {
   const int fd = ::socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                           ai.ai_protocol);
   if (fd < 0) return errno;
@@ -45,8 +46,13 @@ int TryConnect(const addrinfo& ai, absl::Duration timeout) {
       }
     }
   }
-  ::close(fd);
-  return err;
+  if (err == 0 && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) err = errno;
+  if (err != 0) {
+    ::close(fd);
+    return err;
+  }
+  *out = fd;
+  return 0;
 }
 
 std::string Describe(const addrinfo& ai) {
@@ -103,8 +109,7 @@ absl::Status CheckAddress(absl::string_view address) {
   return parsed.ok() || absl::IsNotFound(parsed.status()) ? absl::OkStatus() : parsed.status();
 }
 
-absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
-  if (HasScheme(address)) return absl::OkStatus();
+absl::StatusOr<int> ConnectTcp(absl::string_view address, absl::Duration timeout) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
   addrinfo hints{};
@@ -121,10 +126,12 @@ absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
   std::vector<std::string> failures;
   bool silent = false;  // some address neither connected nor refused
   for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
-    const int err = TryConnect(*ai, std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    int fd = -1;
+    const int err =
+        TryConnect(*ai, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &fd);
     if (err == 0) {
       ::freeaddrinfo(list);
-      return absl::OkStatus();
+      return fd;
     }
     if (err == ETIMEDOUT) {
       silent = true;
@@ -133,10 +140,23 @@ absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
     failures.push_back(absl::StrCat(Describe(*ai), ": ", std::strerror(err)));
   }
   ::freeaddrinfo(list);
-  if (silent) return absl::OkStatus();
+  if (silent) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(address, " did not answer within ", absl::FormatDuration(timeout)));
+  }
   return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", address, " (",
                                              absl::StrJoin(failures, "; "),
                                              "); is hybrid-paramd running there?"));
+}
+
+absl::Status ProbeAddress(absl::string_view address, absl::Duration timeout) {
+  if (HasScheme(address)) return absl::OkStatus();
+  absl::StatusOr<int> fd = ConnectTcp(address, timeout);
+  if (fd.ok()) {
+    ::close(*fd);
+    return absl::OkStatus();
+  }
+  return absl::IsDeadlineExceeded(fd.status()) ? absl::OkStatus() : fd.status();
 }
 
 }  // namespace paramd

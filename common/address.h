@@ -34,6 +34,14 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 // flag or option that takes an address checks before anything waits on it.
 absl::Status CheckAddress(absl::string_view address);
 
+// A TCP connection to a HOST:PORT address (a blocking, close-on-exec
+// socket the caller closes): the host resolved and each of its addresses
+// tried for up to `timeout` in all. UNAVAILABLE with the reason if every
+// address failed definitively (as ProbeAddress), DEADLINE_EXCEEDED if some
+// address neither connected nor refused in time, ParseHostPort's errors
+// for a malformed address or one with a gRPC scheme (NotFound).
+absl::StatusOr<int> ConnectTcp(absl::string_view address, absl::Duration timeout);
+
 // Resolves the host and tries a TCP connection to each of its addresses for
 // up to `timeout` in all. OK if one connects, or if none answered either
 // way within the timeout (a slow network: gRPC's own wait decides).

@@ -6,23 +6,38 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/address.h"
+#include "auth/endpoint_probe.h"
 #include "common/status_macros.h"
 
 namespace paramd {
 namespace hpctl {
 
+namespace {
+
+// The value of environment variable `name`, or "" when unset or empty.
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+}  // namespace
+
 void ClusterOptions::AddTo(OptionParser& opts) {
-  if (const char* env = std::getenv("HPCTL_ADDRESS"); env != nullptr && *env != 0) {
-    address_ = env;
+  for (const char* name : {"HPCTL_ADDRESS", "PARAMD_COORDINATOR"}) {
+    if (!Env(name).empty()) {
+      address_ = Env(name);
+      break;
+    }
   }
-  if (const char* env = std::getenv("HPCTL_TOKEN_FILE"); env != nullptr && *env != 0) {
-    token_file_ = env;
-  }
-  opts.AddString("address", &address_, "coordinator address HOST:PORT (default $HPCTL_ADDRESS)");
+  if (!Env("HPCTL_TOKEN_FILE").empty()) token_file_ = Env("HPCTL_TOKEN_FILE");
+  if (!Env("HPCTL_TLS_CA").empty()) tls_.ca = Env("HPCTL_TLS_CA");
+  opts.AddString("address", &address_,
+                 "coordinator address HOST:PORT (default $HPCTL_ADDRESS, else "
+                 "$PARAMD_COORDINATOR, else 127.0.0.1:7070)");
   opts.AddDouble("timeout", &timeout_seconds_, "seconds to wait for the cluster");
   opts.AddString("tls_ca", &tls_.ca,
-                 "PEM CA that signed the servers' certificates: talk TLS (docs/SECURITY.md)");
+                 "PEM CA that signed the servers' certificates: talk TLS (docs/SECURITY.md); "
+                 "default $HPCTL_TLS_CA");
   opts.AddString("tls_cert", &tls_.cert, "PEM client certificate (servers requiring mutual TLS)");
   opts.AddString("tls_key", &tls_.key, "PEM private key of --tls_cert");
   opts.AddString("tls_server_name", &tls_.server_name,
@@ -51,9 +66,15 @@ absl::StatusOr<auth::ChannelSecurity> ClusterOptions::Security() const {
 
 absl::Status ClusterOptions::Probe() const {
   if (timeout_seconds_ <= 0) return absl::InvalidArgumentError("--timeout must be positive");
-  // A refusal or a bad name is known at once; a host that does not answer
-  // at all is left to gRPC's wait (up to --timeout).
-  return ProbeAddress(address_, std::min(timeout(), absl::Seconds(2)));
+  ASSIGN_OR_RETURN(const auth::TlsConfig tls, auth::LoadTls(tls_));
+  auth::ProbeNames names;
+  const bool ca_from_environment = !tls_.ca.empty() && tls_.ca == Env("HPCTL_TLS_CA");
+  names.ca = absl::StrCat(ca_from_environment ? "HPCTL_TLS_CA=" : "--tls_ca=", tls_.ca);
+  names.give_ca = "give --tls_ca=CA.pem (or set HPCTL_TLS_CA), the CA that signed its certificate";
+  names.server_name = "--tls_server_name";
+  // A refusal, a bad name or a TLS mistake is known at once; a host that
+  // does not answer at all is left to gRPC's wait (up to --timeout).
+  return auth::ProbeEndpoint(address_, tls, std::min(timeout(), absl::Seconds(2)), names);
 }
 
 absl::StatusOr<std::unique_ptr<client::Client>> ClusterOptions::Connect() const {

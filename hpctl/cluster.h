@@ -4,8 +4,9 @@
 // fetch, step, checkpoint, export) share: the --address / --timeout
 // options, the security options (--tls_ca, --tls_cert, --tls_key,
 // --tls_server_name, --auth_token_file; docs/SECURITY.md), the
-// environment defaults HPCTL_ADDRESS and HPCTL_TOKEN_FILE, connecting as an
-// observer, and reporting a failed Status the hpctl way.
+// environment defaults HPCTL_ADDRESS (else PARAMD_COORDINATOR),
+// HPCTL_TLS_CA and HPCTL_TOKEN_FILE, connecting as an observer, and
+// reporting a failed Status the hpctl way.
 //
 // Not thread-safe (one per invocation, like OptionParser).
 #ifndef PARAMD_HPCTL_CLUSTER_H_
@@ -28,16 +29,19 @@ namespace hpctl {
 class ClusterOptions {
  public:
   // Adds --address, --timeout and the security options to `opts`; the
-  // values are read after opts.Parse(). Defaults of --address and
-  // --auth_token_file come from $HPCTL_ADDRESS and $HPCTL_TOKEN_FILE.
+  // values are read after opts.Parse(). Defaults of --address, --tls_ca and
+  // --auth_token_file come from $HPCTL_ADDRESS (else $PARAMD_COORDINATOR),
+  // $HPCTL_TLS_CA and $HPCTL_TOKEN_FILE.
   void AddTo(OptionParser& opts);
 
   absl::Duration timeout() const { return absl::Seconds(timeout_seconds_); }
   const std::string& address() const { return address_; }
 
-  // Fails fast (within ~2 s, see hpctl/address.h) if --address cannot
+  // Fails fast (within ~2 s, auth/endpoint_probe.h) if --address cannot
   // work: no port (INVALID_ARGUMENT), a name that does not resolve or a
-  // refused connection (UNAVAILABLE), each with the reason.
+  // refused connection (UNAVAILABLE), a TLS server without --tls_ca or a
+  // plaintext one with it, an untrusted certificate, a missing client
+  // certificate (FAILED_PRECONDITION), each in words.
   absl::Status Probe() const;
 
   // The client options of the security flags: TLS files and the token

@@ -28,8 +28,8 @@ void Daemon::Impl::Start(const std::string& address, const std::string& coordina
   {
     absl::MutexLock lock(&mu_);
     address_ = address;
+    coordinator_address_ = coordinator;  // GetStats may already read it
   }
-  coordinator_address_ = coordinator;
   if (options_.member_secret.empty()) options_.member_secret = auth::RandomSecret();
   if (options_.authenticator) options_.authenticator->AddClusterSecret(options_.member_secret);
   // Reconnect within a second of a coordinator that starts late (gRPC's

@@ -343,7 +343,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   void FillStats(bool include_shards, rpc::DaemonStats* stats) const;
 
   DaemonOptions options_;
-  std::string coordinator_address_;  // set by Start()
+  // Set by Start() under mu_ (GetStats reads it under mu_; the join
+  // threads Start begins read it freely).
+  std::string coordinator_address_;
   // The cluster secret once joined: presented to the coordinator and to
   // other daemons (snapshot copies).
   std::shared_ptr<auth::BearerToken> coordinator_token_;

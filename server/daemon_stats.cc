@@ -23,6 +23,10 @@ grpc::ServerUnaryReactor* Daemon::Impl::GetStats(grpc::CallbackServerContext* co
     return auth::RefusedUnary(context, s);
   }
   FillStats(request->include_shards(), response->mutable_stats());
+  {
+    absl::MutexLock lock(&mu_);
+    response->set_coordinator_address(coordinator_address_);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

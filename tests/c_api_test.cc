@@ -5,6 +5,7 @@
 // the API equals client::Client's.
 #include "client/c_api.h"
 
+#include <stdlib.h>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -106,8 +107,11 @@ TEST_F(CApiTest, ConnectErrors) {
   hpd_connect_options o;
   hpd_connect_options_init(&o);
   EXPECT_EQ(hpd_connect(&o, nullptr, &st_), HPD_INVALID_ARGUMENT);
-  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_INVALID_ARGUMENT);  // no address
-  EXPECT_NE(std::strstr(st_.message, "address"), nullptr) << st_.message;
+  // No address: $PARAMD_COORDINATOR's (here one without a port).
+  ASSERT_EQ(setenv("PARAMD_COORDINATOR", "nowhere", 1), 0);
+  EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_INVALID_ARGUMENT);
+  unsetenv("PARAMD_COORDINATOR");
+  EXPECT_NE(std::strstr(st_.message, "'nowhere' has no port"), nullptr) << st_.message;
   o.address = address_.c_str();
   o.struct_size = 4;
   EXPECT_EQ(hpd_connect(&o, &c, &st_), HPD_INVALID_ARGUMENT);

@@ -2,6 +2,7 @@
 // two hybrid-paramd daemons (tests/client_cluster.h), a model written here,
 // and a recipe with five formats and both columnwise sources.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstring>
@@ -446,8 +447,13 @@ TEST(ClientConnect, NoCoordinatorIsUnavailableAfterTheConnectTimeout) {
   // It says why (a plain connection is refused) and how long it waited.
   EXPECT_TRUE(absl::StrContains(c.status().message(), "refused")) << c.status();
   EXPECT_TRUE(absl::StrContains(c.status().message(), "(waited 500ms)")) << c.status();
+  // An empty address is $PARAMD_COORDINATOR's.
   options.coordinator_address = "";
-  EXPECT_EQ(Client::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(setenv("PARAMD_COORDINATOR", "127.0.0.1:1", 1), 0);
+  c = Client::Connect(options);
+  unsetenv("PARAMD_COORDINATOR");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "127.0.0.1:1")) << c.status();
 }
 
 TEST(ClientConnect, MalformedAddressIsRefusedAtOnce) {

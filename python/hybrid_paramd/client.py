@@ -207,28 +207,32 @@ class _Plan:
 class Client:
     """A connection to a hybrid-paramd cluster (client::Client over the C API).
 
-    Client(address, name=None, observer=False, pusher=True, expected_pushers=0,
+    Client(address=None, name=None, observer=False, pusher=True, expected_pushers=0,
            connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
            tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None,
            token=None, token_file=None)
 
-    Times are seconds. observer=True joins without a rank (tools, tests);
+    address is the coordinator's "host:port"; None: $PARAMD_COORDINATOR,
+    else "127.0.0.1:7070". Times are seconds. observer=True joins without a
+    rank (tools, tests);
     a trainer with pusher=True is counted among the pushers every step waits
     for.
 
     Security (docs/SECURITY.md), as hpctl's flags of the same names:
-    tls_ca (PEM file of the CA that signed the servers' certificates) turns
-    TLS on; tls_cert / tls_key a client certificate for servers that
+    tls_ca (PEM file of the CA that signed the servers' certificates;
+    None, with no tls_cert either: $HPCTL_TLS_CA if set) turns TLS on; tls_cert / tls_key a client certificate for servers that
     require mutual TLS; tls_server_name the name the servers' certificates
     carry if not the address's host. token (a string) or token_file (a
     file with one bare token or `ROLE TOKEN` lines: the `trainer` line for
     trainers, the `operator` line for observers) for a cluster started with
-    --auth_token_file. A TLS server refuses a plaintext client
-    (Unavailable); a missing token is Unauthenticated, a token of the wrong
-    role PermissionDenied.
+    --auth_token_file. A TLS server called in plaintext, a plaintext server
+    called with a CA, a certificate the CA did not sign or a missing client
+    certificate fail at once with FailedPrecondition saying which; so does
+    an address where a daemon answers (naming its coordinator). A missing
+    token is Unauthenticated, a token of the wrong role PermissionDenied.
     """
 
-    def __init__(self, address, name=None, observer=False, pusher=True, expected_pushers=0,
+    def __init__(self, address=None, name=None, observer=False, pusher=True, expected_pushers=0,
                  connect_timeout=10.0, call_timeout=30.0, max_chunk_bytes=0,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None,
                  token_file=None):

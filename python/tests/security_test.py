@@ -1,7 +1,9 @@
 """hybrid_paramd against a cluster with TLS and bearer tokens
 (docs/SECURITY.md): certificates by tools/make_certs.sh, a `ROLE TOKEN`
-file given to every process. A plaintext client and a client trusting
-another CA are refused (Unavailable); no token is Unauthenticated; a
+file given to every process. A plaintext client, a client trusting
+another CA and one checking another server name are refused at once
+(FailedPrecondition, in words); PARAMD_COORDINATOR and HPCTL_TLS_CA are
+the defaults of address and tls_ca; no token is Unauthenticated; a
 trainer token fetches and pushes but may not load (PermissionDenied); an
 operator token (token_file, observer) streams a sharded load and steps; a
 step pushed through TLS commits."""
@@ -9,6 +11,7 @@ step pushed through TLS commits."""
 import os
 import subprocess
 import tempfile
+import time
 import unittest
 
 import test_env
@@ -60,22 +63,40 @@ class SecurityTest(unittest.TestCase):
         return hp.Client(self.cluster.address, observer=True, tls_ca=self.ca,
                          token_file=self.tokens, connect_timeout=10)
 
+    def refused_at_once(self, words, **kwargs):
+        start = time.monotonic()
+        with self.assertRaises(hp.FailedPrecondition) as e:
+            hp.Client(self.cluster.address, observer=True, token=OPERATOR, connect_timeout=30,
+                      **kwargs)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertIn(words, e.exception.message)
+
+    def test_tls_mistakes_are_named_at_once(self):
+        addr = self.cluster.address
+        self.refused_at_once(addr + " speaks TLS, but this client speaks plaintext")
+        other = os.path.join(self.certs, "other-ca.pem")
+        self.refused_at_once("TLS handshake with %s failed: the server's certificate is not "
+                             "signed by the CA %s" % (addr, other), tls_ca=other)
+        # The server certificate names 127.0.0.1 and localhost, not this.
+        self.refused_at_once("the server's certificate is not issued for elsewhere.example.com",
+                             tls_ca=self.ca, tls_server_name="elsewhere.example.com")
+
+    def test_environment_gives_address_and_ca(self):
+        os.environ["PARAMD_COORDINATOR"] = self.cluster.address
+        os.environ["HPCTL_TLS_CA"] = self.ca
+        try:
+            with hp.Client(observer=True, token_file=self.tokens) as c:
+                self.assertIsNotNone(c.manifest())
+        finally:
+            del os.environ["PARAMD_COORDINATOR"]
+            del os.environ["HPCTL_TLS_CA"]
+
     def test_roles_over_tls(self):
         addr = self.cluster.address
-        with self.assertRaises(hp.Unavailable) as e:
-            hp.Client(addr, observer=True, token=OPERATOR, connect_timeout=1)
-        self.assertIn("plaintext", e.exception.message)
-        with self.assertRaises(hp.Unavailable):
-            hp.Client(addr, observer=True, token=OPERATOR, connect_timeout=1,
-                      tls_ca=os.path.join(self.certs, "other-ca.pem"))
         with self.assertRaises(hp.Unauthenticated):
             hp.Client(addr, observer=True, tls_ca=self.ca)
         with self.assertRaises(hp.Unauthenticated):
             hp.Client(addr, observer=True, tls_ca=self.ca, token="unknown-token-0123456789")
-        # The server certificate names 127.0.0.1 and localhost, not this.
-        with self.assertRaises(hp.Unavailable):
-            hp.Client(addr, observer=True, tls_ca=self.ca, token=OPERATOR, connect_timeout=1,
-                      tls_server_name="elsewhere.example.com")
         admin = self.operator()
         seen = []
         v = hpc.load_when_ready(admin, self.model_dir, None, force=True,
