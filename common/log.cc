@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/logger.h"
 #include "spdlog/pattern_formatter.h"
 #include "spdlog/sinks/stdout_sinks.h"
@@ -128,53 +129,22 @@ std::unique_ptr<spdlog::formatter> TextFormatter() {
   return f;
 }
 
-void AppendJsonString(spdlog::memory_buf_t& dest, absl::string_view s) {
-  dest.push_back('"');
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        Append(dest, "\\\"");
-        break;
-      case '\\':
-        Append(dest, "\\\\");
-        break;
-      case '\n':
-        Append(dest, "\\n");
-        break;
-      case '\r':
-        Append(dest, "\\r");
-        break;
-      case '\t':
-        Append(dest, "\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned char>(c));
-          Append(dest, buf);
-        } else {
-          dest.push_back(c);
-        }
-    }
-  }
-  dest.push_back('"');
-}
-
-// One JSON object per line: ts, level, role, rank, pid, tag, msg.
+// One JSON object per line: ts, level, role, rank, pid, tag, msg, written
+// by nlohmann-json (bytes that are not UTF-8 become U+FFFD, so every line
+// parses).
 class JsonFormatter : public spdlog::formatter {
  public:
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
-    Append(dest, "{\"ts\":");
-    AppendJsonString(dest, TimeText(msg.time));
-    Append(dest, ",\"level\":\"");
-    Append(dest, absl::AsciiStrToLower(LevelName(msg.level)));
-    Append(dest, "\",\"role\":");
-    AppendJsonString(dest, Role().Get());
-    Append(dest, absl::StrCat(",\"rank\":", g_rank.load(), ",\"pid\":", getpid(), ",\"tag\":"));
-    AppendJsonString(dest, absl::string_view(msg.logger_name.data(), msg.logger_name.size()));
-    Append(dest, ",\"msg\":");
-    AppendJsonString(dest, absl::string_view(msg.payload.data(), msg.payload.size()));
-    Append(dest, "}\n");
+    nlohmann::ordered_json line;
+    line["ts"] = TimeText(msg.time);
+    line["level"] = absl::AsciiStrToLower(LevelName(msg.level));
+    line["role"] = Role().Get();
+    line["rank"] = g_rank.load();
+    line["pid"] = getpid();
+    line["tag"] = std::string(msg.logger_name.data(), msg.logger_name.size());
+    line["msg"] = std::string(msg.payload.data(), msg.payload.size());
+    Append(dest, line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    dest.push_back('\n');
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
     return std::make_unique<JsonFormatter>();

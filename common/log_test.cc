@@ -115,6 +115,23 @@ TEST(LogTest, JsonLinesParseWithEveryField) {
   ASSERT_TRUE(InitLogging({}).ok());
 }
 
+// A message that is not valid UTF-8 (a client's bytes quoted in a refusal,
+// a path) still makes a line that parses: its bad bytes become U+FFFD.
+TEST(LogTest, JsonLinesParseWhateverTheBytes) {
+  ASSERT_TRUE(InitLogging({"json", "info", 0, "daemon"}).ok());
+  const std::string out = CaptureStderr([] {
+    LogInfo("daemon", "name \xff\xfe\xc3 end \x7f");
+    LogInfo("daemon", "caf\xc3\xa9");
+  });
+  const std::vector<std::string> lines = Lines(out);
+  ASSERT_EQ(lines.size(), 2u) << out;
+  const nlohmann::json bad = nlohmann::json::parse(lines[0], nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(bad.is_discarded()) << lines[0];
+  EXPECT_EQ(bad["msg"], "name \ufffd\ufffd\ufffd end \x7f");
+  EXPECT_EQ(nlohmann::json::parse(lines[1])["msg"], "caf\xc3\xa9");
+  ASSERT_TRUE(InitLogging({}).ok());
+}
+
 // The libraries' diagnostics in JSON mode: protobuf's and Abseil's
 // internal log lines are JSON objects too.
 TEST(LogTest, LibraryLinesAreJsonLinesToo) {
