@@ -1,12 +1,11 @@
 # Sourced (not run) by the scripts that carry GPU binaries to the GPU
-# machine, which has no Bazel (docs/ARCHITECTURE.md, "Build"):
-# tools/gpu_bundle.sh, tests/gpu_nccl_run.sh, tests/gpu_backend_run.sh,
-# tests/gpu_fetch_run.sh.
+# machine, where there may be no Bazel and no nvcc: tools/gpu_test.sh (the
+# tests) and tools/gpu_bench.sh (the benchmarks).
 #
 # A bundle folder holds the binaries and the shared libraries they load that
 # the GPU machine may lack: everything `ldd` resolves except glibc,
-# libstdc++/libgcc, the CUDA driver, cuBLAS and NCCL (the machine has those;
-# KINDS.md). libcudart goes to fallback/, put on LD_LIBRARY_PATH only where
+# libstdc++/libgcc, the CUDA driver, cuBLAS and NCCL (a GPU machine has
+# those). libcudart goes to fallback/, put on LD_LIBRARY_PATH only where
 # the machine has no CUDA 13 runtime.
 
 # bundle_binary SRC DEST BUNDLE
@@ -25,7 +24,7 @@ bundle_binary() {
     return 1
   fi
   mkdir -p "$(dirname "$dest")" "$bundle/lib" "$bundle/fallback"
-  cp -L "$src" "$dest"
+  cp -L "$src" "$dest" || return 1
   chmod u+w "$dest"
   ldd "$src" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
     base=$(basename "$lib")
@@ -40,20 +39,60 @@ bundle_binary() {
   chmod -R u+w "$bundle"
 }
 
-# bundle_targets BUNDLE LAYOUT TARGET...
-#   bundle_binary for each Bazel target from bazel-bin (built before with
-#   --config=cuda). LAYOUT "pkg": BUNDLE/<package>/<name> (binaries that
-#   find each other by workspace-relative paths); "bin": BUNDLE/bin/<name>.
+# bundle_targets BUNDLE TARGET...
+#   bundle_binary for each Bazel target from $BAZEL_BIN (default bazel-bin;
+#   built before with --config=cuda) to BUNDLE/<package>/<name>: the
+#   binaries find each other by workspace-relative paths.
 bundle_targets() {
-  local bundle=$1 layout=$2 t name pkg dest
-  shift 2
+  local bundle=$1 t path
+  shift
   for t in "$@"; do
-    name=${t##*:}
-    pkg=${t%%:*}
-    pkg=${pkg#//}
-    if [ "$layout" = bin ]; then dest="$bundle/bin/$name"; else dest="$bundle/$pkg/$name"; fi
-    bundle_binary "bazel-bin/$pkg/$name" "$dest" "$bundle" || return 1
+    path=$(bundle_label_path "$t")
+    bundle_binary "${BAZEL_BIN:-bazel-bin}/$path" "$bundle/$path" "$bundle" || return 1
   done
+}
+
+# bundle_label_path //pkg/sub:name  ->  pkg/sub/name (its workspace path, as
+#   in bazel-bin and in a "pkg" layout bundle).
+bundle_label_path() {
+  local pkg=${1%%:*}
+  pkg=${pkg#//}
+  echo "$pkg/${1##*:}"
+}
+
+# bundle_universe
+#   Every package of the workspace as a query expression, spelled out:
+#   //... would also descend into the convenience symlinks of another output
+#   base (bazel-<name>).
+bundle_universe() {
+  local d first=1
+  for d in */; do
+    d=${d%/}
+    case "$d" in bazel-*) continue ;; esac
+    [ -n "$(find "$d" -name BUILD -print -quit)" ] || continue
+    if [ $first = 1 ]; then first=0; else printf ' + '; fi
+    printf '//%s/...' "$d"
+  done
+}
+
+# bundle_tagged TAG [tests]
+#   The targets with exactly the tag TAG ('\bgpu\b' would also match
+#   "no-gpu" and "gpu_bench"), sorted; "tests": test rules only. Runs
+#   ${BAZEL:-bazel} query.
+bundle_tagged() {
+  local set
+  set=$(bundle_universe)
+  if [ "${2:-}" = tests ]; then set="tests($set)"; fi
+  ${BAZEL:-bazel} query "attr(tags, \"[\\[ ,]$1[,\\]]\", $set)" 2>/dev/null | sort
+}
+
+# bundle_data_binaries TARGET...
+#   What the targets start: the workspace's cc_binary rules among their
+#   dependencies and data (libhybrid_paramd.so included), tests and
+#   //third_party left out; sorted.
+bundle_data_binaries() {
+  ${BAZEL:-bazel} query "kind('cc_binary', deps(set($*)) intersect ($(bundle_universe)))" 2>/dev/null |
+    grep -v -e '_test$' -e '//third_party' | sort
 }
 
 # bundle_pack BUNDLE
@@ -74,27 +113,26 @@ bundle_unpack() {
   mkdir -p "$2" && tar -C "$2" -xJf "$1/bundle.tar.xz"
 }
 
-# bundle_build_pack BUNDLE TARGET... [-- FILE...]
-#   The whole `bundle` step of a run script whose binaries find each other
-#   by workspace paths: --config=cuda build, "pkg" layout, packed archive.
-#   FILEs (the run script, this library) go into the archive's top level.
-bundle_build_pack() {
-  local bundle=$1
-  shift
-  local targets=() files=()
-  while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
-  if [ "${1:-}" = -- ]; then shift; files=("$@"); fi
-  bazel build --config=cuda "${targets[@]}" || return 1
-  rm -rf "$bundle"
-  bundle_targets "$bundle" pkg "${targets[@]}" || return 1
-  if [ ${#files[@]} -gt 0 ]; then cp "${files[@]}" "$bundle/" || return 1; fi
-  bundle_pack "$bundle"
-  du -sh "$bundle"
+# bundle_extract BUNDLE DIR
+#   On the GPU machine: prints the folder to run from. A packed BUNDLE is
+#   unpacked into DIR once per archive (several runs in one call reuse it);
+#   an already unpacked BUNDLE is used as it is.
+bundle_extract() {
+  local bundle=$1 dir=$2 stamp
+  if [ ! -f "$bundle/bundle.tar.xz" ]; then echo "$bundle"; return 0; fi
+  stamp=$(stat -c %s-%Y "$bundle/bundle.tar.xz")
+  if [ "$(cat "$dir/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$dir"
+    bundle_unpack "$bundle" "$dir" >&2 || return 1
+    echo "$stamp" > "$dir/.stamp"
+  fi
+  echo "$dir"
 }
 
 # bundle_run_env DIR
 #   On the GPU machine: the environment the binaries of the unpacked bundle
-#   DIR need. NVLink multicast off (KINDS.md), the bundle's libraries first,
+#   DIR need. NVLink multicast off (NCCL_NVLS_ENABLE=0 and its torch and
+#   NVSHMEM equivalents), the bundle's libraries first,
 #   its libcudart only where the machine has no CUDA 13 runtime, and NCCL
 #   (too large to carry) from the image's Python packages where the system
 #   has none. (ldconfig's output is captured first: `ldconfig -p | grep -q`

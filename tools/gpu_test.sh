@@ -24,26 +24,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+source tools/gpu_bundle_lib.sh
 BAZEL=${BAZEL:-bazel}
 BAZEL_BIN=${BAZEL_BIN:-bazel-bin}
-
-# Every package of the workspace, spelled out: //... would also descend
-# into the convenience symlinks of another output base (bazel-<name>).
-universe() {
-  local d first=1
-  for d in */; do
-    d=${d%/}
-    case "$d" in bazel-*) continue ;; esac
-    [ -n "$(find "$d" -name BUILD -print -quit)" ] || continue
-    if [ $first = 1 ]; then first=0; else printf ' + '; fi
-    printf '//%s/...' "$d"
-  done
-}
-
-# Exactly the tag "gpu" ('\bgpu\b' would also match "no-gpu").
-gpu_targets() {
-  $BAZEL query "attr(tags, \"[\\[ ,]gpu[,\\]]\", tests($(universe)))" 2>/dev/null | sort
-}
 
 # The sh_tests run a script with arguments; everything else is a gtest binary.
 target_kind() {
@@ -53,16 +36,13 @@ target_kind() {
 bundle() {
   local bundle=${1:-.gpu_bundle_test}
   case "$bundle" in .gpu_bundle*) ;; *) echo "bundle folder must be .gpu_bundle* (git-ignored): $bundle" >&2; return 1 ;; esac
-  source tools/gpu_bundle_lib.sh
   local targets
-  mapfile -t targets < <(gpu_targets)
+  mapfile -t targets < <(bundle_tagged gpu tests)
   if [ ${#targets[@]} -eq 0 ]; then echo "no gpu-tagged tests found" >&2; return 1; fi
   echo "gpu-tagged tests: ${#targets[@]}"
   # What they start: the binaries among their data and runfiles.
   local data
-  mapfile -t data < <($BAZEL query \
-      "kind('cc_binary', deps(set(${targets[*]})) intersect ($(universe)))" 2>/dev/null |
-      grep -v -e '_test$' -e '//third_party' | sort)
+  mapfile -t data < <(bundle_data_binaries "${targets[@]}")
   $BAZEL build --config=cuda "${targets[@]}" "${data[@]}" //client:libhybrid_paramd.so || return 1
   rm -rf "$bundle"
   mkdir -p "$bundle"
@@ -184,17 +164,12 @@ run_all() {
 case "${1:-all}" in
   bundle) bundle "${2:-.gpu_bundle_test}" ;;
   run)
-    dir=${2:-.gpu_bundle_test}
-    if [ -f "$dir/bundle.tar.xz" ]; then
-      mkdir -p /tmp/gpu_test_bundle && tar -C /tmp/gpu_test_bundle -xJf "$dir/bundle.tar.xz" &&
-        dir=/tmp/gpu_test_bundle
-    fi
+    dir=$(bundle_extract "${2:-.gpu_bundle_test}" /tmp/gpu_test_bundle) || exit 1
     run_all "$dir"
     ;;
   all)
     bundle .gpu_bundle_test || exit 1
-    mkdir -p /tmp/gpu_test_bundle && tar -C /tmp/gpu_test_bundle -xJf .gpu_bundle_test/bundle.tar.xz
-    run_all /tmp/gpu_test_bundle
+    run_all "$(bundle_extract .gpu_bundle_test /tmp/gpu_test_bundle)"
     ;;
   -h|--help) sed -n '2,20p' "$0" ;;
   *) echo "usage: bash tools/gpu_test.sh [bundle [BUNDLE] | run [BUNDLE]]" >&2; exit 2 ;;
