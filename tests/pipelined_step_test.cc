@@ -74,8 +74,8 @@ class PipelinedStepTest : public ::testing::Test {
       options.optimizer = "sgd";
       options.lr = kLr;
       options.daemon_flags = {"--step_timeout_s=3"};
-      // The GPU machine runs it again on the gpu backend
-      // (tests/gpu_pipeline_run.sh: PARAMD_TEST_DAEMON_BACKEND=gpu).
+      // On a GPU machine it runs again on the gpu backend with
+      // PARAMD_TEST_DAEMON_BACKEND=gpu (a --config=cuda build).
       if (const char* backend = std::getenv("PARAMD_TEST_DAEMON_BACKEND")) {
         options.daemon_flags.push_back(absl::StrCat("--backend=", backend));
       }

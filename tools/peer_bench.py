@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The torch peer of //kernels/cuda:bench (issue 17).
+"""The torch peer of //kernels/cuda:bench.
 
 Times, with PyTorch on the same GPU and the same problem (8 x 8192 x 16384
 FP32 masters = 1.07 B parameters, source dtype BF16: the master is rounded to
@@ -25,9 +25,9 @@ With --ours=bench.json (written by //kernels/cuda:bench --json in the same
 call) it prints the table ours / torch and the fraction of the d2d copy
 bandwidth (both copies measured in their own program, same run).
 
-Run on the GPU machine (one call runs both; tools/gpu_run.sh does it with
-PEER=1):
-  .gpu_bundle/bin/bench --json=bench.json
+Run on the GPU machine (`bash tools/gpu_bench.sh run kernels peer` runs both
+from the bundle of tools/gpu_bench.sh), or by hand:
+  kernels/cuda/bench --json=bench.json
   python3 tools/peer_bench.py --ours=bench.json --json=peer.json --markdown=peer.md
 """
 

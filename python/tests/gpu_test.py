@@ -1,4 +1,4 @@
-"""hybrid_paramd on one GPU (tag gpu; run by python/tests/gpu_run.sh on the
+"""hybrid_paramd on one GPU (tag gpu; run by tools/gpu_test.sh on the
 GPU machine with its torch): a --backend=gpu daemon on GPU 0 and the
 trainer's tensors on the same GPU.
 

@@ -1,4 +1,4 @@
-"""hybrid_paramd.IpcSession on one GPU (tag gpu; run by python/tests/gpu_run.sh
+"""hybrid_paramd.IpcSession on one GPU (tag gpu; run by tools/gpu_test.sh
 on the GPU machine): a --backend=gpu daemon on GPU 0, this process the
 trainer on the same GPU.
 

@@ -18,7 +18,8 @@
 //     fetches in a loop; the fetch in flight fails within its deadline.
 // Tag gpu; run from a directory holding server/hybrid-paramd and
 // tests/gpu_integration/device_fetch_loop (bazel runfiles or the bundle of
-// tests/gpu_fetch_run.sh).
+// tools/gpu_test.sh or tools/gpu_bench.sh, whose `device_fetch` runs it for
+// its DEVICE_FETCH_BENCH figures).
 #include <signal.h>
 
 #include <atomic>
@@ -569,7 +570,10 @@ TEST_F(Kills, KillTrainerMidFetch) {
   absl::StatusOr<int> loop = children.Start(
       {"trainer", {"tests/gpu_integration/device_fetch_loop",
                    "--coordinator=" + cluster_->cluster().coordinator_address(),
-                   absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60"},
+                   absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60",
+                   // The device channel (NCCL), whose end the daemon must see
+                   // close, also when the trainer shares the daemon's GPU.
+                   "--same_gpu_ipc=false"},
        out, out});
   ASSERT_TRUE(loop.ok()) << loop.status();
   // Wait until it is fetching continuously, then kill it in the loop.

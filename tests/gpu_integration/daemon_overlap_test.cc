@@ -27,13 +27,13 @@
 // The first four hold each optimizer step's device work back 300 ms
 // (PARAMD_GPU_STEP_DELAY_MS) so that fetches meet the step in flight
 // whatever the timing; the benchmark runs undelayed.
-//   - Bench.StepLoop (PARAMD_OVERLAP_BENCH=1 only; tests/gpu_fetch_run.sh
-//     BENCH=1): push -> step -> fetch, per-step milliseconds with and
+//   - Bench.StepLoop (PARAMD_OVERLAP_BENCH=1 only; `bash tools/gpu_bench.sh
+//     run overlap`): push -> step -> fetch, per-step milliseconds with and
 //     without the overlap, at 8 x 8192 x 16384 (1.07e9 parameters) AdamW,
 //     FP8 current rowwise + columnwise by default (PARAMD_OVERLAP_BENCH_
 //     TENSORS / _ROWS / _COLS override).
 // Tag gpu; run from a directory holding server/hybrid-paramd (bazel
-// runfiles or the bundle of tests/gpu_fetch_run.sh).
+// runfiles or the bundle of tools/gpu_test.sh or tools/gpu_bench.sh).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -313,7 +313,9 @@ TEST_F(Overlap, InFlightVersionEqualsReference) {
       cudaSetDevice(TrainerDevice());
       next = fetcher_->Fetch(s + 1, AllTargets(tensors_));
     });
-    absl::SleepFor(absl::Milliseconds(200));
+    // Long enough for the request to reach the daemon on a busy machine
+    // (200 ms once let one of three arrive after its step had finished).
+    absl::SleepFor(absl::Seconds(1));
     absl::StatusOr<client::PushResult> pushed = pusher_->Push(s, device.grads());
     fetch.join();
     ASSERT_TRUE(pushed.ok()) << pushed.status();

@@ -1,7 +1,6 @@
 // Gradient push from device memory through real hybrid-paramd processes
-// (issue 5; issue 19: a daemon on the trainer's GPU reads it in place).
-// Runs on two GPUs through tests/gpu_fetch_run.sh (5/5 on 2 H200s,
-// 2026-11-30).
+// (a daemon on the trainer's GPU reads it in place). Runs on two GPUs
+// through tools/gpu_test.sh (5/5 on 2 H200s, 2026-11-30).
 //
 // A coordinator and --backend=gpu daemons (daemon i on GPU i mod #GPUs),
 // this test process as the trainer on GPU 1 (GPU 0 with one GPU):
@@ -22,7 +21,7 @@
 //     in the accumulators).
 // Tag gpu; run from a directory holding server/hybrid-paramd and
 // tests/gpu_integration/device_fetch_loop (bazel runfiles or the bundle of
-// tests/gpu_fetch_run.sh).
+// tools/gpu_test.sh).
 #include <signal.h>
 
 #include <algorithm>
@@ -299,7 +298,8 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
   void* d = nullptr;
   ASSERT_EQ(cudaMalloc(&d, grads[0][2].size()), cudaSuccess);
   again.push_back({"b", dtype, d, grads[0][2].size()});
-  absl::StatusOr<client::PushResult> stale = fetcher->Push(0, again);
+  absl::StatusOr<client::PushResult> stale =
+      fetcher->Push(0, again, nullptr, absl::ZeroDuration(), client::PushCoverage::kPartial);
   cudaFree(d);
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition) << stale.status();
 }

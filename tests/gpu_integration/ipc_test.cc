@@ -22,7 +22,8 @@
 //     docs/BENCHMARKS.md at 8 x 8192 x 16384 (1.07e9 parameters) AdamW,
 //     FP8 current rowwise + columnwise.
 // Tag gpu; run from a directory holding server/hybrid-paramd and
-// tests/gpu_integration/ipc_pin_loop (tests/gpu_ipc_run.sh).
+// tests/gpu_integration/ipc_pin_loop (the bundle of tools/gpu_test.sh, or of
+// tools/gpu_bench.sh, whose `ipc` runs it with PARAMD_IPC_BENCH=1).
 #include <signal.h>
 #include <unistd.h>
 
