@@ -19,8 +19,11 @@
 # folder, to keep the CUDA build out of the CPU build's outputs.
 # Knobs (run): JOBS=3 tests at a time (the GPU is shared; 1 for timings),
 # TEST_TIMEOUT=600 seconds per test binary, ONLY=regex of targets to run,
-# EXCEPT=regex of targets not to run,
-# GTEST_FILTER passed to every gtest binary.
+# EXCEPT=regex of targets not to run, FIRST=regex of targets to start
+# before the rest (the longest, so they do not end the run alone),
+# GTEST_FILTER passed to every gtest binary, SHARDS="name:N ..." runs the
+# gtest binary "name" as N gtest shards at once (default quantize_test:8, the
+# format sweep; each shard counts as one of JOBS only once).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -101,9 +104,26 @@ run_one() {
     if [ "$rc" -eq 0 ]; then echo "RESULT 1 0 ${skipped:-0} 0"; else echo "RESULT 0 1 0 0 rc=$rc"; fi
     return
   fi
-  TEST_TMPDIR="$tmp" timeout "${TEST_TIMEOUT:-600}" "./$path" \
-    ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$log" 2>&1
-  rc=$?
+  local shards=1 entry
+  for entry in ${SHARDS-quantize_test:8}; do
+    if [ "${entry%%:*}" = "$(basename "$path")" ]; then shards=${entry##*:}; fi
+  done
+  local i pids=() shard_rc
+  rc=0
+  for ((i = 0; i < shards; i++)); do
+    mkdir -p "$tmp/shard$i"
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i TEST_TMPDIR="$tmp/shard$i" \
+      timeout "${TEST_TIMEOUT:-600}" "./$path" \
+      ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} > "$log.shard$i" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"
+    shard_rc=$?
+    if [ "$shard_rc" -ne 0 ]; then rc=$shard_rc; fi
+    cat "$log.shard$i" >> "$log"
+    rm -f "$log.shard$i"
+  done
   local ok failed skipped
   ok=$(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$log")
   failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$log")
@@ -121,27 +141,38 @@ run_all() {
   cd "$dir" || return 1
   source ./gpu_bundle_lib.sh
   bundle_run_env "$PWD"
+  # The Python tests run under this machine's python3 (the one with CUDA
+  # torch), not the build machine's /usr/bin/python3.
+  PYTHON=${PYTHON:-$(command -v python3)}
+  export PYTHON
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
   date -u +%Y-%m-%dT%H:%M:%SZ | tee -a "$OUT/gpu.txt"
   local jobs=${JOBS:-3} running=0 line target kind path
   local -a order=()
-  while read -r target kind path args; do
+  local -a lines=()
+  if [ -n "${FIRST:-}" ]; then
+    mapfile -t lines < <(awk -v re="$FIRST" '$1 ~ re' tests.txt; awk -v re="$FIRST" '$1 !~ re' tests.txt)
+  else
+    mapfile -t lines < tests.txt
+  fi
+  for line in "${lines[@]}"; do
+    read -r target kind path args <<< "$line"
     if [ -n "${ONLY:-}" ] && ! [[ "$target" =~ $ONLY ]]; then continue; fi
     if [ -n "${EXCEPT:-}" ] && [[ "$target" =~ $EXCEPT ]]; then continue; fi
     local name=${target#//}
     name=${name//[:\/]/_}
-    order+=("$target:$name")
+    order+=("$target|$name")
     # shellcheck disable=SC2086  # the sh_test's arguments, one word each
     ( run_one "$target" "$kind" "$path" "$logs/$name.log" "/tmp/gpu_test_tmp/$name" $args \
         > "$logs/$name.result" ) &
     running=$((running + 1))
     if [ "$running" -ge "$jobs" ]; then wait -n; running=$((running - 1)); fi
-  done < tests.txt
+  done
   wait
   local passed failed skipped entry p f s ps rest
   for entry in "${order[@]}"; do
-    target=${entry%%:*}
-    local name=${entry##*:}
+    target=${entry%%|*}
+    local name=${entry##*|}
     read -r _ p f s ps rest < <(tail -1 "$logs/$name.result" 2>/dev/null || echo "RESULT 0 1 0 0 no result")
     printf '%-60s %s passed, %s failed, %s skipped %s\n' "$target" "$p" "$f" "$s" "${rest:-}"
     if [ "$f" -gt 0 ]; then
@@ -156,6 +187,7 @@ run_all() {
   grep -h -B1 -E '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$logs"/*.log | grep -vE '^--$' |
     paste - - | sed -E 's/^[^:]+:[0-9]+: Skipped\t?//' | head -50
   grep -h -E "skipped '" "$logs"/*.log | sort | uniq -c | head -20
+  grep -h -E '^skipped=[0-9]+ ' "$logs"/*.log | head -20
   tar -C "$logs" -czf "$OUT/logs.tar.gz" .
   echo "$passed passed, $failed failed, $skipped skipped"
   [ "$failed" -eq 0 ]

@@ -97,6 +97,28 @@ absl::Status InDaemonContext(const absl::Status& s, absl::string_view what, int6
                                              s.message()));
 }
 
+// Waits on the host for the work a call on `stream` must follow: the
+// stream's own and, where `stream` is a blocking stream (cudaStreamCreate)
+// or the default stream, the legacy default stream's before it (a plain
+// cudaMemset / cudaMemcpy of the caller). cudaStreamSynchronize of an
+// empty blocking stream returns at once without waiting for the latter,
+// and this fetcher's own streams are cudaStreamNonBlocking, which never
+// wait for it.
+absl::Status WaitForCallerWork(cudaStream_t stream) {
+  unsigned int flags = cudaStreamDefault;
+  if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamGetFlags(stream, &flags));
+  cudaEvent_t done;
+  GPU_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  absl::Status s = GPU_STATUS(cudaEventRecord(done, stream));
+  if (s.ok()) s = GPU_STATUS(cudaEventSynchronize(done));
+  if (s.ok() && stream != nullptr && (flags & cudaStreamNonBlocking) == 0) {
+    s = GPU_STATUS(cudaEventRecord(done, cudaStreamLegacy));
+    if (s.ok()) s = GPU_STATUS(cudaEventSynchronize(done));
+  }
+  (void)cudaEventDestroy(done);
+  return s;
+}
+
 // One (target, piece) on one daemon.
 struct PieceJob {
   int target = 0;
@@ -458,10 +480,7 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     }
   }
   // Work the caller enqueued on `stream` may still read the destinations.
-  // nullptr is CUDA's default stream, not "no stream": the caller's
-  // cudaMemcpy / kernels there are not ordered before this fetcher's own
-  // (non-blocking) streams otherwise.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  RETURN_IF_ERROR(WaitForCallerWork(stream));
 
   // Daemons on this GPU: in place through a same-GPU session, then device
   // copies (NCCL cannot join two ranks on one GPU); NCCL for the others.
@@ -688,13 +707,10 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
                       absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
   }
   RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed, coverage));
-  // The gradients were written on `stream`; nullptr is CUDA's default
-  // stream (where a plain cudaMemcpy goes), so it is waited for too. A
-  // pageable host-to-device cudaMemcpy may return before its bytes reach
-  // the device, and every read below runs on a cudaStreamNonBlocking
-  // stream (the transport's inline_stream_ or NCCL's, copy_stream_), which
-  // does not wait for the default stream by itself.
-  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  // The gradients were written on `stream` (a pageable host-to-device
+  // cudaMemcpy may return before its bytes reach the device); every read
+  // below runs on a cudaStreamNonBlocking stream.
+  RETURN_IF_ERROR(WaitForCallerWork(stream));
 
   struct PushJob {
     int rank = 0;
