@@ -135,12 +135,29 @@ done
 # Half a cluster is not up: daemon 1's port is taken, so it exits; the job
 # fails without starting the trainer.
 FIRST_PORT=$PARAMD_PORT
-PARAMD_PORT=$(free_port); DAEMON_PORT=$(free_port 2)
-python3 -c "
+PARAMD_PORT=$(free_port)
+# The squatter holds daemon 1's port; another process may take a port that
+# free_port found free before the squatter binds it, so try a few.
+squatter=
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+  DAEMON_PORT=$(free_port 2)
+  rm -f "$T/work/squatting"
+  python3 -c "
 import socket, time
-s = socket.socket(); s.bind(('0.0.0.0', $((DAEMON_PORT + 1)))); s.listen(1); time.sleep(120)
-" &
-squatter=$!
+s = socket.socket(); s.bind(('0.0.0.0', $((DAEMON_PORT + 1)))); s.listen(1)
+open('$T/work/squatting', 'w').close(); time.sleep(120)
+" 2>/dev/null &
+  squatter=$!
+  for _ in $(seq 50); do
+    [ -e "$T/work/squatting" ] && break
+    kill -0 "$squatter" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -e "$T/work/squatting" ] && break
+  kill "$squatter" 2>/dev/null || true
+  squatter=
+done
+[ -n "$squatter" ] || fail "no port to squat on for daemon 1 after 10 tries"
 start=$SECONDS
 if PARAMD_BIN=$BIN PARAMD_HEALTH=$HEALTH PARAMD_PORT=$PARAMD_PORT PARAMD_DAEMON_PORT=$DAEMON_PORT \
      PARAMD_GPUS_PER_NODE=2 PARAMD_TRAINERS_PER_NODE=1 PARAMD_EXPECTED_PUSHERS=0 \
