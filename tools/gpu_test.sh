@@ -101,7 +101,10 @@ run_one() {
     rc=$?
     local skipped
     skipped=$(grep -oE 'skipped=[0-9]+' "$log" | tail -1 | cut -d= -f2)
-    if [ "$rc" -eq 0 ]; then echo "RESULT 1 0 ${skipped:-0} 0"; else echo "RESULT 0 1 0 0 rc=$rc"; fi
+    # A line "skipped=N reason" at its start: the whole script skipped.
+    if [ "$rc" -eq 0 ] && grep -qE '^skipped=[0-9]+ ' "$log"; then echo "RESULT 0 0 1 0"
+    elif [ "$rc" -eq 0 ]; then echo "RESULT 1 0 ${skipped:-0} 0"
+    else echo "RESULT 0 1 0 0 rc=$rc"; fi
     return
   fi
   local shards=1 entry
