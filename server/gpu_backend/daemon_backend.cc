@@ -54,9 +54,17 @@ void CUDART_CB HoldStream(void* ms) {
   absl::SleepFor(absl::Milliseconds(*static_cast<const int64_t*>(ms)));
 }
 
+// A plain cudaMemcpy on the default stream. From pageable host memory it
+// may return before the bytes reach the device (they are staged, then
+// DMAed on the default stream), and the store's kernels run on a
+// cudaStreamNonBlocking stream that does not wait for the default one: a
+// step right after a load then quantized masters that still held what
+// the memory held before (the previous model's, on a reused allocation).
+// So a host-to-device copy is waited for.
 absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return absl::OkStatus();
   GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, kind));
+  if (kind == cudaMemcpyHostToDevice) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
   return absl::OkStatus();
 }
 
