@@ -113,6 +113,7 @@ run_one() {
   done
   local i pids=() shard_rc
   rc=0
+  : > "$log"  # the shards' logs are appended: a rerun into the same $OUT starts empty
   for ((i = 0; i < shards; i++)); do
     mkdir -p "$tmp/shard$i"
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i TEST_TMPDIR="$tmp/shard$i" \
