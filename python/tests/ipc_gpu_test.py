@@ -1,6 +1,5 @@
-"""hybrid_paramd.IpcSession on one GPU (tag gpu; run by tools/gpu_test.sh
-on the GPU machine): a --backend=gpu daemon on GPU 0, this process the
-trainer on the same GPU.
+"""hybrid_paramd.IpcSession on one GPU (tag gpu; `bash tools/gpu_test.sh`):
+a --backend=gpu daemon on GPU 0, this process the trainer on the same GPU.
 
 * the views of an acquired version are torch CUDA tensors over the daemon's
   own buffers (no copy: their pointers lie in the mapped regions, and a
