@@ -27,7 +27,7 @@
 // version: a step waits only for sends of the version whose device slot it
 // rewrites (never for sends of the latest one), and a FetchDevice with
 // reply_after_send of the version being stepped is sent as the step
-// quantizes it and answered once it is published (issue 5 overlap;
+// quantizes it and answered once it is published (see
 // docs/ARCHITECTURE.md "Fetch beside the step").
 #ifndef PARAMD_SERVER_DAEMON_H_
 #define PARAMD_SERVER_DAEMON_H_

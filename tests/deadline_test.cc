@@ -1,5 +1,5 @@
 // Every client call ends by its deadline even when the peer stops
-// answering (issue 12 D10): a real daemon process is stopped with SIGSTOP
+// answering: a real daemon process is stopped with SIGSTOP
 //   - before a 32 MB push from the C++ client (the stream is then stuck
 //     mid-way in HTTP/2 flow control),
 //   - during a fetch,

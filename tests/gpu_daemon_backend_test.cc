@@ -286,7 +286,7 @@ TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
   }
 }
 
-// Issue 5: the gpu daemon reports its device memory (DaemonStats, through
+// The gpu daemon reports its device memory (DaemonStats, through
 // ShardBackend::memory()): equal to what a GpuShardStore built in this
 // process for the same shards allocates, and at most 21 bytes per
 // parameter for AdamW with FP8 current rowwise + columnwise and two
@@ -419,7 +419,7 @@ TEST(GpuDaemonBackendMemoryTest, QuarterBillionParametersTakeTwentyBytesEach) {
               (*store)->bytes_per_parameter());
 }
 
-// Issue 5: a slow first host copy of the LATEST version (gRPC Fetch,
+// A slow first host copy of the LATEST version (gRPC Fetch,
 // export) does not hold up the step that retires the OLDER one, while a
 // copy of the version a step retires (whose device slot it rewrites) does
 // hold that step until the copy has read it. In process, one backend;

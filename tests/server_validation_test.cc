@@ -1,5 +1,5 @@
 // Multi-process: hostile requests that used to crash, hang or corrupt a
-// coordinator + two daemon processes (issue 12, D1-D3) are refused with a
+// coordinator + two daemon processes are refused with a
 // clear status, change nothing, and the cluster keeps serving. Each test
 // ends with a valid step whose result proves nothing refused was summed.
 #include <signal.h>

@@ -1,6 +1,6 @@
 // File: client/gpu_fetch/fetch.h
 //
-// The trainer's device-buffer fetch API (issue 5): receives published
+// The trainer's device-buffer fetch API: receives published
 // directions of a version straight into device memory over the "nccl"
 // transport, in the layouts of FORMATS.md (ComputeLayout), as one NCCL group
 // per request. The piece order is the plan of

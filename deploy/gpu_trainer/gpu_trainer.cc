@@ -1,5 +1,5 @@
 // //deploy/gpu_trainer:gpu_trainer — a small GPU training example over the
-// GPU daemon and the NCCL data plane (issue 5). One process, two GPUs: the
+// GPU daemon and the NCCL data plane. One process, two GPUs: the
 // daemon (GPU 0) keeps FP32 masters and AdamW state of a 2-layer linear
 // network and publishes hybrid-quantized weights every step; the trainer
 // (GPU 1) fetches exactly the directions it uses into its device memory:

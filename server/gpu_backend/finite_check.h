@@ -2,8 +2,7 @@
 //
 // Whether a pushed gradient on the device holds a NaN or an infinity (the
 // host stream refuses those, server/chunks.h; the device push must too).
-// Enqueue-only on `stream`; device pointers. Issue 5, device push: NOT YET
-// RUN ON A GPU.
+// Enqueue-only on `stream`; device pointers.
 #ifndef PARAMD_SERVER_GPU_BACKEND_FINITE_CHECK_H_
 #define PARAMD_SERVER_GPU_BACKEND_FINITE_CHECK_H_
 

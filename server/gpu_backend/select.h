@@ -1,7 +1,7 @@
 // File: server/gpu_backend/select.h
 //
 // Which backend `hybrid-paramd` runs: the seam for the daemon's --backend
-// flag (issue 5). Host code only (no CUDA): it asks the transport registry
+// flag. Host code only (no CUDA): it asks the transport registry
 // whether the "nccl" backend is linked in (builds with --config=cuda link
 // //transport:nccl) and can see a GPU.
 //

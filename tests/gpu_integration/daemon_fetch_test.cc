@@ -1,4 +1,4 @@
-// Device fetch through real hybrid-paramd processes (issue 5): a coordinator
+// Device fetch through real hybrid-paramd processes: a coordinator
 // and --backend=gpu daemons on GPU 0, this test process as the trainer on
 // GPU 1 (GPU 0 with one GPU) through //client/gpu_fetch:device_fetcher:
 //   - OneDaemon/*: every format pair, tensors of several shapes (partial

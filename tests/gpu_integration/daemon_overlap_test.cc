@@ -1,4 +1,4 @@
-// The overlap of issue 5 through real hybrid-paramd processes: a
+// The fetch/step overlap through real hybrid-paramd processes: a
 // coordinator and one --backend=gpu daemon on GPU 0, this test process as
 // the trainer on GPU 1 (GPU 0 with one GPU), gradients pushed over NCCL
 // (DeviceFetcher::Push), weights fetched over NCCL (DeviceFetcher::Fetch):
@@ -672,7 +672,7 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
   std::fflush(stdout);
 }
 
-// ---- The step loop benchmark (docs/BENCHMARKS.md, issue 5 overlap) ----
+// ---- The step loop benchmark (docs/BENCHMARKS.md, fetch/step overlap) ----
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -1,4 +1,4 @@
-// Same-GPU trainers (issue 19) through real hybrid-paramd processes: a
+// Same-GPU trainers through real hybrid-paramd processes: a
 // coordinator and one --backend=gpu daemon on GPU 0, this test process as
 // the trainer on the SAME GPU through //client/gpu_fetch:ipc_import (CUDA
 // VMM buffers mapped in place, proto/ipc.proto):

@@ -1,5 +1,5 @@
-// //tests/step_bench:step_bench — the GPU step and NCCL data plane benchmark
-// (issue 5). One process, two GPUs: the daemon (GPU 0, server/gpu_backend
+// //tests/step_bench:step_bench — the GPU step and NCCL data plane benchmark.
+// One process, two GPUs: the daemon (GPU 0, server/gpu_backend
 // GpuShardStore) and one trainer (GPU 1), joined by the "nccl" transport.
 //
 // Model: --tensors x [--rows, --cols] FP32 masters (default 8 x 8192 x 16384
