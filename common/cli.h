@@ -27,10 +27,16 @@ struct AbslCliOptions {
   // --help lists the flags defined in files whose path ends with this
   // (e.g. "server/main.cc"); absl's default looks for the binary's name.
   std::string flags_file;
+  // The name of the flag that selects JSON logs ("log_format"; empty: none).
+  // When argv sets it to "json", a bad flag is reported as JSON log lines
+  // (common/log.h, tag "flags") like every later line of the process.
+  std::string log_format_flag;
 };
 
 // absl::ParseCommandLine with the shared --help/--version behaviour; exits
-// the process for --help, --version and bad flags. Returns the positional
+// the process for --help, --version and bad flags (their reason on stderr:
+// text, or JSON lines when options.log_format_flag says json). Returns the
+// positional
 // arguments (argv[0] first).
 std::vector<char*> ParseAbslFlagsOrExit(int argc, char** argv, const AbslCliOptions& options);
 

@@ -8,10 +8,10 @@
 // GRPC_VERBOSITY still filters what gRPC emits), protobuf's "protobuf",
 // Abseil's "absl".
 //
+// Command-line flag errors are JSON lines too (common/cli.h routes them).
 // Not covered: Abseil's ABSL_RAW_LOG, which writes its text to stderr
 // itself (its hooks never see the message; in this Abseil it reports
-// Mutex misuse and fatal errors just before an abort), and command-line
-// flag errors, reported before the log format is known.
+// Mutex misuse and fatal errors just before an abort).
 //
 // Threading: call once from main() after InitLogging, before threads that
 // use gRPC or protobuf start (protobuf's SetLogHandler is not thread-safe).

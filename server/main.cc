@@ -607,7 +607,7 @@ int main(int argc, char** argv) {
        "Alone it starts a single-node setup (coordinator + one daemon on :7070);\n"
        "load a model with --model or `hpctl load`.\n"
        "Usage: hybrid-paramd [--role=both|coordinator|daemon] [--listen=HOST:PORT] [flags]",
-       "server/main.cc"});
+       "server/main.cc", "log_format"});
   // The chosen --log_format from here on (Run() sets the rest), so that
   // even the errors before Run() are JSON lines in JSON mode; an unknown
   // format keeps text, and Run() names the mistake.

@@ -21,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "deploy/process.h"
 #include "grpcpp/grpcpp.h"
@@ -553,6 +554,35 @@ TEST_F(ServerOpsTest, ABadConfigExitsWithFileLineAndColumn) {
   EXPECT_EQ(ExitCode(child), 1);
   const std::string log = ReadFile(Log("bad"));
   EXPECT_TRUE(absl::StrContains(log, "hybrid-paramd: " + config + ":3:")) << log;
+}
+
+// In --log_format=json a bad flag is reported as JSON log lines too (both
+// "--log_format=json" and "--log_format json"), and the process exits 1;
+// in text mode Abseil's own words stay.
+TEST_F(ServerOpsTest, ABadFlagInJsonModeIsAJsonLine) {
+  const std::vector<std::vector<std::string>> json_forms = {
+      {"--log_format=json", "--no_such_flag=1"}, {"--no_such_flag=1", "--log_format", "json"}};
+  for (size_t i = 0; i < json_forms.size(); ++i) {
+    const std::string name = absl::StrCat("badflag", i);
+    const int child = Start(name, json_forms[i], nullptr);
+    EXPECT_EQ(ExitCode(child), 1);
+    const std::string log = ReadFile(Log(name));
+    int lines = 0;
+    bool named = false;
+    for (absl::string_view line : absl::StrSplit(log, '\n', absl::SkipEmpty())) {
+      ++lines;
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      ASSERT_TRUE(j.is_object()) << "not a JSON line: " << line << "\n" << log;
+      EXPECT_EQ(j.value("level", ""), "error") << line;
+      if (absl::StrContains(j.value("msg", ""), "no_such_flag")) named = true;
+    }
+    EXPECT_GT(lines, 0);
+    EXPECT_TRUE(named) << log;
+  }
+  const int text = Start("badflag_text", {"--no_such_flag=1"}, nullptr);
+  EXPECT_EQ(ExitCode(text), 1);
+  const std::string log = ReadFile(Log("badflag_text"));
+  EXPECT_TRUE(absl::StrContains(log, "ERROR: Unknown command line flag 'no_such_flag'")) << log;
 }
 
 }  // namespace

@@ -16,11 +16,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "auth/security.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
+#include "common/log.h"
 #include "common/scoped_device.h"
 #include "common/status_macros.h"
 #include "transport/message_transport.h"
@@ -100,14 +102,14 @@ struct Trace {
   void Print(const char* side, uint64_t xfer, uint64_t total, int parts) const {
     if (!TraceEnabled() || n < 5) return;
     auto us = [&](int i) { return absl::ToDoubleMicroseconds(t[i] - t[0]); };
-    std::fprintf(stderr,
-                 "nccl-trace %s xfer %llu bytes %llu parts %d start %lld: %s %.1f  %s %.1f  "
-                 "enqueued %.1f  done %.1f us\n",
-                 side, static_cast<unsigned long long>(xfer),
-                 static_cast<unsigned long long>(total), parts,
-                 static_cast<long long>(absl::ToUnixMicros(t[0])),
-                 side[0] == 's' ? "header-sent" : "header-in", us(1),
-                 side[0] == 's' ? "cts-in" : "cts-sent", us(2), us(3), us(4));
+    LogInfo("nccl-trace",
+            absl::StrFormat("%s xfer %llu bytes %llu parts %d start %lld: %s %.1f  %s %.1f  "
+                            "enqueued %.1f  done %.1f us",
+                            side, static_cast<unsigned long long>(xfer),
+                            static_cast<unsigned long long>(total), parts,
+                            static_cast<long long>(absl::ToUnixMicros(t[0])),
+                            side[0] == 's' ? "header-sent" : "header-in", us(1),
+                            side[0] == 's' ? "cts-in" : "cts-sent", us(2), us(3), us(4)));
   }
 };
 

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/gpu_status.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "server/grad_norm.h"
 #include "server/gpu_backend/host_copies.h"
@@ -45,7 +46,7 @@ int64_t TestHookFromEnv(const char* name) {
   const char* v = std::getenv(name);
   int64_t value = -1;
   if (v == nullptr || !absl::SimpleAtoi(v, &value)) return -1;
-  std::fprintf(stderr, "gpu backend: test hook %s=%lld\n", name, static_cast<long long>(value));
+  LogWarning("gpu", absl::StrCat("gpu backend: test hook ", name, "=", value));
   return value;
 }
 
@@ -191,8 +192,7 @@ class GpuShardBackend : public ShardBackend {
   ShardSet* host_state() override {
     absl::Status s = DownloadMirror();
     if (!s.ok()) {
-      std::fprintf(stderr, "gpu backend: host state download failed: %s\n",
-                   s.ToString().c_str());
+      LogError("gpu", absl::StrCat("gpu backend: host state download failed: ", s.ToString()));
       return nullptr;
     }
     mirror_dirty_ = true;
@@ -264,8 +264,8 @@ class GpuShardBackend : public ShardBackend {
     if (NcclTransport* nccl = DeviceAllReduceTransport()) {
       if (!logged_device_all_reduce_) {
         logged_device_all_reduce_ = true;
-        std::fprintf(stderr, "gpu backend: amax all-reduce on the device over NCCL (%d daemons)\n",
-                     nccl->world_size());
+        LogInfo("gpu", absl::StrCat("gpu backend: amax all-reduce on the device over NCCL (",
+                                    nccl->world_size(), " daemons)"));
       }
       // The packed device vector all-reduced in place on the store's stream;
       // one wait at the end that watches the NCCL communicators (a dead

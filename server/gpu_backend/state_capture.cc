@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_status.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace paramd {
@@ -165,13 +166,11 @@ absl::Status DeviceSnapshotSpare::ChooseMode() {
     }
   }
   if (use_spare_) {
-    std::fprintf(stderr, "gpu backend: snapshots capture into a %lld MiB device spare\n",
-                 static_cast<long long>(bytes >> 20));
+    LogInfo("gpu", absl::StrCat("gpu backend: snapshots capture into a ", bytes >> 20,
+                                " MiB device spare"));
   } else {
-    std::fprintf(stderr,
-                 "gpu backend: snapshots read the live device buffers (%s); the step after "
-                 "a snapshot waits for its download\n",
-                 why.c_str());
+    LogInfo("gpu", absl::StrCat("gpu backend: snapshots read the live device buffers (", why,
+                                "); the step after a snapshot waits for its download"));
   }
   return absl::OkStatus();
 }
