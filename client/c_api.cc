@@ -424,31 +424,20 @@ absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients,
 }
 
 absl::Status LoadModel(hpd_client* c, const hpd_load_options& o, int64_t* version) {
-  if (o.struct_size < sizeof(hpd_load_options)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_load_options),
-        ": call hpd_load_options_init first"));
-  }
+  ASSIGN_OR_RETURN(const capi::StreamLoadSettings settings, capi::StreamLoadSettingsOf(o));
   if (!Set(o.model)) return absl::InvalidArgumentError("options.model is empty");
-  const absl::Duration timeout =
-      o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::Hours(1);
-  const std::string recipe = o.recipe_text != nullptr ? o.recipe_text : "";
   std::error_code ec;
   const std::string model = std::filesystem::absolute(o.model, ec).string();
   ASSIGN_OR_RETURN(std::vector<std::string> files, client::ModelFiles(model));
   int64_t v = 0;
   if (files.size() == 1 && files[0] == model && !o.stream) {
-    ASSIGN_OR_RETURN(v, c->client->Load(model, recipe, timeout, o.force != 0));
+    ASSIGN_OR_RETURN(v, c->client->Load(model, settings.recipe, settings.timeout,
+                                        settings.replace_model));
   } else {
     ASSIGN_OR_RETURN(std::vector<client::WeightSource> sources, client::WeightSources(files));
-    std::function<void(const client::StreamProgress&)> progress = [](const auto&) {};
-    if (o.progress != nullptr) {
-      progress = [&o](const client::StreamProgress& p) {
-        o.progress(o.progress_arg, p.bytes_sent, p.bytes_total);
-      };
-    }
-    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources, recipe, progress, timeout,
-                                           o.force != 0));
+    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources, settings.recipe,
+                                           settings.progress, settings.timeout,
+                                           settings.replace_model));
   }
   if (version != nullptr) *version = v;
   return absl::OkStatus();
@@ -826,6 +815,35 @@ absl::StatusOr<client::Client*> ClientOf(hpd_client* handle) {
 
 int32_t Call(hpd_status* status, const std::function<absl::Status()>& f) {
   return CApiCall(status, f);
+}
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) { return paramd::ToJson(m); }
+
+absl::Status ReturnString(const std::string& s, char** out) {
+  return paramd::ReturnString(s, out);
+}
+
+absl::StatusOr<StreamLoadSettings> StreamLoadSettingsOf(const hpd_load_options& o) {
+  if (o.struct_size < sizeof(hpd_load_options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_load_options),
+        ": call hpd_load_options_init first"));
+  }
+  StreamLoadSettings settings;
+  settings.timeout = o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::Hours(1);
+  settings.recipe = o.recipe_text != nullptr ? o.recipe_text : "";
+  settings.replace_model = o.force != 0;
+  settings.progress = [](const client::StreamProgress&) {};
+  if (o.progress != nullptr) {
+    // Copies of the caller's function and argument: the settings may
+    // outlive `o`'s reference.
+    const hpd_progress_fn fn = o.progress;
+    void* const arg = o.progress_arg;
+    settings.progress = [fn, arg](const client::StreamProgress& p) {
+      fn(arg, p.bytes_sent, p.bytes_total);
+    };
+  }
+  return settings;
 }
 
 }  // namespace capi

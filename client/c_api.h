@@ -74,7 +74,7 @@ extern "C" {
  * hpd_set_optimizer_schedule; 1002 added hpd_watch_version; 1003 added
  * hpd_push_gradients_ex (HPD_PUSH_PARTIAL), and a push that leaves out
  * tensors without that flag is refused. */
-#define HPD_API_VERSION 1003
+#define HPD_API_VERSION 1004
 
 /* Status codes (gRPC / absl numbering). */
 #define HPD_OK 0
@@ -444,6 +444,93 @@ HPD_EXPORT int32_t hpd_set_optimizer_schedule(hpd_client* client, const char* sc
 HPD_EXPORT int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait,
                             int64_t timeout_ms, int64_t* new_version, hpd_status* status);
 HPD_EXPORT void hpd_free_string(char* s);
+
+/* ---- Models in memory, versions read back, exports and checkpoints ---- */
+
+/* Element types of hpd_host_tensor and hpd_read_options. */
+#define HPD_DTYPE_F32 0
+#define HPD_DTYPE_BF16 1
+
+/* One tensor in the caller's host memory: C-contiguous, little-endian,
+ * `data_bytes` = product(shape) * element size. */
+typedef struct hpd_host_tensor {
+  const char* name;
+  const int64_t* shape;
+  int32_t ndim;
+  int32_t dtype; /* HPD_DTYPE_F32 or HPD_DTYPE_BF16 */
+  const void* data;
+  int64_t data_bytes;
+} hpd_host_tensor;
+
+/* Loads `tensors` as a model (Coordinator.Load of their declarations, then
+ * Daemon.PushWeights of their values, as a streamed hpd_load_model) and
+ * refreshes the manifest; `*version` = 0. `options` as for hpd_load_model
+ * except `model` and `stream`, which are ignored. The buffers are read
+ * during the call only. INVALID_ARGUMENT names a tensor with a bad name,
+ * dtype, shape or byte count, or a name given twice; the rest as
+ * hpd_load_model. */
+HPD_EXPORT int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors,
+                                    int64_t count, const hpd_load_options* options,
+                                    int64_t* version, hpd_status* status);
+
+/* What hpd_read_version and hpd_export read of a version. */
+#define HPD_VALUES_MASTER 0     /* the FP32 masters */
+#define HPD_VALUES_ROWWISE 1    /* the published rowwise copy, dequantized */
+#define HPD_VALUES_COLUMNWISE 2 /* the published columnwise copy, dequantized */
+
+typedef struct hpd_read_options {
+  uint32_t struct_size; /* sizeof(hpd_read_options): set by _init */
+  int64_t version;      /* -1 (default): the committed version */
+  int32_t dtype;        /* HPD_DTYPE_BF16 (default; round to nearest even) or _F32 */
+  int32_t values;       /* HPD_VALUES_MASTER (default) */
+  /* Where the daemons look for a checkpoint of a version they no longer
+   * hold in memory (below their --checkpoint_dir); NULL: that directory. */
+  const char* checkpoint_dir;
+  int64_t timeout_ms; /* of each tensor piece's stream; 0: 10 minutes */
+} hpd_read_options;
+HPD_EXPORT void hpd_read_options_init(hpd_read_options* options);
+
+/* Where hpd_read_version writes one tensor: called once per tensor, in
+ * manifest order, before its bytes are read; returns a buffer of `bytes`
+ * bytes (row-major, `dtype` elements) that stays valid until the call
+ * returns, or NULL to stop the read (CANCELLED). Called on the thread of
+ * hpd_read_version. */
+typedef void* (*hpd_tensor_dest_fn)(void* arg, const char* name, const int64_t* shape,
+                                    int32_t ndim, int32_t dtype, int64_t bytes);
+
+/* Reads every tensor of a committed version from the daemons that hold it
+ * into the buffers `dest` returns; `*version` gets the version read.
+ * FAILED_PRECONDITION when no model is loaded or the version is not
+ * committed; NOT_FOUND when no daemon holds it any more (nor a checkpoint
+ * of it); UNAVAILABLE for a dead daemon. */
+HPD_EXPORT int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
+                                    hpd_tensor_dest_fn dest, void* dest_arg, int64_t* version,
+                                    hpd_status* status);
+
+/* Writes a version as Hugging Face safetensors into `out_dir`, as
+ * `hpctl export` does: shards of at most `max_shard_bytes` (0: 5 GB), an
+ * index written last, files 0600 and directories 0700 (0640 / 0750 with
+ * `group_readable`). `out_dir` must be new or empty unless `overwrite`
+ * (then an older export's files are removed first; other files stay).
+ * `*result_json` (may be NULL; free with hpd_free_string) gets
+ * {"version", "files", "total_bytes", "num_tensors", "removed"}. */
+HPD_EXPORT int32_t hpd_export(hpd_client* client, const char* out_dir,
+                              const hpd_read_options* options, int64_t max_shard_bytes,
+                              int32_t overwrite, int32_t group_readable, char** result_json,
+                              hpd_status* status);
+
+/* The coordinator's checkpoint calls (hpctl checkpoint), request and
+ * response as JSON (proto/checkpoint_service.proto field names):
+ *   "create":   CheckpointRequest {"dir", "version", "keep"} -> CheckpointResponse
+ *   "list":     ListCheckpointsRequest {"dir"} -> ListCheckpointsResponse
+ *   "describe": DescribeCheckpointRequest {"dir", "version", "verify"}
+ *               -> DescribeCheckpointResponse
+ * `request_json` NULL or "" is the empty request. INVALID_ARGUMENT for an
+ * unknown call or a request that does not parse. Free `*response_json`
+ * with hpd_free_string. */
+HPD_EXPORT int32_t hpd_checkpoint_call(hpd_client* client, const char* call,
+                                       const char* request_json, int64_t timeout_ms,
+                                       char** response_json, hpd_status* status);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -462,6 +462,12 @@ std::shared_ptr<grpc::Channel> Client::DaemonChannel(const std::string& address)
   return impl_->DaemonChannel(address);
 }
 
+std::shared_ptr<grpc::Channel> Client::CoordinatorChannel() const {
+  return impl_->coordinator_channel();
+}
+
+const auth::ChannelSecurity& Client::security() const { return impl_->security(); }
+
 FetchStats Client::fetch_stats() const { return impl_->fetch_stats(); }
 
 }  // namespace client

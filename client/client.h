@@ -401,6 +401,12 @@ class Client {
   // The gRPC channel to the daemon at `address` (cached; shared with this
   // client's own calls, so it has the client's channel settings).
   std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& address);
+  // The channel to the coordinator, for its other services (checkpoints);
+  // shared with this client's own calls.
+  std::shared_ptr<grpc::Channel> CoordinatorChannel() const;
+  // The TLS and token settings of this client's channels, for channels it
+  // does not cache (the export streams of client/cluster_admin.h).
+  const auth::ChannelSecurity& security() const;
   // Admin step from `version` (the committed one); with `wait`, returns the
   // newly committed version.
   absl::StatusOr<int64_t> Step(int64_t version, bool wait,

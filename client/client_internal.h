@@ -94,6 +94,9 @@ class Client::Impl {
   absl::StatusOr<int64_t> LoadDeclared(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
       const std::string& recipe, absl::Time deadline, bool replace_model);
+  // Set by Connect, then read-only.
+  std::shared_ptr<grpc::Channel> coordinator_channel() const { return coordinator_channel_; }
+  const auth::ChannelSecurity& security() const { return security_; }
 
  private:
   // One (tensor, direction) of a fetch, resolved against the manifest.

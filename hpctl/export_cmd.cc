@@ -8,17 +8,16 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "checkpoint/export.h"
-#include "checkpoint/remote_export.h"
+#include "checkpoint/export_dir.h"
+#include "client/cluster_admin.h"
 #include "common/file_util.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
-#include "hpctl/export_dir.h"
 #include "hpctl/progress.h"
 
 namespace paramd {
@@ -73,59 +72,27 @@ int RunExport(int argc, char** argv) {
   if (!dtype.ok()) return usage_error(std::string(dtype.status().message()));
   auto shard_bytes = checkpoint::ParseByteSize(max_shard_size);
   if (!shard_bytes.ok()) return usage_error(std::string(shard_bytes.status().message()));
-  checkpoint::RemoteExportOptions remote;
+  client::OpenVersionOptions read;
   if (direction == "master") {
-    remote.values = checkpoint::ExportValuesKind::kMaster;
+    read.values = checkpoint::ExportValuesKind::kMaster;
   } else if (direction == "rowwise") {
-    remote.values = checkpoint::ExportValuesKind::kRowwise;
+    read.values = checkpoint::ExportValuesKind::kRowwise;
   } else if (direction == "columnwise") {
-    remote.values = checkpoint::ExportValuesKind::kColumnwise;
+    read.values = checkpoint::ExportValuesKind::kColumnwise;
   } else {
     return usage_error("--direction must be master, rowwise or columnwise");
   }
+  read.version = version;
+  read.checkpoint_dir = checkpoint_dir;
+  read.timeout = cluster.timeout();
 
-  if (!overwrite) {  // refuse a non-empty --out before any work
-    if (auto empty = PrepareExportDir(out, false); !empty.ok()) {
+  if (!overwrite) {  // refuse a non-empty --out before connecting
+    if (auto empty = checkpoint::PrepareExportDir(out, false); !empty.ok()) {
       return ReportFailure("export", empty.status());
     }
   }
-  auto security = cluster.Security();
-  if (!security.ok()) return ReportFailure("export", security.status());
-  remote.security = *security;
   auto client = cluster.Connect();
   if (!client.ok()) return ReportFailure("export", client.status());
-  auto manifest = (*client)->RefreshManifest(cluster.timeout());
-  if (!manifest.ok()) return ReportFailure("export", manifest.status());
-  if (manifest->committed_version < 0) {
-    return ReportFailure("export", absl::FailedPreconditionError("no model loaded"));
-  }
-  if (version > manifest->committed_version) {
-    return ReportFailure("export", absl::FailedPreconditionError(absl::StrCat(
-                                       "version ", version, " is not committed yet (committed: ",
-                                       manifest->committed_version, ")")));
-  }
-  remote.version = static_cast<uint64_t>(version >= 0 ? version : manifest->committed_version);
-  remote.checkpoint_dir = checkpoint_dir;
-
-  std::vector<checkpoint::ExportTensor> tensors;
-  std::map<std::string, std::vector<checkpoint::RemotePiece>> pieces;
-  for (const client::TensorMeta& tensor : manifest->tensors) {
-    tensors.push_back({tensor.name, tensor.shape, tensor.rows, tensor.cols});
-    for (const client::PieceLocation& piece : tensor.pieces) {
-      pieces[tensor.name].push_back({piece.row_begin, piece.row_end, piece.daemon_address});
-    }
-  }
-  if (overwrite) {
-    // Only now that the cluster answered, right before writing, so that an
-    // export that cannot start leaves the older one in place.
-    auto removed = PrepareExportDir(out, true);
-    if (!removed.ok()) return ReportFailure("export", removed.status());
-    if (!removed->empty()) {
-      std::cerr << "removed " << removed->size() << " file(s) of the older export in " << out
-                << "\n";
-    }
-  }
-  auto source = checkpoint::NewRemoteExportSource(std::move(pieces), remote);
   ProgressBar bar(progress && StderrIsTerminal());
   checkpoint::ExportOptions options;
   options.out_dir = out;
@@ -134,16 +101,21 @@ int RunExport(int argc, char** argv) {
   options.modes = FileModes::ForGroupReadable(group_readable);
   options.progress = [&bar](uint64_t done, uint64_t total) { bar.Update(done, total); };
   const auto start = std::chrono::steady_clock::now();
-  auto result = checkpoint::ExportSafetensors(tensors, *source, options);
+  auto result = client::ExportVersion(**client, read, options, overwrite);
   if (!result.ok()) return ReportFailure("export", result.status());
+  if (!result->removed.empty()) {
+    std::cerr << "removed " << result->removed.size() << " file(s) of the older export in " << out
+              << "\n";
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const checkpoint::ExportResult& files = result->files;
   std::cout << absl::StrFormat(
       "exported version %d (%s, %s): %d tensors, %.1f MB in %d file(s) + index to %s "
       "in %.2f s (%.0f MB/s)\n",
-      remote.version, checkpoint::ExportDtypeName(*dtype), direction, result->num_tensors,
-      result->total_bytes / 1e6, static_cast<int>(result->files.size()) - 1, out, seconds,
-      result->total_bytes / 1e6 / std::max(seconds, 1e-9));
+      result->version, checkpoint::ExportDtypeName(*dtype), direction, files.num_tensors,
+      files.total_bytes / 1e6, static_cast<int>(files.files.size()) - 1, out, seconds,
+      files.total_bytes / 1e6 / std::max(seconds, 1e-9));
   return kExitOk;
 }
 

@@ -1,4 +1,4 @@
-#include "hpctl/export_dir.h"
+#include "checkpoint/export_dir.h"
 
 #include <filesystem>
 #include <fstream>
@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 
 namespace paramd {
-namespace hpctl {
+namespace checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -74,5 +74,5 @@ TEST_F(ExportDirTest, AFileIsNotADirectory) {
 }
 
 }  // namespace
-}  // namespace hpctl
+}  // namespace checkpoint
 }  // namespace paramd

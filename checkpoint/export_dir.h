@@ -1,13 +1,14 @@
-// File: hpctl/export_dir.h
+// File: checkpoint/export_dir.h
 //
-// What `hpctl export` may write into: a new or empty directory, or, with
-// --overwrite, one holding an older export, whose files are removed first
-// so that the result parses as one model (readers take every shard the
-// index names, and some glob *.safetensors).
+// What an export (`hpctl export`, Python's Client.export) may write into:
+// a new or empty directory, or, with overwrite, one holding an older
+// export, whose files are removed first so that the result parses as one
+// model (readers take every shard the index names, and some glob
+// *.safetensors).
 //
 // Not thread-safe against other writers of the directory (nothing is).
-#ifndef PARAMD_HPCTL_EXPORT_DIR_H_
-#define PARAMD_HPCTL_EXPORT_DIR_H_
+#ifndef PARAMD_CHECKPOINT_EXPORT_DIR_H_
+#define PARAMD_CHECKPOINT_EXPORT_DIR_H_
 
 #include <string>
 #include <vector>
@@ -16,7 +17,7 @@
 #include "absl/strings/string_view.h"
 
 namespace paramd {
-namespace hpctl {
+namespace checkpoint {
 
 // Whether `name` is a file an export writes (or a single-file Hugging Face
 // model): model.safetensors.index.json, model-NNNNN-of-NNNNN.safetensors,
@@ -31,7 +32,7 @@ bool IsExportFile(absl::string_view name);
 // exists and is not a directory; the filesystem's error if a removal fails.
 absl::StatusOr<std::vector<std::string>> PrepareExportDir(const std::string& dir, bool overwrite);
 
-}  // namespace hpctl
+}  // namespace checkpoint
 }  // namespace paramd
 
-#endif  // PARAMD_HPCTL_EXPORT_DIR_H_
+#endif  // PARAMD_CHECKPOINT_EXPORT_DIR_H_

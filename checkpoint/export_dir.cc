@@ -1,4 +1,4 @@
-#include "hpctl/export_dir.h"
+#include "checkpoint/export_dir.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -12,7 +12,7 @@
 #include "absl/strings/strip.h"
 
 namespace paramd {
-namespace hpctl {
+namespace checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -81,5 +81,5 @@ absl::StatusOr<std::vector<std::string>> PrepareExportDir(const std::string& dir
   return removed;
 }
 
-}  // namespace hpctl
+}  // namespace checkpoint
 }  // namespace paramd

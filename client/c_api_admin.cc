@@ -1,0 +1,274 @@
+// The C API's models in memory, versions read back, exports and checkpoint
+// calls (client/c_api.h, "Models in memory, ..."), over
+// client/weight_stream.h and client/cluster_admin.h.
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/export.h"
+#include "client/c_api.h"
+#include "client/c_api_internal.h"
+#include "client/cluster_admin.h"
+#include "client/weight_stream.h"
+#include "common/file_util.h"
+#include "common/names.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+
+namespace paramd {
+namespace {
+
+// One caller tensor as a WeightSource that copies out of the caller's
+// buffer (valid for the whole hpd_load_tensors call).
+absl::StatusOr<client::WeightSource> SourceOf(const hpd_host_tensor& t, int64_t index) {
+  if (t.name == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tensors[", index, "].name is NULL"));
+  }
+  const std::string name = t.name;
+  RETURN_IF_ERROR(CheckTensorName(name));
+  const std::string what = absl::StrCat("tensor ", QuoteForError(name));
+  if (t.dtype != HPD_DTYPE_F32 && t.dtype != HPD_DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": dtype ", t.dtype, " is neither HPD_DTYPE_F32 nor HPD_DTYPE_BF16"));
+  }
+  if (t.ndim < 0 || t.ndim > 16 || (t.ndim > 0 && t.shape == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape (ndim ", t.ndim, ")"));
+  }
+  client::WeightSource source;
+  source.name = name;
+  int64_t elements = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0 || (t.shape[d] > 0 && elements > (int64_t{1} << 50) / t.shape[d])) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": bad dimension ", t.shape[d]));
+    }
+    elements *= t.shape[d];
+    source.shape.push_back(t.shape[d]);
+  }
+  const bool bf16 = t.dtype == HPD_DTYPE_BF16;
+  const int64_t bytes = elements * (bf16 ? 2 : 4);
+  if (t.data_bytes != bytes || (bytes > 0 && t.data == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.data_bytes,
+                                                   " bytes given, its shape [",
+                                                   absl::StrJoin(source.shape, ", "), "] needs ",
+                                                   bytes));
+  }
+  source.dtype = bf16 ? client::Gradient::DType::kBf16 : client::Gradient::DType::kFp32;
+  const auto* data = static_cast<const uint8_t*>(t.data);
+  source.read = [data, bytes, what](int64_t offset, absl::Span<uint8_t> out) -> absl::Status {
+    if (offset < 0 || offset + static_cast<int64_t>(out.size()) > bytes) {
+      return absl::InternalError(absl::StrCat(what, ": read past its end"));
+    }
+    std::memcpy(out.data(), data + offset, out.size());
+    return absl::OkStatus();
+  };
+  return source;
+}
+
+absl::Status CheckReadOptions(const hpd_read_options& o) {
+  if (o.struct_size < sizeof(hpd_read_options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_read_options),
+        ": call hpd_read_options_init first"));
+  }
+  if (o.dtype != HPD_DTYPE_F32 && o.dtype != HPD_DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("options.dtype ", o.dtype,
+                                                   " is neither HPD_DTYPE_F32 nor HPD_DTYPE_BF16"));
+  }
+  if (o.values != HPD_VALUES_MASTER && o.values != HPD_VALUES_ROWWISE &&
+      o.values != HPD_VALUES_COLUMNWISE) {
+    return absl::InvalidArgumentError(absl::StrCat("options.values ", o.values, " is unknown"));
+  }
+  return absl::OkStatus();
+}
+
+client::OpenVersionOptions OpenOptionsOf(const hpd_read_options& o) {
+  client::OpenVersionOptions options;
+  options.version = o.version;
+  options.values = o.values == HPD_VALUES_ROWWISE      ? checkpoint::ExportValuesKind::kRowwise
+                   : o.values == HPD_VALUES_COLUMNWISE ? checkpoint::ExportValuesKind::kColumnwise
+                                                       : checkpoint::ExportValuesKind::kMaster;
+  if (o.checkpoint_dir != nullptr) options.checkpoint_dir = o.checkpoint_dir;
+  return options;
+}
+
+checkpoint::ExportDtype ExportDtypeOf(const hpd_read_options& o) {
+  return o.dtype == HPD_DTYPE_F32 ? checkpoint::ExportDtype::kFp32
+                                  : checkpoint::ExportDtype::kBf16;
+}
+
+absl::Status ParseJsonRequest(const char* json, google::protobuf::Message* request) {
+  if (json == nullptr || json[0] == '\0') return absl::OkStatus();
+  const auto s = google::protobuf::util::JsonStringToMessage(json, request);
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_json is not a ", request->GetTypeName(), ": ", s.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Duration TimeoutOr(int64_t ms, absl::Duration otherwise) {
+  return ms > 0 ? absl::Milliseconds(ms) : otherwise;
+}
+
+}  // namespace
+}  // namespace paramd
+
+using paramd::capi::Call;
+using paramd::capi::ClientOf;
+
+extern "C" {
+
+int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int64_t count,
+                         const hpd_load_options* options, int64_t* version,
+                         hpd_status* status) {
+  return Call(status, [&]() -> absl::Status {
+    if (options == nullptr) return absl::InvalidArgumentError("options is NULL");
+    if (count < 0 || (count > 0 && tensors == nullptr)) {
+      return absl::InvalidArgumentError("tensors is NULL or count is negative");
+    }
+    if (count == 0) return absl::InvalidArgumentError("no tensors to load");
+    ASSIGN_OR_RETURN(paramd::client::Client * c, ClientOf(client));
+    ASSIGN_OR_RETURN(const paramd::capi::StreamLoadSettings settings,
+                     paramd::capi::StreamLoadSettingsOf(*options));
+    std::vector<paramd::client::WeightSource> sources;
+    std::set<std::string> names;
+    for (int64_t i = 0; i < count; ++i) {
+      ASSIGN_OR_RETURN(paramd::client::WeightSource source, paramd::SourceOf(tensors[i], i));
+      if (!names.insert(source.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", paramd::QuoteForError(source.name), " is given twice"));
+      }
+      sources.push_back(std::move(source));
+    }
+    ASSIGN_OR_RETURN(const int64_t v,
+                     paramd::client::StreamLoad(*c, sources, settings.recipe, settings.progress,
+                                                settings.timeout, settings.replace_model));
+    if (version != nullptr) *version = v;
+    return absl::OkStatus();
+  });
+}
+
+void hpd_read_options_init(hpd_read_options* options) {
+  if (options == nullptr) return;
+  *options = hpd_read_options{};
+  options->struct_size = sizeof(hpd_read_options);
+  options->version = -1;
+  options->dtype = HPD_DTYPE_BF16;
+  options->values = HPD_VALUES_MASTER;
+}
+
+int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
+                         hpd_tensor_dest_fn dest, void* dest_arg, int64_t* version,
+                         hpd_status* status) {
+  return Call(status, [&]() -> absl::Status {
+    if (options == nullptr) return absl::InvalidArgumentError("options is NULL");
+    if (dest == nullptr) return absl::InvalidArgumentError("dest is NULL");
+    RETURN_IF_ERROR(paramd::CheckReadOptions(*options));
+    ASSIGN_OR_RETURN(paramd::client::Client * c, ClientOf(client));
+    ASSIGN_OR_RETURN(paramd::client::VersionReader reader,
+                     paramd::client::OpenVersion(*c, paramd::OpenOptionsOf(*options)));
+    const paramd::checkpoint::ExportDtype dtype = paramd::ExportDtypeOf(*options);
+    const int64_t element = paramd::checkpoint::ExportDtypeSize(dtype);
+    for (const paramd::checkpoint::ExportTensor& t : reader.tensors) {
+      const int64_t bytes = t.rows * t.cols * element;
+      auto* out = static_cast<uint8_t*>(dest(dest_arg, t.name.c_str(), t.shape.data(),
+                                             static_cast<int32_t>(t.shape.size()),
+                                             options->dtype, bytes));
+      if (out == nullptr) {
+        return absl::CancelledError(
+            absl::StrCat("dest returned no buffer for ", paramd::QuoteForError(t.name)));
+      }
+      int64_t written = 0;
+      RETURN_IF_ERROR(reader.source->StreamTensor(
+          t, dtype, [&](absl::Span<const uint8_t> chunk) -> absl::Status {
+            if (written + static_cast<int64_t>(chunk.size()) > bytes) {
+              return absl::InternalError(absl::StrCat(paramd::QuoteForError(t.name),
+                                                      ": more bytes than its shape holds"));
+            }
+            std::memcpy(out + written, chunk.data(), chunk.size());
+            written += static_cast<int64_t>(chunk.size());
+            return absl::OkStatus();
+          }));
+      if (written != bytes) {
+        return absl::InternalError(absl::StrCat(paramd::QuoteForError(t.name), ": ", written,
+                                                " of ", bytes, " bytes arrived"));
+      }
+    }
+    if (version != nullptr) *version = static_cast<int64_t>(reader.version);
+    return absl::OkStatus();
+  });
+}
+
+int32_t hpd_export(hpd_client* client, const char* out_dir, const hpd_read_options* options,
+                   int64_t max_shard_bytes, int32_t overwrite, int32_t group_readable,
+                   char** result_json, hpd_status* status) {
+  return Call(status, [&]() -> absl::Status {
+    if (result_json != nullptr) *result_json = nullptr;
+    if (out_dir == nullptr || out_dir[0] == '\0') {
+      return absl::InvalidArgumentError("out_dir is empty");
+    }
+    if (options == nullptr) return absl::InvalidArgumentError("options is NULL");
+    if (max_shard_bytes < 0) return absl::InvalidArgumentError("max_shard_bytes is negative");
+    RETURN_IF_ERROR(paramd::CheckReadOptions(*options));
+    ASSIGN_OR_RETURN(paramd::client::Client * c, ClientOf(client));
+    paramd::checkpoint::ExportOptions export_options;
+    export_options.out_dir = out_dir;
+    export_options.dtype = paramd::ExportDtypeOf(*options);
+    if (max_shard_bytes > 0) export_options.max_shard_bytes = static_cast<uint64_t>(max_shard_bytes);
+    export_options.modes = paramd::FileModes::ForGroupReadable(group_readable != 0);
+    ASSIGN_OR_RETURN(const paramd::client::ExportVersionResult result,
+                     paramd::client::ExportVersion(*c, paramd::OpenOptionsOf(*options),
+                                                   export_options, overwrite != 0));
+    if (result_json == nullptr) return absl::OkStatus();
+    const nlohmann::json out = {{"version", result.version},
+                                {"files", result.files.files},
+                                {"total_bytes", result.files.total_bytes},
+                                {"num_tensors", result.files.num_tensors},
+                                {"removed", result.removed}};
+    return paramd::capi::ReturnString(out.dump(), result_json);
+  });
+}
+
+int32_t hpd_checkpoint_call(hpd_client* client, const char* call, const char* request_json,
+                            int64_t timeout_ms, char** response_json, hpd_status* status) {
+  return Call(status, [&]() -> absl::Status {
+    if (response_json != nullptr) *response_json = nullptr;
+    const std::string which = call != nullptr ? call : "";
+    ASSIGN_OR_RETURN(paramd::client::Client * c, ClientOf(client));
+    std::string out;
+    if (which == "create") {
+      paramd::checkpoint::CheckpointRequest request;
+      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
+      ASSIGN_OR_RETURN(const auto response,
+                       paramd::client::Checkpoint(*c, request,
+                                                  paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
+      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+    } else if (which == "list") {
+      paramd::checkpoint::ListCheckpointsRequest request;
+      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
+      ASSIGN_OR_RETURN(const auto response,
+                       paramd::client::ListCheckpoints(
+                           *c, request, paramd::TimeoutOr(timeout_ms, absl::Seconds(30))));
+      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+    } else if (which == "describe") {
+      paramd::checkpoint::DescribeCheckpointRequest request;
+      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
+      ASSIGN_OR_RETURN(const auto response,
+                       paramd::client::DescribeCheckpoint(
+                           *c, request, paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
+      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown checkpoint call ", paramd::QuoteForError(which),
+                       ": expected create, list or describe"));
+    }
+    if (response_json == nullptr) return absl::OkStatus();
+    return paramd::capi::ReturnString(out, response_json);
+  });
+}
+
+}  // extern "C"
