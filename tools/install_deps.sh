@@ -28,12 +28,14 @@ PACKAGES=(
   libclang-rt-14-dev
   python3
 )
-# What the tests need besides: the Python client's, and the deploy kit's
+# What the tests need besides: the Python client's (python3-venv: the
+# wheel's install test), and the deploy kit's
 # checks (python3-yaml for the Kubernetes manifests, systemd-analyze,
 # a single-node Slurm, promtool for the Prometheus alert rules).
 TEST_PACKAGES=(
   python3-numpy
   python3-torch
+  python3-venv
   python3-grpcio
   python3-protobuf
   python3-yaml

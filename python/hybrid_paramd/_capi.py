@@ -1,9 +1,13 @@
 """ctypes bindings of client/c_api.h (libhybrid_paramd.so).
 
-How the library is found (first that exists):
-  1. $HYBRID_PARAMD_LIB (the path of the .so);
-  2. libhybrid_paramd.so next to this file (an installed package);
-  3. bazel-bin/client/libhybrid_paramd.so of the source tree this package
+How the library is found:
+  1. $HYBRID_PARAMD_LIB (the path of the .so) when set: that file or an
+     error, never another;
+  else the first that exists of
+  2. _lib/libhybrid_paramd.so in this package (the wheel of
+     `bazel build //python:wheel`, python/build_wheel.py);
+  3. libhybrid_paramd.so next to this file (a copy of the package);
+  4. bazel-bin/client/libhybrid_paramd.so of the source tree this package
      sits in (python/hybrid_paramd -> ../../bazel-bin), after
      `bazel build //client:libhybrid_paramd.so`.
 The library is loaded RTLD_LOCAL and exports only the hpd_* functions.
@@ -191,14 +195,15 @@ _lib_lock = threading.Lock()
 
 def library_candidates():
     """The paths tried, in order (see the module docstring)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = []
     env = os.environ.get("HYBRID_PARAMD_LIB")
     if env:
-        out.append(env)
-    out.append(os.path.join(here, "libhybrid_paramd.so"))
-    out.append(os.path.join(here, "..", "..", "bazel-bin", "client", "libhybrid_paramd.so"))
-    return out
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        os.path.join(here, "_lib", "libhybrid_paramd.so"),
+        os.path.join(here, "libhybrid_paramd.so"),
+        os.path.join(here, "..", "..", "bazel-bin", "client", "libhybrid_paramd.so"),
+    ]
 
 
 def lib():
@@ -211,11 +216,15 @@ def lib():
             return _lib
         tried = library_candidates()
         path = next((p for p in tried if os.path.exists(p)), None)
+        if path is None and os.environ.get("HYBRID_PARAMD_LIB"):
+            raise OSError("libhybrid_paramd.so not found at $HYBRID_PARAMD_LIB=%s; unset it "
+                          "to use the package's own library" % tried[0])
         if path is None:
             raise OSError(
                 "libhybrid_paramd.so not found; tried " + ", ".join(tried) +
-                ". Build it with `bazel build //client:libhybrid_paramd.so` or set "
-                "HYBRID_PARAMD_LIB to its path")
+                ". Install the wheel (`bazel build //python:wheel`), build the library "
+                "(`bazel build //client:libhybrid_paramd.so`) or set HYBRID_PARAMD_LIB to "
+                "its path")
         l = ctypes.CDLL(os.path.abspath(path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         for name, (restype, argtypes) in _SIGNATURES.items():
             f = getattr(l, name)
