@@ -37,7 +37,7 @@ void ClusterOptions::AddTo(OptionParser& opts) {
   opts.AddDouble("timeout", &timeout_seconds_, "seconds to wait for the cluster");
   opts.AddString("tls_ca", &tls_.ca,
                  "PEM CA that signed the servers' certificates: talk TLS (docs/SECURITY.md); "
-                 "default $HPCTL_TLS_CA");
+                 "default $HPCTL_TLS_CA (--tls_ca= talks plaintext despite it)");
   opts.AddString("tls_cert", &tls_.cert, "PEM client certificate (servers requiring mutual TLS)");
   opts.AddString("tls_key", &tls_.key, "PEM private key of --tls_cert");
   opts.AddString("tls_server_name", &tls_.server_name,

@@ -31,7 +31,8 @@ class ClusterOptions {
   // Adds --address, --timeout and the security options to `opts`; the
   // values are read after opts.Parse(). Defaults of --address, --tls_ca and
   // --auth_token_file come from $HPCTL_ADDRESS (else $PARAMD_COORDINATOR),
-  // $HPCTL_TLS_CA and $HPCTL_TOKEN_FILE.
+  // $HPCTL_TLS_CA and $HPCTL_TOKEN_FILE; a flag given wins, even empty
+  // (`--tls_ca=`: plaintext whatever $HPCTL_TLS_CA says).
   void AddTo(OptionParser& opts);
 
   absl::Duration timeout() const { return absl::Seconds(timeout_seconds_); }

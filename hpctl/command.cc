@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -92,113 +95,141 @@ int HpctlMain(int argc, char** argv, std::ostream& out, std::ostream& err) {
 // ---------------------------------------------------------------------------
 // OptionParser
 
+namespace {
+
+bool ParseValue(absl::string_view text, int64_t* value) { return absl::SimpleAtoi(text, value); }
+bool ParseValue(absl::string_view text, double* value) { return absl::SimpleAtod(text, value); }
+bool ParseValue(absl::string_view text, bool* value) { return absl::SimpleAtob(text, value); }
+
+// The check of a T option's values, run by CLI11 on every value given
+// (CLI::Validator: "" accepts the value, other text is the error, which
+// CLI11 prefixes with the option's name). absl's parsers, so an integer is
+// decimal and range-checked: CLI11's own conversion reads "010" as octal
+// and saturates out-of-range values.
+template <typename T>
+CLI::Validator ValueCheck(const char* wants) {
+  return CLI::Validator(
+      [wants](std::string& text) -> std::string {
+        T parsed;
+        if (ParseValue(text, &parsed)) return "";
+        return absl::StrCat("wants ", wants, ", got '", text, "'");
+      },
+      "");
+}
+
+// An option with one value; `assign` stores the last one given (already
+// checked, so it does not fail; if it did, CLI11 would report the option).
+CLI::Option* AddValueOption(CLI::App& app, const std::string& name, std::string help,
+                            const char* type_name, std::function<bool(const std::string&)> assign) {
+  return app
+      .add_option(
+          "--" + name,
+          [assign = std::move(assign)](const CLI::results_t& results) {
+            return assign(results.back());
+          },
+          std::move(help))
+      ->type_name(type_name)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+template <typename T>
+void AddNumberOption(CLI::App& app, const std::string& name, T* value, std::string help,
+                     const char* type_name, const char* wants) {
+  AddValueOption(app, name, std::move(help), type_name,
+                 [value](const std::string& text) { return ParseValue(text, value); })
+      ->check(ValueCheck<T>(wants))
+      ->default_str(absl::StrCat(*value));
+}
+
+}  // namespace
+
 OptionParser::OptionParser(std::string synopsis, std::string description)
-    : synopsis_(std::move(synopsis)), description_(std::move(description)) {}
+    : synopsis_(std::move(synopsis)),
+      description_(std::move(description)),
+      app_(std::make_unique<CLI::App>(description_)) {
+  app_->set_help_flag("-h,--help", "this text");
+  // Everything that is not an option, exactly as typed: CLI11's usual
+  // list positional (allow_extra_args) would read "[a,b]" as two values, so
+  // this one instead expects as many single values as CLI11 allows.
+  app_->add_option("POSITIONAL",
+                   [this](const CLI::results_t& results) {
+                     positional_ = results;
+                     return true;
+                   })
+      ->expected(CLI::detail::expected_max_vector_size, CLI::detail::expected_max_vector_size)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+}
+
+OptionParser::~OptionParser() = default;
 
 void OptionParser::AddString(const std::string& name, std::string* value, std::string help) {
-  options_.push_back({name, Kind::kString, value, std::move(help),
-                      value->empty() ? "" : absl::StrCat("\"", *value, "\"")});
+  AddValueOption(*app_, name, std::move(help), "TEXT", [value](const std::string& text) {
+    *value = text;
+    return true;
+  })->default_str(*value);
 }
 
 void OptionParser::AddInt(const std::string& name, int64_t* value, std::string help) {
-  options_.push_back({name, Kind::kInt, value, std::move(help), absl::StrCat(*value)});
+  AddNumberOption(*app_, name, value, std::move(help), "INT", "a 64-bit integer");
 }
 
 void OptionParser::AddDouble(const std::string& name, double* value, std::string help) {
-  options_.push_back({name, Kind::kDouble, value, std::move(help), absl::StrCat(*value)});
+  AddNumberOption(*app_, name, value, std::move(help), "NUMBER", "a number");
 }
 
 void OptionParser::AddBool(const std::string& name, bool* value, std::string help) {
-  options_.push_back({name, Kind::kBool, value, std::move(help), *value ? "true" : "false"});
-}
-
-const OptionParser::Option* OptionParser::Find(absl::string_view name) const {
-  for (const Option& option : options_) {
-    if (option.name == name) return &option;
-  }
-  return nullptr;
-}
-
-absl::Status OptionParser::Assign(const Option& option, absl::string_view text) {
-  switch (option.kind) {
-    case Kind::kString:
-      *static_cast<std::string*>(option.value) = std::string(text);
-      return absl::OkStatus();
-    case Kind::kInt:
-      if (!absl::SimpleAtoi(text, static_cast<int64_t*>(option.value))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", option.name, " wants an integer, got '", text, "'"));
-      }
-      return absl::OkStatus();
-    case Kind::kDouble:
-      if (!absl::SimpleAtod(text, static_cast<double*>(option.value))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", option.name, " wants a number, got '", text, "'"));
-      }
-      return absl::OkStatus();
-    case Kind::kBool:
-      if (!absl::SimpleAtob(text, static_cast<bool*>(option.value))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", option.name, " wants true or false, got '", text, "'"));
-      }
-      return absl::OkStatus();
-  }
-  return absl::InternalError("unreachable option kind");
+  // "!--noNAME" is CLI11's negated flag. CLI11 converts the value (its
+  // boolean words include every one SimpleAtob accepts).
+  app_->add_flag(absl::StrCat("--", name, ",!--no", name), *value, std::move(help))
+      ->check(ValueCheck<bool>("true or false"))
+      ->default_str(*value ? "true" : "false");
 }
 
 absl::Status OptionParser::Parse(int argc, char** argv) {
   positional_.clear();
   help_requested_ = false;
-  bool options_ended = false;
+  // CLI::App::parse takes the arguments in reverse order. Two adjustments
+  // on the way, for CLI11 2.1: it reads `--name=` as `--name` and takes the
+  // *next* argument as the value, so an empty value given with `=` is passed
+  // as `--name ""`; and it would read `--noflag=false` as false (the value
+  // replaces the negation), so a value after --noflag is refused. Scanning
+  // stops at `--`, and skips the argument after an option that takes a
+  // value (that argument is the value, whatever it looks like).
+  std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
-    absl::string_view arg = argv[i];
-    if (options_ended || arg.size() < 2 || arg[0] != '-') {
-      positional_.emplace_back(arg);
-      continue;
-    }
+    const absl::string_view arg = argv[i];
     if (arg == "--") {
-      options_ended = true;
+      args.insert(args.end(), argv + i, argv + argc);
+      break;
+    }
+    args.emplace_back(arg);
+    if (!absl::StartsWith(arg, "--")) continue;
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(2, eq == absl::string_view::npos ? eq : eq - 2));
+    const CLI::Option* option = app_->get_option_no_throw("--" + name);
+    if (option == nullptr) continue;        // CLI11 reports it
+    if (option->get_expected_min() == 0) {  // a flag
+      if (eq != absl::string_view::npos && option->check_fname(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " takes no value (use ", option->get_name(), "=true|false)"));
+      }
       continue;
     }
-    if (arg == "--help" || arg == "-h") {
-      help_requested_ = true;
-      continue;
+    if (eq == arg.size() - 1) {
+      args.back().pop_back();
+      args.emplace_back();
+    } else if (eq == absl::string_view::npos && i + 1 < argc) {
+      args.emplace_back(argv[++i]);
     }
-    if (arg.substr(0, 2) != "--") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown option '", arg, "' (options are spelled --name)"));
-    }
-    absl::string_view body = arg.substr(2);
-    absl::string_view name = body;
-    absl::string_view value;
-    bool has_value = false;
-    if (size_t eq = body.find('='); eq != absl::string_view::npos) {
-      name = body.substr(0, eq);
-      value = body.substr(eq + 1);
-      has_value = true;
-    }
-    const Option* option = Find(name);
-    if (option == nullptr && !has_value && name.substr(0, 2) == "no") {
-      const Option* negated = Find(name.substr(2));
-      if (negated != nullptr && negated->kind == Kind::kBool) {
-        *static_cast<bool*>(negated->value) = false;
-        continue;
-      }
-    }
-    if (option == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown option '--", name, "'"));
-    }
-    if (!has_value) {
-      if (option->kind == Kind::kBool) {
-        *static_cast<bool*>(option->value) = true;
-        continue;
-      }
-      if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("option '--", name, "' needs a value"));
-      }
-      value = argv[++i];
-    }
-    if (absl::Status status = Assign(*option, value); !status.ok()) return status;
+  }
+  std::reverse(args.begin(), args.end());
+  try {
+    app_->parse(args);
+  } catch (const CLI::CallForHelp&) {
+    help_requested_ = true;
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
   }
   return absl::OkStatus();
 }
@@ -217,23 +248,35 @@ int OptionParser::ParseOrExit(int argc, char** argv) {
   return -1;
 }
 
+// The option table from CLI11's record of the options, in the layout hpctl
+// has always printed: `  --name  help (default: value)`, --help last.
 std::string OptionParser::Usage() const {
   std::string usage = absl::StrCat("Usage: ", synopsis_, "\n");
   if (!description_.empty()) absl::StrAppend(&usage, "\n", description_, "\n");
-  if (options_.empty()) return usage;
+  const CLI::App& app = *app_;
+  const CLI::Option* help = app.get_help_ptr();
+  std::vector<const CLI::Option*> options = app.get_options(
+      [help](const CLI::Option* option) { return option->nonpositional() && option != help; });
+  if (options.empty()) return usage;
   absl::StrAppend(&usage, "\nOptions:\n");
   size_t width = 4;  // "help"
-  for (const Option& option : options_) width = std::max(width, option.name.size());
-  for (const Option& option : options_) {
-    absl::StrAppend(
-        &usage, absl::StrFormat("  --%-*s  %s", static_cast<int>(width), option.name, option.help));
-    if (!option.default_text.empty()) {
-      absl::StrAppend(&usage, " (default: ", option.default_text, ")");
+  for (const CLI::Option* option : options) {
+    width = std::max(width, option->get_lnames().front().size());
+  }
+  for (const CLI::Option* option : options) {
+    absl::StrAppend(&usage,
+                    absl::StrFormat("  --%-*s  %s", static_cast<int>(width),
+                                    option->get_lnames().front(), option->get_description()));
+    const std::string& default_value = option->get_default_str();
+    if (!default_value.empty()) {
+      const bool text = option->get_type_name() == "TEXT";
+      absl::StrAppend(&usage, " (default: ", text ? "\"" : "", default_value, text ? "\"" : "",
+                      ")");
     }
     absl::StrAppend(&usage, "\n");
   }
-  absl::StrAppend(&usage,
-                  absl::StrFormat("  --%-*s  this text\n", static_cast<int>(width), "help"));
+  absl::StrAppend(&usage, absl::StrFormat("  --%-*s  %s\n", static_cast<int>(width), "help",
+                                          help->get_description()));
   return usage;
 }
 

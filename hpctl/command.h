@@ -1,7 +1,11 @@
 // File: hpctl/command.h
 //
-// The subcommand registry of `hpctl`, the operator command-line tool, and a
-// small per-command option parser.
+// The subcommand registry of `hpctl`, the operator command-line tool, and
+// OptionParser, each command's option parser. OptionParser is a thin layer
+// over CLI11 (CLI::App, Debian's libcli11-dev): option syntax, errors and
+// the option table come from a maintained, widely used library instead of
+// a hand-written parser; the layer keeps hpctl's conventions (below) and
+// keeps CLI11 out of the command files.
 //
 // ---------------------------------------------------------------------------
 // Adding a command (e.g. `hpctl status`)
@@ -54,12 +58,17 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "common/names.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
 
 namespace paramd {
 namespace hpctl {
@@ -103,15 +112,20 @@ const Command* FindCommand(absl::string_view name);
 int HpctlMain(int argc, char** argv, std::ostream& out, std::ostream& err);
 
 // ---------------------------------------------------------------------------
-// OptionParser: `--name=value`, `--name value`, `--flag`, `--noflag`,
-// `--flag=true|false`; `--` ends options; everything else is positional.
-// `--help` / `-h` request the usage text.
+// OptionParser (on CLI11): `--name=value`, `--name value`, `--name=` (an
+// empty value), `--flag`, `--noflag`, `--flag=true|false` (also t/f, yes/no,
+// y/n, 1/0); `--` ends options; everything else is positional, kept exactly
+// as typed. A repeated option takes its last value. `--help` / `-h` request
+// the usage text. Integers are decimal and must fit 64 bits.
 // ---------------------------------------------------------------------------
 class OptionParser {
  public:
   // `synopsis` is the first usage line ("hpctl inspect MODEL [--recipe R]"),
   // `description` a paragraph printed under it.
   OptionParser(std::string synopsis, std::string description);
+  ~OptionParser();
+  OptionParser(const OptionParser&) = delete;
+  OptionParser& operator=(const OptionParser&) = delete;
 
   // Each Add* binds `name` to `*value`, which keeps its current value as
   // the default (shown in the usage). `value` must outlive Parse().
@@ -134,20 +148,9 @@ class OptionParser {
   std::string Usage() const;
 
  private:
-  enum class Kind { kString, kInt, kDouble, kBool };
-  struct Option {
-    std::string name;
-    Kind kind;
-    void* value;
-    std::string help;
-    std::string default_text;
-  };
-  const Option* Find(absl::string_view name) const;
-  absl::Status Assign(const Option& option, absl::string_view text);
-
   std::string synopsis_;
   std::string description_;
-  std::vector<Option> options_;
+  std::unique_ptr<CLI::App> app_;  // owns the options
   std::vector<std::string> positional_;
   bool help_requested_ = false;
 };

@@ -91,6 +91,11 @@ std::vector<char*> Argv(std::vector<std::string>& words) {
   return argv;
 }
 
+absl::Status ParseWords(OptionParser& p, std::vector<std::string> words) {
+  std::vector<char*> argv = Argv(words);
+  return p.Parse(static_cast<int>(argv.size()), argv.data());
+}
+
 TEST(OptionParser, ParsesAllKindsAndPositionals) {
   std::string out = "default.safetensors";
   int64_t seed = 1;
@@ -126,19 +131,122 @@ TEST(OptionParser, ErrorsNameTheOption) {
     std::string expected;
   };
   std::vector<Case> cases = {
-      {{"x", "--seed=abc"}, "--seed wants an integer, got 'abc'"},
-      {{"x", "--seed"}, "option '--seed' needs a value"},
-      {{"x", "--what"}, "unknown option '--what'"},
-      {{"x", "-q"}, "unknown option '-q'"},
-      {{"x", "--all=maybe"}, "--all wants true or false"},
+      {{"x", "--seed=abc"}, "--seed: wants a 64-bit integer, got 'abc'"},
+      {{"x", "--seed="}, "--seed: wants a 64-bit integer, got ''"},
+      {{"x", "--seed", "0x10"}, "--seed: wants a 64-bit integer, got '0x10'"},
+      {{"x", "--seed=99999999999999999999"},
+       "--seed: wants a 64-bit integer, got '99999999999999999999'"},
+      {{"x", "--seed=abc", "--seed=2"}, "--seed: wants a 64-bit integer, got 'abc'"},
+      {{"x", "--seed"}, "--seed: 1 required INT missing"},
+      {{"x", "--what"}, "The following argument was not expected: --what"},
+      {{"x", "--what=1"}, "The following argument was not expected: --what=1"},
+      {{"x", "-q"}, "The following argument was not expected: -q"},
+      {{"x", "--all=maybe"}, "--all: wants true or false, got 'maybe'"},
+      {{"x", "--noall=false"}, "--noall takes no value (use --all=true|false)"},
   };
   for (Case& c : cases) {
-    std::vector<char*> argv = Argv(c.words);
-    absl::Status status = p.Parse(static_cast<int>(argv.size()), argv.data());
+    absl::Status status = ParseWords(p, c.words);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(status.message()).find(c.expected), std::string::npos)
         << status.message();
   }
+}
+
+TEST(OptionParser, EmptyValueWithEqualsIsAValue) {
+  std::string ca = "from-environment.pem", out = "x";
+  OptionParser p("hpctl x", "");
+  p.AddString("tls_ca", &ca, "ca");
+  p.AddString("out", &out, "out");
+  ASSERT_TRUE(ParseWords(p, {"x", "--tls_ca=", "--out", "o", "model"}).ok());
+  EXPECT_EQ(ca, "");  // not "--out": the next argument is not taken as the value
+  EXPECT_EQ(out, "o");
+  EXPECT_EQ(p.positional(), (std::vector<std::string>{"model"}));
+
+  ca = "again.pem";
+  ASSERT_TRUE(ParseWords(p, {"x", "--tls_ca", ""}).ok());
+  EXPECT_EQ(ca, "");
+  EXPECT_TRUE(p.positional().empty());
+}
+
+TEST(OptionParser, ValuesAreTakenAsTyped) {
+  std::string out, filter;
+  int64_t seed = 1, version = 0;
+  OptionParser p("hpctl x", "");
+  p.AddString("out", &out, "output");
+  p.AddString("filter", &filter, "regex");
+  p.AddInt("seed", &seed, "seed");
+  p.AddInt("version", &version, "version");
+  // The argument after an option that takes a value is its value, whatever
+  // it looks like; "010" is ten (decimal, not octal).
+  ASSERT_TRUE(ParseWords(p, {"x", "--out", "--", "--filter", "--seed=", "--seed", "010", "[a,b]",
+                             "-", "-5", "{}", "--version", "-1"})
+                  .ok());
+  EXPECT_EQ(out, "--");
+  EXPECT_EQ(filter, "--seed=");
+  EXPECT_EQ(seed, 10);
+  EXPECT_EQ(version, -1);
+  EXPECT_EQ(p.positional(), (std::vector<std::string>{"[a,b]", "-", "-5", "{}"}));
+}
+
+TEST(OptionParser, LastValueWinsAndFlagsTakeWords) {
+  int64_t seed = 1;
+  bool all = false, wait = true;
+  OptionParser p("hpctl x", "");
+  p.AddInt("seed", &seed, "seed");
+  p.AddBool("all", &all, "all");
+  p.AddBool("wait", &wait, "wait");
+  struct Case {
+    std::vector<std::string> words;
+    int64_t seed;
+    bool all, wait;
+  };
+  std::vector<Case> cases = {
+      {{"x", "--seed=2", "--seed", "3", "--all", "--noall"}, 3, false, true},
+      {{"x", "--noall", "--all", "--nowait"}, 1, true, false},
+      {{"x", "--all", "--all=false", "--wait=no"}, 1, false, false},
+      {{"x", "--all=T", "--wait=0"}, 1, true, false},
+      {{"x", "--all=y", "--nowait", "--wait=YES"}, 1, true, true},
+  };
+  for (Case& c : cases) {
+    seed = 1;
+    all = false;
+    wait = true;
+    ASSERT_TRUE(ParseWords(p, c.words).ok()) << c.words[1];
+    EXPECT_EQ(seed, c.seed) << c.words[1];
+    EXPECT_EQ(all, c.all) << c.words[1];
+    EXPECT_EQ(wait, c.wait) << c.words[1];
+  }
+}
+
+TEST(OptionParser, HelpIsRequestedAndPositionalsReset) {
+  std::string name;
+  OptionParser p("hpctl x", "");
+  p.AddString("name", &name, "a name");
+  ASSERT_TRUE(ParseWords(p, {"x", "a", "-h"}).ok());
+  EXPECT_TRUE(p.help_requested());
+  ASSERT_TRUE(ParseWords(p, {"x", "--name=n"}).ok());
+  EXPECT_FALSE(p.help_requested());
+  EXPECT_TRUE(p.positional().empty());
+  EXPECT_EQ(name, "n");
+}
+
+TEST(OptionParser, ParseOrExitReportsTheErrorAndUsageOnStderr) {
+  int64_t seed = 1;
+  OptionParser p("hpctl x [--seed N]", "");
+  p.AddInt("seed", &seed, "seed");
+  std::vector<std::string> words = {"x", "--seed=abc"};
+  std::vector<char*> argv = Argv(words);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(p.ParseOrExit(static_cast<int>(argv.size()), argv.data()), kExitUsage);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(
+      err.find("hpctl x: --seed: wants a 64-bit integer, got 'abc'\n\nUsage: hpctl x [--seed N]"),
+      0u)
+      << err;
+  words = {"x", "--seed=4"};
+  argv = Argv(words);
+  EXPECT_EQ(p.ParseOrExit(static_cast<int>(argv.size()), argv.data()), -1);
+  EXPECT_EQ(seed, 4);
 }
 
 TEST(OptionParser, UsageShowsDefaultsAndHelp) {
@@ -147,12 +255,21 @@ TEST(OptionParser, UsageShowsDefaultsAndHelp) {
   OptionParser p("hpctl gen --out FILE", "Writes a model.");
   p.AddString("out", &out, "output file");
   p.AddInt("seed", &seed, "random seed");
+  std::string empty;
+  double ratio = 0.5;
+  bool wait = true;
+  p.AddString("tag", &empty, "tag");
+  p.AddDouble("ratio", &ratio, "ratio");
+  p.AddBool("wait", &wait, "wait");
   std::string usage = p.Usage();
   EXPECT_NE(usage.find("Usage: hpctl gen --out FILE"), std::string::npos);
-  EXPECT_NE(usage.find("--out   output file (default: \"m.safetensors\")"), std::string::npos)
+  EXPECT_NE(usage.find("--out    output file (default: \"m.safetensors\")"), std::string::npos)
       << usage;
-  EXPECT_NE(usage.find("--seed  random seed (default: 3)"), std::string::npos) << usage;
-  EXPECT_NE(usage.find("--help  this text"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("--seed   random seed (default: 3)"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("--tag    tag\n"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("--ratio  ratio (default: 0.5)"), std::string::npos) << usage;
+  EXPECT_NE(usage.find("--wait   wait (default: true)\n  --help   this text\n"), std::string::npos)
+      << usage;
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ PACKAGES=(
   libcivetweb-dev
   libspdlog-dev
   libre2-dev
+  libcli11-dev
   clang
   libfuzzer-14-dev
   libclang-rt-14-dev
