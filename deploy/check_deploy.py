@@ -140,20 +140,46 @@ def check_secured(values, where, network):
         problem(where, f"no --auth_token_file: anyone on {network} may call every RPC")
 
 
+def unit_directives(text):
+    """The KEY=VALUE lines of a systemd unit as (key, value, line number),
+    backslash continuations joined (the number is the first line's);
+    comments and section headers skipped."""
+    directives = []
+    lines = text.split("\n")
+    n = 0
+    while n < len(lines):
+        start, line = n + 1, lines[n]
+        while line.endswith("\\") and n + 1 < len(lines):
+            n += 1
+            line = line[:-1] + " " + lines[n].strip()
+        n += 1
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;[" or "=" not in stripped:
+            continue
+        key, _, value = stripped.partition("=")
+        directives.append((key.strip(), value.strip(), start))
+    return directives
+
+
+def unit_credentials(directives):
+    """LoadCredential=NAME:PATH directives: NAME -> PATH."""
+    return dict(v.split(":", 1) for k, v, _ in directives
+                if k in ("LoadCredential", "LoadCredentialEncrypted") and ":" in v)
+
+
 def check_systemd(binary, directory):
     flags = known_flags(binary)
     unit_path = os.path.join(directory, "hybrid-paramd@.service")
     unit = open(unit_path).read()
-    joined = unit.replace("\\\n", " ")
-    m = re.search(r"^ExecStart=(.*)$", joined, re.M)
-    if not m:
+    directives = unit_directives(unit)
+    exec_start = [v for k, v, _ in directives if k == "ExecStart"]
+    if not exec_start:
         problem(unit_path, "no ExecStart")
         return
-    words = shlex.split(m.group(1))
+    words = shlex.split(exec_start[0])
     exec_binary, exec_args = words[0], words[1:]
-    dynamic_user = re.search(r"^DynamicUser=(yes|true|on|1)\s*$", unit, re.M) is not None
-    credentials = dict(re.findall(r"^(?:LoadCredential|LoadCredentialEncrypted)=([^:\s]+):(\S+)\s*$",
-                                  unit, re.M))
+    dynamic_user = any(k == "DynamicUser" and v in ("yes", "true", "on", "1") for k, v, _ in directives)
+    credentials = unit_credentials(directives)
     instances = sorted(f[: -len(".flags")] for f in os.listdir(directory) if f.endswith(".flags"))
     if not instances:
         problem(directory, "no example .flags files")
@@ -581,26 +607,85 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def command_lines(text, prefix):
+    """(line number, words) of every command in `text` that starts with
+    `prefix` (shell lines or Dockerfile comments, with backslash
+    continuations; the number is the command's first line)."""
+    found = []
+    lines = text.split("\n")
+    n = 0
+    while n < len(lines):
+        start, line = n + 1, lines[n].strip().lstrip("#").strip()
+        while line.endswith("\\") and n + 1 < len(lines):
+            n += 1
+            line = line[:-1] + " " + lines[n].strip().lstrip("#").strip()
+        n += 1
+        if line.startswith(prefix + " "):
+            found.append((start, shlex.split(line, comments=True)))
+    return found
+
+
+# `docker run` options that take a value (the ones the kit's lines use).
+DOCKER_RUN_VALUE_OPTIONS = ("-p", "--publish", "-v", "--volume", "-u", "--user", "-e", "--env",
+                            "--name", "--gpus", "--network", "-w", "--workdir")
+
+
+def docker_run(words, image="hybrid-paramd"):
+    """A `docker run [OPTIONS] IMAGE ARGS` command: ({option: [values]},
+    ARGS), or None if `image` is not its image."""
+    options = {}
+    i = 2
+    while i < len(words):
+        w = words[i]
+        if not w.startswith("-"):
+            break
+        name, eq, value = w.partition("=")
+        if not eq and name in DOCKER_RUN_VALUE_OPTIONS and i + 1 < len(words):
+            i += 1
+            value = words[i]
+        options.setdefault(name, []).append(value if (eq or name in DOCKER_RUN_VALUE_OPTIONS) else None)
+        i += 1
+    if i >= len(words) or words[i] != image:
+        return None
+    return options, words[i + 1:]
+
+
 def docker_run_args(text):
     """The hybrid-paramd arguments of every `docker run ... hybrid-paramd
-    ARGS` line in `text` (shell lines or Dockerfile comments, with
-    backslash continuations)."""
-    text = re.sub(r"\\\n[ \t]*(#[ \t]*)?", " ", text)
-    runs = []
-    for line in text.splitlines():
-        line = line.strip().lstrip("#").strip()
-        if not line.startswith("docker run "):
-            continue
-        words = shlex.split(line)
-        if "hybrid-paramd" in words:
-            runs.append(words[words.index("hybrid-paramd") + 1:])
-    return runs
+    ARGS` line in `text`."""
+    runs = [docker_run(words) for _, words in command_lines(text, "docker run")]
+    return [run[1] for run in runs if run]
+
+
+def docker_volumes(options, pwd):
+    """The bind mounts of `docker run` options as (container path, host
+    path), "$PWD" being `pwd`; a missing host directory is created, as
+    docker does."""
+    volumes = []
+    for spec in options.get("-v", []) + options.get("--volume", []):
+        source, target = spec.split(":")[:2]
+        source = source.replace("$PWD", pwd).replace("${PWD}", pwd)
+        os.makedirs(source, exist_ok=True)
+        volumes.append((target.rstrip("/"), source))
+    return volumes
+
+
+def in_volumes(arg, volumes):
+    """`arg` (a path or --flag=PATH) with a container path under a bind
+    mount replaced by the host path."""
+    m = re.match(r"^(--[A-Za-z0-9_]+=)?(/.*)$", arg)
+    if not m:
+        return arg
+    for target, source in sorted(volumes, key=lambda v: -len(v[0])):
+        if m.group(2) == target or m.group(2).startswith(target + "/"):
+            return (m.group(1) or "") + source + m.group(2)[len(target):]
+    return arg
 
 
 def check_quick_starts(binary, health, hpctl, make_certs, sources):
     """Runs each documented `docker run` line's arguments (without docker):
-    the server must start and answer SERVING. /models and /certs are
-    generated here."""
+    the server must start and answer SERVING. The bind mounts' host
+    directories are here, models/ and certs/ generated."""
     with tempfile.TemporaryDirectory() as tmp:
         models, certs = os.path.join(tmp, "models"), os.path.join(tmp, "certs")
         os.makedirs(models)
@@ -614,17 +699,22 @@ def check_quick_starts(binary, health, hpctl, make_certs, sources):
         os.close(fd)
         count = 0
         for where, text in sources:
-            for args in docker_run_args(text):
+            for line, words in command_lines(text, "docker run"):
+                run = docker_run(words)
+                if run is None:
+                    continue
                 count += 1
-                run_quick_start(binary, health, args, models, certs, tmp, f"{where}: docker run #{count}")
+                options, args = run
+                # The bind mounts ("$PWD" is here: models/, certs/, ...).
+                args = [in_volumes(a, docker_volumes(options, tmp)) for a in args]
+                run_quick_start(binary, health, args, tmp, f"{where}: docker run #{count}")
         if count == 0:
             problem(sources[0][0], "no `docker run ... hybrid-paramd ARGS` line")
     return count
 
 
-def run_quick_start(binary, health, args, models, certs, tmp, where):
+def run_quick_start(binary, health, args, tmp, where):
     port = free_port()
-    args = [a.replace("/models/", models + "/").replace("/certs/", certs + "/") for a in args]
     args = [re.sub(r"^--listen=(.*):\d+$", rf"--listen=\1:{port}", a) for a in args]
     port_file = os.path.join(tmp, f"port{port}")
     log = open(os.path.join(tmp, f"log{port}"), "w+")
