@@ -493,8 +493,8 @@ HPD_EXPORT void hpd_read_options_init(hpd_read_options* options);
 /* Where hpd_read_version writes one tensor: called once per tensor, in
  * manifest order, before its bytes are read; returns a buffer of `bytes`
  * bytes (row-major, `dtype` elements) that stays valid until the call
- * returns, or NULL to stop the read (CANCELLED). Called on the thread of
- * hpd_read_version. */
+ * returns, or NULL to stop the read (CANCELLED; a tensor of 0 bytes may
+ * get NULL). Called on the thread of hpd_read_version. */
 typedef void* (*hpd_tensor_dest_fn)(void* arg, const char* name, const int64_t* shape,
                                     int32_t ndim, int32_t dtype, int64_t bytes);
 

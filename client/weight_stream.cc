@@ -49,6 +49,13 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
   std::vector<absl::Status> statuses(manifest.num_daemons);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < manifest.num_daemons; ++rank) {
+    // A daemon that holds no rows of the model published its (empty)
+    // share at the load and waits for no weights: nothing to send it.
+    bool holds_rows = false;
+    for (const TensorMeta& t : manifest.tensors) {
+      for (const PieceLocation& p : t.pieces) holds_rows |= p.daemon_rank == rank;
+    }
+    if (!holds_rows) continue;
     threads.emplace_back([&, rank] {
       const std::string& address = manifest.daemon_addresses[rank];
       auto stub = rpc::Daemon::NewStub(client.DaemonChannel(address));

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <vector>
@@ -51,9 +52,17 @@ TEST(ProcessMetricsTest, ReadsThisProcess) {
   // Three more descriptors, and CPU time spent.
   std::vector<int> fds;
   for (int i = 0; i < 3; ++i) fds.push_back(open("/dev/null", O_RDONLY));
+  // Spin until the kernel's own count of this process's CPU time has grown
+  // by 0.3 s (a wall-clock spin gets less on a loaded machine), at most 20 s.
   volatile double sink = 0;
-  const absl::Time until = absl::Now() + absl::Milliseconds(300);
-  while (absl::Now() < until) {
+  auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+  };
+  const double cpu_start = cpu_seconds();
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (cpu_seconds() - cpu_start < 0.3 && absl::Now() < give_up) {
     for (int i = 0; i < 10000; ++i) sink = sink + i * 0.5;
   }
   absl::StatusOr<ProcessStats> after = ReadProcessStats();

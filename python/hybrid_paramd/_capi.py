@@ -17,7 +17,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1003  # HPD_API_VERSION this module was written against
+API_VERSION = 1004  # HPD_API_VERSION this module was written against
 MAX_RANK = 8
 PUSH_PARTIAL = 1  # HPD_PUSH_PARTIAL
 
@@ -147,6 +147,37 @@ class LoadOptions(ctypes.Structure):
     ]
 
 
+DTYPE_F32 = 0   # HPD_DTYPE_F32
+DTYPE_BF16 = 1  # HPD_DTYPE_BF16
+VALUES = {"master": 0, "rowwise": 1, "columnwise": 2}  # HPD_VALUES_*
+
+
+class HostTensor(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("ndim", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("data_bytes", ctypes.c_int64),
+    ]
+
+
+class ReadOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("version", ctypes.c_int64),
+        ("dtype", ctypes.c_int32),
+        ("values", ctypes.c_int32),
+        ("checkpoint_dir", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int64),
+    ]
+
+
+TENSOR_DEST_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p,
+                                  ctypes.POINTER(ctypes.c_int64), ctypes.c_int32,
+                                  ctypes.c_int32, ctypes.c_int64)
+
 _P = ctypes.POINTER
 _vp = ctypes.c_void_p
 _i32 = ctypes.c_int32
@@ -187,6 +218,12 @@ _SIGNATURES = {
     "hpd_set_optimizer_schedule": (_i32, [_vp, ctypes.c_char_p, _i32, ctypes.c_float, _i64,
                                           _P(_vp), _st]),
     "hpd_free_string": (None, [_vp]),
+    "hpd_load_tensors": (_i32, [_vp, _P(HostTensor), _i64, _P(LoadOptions), _P(_i64), _st]),
+    "hpd_read_options_init": (None, [_P(ReadOptions)]),
+    "hpd_read_version": (_i32, [_vp, _P(ReadOptions), TENSOR_DEST_FN, _vp, _P(_i64), _st]),
+    "hpd_export": (_i32, [_vp, ctypes.c_char_p, _P(ReadOptions), _i64, _i32, _i32, _P(_vp),
+                          _st]),
+    "hpd_checkpoint_call": (_i32, [_vp, ctypes.c_char_p, ctypes.c_char_p, _i64, _P(_vp), _st]),
 }
 
 _lib = None

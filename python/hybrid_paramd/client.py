@@ -31,18 +31,15 @@ import torch
 from . import _capi
 from . import errors
 from . import formats as F
+from ._util import ms, raise_for
+from .state import StateDictMixin
 from .fetched import SCALARS_STRIDE, Fetched, FetchResult, _Scalars  # noqa: F401 (re-exported)
 
 _ALIGN = 64  # every buffer of a fetch starts 64-byte aligned in its allocation
 
 
-def _raise_for(code, status):
-    if code != 0:
-        raise errors.from_code(code, status.message.decode("utf-8", "replace"))
-
-
-def _ms(seconds):
-    return 0 if seconds is None else max(1, int(seconds * 1000))
+_raise_for = raise_for
+_ms = ms
 
 
 def _version(v):
@@ -204,7 +201,7 @@ class _Plan:
         return tg, (_capi.FetchOutput * self.n)()
 
 
-class Client:
+class Client(StateDictMixin):
     """A connection to a hybrid-paramd cluster (client::Client over the C API).
 
     Client(address=None, name=None, observer=False, pusher=True, expected_pushers=0,
@@ -626,7 +623,8 @@ class Client:
         """Loads a model, as `hpctl load`, and refreshes the manifest;
         returns the committed version (0).
 
-        model: a .safetensors file, a directory (its
+        model: a state_dict (a mapping of names to tensors: see
+        load_state_dict), a .safetensors file, a directory (its
         model.safetensors.index.json if it has one, else every
         *.safetensors in it) or a Hugging Face index file (a sharded
         checkpoint). A single file is read by the daemons at its path
@@ -639,12 +637,31 @@ class Client:
         callable(bytes_sent, bytes_total), called during a streamed load
         (from the library's threads, one call at a time). timeout: seconds
         (None: one hour)."""
+        if isinstance(model, collections.abc.Mapping):
+            return self.load_state_dict(model, recipe_text, force, progress, timeout)
+        if str(model).endswith((".pt", ".pth", ".bin", ".ckpt")):
+            raise errors.InvalidArgument(
+                3, "%s is a torch pickle, which hybrid-paramd does not read: load it with "
+                "sd = torch.load(path, map_location=\"cpu\", weights_only=True), then "
+                "client.load_state_dict(sd), or save it as .safetensors" % (model,))
+        o, failure = self._load_options(recipe_text, force, timeout, progress)
+        o.model = str(model).encode()
+        o.stream = 1 if stream else 0
+        v = ctypes.c_int64()
+        st = _capi.Status()
+        _raise_for(self._lib.hpd_load_model(self._handle(), ctypes.byref(o), ctypes.byref(v),
+                                            ctypes.byref(st)), st)
+        self.manifest(refresh=True)
+        self._report_progress_failure(failure)
+        return v.value
+
+    def _load_options(self, recipe_text, force, timeout, progress):
+        """hpd_load_options for load() and load_state_dict(), and the list
+        that receives the first exception the progress callback raises."""
         o = _capi.LoadOptions()
         self._lib.hpd_load_options_init(ctypes.byref(o))
-        o.model = str(model).encode()
         o.recipe_text = None if recipe_text is None else recipe_text.encode()
         o.force = 1 if force else 0
-        o.stream = 1 if stream else 0
         o.timeout_ms = 0 if timeout is None else _ms(timeout)
         failure = []
         if progress is not None:
@@ -655,15 +672,13 @@ class Client:
                     if not failure:
                         failure.append(e)
             o.progress = _capi.PROGRESS_FN(call)
-        v = ctypes.c_int64()
-        st = _capi.Status()
-        _raise_for(self._lib.hpd_load_model(self._handle(), ctypes.byref(o), ctypes.byref(v),
-                                            ctypes.byref(st)), st)
-        self.manifest(refresh=True)
+        return o, failure
+
+    @staticmethod
+    def _report_progress_failure(failure):
         if failure:
             print("hybrid_paramd: the progress callback raised %r" % (failure[0],),
                   file=sys.stderr)
-        return v.value
 
     def set_optimizer_schedule(self, schedule, lr=None, timeout=None):
         """Replaces the learning-rate schedule of the cluster's optimizer

@@ -1,0 +1,152 @@
+"""Whole models in and out of a real cluster (coordinator + 2 daemons) from
+Python, without files: Client.load_state_dict of an nn.Module's state_dict,
+state_dict() read back (FP32 bit for bit, BF16 as the export rounds), a
+pushed step seen in the next state_dict, checkpoint / list / describe, an
+export read back, and the refusals: integer and FP64 buffers named before
+anything is sent, a .pt path told how to load it, a loaded cluster without
+force, an uncommitted version, a non-empty export directory."""
+
+import collections
+import os
+import tempfile
+import unittest
+
+import test_env  # noqa: F401  (sys.path)
+
+import torch
+
+import hybrid_paramd as hp
+from hybrid_paramd import cluster as hpc
+from hybrid_paramd import safetensors_io
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 24)
+        self.fc = torch.nn.Linear(24, 40)
+        self.norm = torch.nn.LayerNorm(40)
+        self.head = torch.nn.Linear(40, 8, bias=False).half()
+        self.register_buffer("position_ids", torch.arange(16))
+        self.register_buffer("freqs", torch.linspace(0, 1, 8, dtype=torch.float64))
+
+
+def floating(sd):
+    return collections.OrderedDict(
+        (k, v) for k, v in sd.items() if v.is_floating_point() and v.dtype != torch.float64)
+
+
+class StateDictTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        torch.manual_seed(3)
+        cls.tmp = tempfile.mkdtemp(prefix="hp_state_dict_")
+        ckpt = os.path.join(cls.tmp, "checkpoints")
+        os.makedirs(ckpt)
+        cls.cluster = hpc.LocalCluster(
+            test_env.SERVER, daemons=2, expected_pushers=1,
+            coordinator_flags=["--checkpoint_dir=" + ckpt],
+            daemon_flags=["--optimizer=sgd", "--lr=0.5", "--checkpoint_dir=" + ckpt])
+        cls.admin = hp.Client(cls.cluster.address, observer=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.admin.close()
+        cls.cluster.stop()
+
+    def test_1_refusals_before_anything_is_sent(self):
+        sd = Tiny().state_dict()
+        with self.assertRaises(hp.InvalidArgument) as e:
+            hpc.load_when_ready(self.admin, sd)
+        message = str(e.exception)
+        self.assertIn("position_ids is int64", message)
+        self.assertIn("freqs is float64", message)
+        self.assertIn("is_floating_point()", message)
+        self.assertLess(len(message), 400)
+        self.assertLess(self.admin.manifest(refresh=True).committed_version, 0)
+        with self.assertRaises(hp.InvalidArgument) as e:
+            self.admin.load(os.path.join(self.tmp, "model.pt"))
+        self.assertIn("torch.load", str(e.exception))
+        with self.assertRaises(TypeError):
+            self.admin.load_state_dict([("w", torch.zeros(2, 2))])
+        with self.assertRaises(hp.InvalidArgument):
+            self.admin.load_state_dict({"w": torch.zeros(2, 2), "v": "not a tensor"})
+        self.assertLess(self.admin.manifest(refresh=True).committed_version, 0)
+
+    def test_2_round_trip_step_checkpoint_export(self):
+        model = Tiny()
+        sd = floating(model.state_dict())
+        self.assertEqual(hpc.load_when_ready(self.admin, sd), 0)
+        self.assertEqual(sorted(self.admin.manifest().names()), sorted(sd))
+
+        # FP32 masters bit for bit (FP16 was widened exactly), in the model's shapes.
+        back = self.admin.state_dict(dtype=torch.float32)
+        self.assertEqual(list(back), list(self.admin.manifest().names()))
+        for name, t in sd.items():
+            self.assertEqual(back[name].shape, t.shape, name)
+            self.assertTrue(torch.equal(back[name], t.float()), name)
+        # BF16: the round to nearest even torch does.
+        bf16 = self.admin.state_dict()
+        for name, t in sd.items():
+            self.assertEqual(bf16[name].dtype, torch.bfloat16)
+            self.assertTrue(torch.equal(bf16[name], t.float().to(torch.bfloat16)), name)
+        # What comes back loads into the module (integer buffers kept by the script).
+        fresh = Tiny()
+        missing, unexpected = fresh.load_state_dict(back, strict=False)
+        self.assertEqual(sorted(missing), ["freqs", "position_ids"])
+        self.assertEqual(unexpected, [])
+
+        # A loaded cluster refuses a second load without force, changing nothing.
+        with self.assertRaises(hp.FailedPrecondition):
+            self.admin.load_state_dict({"other": torch.ones(4, 4)})
+        self.assertEqual(sorted(self.admin.manifest(refresh=True).names()), sorted(sd))
+
+        # One pushed step: SGD lr 0.5 with gradient == weight halves every weight (exact).
+        with hp.Client(self.cluster.address) as trainer:
+            trainer.wait_for_version(0)
+            trainer.push_gradients(0, {k: v.float() for k, v in sd.items()})
+            self.assertEqual(trainer.wait_for_version(1), 1)
+        stepped = self.admin.state_dict(dtype="fp32")
+        for name, t in sd.items():
+            self.assertTrue(torch.equal(stepped[name], t.float() * 0.5), name)
+        with self.assertRaises(hp.FailedPrecondition):
+            self.admin.state_dict(version=7)
+
+        # Checkpoint, list, describe.
+        saved = self.admin.checkpoint()
+        self.assertEqual(saved["version"], 1)
+        self.assertTrue(os.path.isdir(saved["path"]), saved)
+        listed = self.admin.list_checkpoints()
+        self.assertEqual([c["version"] for c in listed], [1])
+        described = self.admin.describe_checkpoint(verify=True)
+        self.assertEqual(described["manifest"]["version"], 1)
+        self.assertEqual(sorted(t["name"] for t in described["manifest"]["tensors"]), sorted(sd))
+
+        # Export: the files hold what state_dict() returns.
+        out = os.path.join(self.tmp, "export")
+        result = self.admin.export(out)
+        self.assertEqual(result["version"], 1)
+        self.assertEqual(result["num_tensors"], len(sd))
+        self.assertIn("model.safetensors.index.json", result["files"])
+        read = {}
+        for f in result["files"]:
+            if f.endswith(".safetensors"):
+                read.update(safetensors_io.load(os.path.join(out, f))[0])
+        now = self.admin.state_dict()
+        self.assertEqual(sorted(read), sorted(now))
+        for name in now:
+            self.assertTrue(torch.equal(read[name], now[name]), name)
+        with self.assertRaises(hp.FailedPrecondition):
+            self.admin.export(out)  # not empty
+        again = self.admin.export(out, overwrite=True, dtype="fp32")
+        self.assertEqual(sorted(again["removed"]), sorted(result["files"]))
+
+        # force=True replaces the model: version 0 of the new values.
+        other = {"w": torch.randn(6, 10)}
+        self.assertEqual(self.admin.load_state_dict(other, force=True), 0)
+        self.assertTrue(torch.equal(self.admin.state_dict(dtype=torch.float32)["w"], other["w"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
