@@ -323,12 +323,16 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   // gRPC thread: leaves the current data-plane world (a step blocked in its
   // all-reduce fails now) and opens the endpoint of the next one. The same
-  // epoch again (a retried call) gives the same endpoint.
+  // epoch again (a retried call) gives the same endpoint, unless a Recover
+  // has claimed it (then this is a new attempt: a new endpoint).
   absl::StatusOr<std::string> OpenNextWorld(int64_t epoch);
 
-  // Worker thread: connects the world PrepareRecovery opened and, with a
-  // model, restores this rank's shards of the checkpoint and republishes
-  // its version (LoadOnWorker); returns that version (-1: no model).
+  // Worker thread: connects the world PrepareRecovery opened, waits until
+  // every peer's endpoint answers (DaemonDataPlane::AwaitPeers, bounded by
+  // the step timeout) and, with a model, restores this rank's shards of the
+  // checkpoint and republishes its version (LoadOnWorker); returns that
+  // version (-1: no model). On failure it leaves the world it connected, so
+  // that peers waiting in the republish for it fail now.
   absl::StatusOr<int64_t> RecoverOnWorker(const rpc::RecoverRequest& request,
                                           std::shared_ptr<const ModelView> view);
 
@@ -363,6 +367,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::unique_ptr<DaemonDataPlane> data_plane_;
   std::unique_ptr<DaemonDataPlane> pending_plane_ ABSL_GUARDED_BY(plane_mu_);
   int64_t pending_epoch_ ABSL_GUARDED_BY(plane_mu_) = -1;
+  // A Recover for pending_plane_ has arrived: a PrepareRecovery of the same
+  // epoch after it is the coordinator's next attempt, not a retried call.
+  bool pending_claimed_ ABSL_GUARDED_BY(plane_mu_) = false;
   Worker worker_;
   WaitList publish_waiters_;
   std::atomic<int64_t> bytes_served_[2] = {0, 0};

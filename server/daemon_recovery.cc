@@ -7,18 +7,63 @@
 
 #include "server/daemon_internal.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace paramd {
 
 using daemon_internal::kTag;
+
+namespace {
+
+// Test hook (tests/recovery_test.cc; no flag offers it): with
+// PARAMD_TEST_RECOVER_FREEZE_MS=<n> the whole process stops for n ms when a
+// Recover arrives, as a daemon that a loaded machine does not schedule: the
+// kernel still accepts connections to its new data-plane endpoint, but
+// nothing answers them, so a peer's first data-plane call times out.
+void FreezeOnRecoverForTest() {
+  static const int64_t ms = [] {
+    const char* v = std::getenv("PARAMD_TEST_RECOVER_FREEZE_MS");
+    int64_t value = 0;
+    if (v == nullptr || !absl::SimpleAtoi(v, &value) || value <= 0) return int64_t{0};
+    LogWarning(kTag, absl::StrCat("test hook PARAMD_TEST_RECOVER_FREEZE_MS=", value));
+    return value;
+  }();
+  if (ms <= 0) return;
+  const pid_t self = getpid();
+  const pid_t waker = fork();
+  if (waker == 0) {
+    // Async-signal-safe calls only (the parent has threads). The second
+    // SIGCONT covers a parent that stopped only after the first.
+    struct timespec t = {static_cast<time_t>(ms / 1000), static_cast<long>(ms % 1000) * 1000000};
+    nanosleep(&t, nullptr);
+    kill(self, SIGCONT);
+    t = {0, 100 * 1000000};
+    nanosleep(&t, nullptr);
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+  if (waker < 0) return;
+  kill(self, SIGSTOP);
+  waitpid(waker, nullptr, 0);
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* Daemon::Impl::PrepareRecovery(grpc::CallbackServerContext* context,
                                                         const rpc::PrepareRecoveryRequest* request,
@@ -46,6 +91,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
+  FreezeOnRecoverForTest();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<const ModelView> view;
   if (request->load().manifest().tensors_size() > 0) {
@@ -67,6 +113,10 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
     }
     view = std::make_shared<const ModelView>(*std::move(v));
   }
+  {
+    absl::MutexLock lock(&plane_mu_);
+    if (pending_plane_ != nullptr && pending_epoch_ == request->epoch()) pending_claimed_ = true;
+  }
   worker_.Post([this, request = *request, view, reactor, response] {
     absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
     if (v.ok()) response->set_published_version(*v);
@@ -82,12 +132,16 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
     recovering_ = true;
   }
   absl::MutexLock lock(&plane_mu_);
-  if (pending_plane_ != nullptr && pending_epoch_ == epoch) return pending_plane_->address();
+  if (pending_plane_ != nullptr && pending_epoch_ == epoch && !pending_claimed_) {
+    return pending_plane_->address();
+  }
   if (data_plane_) data_plane_->Shutdown();
+  pending_plane_.reset();  // claimed by a Recover of an attempt the coordinator gave up on
   ASSIGN_OR_RETURN(pending_plane_,
                    DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
                                          options_.step_timeout));
   pending_epoch_ = epoch;
+  pending_claimed_ = false;
   Log(kTag, absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ",
                          pending_plane_->address()));
   return pending_plane_->address();
@@ -103,10 +157,38 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
       return absl::FailedPreconditionError(absl::StrCat(
           "Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
     }
+    // A Recover of an attempt that a later PrepareRecovery replaced names
+    // an endpoint this daemon has closed.
+    const auto own = request.data_plane().address_book().find(rank);
+    if (own != request.data_plane().address_book().end() &&
+        own->second != pending_plane_->address()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Recover for epoch ", request.epoch(), " names data-plane endpoint ", own->second,
+          " of an earlier attempt; this daemon's is ", pending_plane_->address()));
+    }
     old = std::move(data_plane_);
     data_plane_ = std::move(pending_plane_);
   }
+  // From here on a failure leaves the new world: a peer waiting in the
+  // republishing all-reduce for this daemon fails now, not at its step
+  // timeout, and the coordinator's next attempt finds every worker free.
+  struct LeaveOnFailure {
+    DaemonDataPlane* plane;
+    bool succeeded = false;
+    ~LeaveOnFailure() {
+      if (!succeeded) plane->Shutdown();
+    }
+  } leave{data_plane_.get()};
   ASSIGN_OR_RETURN(AllReduceMaxFn all_reduce, data_plane_->Connect(request.data_plane(), rank));
+  // The republish below is a collective, and a collective that failed
+  // cannot be retried; a probe can. A peer still starting, or not scheduled
+  // on a loaded machine, may miss the transport's short connect timeout.
+  const absl::Time probing = absl::Now();
+  RETURN_IF_ERROR(data_plane_->AwaitPeers(probing + options_.step_timeout));
+  if (absl::Now() - probing > absl::Seconds(1)) {
+    Log(kTag, absl::StrCat("recovery ", request.epoch(), ": every data-plane peer answered after ",
+                           absl::FormatDuration(absl::Now() - probing)));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (rank != rank_) {
@@ -146,6 +228,7 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
     ASSIGN_OR_RETURN(version, LoadOnWorker(view, source, request.load().expected_pushers()));
     snapshots_->AfterRecovery(version, source.snapshot);
   }
+  leave.succeeded = true;
   absl::MutexLock lock(&mu_);
   recovering_ = false;
   Log(kTag, absl::StrCat("recovery ", request.epoch(), ": rank ", rank, " in the new world",

@@ -1,5 +1,6 @@
 #include "server/data_plane.h"
 
+#include <algorithm>
 #include <numeric>
 #include <vector>
 
@@ -55,6 +56,7 @@ absl::StatusOr<AllReduceMaxFn> DaemonDataPlane::Connect(const rpc::DataPlane& da
     addresses[r] = it->second;
   }
   ASSIGN_OR_RETURN(transport_, endpoint_->Connect(rank, addresses));
+  peer_addresses_ = addresses;
   endpoint_.reset();
   std::vector<int> group(n);
   std::iota(group.begin(), group.end(), 0);
@@ -63,6 +65,27 @@ absl::StatusOr<AllReduceMaxFn> DaemonDataPlane::Connect(const rpc::DataPlane& da
   return AllReduceMaxFn([t, group, timeout](absl::Span<float> values) {
     return t->AllReduceMax(group, values, absl::Now() + timeout);
   });
+}
+
+absl::Status DaemonDataPlane::AwaitPeers(absl::Time deadline) {
+  if (transport_ == nullptr) return absl::OkStatus();  // one daemon, or not connected
+  constexpr absl::Duration kRetry = absl::Milliseconds(50);
+  for (int peer = 0; peer < transport_->world_size(); ++peer) {
+    if (peer == transport_->rank()) continue;
+    for (;;) {
+      const absl::Status s =
+          transport_->CanConnect(peer, std::min(deadline, absl::Now() + absl::Seconds(1)));
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;
+      if (absl::Now() + kRetry >= deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "data-plane peer rank ", peer, " at ", peer_addresses_[peer],
+            " did not answer before the deadline: ", s.message()));
+      }
+      absl::SleepFor(kRetry);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace paramd

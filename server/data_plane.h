@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -51,6 +52,14 @@ class DaemonDataPlane {
   // step_timeout) when a peer is gone, never hangs.
   absl::StatusOr<AllReduceMaxFn> Connect(const rpc::DataPlane& data_plane, int rank);
 
+  // After Connect: waits until every peer's endpoint answers
+  // (Transport::CanConnect), retrying every 50 ms while one is unreachable
+  // or slow (a daemon that is still starting, or not scheduled on a loaded
+  // machine, may miss the transport's short connect timeout; a failed
+  // collective cannot be retried, a probe can). UNAVAILABLE naming the peer
+  // once `deadline` passes; FAILED_PRECONDITION at once after Shutdown.
+  absl::Status AwaitPeers(absl::Time deadline);
+
   // Leaves the world (peers blocked in an all-reduce with us fail).
   void Shutdown();
 
@@ -64,6 +73,7 @@ class DaemonDataPlane {
   std::string transport_name_;
   absl::Duration step_timeout_;
   std::string address_;
+  std::vector<std::string> peer_addresses_;  // the world's, by rank (Connect)
   std::unique_ptr<TransportEndpoint> endpoint_;
   std::unique_ptr<Transport> transport_;
 };

@@ -7,7 +7,10 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/fan_out.h"
 
@@ -31,6 +34,69 @@ DaemonCalls<Request, Response> CallAll(
                             });
   done.WaitForNotification();
   return result;
+}
+
+// The Recover calls, one per daemon, ended at the first failure: the calls
+// still running are cancelled and that failure is returned (naming its
+// rank) at once. A daemon whose republish waits for a peer that has already
+// failed would otherwise hold the whole attempt until its step timeout,
+// with nothing logged and no retry; the next attempt's PrepareRecovery
+// frees it.
+absl::StatusOr<std::vector<rpc::RecoverResponse>> RecoverAll(
+    const std::vector<std::shared_ptr<rpc::Daemon::Stub>>& stubs, absl::Duration timeout,
+    const std::function<void(int rank, rpc::RecoverRequest*)>& make_request) {
+  using Call = DaemonCall<rpc::RecoverRequest, rpc::RecoverResponse>;
+  struct State {
+    absl::Mutex mu;
+    size_t remaining ABSL_GUARDED_BY(mu) = 0;
+    int failed ABSL_GUARDED_BY(mu) = -1;  // the rank that failed first
+    std::vector<std::unique_ptr<Call>> calls;
+  };
+  auto state = std::make_shared<State>();
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    auto c = std::make_unique<Call>();
+    c->context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    make_request(static_cast<int>(i), &c->request);
+    c->stub = stubs[i];
+    state->calls.push_back(std::move(c));
+  }
+  {
+    absl::MutexLock lock(&state->mu);
+    state->remaining = stubs.size();
+  }
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    Call* c = state->calls[i].get();
+    c->stub->async()->Recover(&c->context, &c->request, &c->response,
+                              [state, c, i](grpc::Status s) {
+                                bool first_failure = false;
+                                {
+                                  absl::MutexLock lock(&state->mu);
+                                  c->status = std::move(s);
+                                  --state->remaining;
+                                  if (!c->status.ok() && state->failed < 0) {
+                                    state->failed = static_cast<int>(i);
+                                    first_failure = true;
+                                  }
+                                }
+                                // Outside the lock: a cancelled call's
+                                // callback may run on this thread.
+                                if (first_failure) {
+                                  for (auto& other : state->calls) other->context.TryCancel();
+                                }
+                              });
+  }
+  absl::MutexLock lock(&state->mu);
+  auto ended = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->remaining == 0 || state->failed >= 0;
+  };
+  state->mu.Await(absl::Condition(&ended));
+  if (state->failed >= 0) {
+    return FromGrpcStatus(state->calls[state->failed]->status,
+                          absl::StrCat("Recover on daemon rank ", state->failed));
+  }
+  std::vector<rpc::RecoverResponse> responses;
+  for (auto& c : state->calls) responses.push_back(c->response);
+  return responses;
 }
 
 // The payload of NothingToRecoverFrom.
@@ -135,7 +201,7 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
                      "of it (--checkpoint_dir)",
                      plan.disk_refused.empty() ? "" : absl::StrCat("; ", plan.disk_refused))));
   }
-  auto recovered = CallAll<rpc::RecoverRequest, rpc::RecoverResponse>(
+  absl::StatusOr<std::vector<rpc::RecoverResponse>> recovered = RecoverAll(
       plan.stubs, plan.recover_timeout,
       [&](int rank, rpc::RecoverRequest* r) {
         r->set_epoch(plan.epoch);
@@ -151,14 +217,10 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
           r->set_snapshot_version(snapshot);
           if (holders[rank] != rank) r->set_snapshot_source(plan.addresses[holders[rank]]);
         }
-      },
-      [](rpc::Daemon::Stub* stub, grpc::ClientContext* c, const rpc::RecoverRequest* req,
-         rpc::RecoverResponse* resp, std::function<void(grpc::Status)> cb) {
-        stub->async()->Recover(c, req, resp, std::move(cb));
       });
-  RETURN_IF_ERROR(FirstError(recovered, "Recover"));
+  RETURN_IF_ERROR(recovered.status());
   for (int r = 0; r < n; ++r) {
-    const int64_t v = recovered[r]->response.published_version();
+    const int64_t v = (*recovered)[r].published_version();
     if (r > 0 && v != result.published_version) {
       return absl::InternalError(absl::StrCat("Recover: daemon rank ", r, " published version ", v,
                                               ", rank 0 ", result.published_version));

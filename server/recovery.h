@@ -77,7 +77,9 @@ int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>
 rpc::Manifest RelocatedManifest(rpc::Manifest manifest, const std::vector<std::string>& addresses);
 
 // Errors name the daemon rank and the phase (PrepareRecovery / Recover);
-// the daemons are then left out of any world until the next attempt.
+// the daemons are then left out of any world until the next attempt. The
+// first daemon whose Recover fails ends the attempt at once (the others'
+// calls are cancelled), so the coordinator reports it and tries again.
 // FAILED_PRECONDITION marked NothingToRecoverFrom when a model is loaded
 // and there is neither a snapshot every rank has nor a checkpoint.
 absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan);

@@ -297,6 +297,19 @@ class RecoveryCluster {
   }
 
   // Waits for recovery `epoch` to complete.
+  // Waits (4 s at most) until each daemon holds the other's snapshot of
+  // `version`.
+  void AwaitBuddySnapshots(int64_t version) {
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const rpc::GetStatusResponse s = Status();
+      if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == version &&
+          s.daemons(1).buddy_snapshot_version() == version) {
+        return;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
   rpc::RecoveryStatus AwaitRecovery(int64_t epoch) {
     const absl::Time start = absl::Now();
     rpc::GetStatusResponse status = Status();
@@ -412,14 +425,7 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   ASSERT_TRUE(c->Checkpoint().ok());  // version 2
   for (; v < 5; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
   // Both snapshots of 4 are complete and sent (each daemon holds the other's).
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const rpc::GetStatusResponse s = c->Status();
-    if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == 4 &&
-        s.daemons(1).buddy_snapshot_version() == 4) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  c->AwaitBuddySnapshots(4);
   const rpc::GetStatusResponse before = c->Status();
   ASSERT_EQ(before.daemons(1).snapshot_version(), 4) << c->cluster->Logs();
   ASSERT_EQ(before.daemons(0).buddy_snapshot_version(), 4) << c->cluster->Logs();
@@ -454,14 +460,7 @@ TEST(RecoveryTest, SnapshotsRecoverWithoutACheckpointDirectory) {
   auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/3, /*checkpoints=*/false);
   ASSERT_NE(c, nullptr);
   for (int64_t v = 0; v < 4; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const rpc::GetStatusResponse s = c->Status();
-    if (s.daemons_size() == 2 && s.daemons(0).buddy_snapshot_version() == 3 &&
-        s.daemons(1).buddy_snapshot_version() == 3) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  c->AwaitBuddySnapshots(3);
   ASSERT_TRUE(c->Replace(0).ok());  // rank 0's copy is on rank 1
   const rpc::RecoveryStatus r = c->AwaitRecovery(1);
   ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
@@ -472,6 +471,46 @@ TEST(RecoveryTest, SnapshotsRecoverWithoutACheckpointDirectory) {
   ASSERT_TRUE(c->client->RefreshManifest().ok());
   for (int64_t v = 3; v < 6; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
   EXPECT_EQ(c->Status().committed_version(), 6);
+}
+
+// The replacement (rank 0: the root of the republishing all-reduce) is
+// stopped for 800 ms as its Recover arrives (PARAMD_TEST_RECOVER_FREEZE_MS),
+// as a daemon a loaded machine does not schedule: rank 1 restores first and
+// its republish finds rank 0's new data-plane endpoint connecting but not
+// answering. The recovery still completes, at once, with version 4's bytes.
+TEST(RecoveryTest, RecoveryWaitsForAPeerThatIsSlowToAnswer) {
+  auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/2, /*checkpoints=*/false);
+  ASSERT_NE(c, nullptr);
+  for (int64_t v = 0; v < 4; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
+  c->AwaitBuddySnapshots(4);
+  const auto targets = client::AllTargets(c->client->manifest(), {Direction::kRowwise});
+  auto before = c->client->Fetch(4, targets);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  setenv("PARAMD_TEST_RECOVER_FREEZE_MS", "800", /*overwrite=*/1);
+  const absl::Status replaced = c->Replace(0);
+  unsetenv("PARAMD_TEST_RECOVER_FREEZE_MS");
+  ASSERT_TRUE(replaced.ok()) << replaced;
+  const rpc::RecoveryStatus r = c->AwaitRecovery(1);
+  ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
+  EXPECT_EQ(r.rewound_to_version(), 4);
+  EXPECT_EQ(r.source(), "snapshot v4");
+  EXPECT_EQ(r.error(), "");
+
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(4, absl::Seconds(10));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->committed_version, 4);
+  ASSERT_TRUE(c->client->RefreshManifest().ok());
+  auto after = c->client->Fetch(4, targets);
+  ASSERT_TRUE(after.ok()) << after.status() << c->cluster->Logs();
+  ASSERT_EQ(after->tensors.size(), before->tensors.size());
+  for (size_t i = 0; i < after->tensors.size(); ++i) {
+    EXPECT_EQ(after->tensors[i].value.data, before->tensors[i].value.data) << i;
+    EXPECT_EQ(after->tensors[i].value.scales, before->tensors[i].value.scales) << i;
+    EXPECT_EQ(after->tensors[i].value.scale_inv, before->tensors[i].value.scale_inv) << i;
+  }
+  ASSERT_TRUE(c->Push(4).ok()) << c->cluster->Logs();
+  EXPECT_EQ(c->Status().committed_version(), 5);
 }
 
 // RECOVERY_KILL_TRIALS (default 2; `RECOVERY_KILL_TRIALS=20 bazel test
