@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, runs every test that
 # needs no GPU, runs each fuzz target for a few seconds (tools/fuzz.sh;
-# FUZZ_SECONDS=0 skips), and (where nvcc exists) compiles the CUDA build too
-# and runs the CUDA-built daemon's ops tests (no GPU needed).
+# FUZZ_SECONDS=0 skips), runs the shell blocks of README.md and
+# deploy/README.md (tools/doc_test.py; DOC_TEST=0 skips), and (where nvcc
+# exists) compiles the CUDA build too and runs the CUDA-built daemon's ops
+# tests (no GPU needed).
 # Prints "N passed, N failed" last; exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,18 @@ if [ "$fuzz_seconds" -gt 0 ]; then
   echo "== fuzz targets, ${fuzz_seconds}s each: tools/fuzz.sh"
   bash tools/fuzz.sh --seconds "$fuzz_seconds"
   fuzz_rc=$?
+fi
+
+# The documentation's commands (the demo among them): outside Bazel, since
+# they run bazel. Skipped under the doc test itself (it does not run this
+# script, but a README block that did would recurse).
+doc_rc=0
+doc_ran=0
+if [ "${DOC_TEST:-1}" != 0 ] && [ -z "${HYBRID_PARAMD_DOC_TEST:-}" ]; then
+  echo "== README.md and deploy/README.md shell blocks: tools/doc_test.py"
+  python3 tools/doc_test.py
+  doc_rc=$?
+  doc_ran=1
 fi
 
 cuda_rc=0
@@ -43,6 +57,8 @@ passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" || true)
 [ "$cuda_rc" -ne 0 ] && failed=$((failed + 1)) && echo "CUDA build or its ops tests failed"
 [ "$fuzz_rc" -ne 0 ] && failed=$((failed + 1)) && echo "fuzzing failed"
+[ "$doc_rc" -ne 0 ] && failed=$((failed + 1)) && echo "the documentation test failed"
+[ "$doc_ran" -eq 1 ] && [ "$doc_rc" -eq 0 ] && passed=$((passed + 1))
 rm -f "$log"
 echo "$passed passed, $failed failed"
-[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ]
+[ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ] && [ "$doc_rc" -eq 0 ]
