@@ -116,6 +116,19 @@ absl::Duration TimeoutOr(int64_t ms, absl::Duration otherwise) {
   return ms > 0 ? absl::Milliseconds(ms) : otherwise;
 }
 
+// One checkpoint call with its request parsed from JSON and its response
+// returned as JSON.
+template <class Request, class Response>
+absl::StatusOr<std::string> JsonCall(
+    client::Client& c,
+    absl::StatusOr<Response> (*call)(client::Client&, const Request&, absl::Duration),
+    const char* request_json, absl::Duration timeout) {
+  Request request;
+  RETURN_IF_ERROR(ParseJsonRequest(request_json, &request));
+  ASSIGN_OR_RETURN(const Response response, call(c, request, timeout));
+  return capi::ToJson(response);
+}
+
 }  // namespace
 }  // namespace paramd
 
@@ -243,26 +256,17 @@ int32_t hpd_checkpoint_call(hpd_client* client, const char* call, const char* re
     ASSIGN_OR_RETURN(paramd::client::Client * c, ClientOf(client));
     std::string out;
     if (which == "create") {
-      paramd::checkpoint::CheckpointRequest request;
-      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
-      ASSIGN_OR_RETURN(const auto response,
-                       paramd::client::Checkpoint(*c, request,
-                                                  paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
-      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+      ASSIGN_OR_RETURN(out, paramd::JsonCall<paramd::checkpoint::CheckpointRequest>(
+                                *c, &paramd::client::Checkpoint, request_json,
+                                paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
     } else if (which == "list") {
-      paramd::checkpoint::ListCheckpointsRequest request;
-      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
-      ASSIGN_OR_RETURN(const auto response,
-                       paramd::client::ListCheckpoints(
-                           *c, request, paramd::TimeoutOr(timeout_ms, absl::Seconds(30))));
-      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+      ASSIGN_OR_RETURN(out, paramd::JsonCall<paramd::checkpoint::ListCheckpointsRequest>(
+                                *c, &paramd::client::ListCheckpoints, request_json,
+                                paramd::TimeoutOr(timeout_ms, absl::Seconds(30))));
     } else if (which == "describe") {
-      paramd::checkpoint::DescribeCheckpointRequest request;
-      RETURN_IF_ERROR(paramd::ParseJsonRequest(request_json, &request));
-      ASSIGN_OR_RETURN(const auto response,
-                       paramd::client::DescribeCheckpoint(
-                           *c, request, paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
-      ASSIGN_OR_RETURN(out, paramd::capi::ToJson(response));
+      ASSIGN_OR_RETURN(out, paramd::JsonCall<paramd::checkpoint::DescribeCheckpointRequest>(
+                                *c, &paramd::client::DescribeCheckpoint, request_json,
+                                paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown checkpoint call ", paramd::QuoteForError(which),
