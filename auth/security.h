@@ -261,6 +261,16 @@ inline constexpr int kKeepaliveTimeoutMs = 5000;
 void AddKeepalive(grpc::ChannelArguments* args);
 void AddKeepalive(grpc::ServerBuilder* builder);
 
+// Reconnect soon after a peer comes (back) up: the first retry after
+// 100 ms, then backoff growing to at most 1 s (gRPC's default grows to two
+// minutes). Each connection attempt, TCP and TLS handshake included, gets
+// kMinConnectTimeoutMs: gRPC takes its minimum connect timeout from
+// GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, so that one stays large (a 100 ms
+// attempt never completes a TLS handshake on a loaded machine or a slow
+// link, and the peer then looks down for as long as the load lasts).
+inline constexpr int kMinConnectTimeoutMs = 2000;
+void AddFastReconnect(grpc::ChannelArguments* args);
+
 // A channel to `address` with `security` (SSL or insecure credentials, the
 // token added to every call by an interceptor) and keepalive; `args` may
 // carry further settings (message sizes, backoff).

@@ -41,9 +41,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                           const auth::ChannelSecurity& security) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a daemon restarts; fail fast while it is down.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auth::AddFastReconnect(&args);
   args.SetMaxReceiveMessageSize(64 << 20);
   return auth::CreateChannel(address, security, args);
 }

@@ -51,11 +51,10 @@ import check_deploy as cd  # noqa: E402  (the static checks' parsers)
 #    wildcard listen on a fixed port binds the machine's address (machines
 #    have their own ports; here they share one), 127.0.0.1 inside a pod is
 #    the pod's, a docker port published on every interface is published on
-#    127.0.0.1. A listen on port 0 stays as it is, unless this machine's name
-#    is no address here (then it binds the machine's address; Setup says so).
-#    The certificate names these addresses and this machine's host name
-#    (what a daemon's data plane on 0.0.0.0 advertises: gethostname, here one
-#    name for every machine).
+#    127.0.0.1. A listen on port 0 stays as it is: a daemon's data plane on
+#    0.0.0.0:0 advertises the host of its --advertise_address, its machine's
+#    address here. The certificate names these addresses and nothing else
+#    (a data plane dialled at this machine's own name fails its handshake).
 #  * systemd specifiers: %i -> the instance, %d / $CREDENTIALS_DIRECTORY -> a
 #    directory holding 0600 copies of the LoadCredential= files.
 #  * Kubernetes: the Downward API (metadata.name -> <statefulset>-<ordinal>,
@@ -80,7 +79,6 @@ MUTANT_START_TIMEOUT = 8
 HPCTL_TIMEOUT = 180
 STOP_TIMEOUT = 30
 
-WILDCARD_DATA_PLANE = True  # see Setup
 PROCS = []  # every process started, killed on any exit
 OUT = threading.local()  # a lane's output, printed as a whole
 
@@ -288,8 +286,6 @@ class Machine:
             return value
         if host in self.hosts:
             return f"{self.hosts[host]}:{port}"
-        if host == "0.0.0.0" and port == 0 and not WILDCARD_DATA_PLANE:
-            return f"{self.ip or '127.0.0.1'}:0"
         if self.ip and (host in ("127.0.0.1", "localhost") or (host == "0.0.0.0" and port != 0)):
             return f"{self.ip}:{port}"
         return value
@@ -477,21 +473,8 @@ class Setup:
         self.model = os.path.join(tmp, "model", "demo.safetensors")
         os.makedirs(os.path.dirname(self.model))
         run([tools["hpctl"], "generate", "--out", self.model, "--preset", preset])
-        # A daemon's data plane on 0.0.0.0 advertises gethostname(): the name
-        # must reach this machine (it may not in a network namespace of
-        # the test sandbox, where only loopback exists); else those listens
-        # bind the machine's address (a substitution, said here).
-        global WILDCARD_DATA_PLANE
-        try:
-            addresses = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
-        except socket.gaierror:
-            addresses = set()
-        if not any(port_free(a, 0) for a in addresses):
-            WILDCARD_DATA_PLANE = False
-            say(f"note: this machine's name {socket.gethostname()} ({', '.join(addresses) or 'unresolved'}) "
-                "is not an address here: data plane listens on 0.0.0.0:0 bind the machine's address")
         # Every address a process is dialled at (see SUBSTITUTIONS).
-        names = ["IP:127.0.0.1", "DNS:localhost", f"DNS:{socket.gethostname()}"]
+        names = ["IP:127.0.0.1", "DNS:localhost"]
         names += [f"IP:{net}.{s}.{p}" for net in ("127.77", "127.78") for s in range(1, 4) for p in range(1, 9)]
         names += [f"IP:{net}.{n}" for net in ("127.20.0", "127.30.0", "127.31.0") for n in range(1, 9)]
         run(["bash", tools["make_certs"], self.certs, ",".join(names)])

@@ -24,6 +24,16 @@ namespace paramd {
 
 using daemon_internal::kTag;
 
+TransportOptions Daemon::Impl::DataPlaneOptions() const {
+  TransportOptions options;
+  options.listen_address = options_.data_plane_listen;
+  options.advertise_host = options_.advertise_host;
+  options.authenticator = options_.authenticator;
+  options.security = std::make_shared<const auth::ChannelSecurity>(
+      auth::ChannelSecurity{options_.tls, coordinator_token_});
+  return options;
+}
+
 void Daemon::Impl::Start(const std::string& address, const std::string& coordinator) {
   {
     absl::MutexLock lock(&mu_);
@@ -35,9 +45,7 @@ void Daemon::Impl::Start(const std::string& address, const std::string& coordina
   // Reconnect within a second of a coordinator that starts late (gRPC's
   // default backoff grows to two minutes).
   grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auth::AddFastReconnect(&args);
   // The Join presents join_token; once joined, every call presents the
   // cluster secret from the reply.
   channel_ = auth::CreateChannel(coordinator, {options_.tls, coordinator_token_}, args);
@@ -191,10 +199,7 @@ void Daemon::Impl::JoinLoop() {
 void Daemon::Impl::JoinLoopBody() {
   const absl::Time give_up = absl::Now() + options_.join_timeout;
   absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
-      DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
-                            options_.step_timeout, options_.authenticator,
-                            std::make_shared<const auth::ChannelSecurity>(
-                                auth::ChannelSecurity{options_.tls, coordinator_token_}));
+      DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(), options_.step_timeout);
   if (!data_plane.ok()) {
     absl::MutexLock lock(&mu_);
     join_error_ = absl::StrCat("data plane: ", data_plane.status().ToString());

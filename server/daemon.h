@@ -87,6 +87,11 @@ struct DaemonOptions {
   // listen for their control messages: "" = 127.0.0.1:0 (trainers on this
   // machine); "0.0.0.0:0" for trainers on other machines.
   std::string device_channel_listen;
+  // The host the data-plane and device-channel endpoints advertise when
+  // their listen host is a wildcard (0.0.0.0): hybrid-paramd passes the
+  // host of --advertise_address, the name other machines reach this one
+  // by. "" = this machine's hostname.
+  std::string advertise_host;
   // The rank to take (hybrid-paramd --rank); -1: the coordinator picks one
   // (the lowest not taken, else the lowest DOWN). A process started with
   // the rank of a daemon that went down replaces it

@@ -148,7 +148,8 @@ grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* Daemon::Impl::OpenDeviceChann
     }
     const std::string secret = auth::RandomSecret();
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
-                     ::paramd::OpenDeviceChannel(options_.device_channel_listen, secret));
+                     ::paramd::OpenDeviceChannel(options_.device_channel_listen,
+                                                 options_.advertise_host, secret));
     auto c = std::make_shared<ChannelState>();
     c->trainer = trainer;
     c->secret = secret;

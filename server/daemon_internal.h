@@ -88,6 +88,11 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   void Start(const std::string& address, const std::string& coordinator);
 
+  // What every data-plane endpoint of this daemon is opened with, the
+  // first and each recovery's: its listen address and advertised host, who
+  // may call it (the cluster secret), TLS and the token of its channels.
+  TransportOptions DataPlaneOptions() const;
+
   void Shutdown();
 
   int rank() const;

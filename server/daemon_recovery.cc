@@ -138,7 +138,7 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
   if (data_plane_) data_plane_->Shutdown();
   pending_plane_.reset();  // claimed by a Recover of an attempt the coordinator gave up on
   ASSIGN_OR_RETURN(pending_plane_,
-                   DaemonDataPlane::Open(options_.data_plane, options_.data_plane_listen,
+                   DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(),
                                          options_.step_timeout));
   pending_epoch_ = epoch;
   pending_claimed_ = false;

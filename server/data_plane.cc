@@ -12,16 +12,10 @@
 namespace paramd {
 
 absl::StatusOr<std::unique_ptr<DaemonDataPlane>> DaemonDataPlane::Open(
-    const std::string& transport, const std::string& listen, absl::Duration step_timeout,
-    std::shared_ptr<auth::Authenticator> authenticator,
-    std::shared_ptr<const auth::ChannelSecurity> security) {
+    const std::string& transport, const TransportOptions& options, absl::Duration step_timeout) {
   std::unique_ptr<DaemonDataPlane> d(new DaemonDataPlane());
   d->transport_name_ = transport;
   d->step_timeout_ = step_timeout;
-  TransportOptions options;
-  options.listen_address = listen;
-  options.authenticator = std::move(authenticator);
-  options.security = std::move(security);
   ASSIGN_OR_RETURN(d->endpoint_, OpenTransportEndpoint(transport, options));
   d->address_ = d->endpoint_->address();
   return d;

@@ -31,15 +31,14 @@ namespace paramd {
 
 class DaemonDataPlane {
  public:
-  // Opens an endpoint of backend `transport` ("host", "local") listening
-  // on `listen` (host: "ip:port", "" = "127.0.0.1:0"; local: fabric name).
-  // NOT_FOUND for a backend that is not linked in. `authenticator` /
-  // `security`: TransportOptions' (who may call the endpoint; TLS and the
-  // token of its channels); null = open, plaintext.
-  static absl::StatusOr<std::unique_ptr<DaemonDataPlane>> Open(
-      const std::string& transport, const std::string& listen, absl::Duration step_timeout,
-      std::shared_ptr<auth::Authenticator> authenticator = nullptr,
-      std::shared_ptr<const auth::ChannelSecurity> security = nullptr);
+  // Opens an endpoint of backend `transport` ("host", "local", "nccl")
+  // with `options` (where it listens and what it advertises, who may call
+  // it, TLS and the token of its channels: TransportOptions). A daemon
+  // passes the same options to every endpoint it opens, a recovery's
+  // included. NOT_FOUND for a backend that is not linked in.
+  static absl::StatusOr<std::unique_ptr<DaemonDataPlane>> Open(const std::string& transport,
+                                                               const TransportOptions& options,
+                                                               absl::Duration step_timeout);
   ~DaemonDataPlane();
 
   // Give this to the coordinator as JoinRequest.data_plane_address.

@@ -21,13 +21,14 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener) {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
-    const std::string& listen_address, const std::string& secret) {
+    const std::string& listen_address, const std::string& advertise_host,
+    const std::string& secret) {
   if (!Opener()) {
     return absl::FailedPreconditionError(
         "device fetch needs hybrid-paramd built with --config=cuda and --backend=gpu");
   }
   if (secret.empty()) return absl::InternalError("a device channel needs its secret");
-  return Opener()(listen_address, secret);
+  return Opener()(listen_address, advertise_host, secret);
 }
 
 absl::Status CheckDeviceChannelSecret(const std::string& presented, const std::string& expected,

@@ -119,11 +119,13 @@ class DeviceChannel {
 // backend (CUDA device 0 of this process: select the physical GPU with
 // CUDA_VISIBLE_DEVICES or hybrid-paramd --gpu), its control channels
 // listening on `listen_address` ("ip:port"; "" = 127.0.0.1:0, one machine;
-// "0.0.0.0:0" across machines) and accepting only a peer that proves
+// "0.0.0.0:0" across machines, advertised as `advertise_host`, "" = this
+// machine's hostname) and accepting only a peer that proves
 // `secret`, the channel's one-time secret (transport/channel_secret.h;
 // the daemon hands it to the trainer in DeviceChannelEvent.channel_secret).
 using DeviceChannelOpener = std::function<absl::StatusOr<std::unique_ptr<DeviceChannel>>(
-    const std::string& listen_address, const std::string& secret)>;
+    const std::string& listen_address, const std::string& advertise_host,
+    const std::string& secret)>;
 
 // Called once at static init by the implementation's library (alwayslink).
 // Returns true (for use in a static initialiser).
@@ -132,7 +134,8 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener);
 // A new channel endpoint. FAILED_PRECONDITION when this binary has no
 // implementation (built without --config=cuda); the opener's status else.
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
-    const std::string& listen_address, const std::string& secret);
+    const std::string& listen_address, const std::string& advertise_host,
+    const std::string& secret);
 
 // OK if `presented` (FetchDeviceRequest / PushGradientsDeviceRequest
 // .channel_secret) is `expected`, the secret of channel `channel`

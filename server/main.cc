@@ -86,7 +86,9 @@ ABSL_FLAG(std::string, cluster_secret_out, "",
           "given) to this file at start (mode 0600; the same secret after a restart with "
           "--state_file): the --cluster_secret_file of daemons that replace lost ones");
 ABSL_FLAG(std::string, advertise_address, "",
-          "address other processes use to reach this one (default 127.0.0.1:<port>)");
+          "address other processes use to reach this one (default 127.0.0.1:<port>); its host "
+          "is also what a --data_plane_listen / --device_channel_listen on 0.0.0.0 advertises "
+          "(default: this machine's hostname)");
 ABSL_FLAG(std::string, port_file, "",
           "write the bound gRPC port (one decimal line) to this file once serving");
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070",
@@ -341,6 +343,13 @@ absl::Status Run() {
   options.daemon.step_bucket_elements = absl::GetFlag(FLAGS_step_bucket_elements);
   options.daemon.backend = absl::GetFlag(FLAGS_backend);
   options.daemon.device_channel_listen = absl::GetFlag(FLAGS_device_channel_listen);
+  // A data plane or device channel on 0.0.0.0 is dialled at the name this
+  // daemon is advertised by, not at gethostname() (a Kubernetes pod's
+  // hostname does not resolve in other pods; its Service DNS name does).
+  if (!options.advertise_address.empty()) {
+    options.daemon.advertise_host =
+        options.advertise_address.substr(0, options.advertise_address.rfind(':'));
+  }
   options.daemon.rank = absl::GetFlag(FLAGS_rank);
   if (absl::GetFlag(FLAGS_snapshot_every_steps) < 0) {
     return absl::InvalidArgumentError("--snapshot_every_steps must be >= 0 (0 = no snapshots)");

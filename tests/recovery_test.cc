@@ -33,6 +33,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
+#include "proto/transport.grpc.pb.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/store.h"
 #include "proto/checkpoint_service.grpc.pb.h"
@@ -455,15 +456,44 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   ExpectSameAsRestoredReplay(c->ckpt(), 2, 7);
 }
 
-// No --checkpoint_dir anywhere: snapshots alone bring the cluster back.
+// Every daemon's data-plane endpoint (from the address book an observer's
+// Join gets) refuses a caller without the cluster secret.
+void ExpectDataPlaneClosedToStrangers(const std::string& coordinator_address) {
+  auto coordinator =
+      rpc::Coordinator::NewStub(grpc::CreateChannel(coordinator_address,
+                                                    grpc::InsecureChannelCredentials()));
+  rpc::JoinRequest observe;
+  observe.set_role(rpc::ROLE_OBSERVER);
+  rpc::JoinResponse world;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ASSERT_TRUE(coordinator->Join(&context, observe, &world).ok());
+  ASSERT_EQ(world.data_plane().address_book_size(), 2) << world.ShortDebugString();
+  for (const auto& [rank, address] : world.data_plane().address_book()) {
+    auto stranger = transport::DataPlane::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ping_context;
+    ping_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    transport::PingResponse pong;
+    const grpc::Status s = stranger->Ping(&ping_context, transport::PingRequest(), &pong);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << "data plane of rank " << rank << " at " << address << ": " << s.error_message();
+  }
+}
+
+// No --checkpoint_dir anywhere: snapshots alone bring the cluster back, and
+// the data plane the recovery re-forms is as closed to strangers as the
+// first one was.
 TEST(RecoveryTest, SnapshotsRecoverWithoutACheckpointDirectory) {
   auto c = RecoveryCluster::Start("", -1, /*snapshot_every=*/3, /*checkpoints=*/false);
   ASSERT_NE(c, nullptr);
   for (int64_t v = 0; v < 4; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
   c->AwaitBuddySnapshots(3);
+  ExpectDataPlaneClosedToStrangers(c->cluster->coordinator_address());
   ASSERT_TRUE(c->Replace(0).ok());  // rank 0's copy is on rank 1
   const rpc::RecoveryStatus r = c->AwaitRecovery(1);
   ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
+  ExpectDataPlaneClosedToStrangers(c->cluster->coordinator_address());
   EXPECT_EQ(r.rewound_to_version(), 3);
   EXPECT_EQ(r.source(), "snapshot v3");
   absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(5, absl::Seconds(10));

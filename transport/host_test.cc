@@ -53,6 +53,29 @@ TEST(HostTransportTest, ListensOnLoopbackAndReportsThePort) {
   EXPECT_TRUE(ProbeTransport("host").ok());
 }
 
+// A wildcard listen is dialled at the advertised host (a daemon's
+// --advertise_address host), else at this machine's name; never at a
+// wildcard address.
+TEST(HostTransportTest, AWildcardListenAdvertisesTheGivenHost) {
+  TransportOptions options;
+  options.listen_address = "0.0.0.0:0";
+  options.advertise_host = "daemon-3.paramd.example.svc";
+  absl::StatusOr<std::unique_ptr<TransportEndpoint>> e = OpenHostEndpoint(options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(absl::StartsWith((*e)->address(), "daemon-3.paramd.example.svc:")) << (*e)->address();
+  EXPECT_GT(PortOf((*e)->address()), 0);
+  options.advertise_host.clear();
+  e = OpenHostEndpoint(options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_FALSE(absl::StartsWith((*e)->address(), "0.0.0.0:")) << (*e)->address();
+  // A specific listen host is what peers dial, whatever the advertised host.
+  options.listen_address = "127.0.0.1:0";
+  options.advertise_host = "daemon-3.paramd.example.svc";
+  e = OpenHostEndpoint(options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(absl::StartsWith((*e)->address(), "127.0.0.1:")) << (*e)->address();
+}
+
 TEST(HostTransportTest, RejectsBadOptions) {
   TransportOptions options;
   options.chunk_bytes = 0;

@@ -172,6 +172,7 @@ class DataPlaneService final : public transport::DataPlane::CallbackService {
 class HostServer {
  public:
   static absl::StatusOr<std::unique_ptr<HostServer>> Start(const std::string& listen_address,
+                                                           const std::string& advertise_host,
                                                            std::shared_ptr<HostNode> node) {
     const size_t colon = listen_address.rfind(':');
     int requested_port = -1;
@@ -200,12 +201,7 @@ class HostServer {
     if (server->server_ == nullptr || port == 0) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", listen_address));
     }
-    std::string host = listen_address.substr(0, colon);
-    if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
-      char name[256] = {};
-      host = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
-    }
-    server->address_ = absl::StrCat(host, ":", port);
+    server->address_ = AdvertisedAddress(listen_address.substr(0, colon), port, advertise_host);
     return server;
   }
 
@@ -227,9 +223,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                           const auth::ChannelSecurity* security) {
   grpc::ChannelArguments args;
   // A peer that was down is retried soon after it comes up.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auth::AddFastReconnect(&args);
   // Transports in one process (tests) do not share connections or backoff.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return auth::CreateChannel(address, security != nullptr ? *security : auth::ChannelSecurity(),
@@ -450,7 +444,8 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenHostEndpoint(
   node->authenticator = options.authenticator;
   node->security = options.security;
   absl::StatusOr<std::unique_ptr<HostServer>> server = HostServer::Start(
-      options.listen_address.empty() ? "127.0.0.1:0" : options.listen_address, node);
+      options.listen_address.empty() ? "127.0.0.1:0" : options.listen_address,
+      options.advertise_host, node);
   if (!server.ok()) return server.status();
   return std::make_unique<HostEndpoint>(std::move(node), *std::move(server), options.chunk_bytes);
 }

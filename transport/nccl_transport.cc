@@ -1136,6 +1136,7 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenNcclEndpoint(
     // Connections prove the token of the world's channels (the daemons'
     // cluster secret), read when they are made: it is set after the join.
     transport_internal::SocketChannelOptions control_options;
+    control_options.advertise_host = options.advertise_host;
     if (options.security != nullptr && options.security->token != nullptr) {
       control_options.secret = [token = options.security->token] { return token->Get(); };
     }

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "transport/transport.h"
 
 namespace paramd {
 namespace transport_internal {
@@ -234,7 +235,6 @@ absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(
     const std::string& host_in, const SocketChannelOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
   const std::string host = host_in.empty() ? "127.0.0.1" : host_in;
-  const bool wildcard = host == "0.0.0.0" || host == "::" || host == "[::]";
   std::string bind_host = host;
   if (bind_host.size() >= 2 && bind_host.front() == '[') {
     bind_host = bind_host.substr(1, bind_host.size() - 2);
@@ -271,15 +271,8 @@ absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(
     close(fd);
     return absl::UnavailableError("control channel: pipe2 failed");
   }
-  std::string advertised = host;
-  if (wildcard) {
-    char name[256] = {};
-    advertised = gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
-  } else if (advertised.find(':') != std::string::npos && advertised.front() != '[') {
-    advertised = absl::StrCat("[", advertised, "]");
-  }
-  return std::unique_ptr<SocketChannel>(
-      new SocketChannel(fd, wake, absl::StrCat(advertised, ":", port), options));
+  std::string address = AdvertisedAddress(host, port, options.advertise_host);
+  return std::unique_ptr<SocketChannel>(new SocketChannel(fd, wake, std::move(address), options));
 }
 
 SocketChannel::SocketChannel(int listen_fd, int wake_fd[2], std::string address,

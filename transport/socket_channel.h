@@ -122,12 +122,15 @@ struct SocketChannelOptions {
   // Listen (a daemon learns its cluster secret when it joins). Null or
   // returning "": connections prove nothing and any is accepted.
   std::function<std::string()> secret;
+  // The host address() names when Listen's host is a wildcard (see
+  // TransportOptions::advertise_host); "" = this machine's hostname.
+  std::string advertise_host;
 };
 
 class SocketChannel {
  public:
   // Listens on `host`:0 ("" = 127.0.0.1; a wildcard host is advertised as
-  // this machine's hostname). Connections are accepted only after Start;
+  // options.advertise_host, else this machine's hostname). Connections are accepted only after Start;
   // until then they wait in the kernel's backlog. UNAVAILABLE if the host
   // cannot be bound, INVALID_ARGUMENT for options out of range.
   static absl::StatusOr<std::unique_ptr<SocketChannel>> Listen(

@@ -93,6 +93,17 @@ TEST(SocketChannelTest, ConcurrentSendersKeepFramesWhole) {
   }
 }
 
+TEST(SocketChannelTest, AWildcardListenAdvertisesTheGivenHost) {
+  SocketChannelOptions options;
+  options.advertise_host = "node-7.cluster.example";
+  absl::StatusOr<std::unique_ptr<SocketChannel>> c = SocketChannel::Listen("0.0.0.0", options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(absl::StartsWith((*c)->address(), "node-7.cluster.example:")) << (*c)->address();
+  c = SocketChannel::Listen("127.0.0.1", options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(absl::StartsWith((*c)->address(), "127.0.0.1:")) << (*c)->address();
+}
+
 TEST(SocketChannelTest, ClosedPeerAndBadArguments) {
   Pair pair;
   ASSERT_TRUE(pair.channels[0]->Send(1, 0, 1, Bytes("x"), In(absl::Seconds(10))).ok());

@@ -1,5 +1,7 @@
 #include "transport/transport.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <map>
 #include <thread>
@@ -103,6 +105,23 @@ absl::StatusOr<std::vector<std::unique_ptr<Transport>>> ConnectInProcessWorld(
     world.push_back(*std::move(result));
   }
   return world;
+}
+
+std::string AdvertisedAddress(absl::string_view listen_host, int port,
+                              absl::string_view advertise_host) {
+  std::string host(listen_host);
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") {
+    if (!advertise_host.empty()) {
+      host = std::string(advertise_host);
+    } else {
+      char name[256] = {};
+      host = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0' ? name : "localhost";
+    }
+  }
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    host = absl::StrCat("[", host, "]");
+  }
+  return absl::StrCat(host, ":", port);
 }
 
 float MaxIgnoringNan(float a, float b) {

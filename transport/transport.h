@@ -134,6 +134,11 @@ struct TransportOptions {
   // "127.0.0.1:0". local: the name of the in-process fabric to join ("" =
   // "default"); processes sharing a fabric name see each other's endpoints.
   std::string listen_address;
+  // host, nccl: the host peers dial when listen_address's host is a
+  // wildcard (0.0.0.0, ::): a daemon passes the host of its
+  // --advertise_address, the name other machines know it by (a Kubernetes
+  // pod's DNS name, not its hostname). "" = this machine's hostname.
+  std::string advertise_host;
   // host: bytes per streamed chunk, 1 .. 3 MiB.
   int64_t chunk_bytes = int64_t{1} << 20;
   // host: who may call the endpoint's DataPlane service (auth/security.h:
@@ -199,6 +204,13 @@ std::vector<std::string> RegisteredTransports();
 // thread per rank). Result index = rank.
 absl::StatusOr<std::vector<std::unique_ptr<Transport>>> ConnectInProcessWorld(
     absl::string_view name, int world_size, const TransportOptions& options = {});
+
+// The address peers dial for a listener bound to `listen_host`:`port`: a
+// wildcard host ("0.0.0.0", "::", "[::]", "") is replaced by
+// `advertise_host`, or by this machine's hostname when that is empty; an
+// IPv6 literal is bracketed.
+std::string AdvertisedAddress(absl::string_view listen_host, int port,
+                              absl::string_view advertise_host);
 
 // The element-wise maximum AllReduceMax computes (see there).
 float MaxIgnoringNan(float a, float b);

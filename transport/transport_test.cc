@@ -76,3 +76,21 @@ TEST(MaxIgnoringNanTest, FollowsTheAmaxRule) {
 
 }  // namespace
 }  // namespace paramd
+
+namespace paramd {
+namespace {
+
+TEST(AdvertisedAddressTest, WildcardsBecomeTheAdvertisedHost) {
+  EXPECT_EQ(AdvertisedAddress("0.0.0.0", 7070, "pod-0.svc"), "pod-0.svc:7070");
+  EXPECT_EQ(AdvertisedAddress("[::]", 1, "pod-0.svc"), "pod-0.svc:1");
+  EXPECT_EQ(AdvertisedAddress("::", 1, "fd00::5"), "[fd00::5]:1");
+  EXPECT_EQ(AdvertisedAddress("10.0.0.4", 9, "pod-0.svc"), "10.0.0.4:9");
+  EXPECT_EQ(AdvertisedAddress("::1", 9, ""), "[::1]:9");
+  EXPECT_EQ(AdvertisedAddress("[::1]", 9, ""), "[::1]:9");
+  const std::string own = AdvertisedAddress("0.0.0.0", 5, "");
+  EXPECT_NE(own, "0.0.0.0:5");
+  EXPECT_TRUE(own.size() > 2 && own.substr(own.size() - 2) == ":5") << own;
+}
+
+}  // namespace
+}  // namespace paramd

@@ -203,7 +203,8 @@ class NcclDeviceChannel : public DeviceChannel {
 };
 
 absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
-    const std::string& listen_address, const std::string& secret) {
+    const std::string& listen_address, const std::string& advertise_host,
+    const std::string& secret) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -212,6 +213,7 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenNcclDeviceChannel(
   GPU_RETURN_IF_ERROR(cudaSetDevice(kDevice));
   TransportOptions options;
   options.listen_address = listen_address;
+  options.advertise_host = advertise_host;
   // Only the trainer that was handed `secret` may talk to this endpoint.
   ASSIGN_OR_RETURN(std::unique_ptr<TransportEndpoint> endpoint,
                    OpenNcclEndpoint(ChannelSecret(secret).Apply(options)));

@@ -154,7 +154,7 @@ const bool kFakeGpu = RegisterGpuShardBackend(
       return std::unique_ptr<ShardBackend>(new FakeGpuBackend(*std::move(inner)));
     });
 const bool kFakeChannel = RegisterDeviceChannelOpener(
-    [](const std::string&,
+    [](const std::string&, const std::string&,
        const std::string& secret) -> absl::StatusOr<std::unique_ptr<DeviceChannel>> {
       absl::MutexLock lock(&Ctl().mu);
       Ctl().opened_secrets.push_back(secret);
