@@ -43,6 +43,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "common/cli.h"
 #include "common/status_macros.h"
 #include "deploy/demo_report.h"
 #include "deploy/demo_trainer.h"
@@ -763,11 +764,14 @@ int TrainerMain() {
 }  // namespace paramd
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  paramd::AbslCliOptions cli;
+  cli.program = "hybrid-paramd-demo";
+  cli.usage =
       "hybrid-paramd demo: a coordinator, two daemons and two trainers on loopback train a "
       "small MLP with hybrid-quantized weights and compare with FP32.\n"
-      "Usage: bazel run //deploy:demo -- [--steps=N] [--summary_json=PATH] [flags]");
-  absl::ParseCommandLine(argc, argv);
+      "Usage: bazel run //deploy:demo -- [--steps=N] [--summary_json=PATH] [flags]";
+  cli.flags_file = "deploy/demo_main.cc";
+  paramd::ParseAbslFlagsOrExit(argc, argv, cli);
   setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines interleave with logs on stderr
   if (absl::GetFlag(FLAGS_trainer_rank) >= 0) return paramd::demo::TrainerMain();
   paramd::demo::Demo demo;

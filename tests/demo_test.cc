@@ -110,6 +110,32 @@ TEST(Demo, KilledDaemonIsReplacedAndTheRunStillEndsOk) {
   EXPECT_EQ(j["losses"].size(), 12u);
 }
 
+// The demo's command line follows hybrid-paramd's: --help lists its own
+// flags and exits 0, --version exits 0, a bad flag exits non-zero.
+TEST(Demo, HelpVersionAndBadFlags) {
+  struct Case {
+    std::vector<std::string> args;
+    bool ok;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{{{"deploy/demo", "--help"}, true, "--summary_json"},
+                                         {{"deploy/demo", "--version"}, true, "hybrid-paramd-demo"},
+                                         {{"deploy/demo", "--no_such_flag"}, false, "no_such_flag"}}) {
+    ChildProcesses children;
+    const std::string log = TestTmp() + "/demo_cli.out";
+    auto demo = children.Start({"demo", c.args, log, log});
+    ASSERT_TRUE(demo.ok()) << demo.status();
+    auto status = children.Wait(*demo, absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    std::ifstream out_file(log);
+    std::stringstream out;
+    out << out_file.rdbuf();
+    ASSERT_TRUE(WIFEXITED(*status)) << c.args[1];
+    EXPECT_EQ(WEXITSTATUS(*status) == 0, c.ok) << c.args[1] << ": " << out.str();
+    EXPECT_TRUE(absl::StrContains(out.str(), c.says)) << c.args[1] << ": " << out.str();
+  }
+}
+
 TEST(Demo, TrainsWithinToleranceOfFp32AndReportsItsFigures) {
   const std::string workdir = TestTmp() + "/demo_ok";
   const std::string summary = TestTmp() + "/summary.json";
