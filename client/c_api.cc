@@ -159,6 +159,8 @@ absl::Status ToClientOptions(const hpd_connect_options& in, client::ClientOption
   if (Set(in.token) && Set(token_file)) {
     return absl::InvalidArgumentError("give token or token_file, not both");
   }
+  // As hpctl: HPCTL_TOKEN_FILE when neither is given.
+  if (!Set(in.token) && !Set(token_file)) token_file = std::getenv("HPCTL_TOKEN_FILE");
   if (Set(in.token)) o->token = in.token;
   if (Set(token_file)) {
     ASSIGN_OR_RETURN(o->token, auth::LoadClientToken(token_file, in.observer

@@ -165,7 +165,9 @@ typedef struct hpd_connect_options {
    * the address called. */
   const char* tls_server_name;
   /* A file holding the token: one bare token, or `ROLE TOKEN` lines (then
-   * the `trainer` line for trainers, the `operator` line for observers). */
+   * the `trainer` line for trainers, the `operator` line for observers).
+   * With neither token nor token_file, the file the environment variable
+   * HPCTL_TOKEN_FILE names, if set (as hpctl). */
   const char* token_file;
 } hpd_connect_options;
 

@@ -5,20 +5,25 @@ cluster, beside a plain torch AdamW baseline on the same data.
 The data needs no download: the source code of Python modules shipped with
 Python itself, as bytes (a character-level language model, vocabulary 256).
 
-Each step the trainer fetches the version's quantized weights (nn.Linear
-weights: rowwise for the forward GEMM, columnwise for dgrad, per the recipe;
-embeddings / norms / biases rowwise as BF16), runs forward and backward
-(hybrid_paramd.torch_glue), pushes every gradient, and waits for the daemons'
-AdamW step. The baseline is the same model, same initial weights, same
-batches, with torch.optim.AdamW on FP32 weights.
+The training loop is torch's own: the model is handed to the cluster with
+hybrid_paramd.distribute (nn.Linear weights fetched rowwise for the forward
+GEMM and columnwise for dgrad, in --format; the rest BF16) and
+hybrid_paramd.ClusterOptimizer steps it (push the gradients, wait for the
+daemons' AdamW step, fetch the new version). The baseline is the same
+model, same initial weights, same batches, with torch.optim.AdamW on FP32
+weights.
 
     python3 python/examples/train_gpt.py --server_binary=bazel-bin/server/hybrid-paramd
     python3 python/examples/train_gpt.py --coordinator=HOST:PORT   # a running cluster
+    torchrun --nproc_per_node=2 python/examples/train_gpt.py --server_binary=...  # data parallel
 
 With --coordinator the cluster must have been started with a matching
-optimizer (--optimizer=adamw --lr=... --weight_decay=...) and one pusher;
-the example loads the initial weights into it (a shared path: the daemons
-must read --work_dir). Prints a summary and writes it to --summary_json.
+optimizer (--optimizer=adamw --lr=... --weight_decay=...) and
+--expected_pushers equal to the number of ranks; the example streams the
+initial weights to it. Under torchrun each rank trains on its slice of the
+global --batch and pushes its gradients (rank 0 starts the --server_binary
+cluster and loads the model); the reported loss is the mean over the ranks.
+Prints a line per step and a summary, which --summary_json also gets.
 Exits 1 if the loss did not fall or ended more than --tolerance above the
 baseline.
 """
@@ -28,7 +33,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,24 +42,8 @@ import torch  # noqa: E402
 
 import hybrid_paramd as hp  # noqa: E402
 from hybrid_paramd import cluster as hpc  # noqa: E402
-from hybrid_paramd import safetensors_io  # noqa: E402
-from hybrid_paramd import torch_glue  # noqa: E402
 
-RECIPES = {
-    # Linear weights: FP8 per tensor (current scaling) in both directions;
-    # everything else BF16 rowwise only.
-    "fp8": 'rule { pattern: ".*\\\\.(qkv|proj|fc1|fc2)\\\\.weight" spec { rowwise { format: '
-           'FP8_CURRENT } columnwise { format: FP8_CURRENT } columnwise_usage: true } }',
-    "mxfp8": 'rule { pattern: ".*\\\\.(qkv|proj|fc1|fc2)\\\\.weight" spec { rowwise { format: '
-             'MXFP8 } columnwise { format: MXFP8 } columnwise_usage: true } }',
-    "nvfp4": 'rule { pattern: ".*\\\\.(qkv|proj|fc1|fc2)\\\\.weight" spec { rowwise { format: '
-             'NVFP4 } columnwise { format: NVFP4 } columnwise_usage: true } }',
-    "fp8_block": 'rule { pattern: ".*\\\\.(qkv|proj|fc1|fc2)\\\\.weight" spec { rowwise { '
-                 'format: FP8_BLOCK_128X128 } columnwise { format: FP8_BLOCK_128X128 } columnwise_usage: true } }',
-    "bf16": 'rule { pattern: ".*\\\\.(qkv|proj|fc1|fc2)\\\\.weight" spec { rowwise { format: '
-            'IDENTITY_BF16 } columnwise { format: IDENTITY_BF16 } columnwise_usage: true } }',
-}
-DEFAULT_SPEC = 'default_spec { rowwise { format: IDENTITY_BF16 } columnwise_usage: false }'
+FORMATS = sorted(hp.cluster_module.PRESETS)
 
 
 class Block(torch.nn.Module):
@@ -131,26 +119,29 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--server_binary", default="",
                    help="hybrid-paramd binary: start a local cluster (coordinator + --daemons)")
-    p.add_argument("--coordinator", default="",
-                   help="or use this running cluster (the model is streamed to it; see "
-                        "--replace_model)")
+    p.add_argument("--coordinator", default=os.environ.get("PARAMD_COORDINATOR", ""),
+                   help="or use this running cluster (default $PARAMD_COORDINATOR; the model is "
+                        "streamed to it; see --replace_model)")
     p.add_argument("--replace_model", action="store_true",
                    help="--coordinator: replace a model the cluster already holds")
-    p.add_argument("--tls_ca", default="", help="--coordinator: CA of the cluster's TLS certificate")
+    p.add_argument("--tls_ca", default="",
+                   help="--coordinator: CA of the cluster's TLS certificate (default "
+                        "$HPCTL_TLS_CA)")
     p.add_argument("--token_file", default="",
                    help="--coordinator: `ROLE TOKEN` file of a cluster with --auth_token_file "
-                        "(its operator line loads the model, its trainer line trains)")
+                        "(its operator line loads the model, its trainer line trains; default "
+                        "$HPCTL_TOKEN_FILE)")
     p.add_argument("--daemons", type=int, default=2)
     p.add_argument("--daemon_flags", default="",
                    help="extra flags for every daemon (e.g. '--backend=gpu --gpu=0')")
-    p.add_argument("--format", default="fp8", choices=sorted(RECIPES),
-                   help="format of the Linear weights")
+    p.add_argument("--format", default="fp8", choices=FORMATS,
+                   help="format of the Linear weights (the output head stays BF16)")
     p.add_argument("--device", default="cpu", help="trainer device (cpu or cuda[:N])")
     p.add_argument("--fetch_device", default="",
                    help="where fetches land (default: cpu: the host data plane, then copied "
                         "to --device; 'cuda' fetches over the device channels)")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=16, help="global batch (split over the ranks)")
     p.add_argument("--context", type=int, default=32)
     p.add_argument("--d_model", type=int, default=64)
     p.add_argument("--heads", type=int, default=2)
@@ -160,14 +151,19 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="allowed relative excess of the final loss over the baseline's")
-    p.add_argument("--work_dir", default="", help="where the initial model file is written")
+    p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument("--summary_json", default="")
     a = p.parse_args()
     if not a.server_binary and not a.coordinator:
-        p.error("give --server_binary (start a cluster) or --coordinator")
+        p.error("give --server_binary (start a cluster) or --coordinator (or $PARAMD_COORDINATOR)")
 
+    rank, world = _init_distributed()
+    if a.batch % world:
+        p.error("--batch=%d does not split over %d ranks" % (a.batch, world))
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
+    if device.type == "cuda" and device.index is None and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     data = corpus()
     vocab = 256
     model = GPT(vocab, a.d_model, a.heads, a.layers, a.context)
@@ -176,32 +172,30 @@ def main():
     model.to(device)
     baseline.to(device)
 
-    work = a.work_dir or tempfile.mkdtemp(prefix="train_gpt_")
-    os.makedirs(work, exist_ok=True)
-    model_path = os.path.join(work, "gpt_init.safetensors")
-    safetensors_io.save({n: t.detach().float().cpu() for n, t in model.named_parameters()},
-                        model_path)
-    recipe = 'name: "train_gpt_%s"\n%s\n%s\n' % (a.format, RECIPES[a.format], DEFAULT_SPEC)
-
     cl = None
+    address = a.coordinator
     if a.server_binary:
-        flags = ["--optimizer=adamw", "--lr=%g" % a.lr, "--beta1=0.9", "--beta2=0.999",
-                 "--adam_eps=1e-8", "--weight_decay=%g" % a.weight_decay]
-        flags += a.daemon_flags.split()
-        cl = hpc.LocalCluster(a.server_binary, daemons=a.daemons, expected_pushers=1,
-                              daemon_flags=flags)
-        address = cl.address
-    else:
-        address = a.coordinator
+        if rank == 0:
+            flags = ["--optimizer=adamw", "--lr=%g" % a.lr, "--beta1=0.9", "--beta2=0.999",
+                     "--adam_eps=1e-8", "--weight_decay=%g" % a.weight_decay]
+            flags += a.daemon_flags.split()
+            cl = hpc.LocalCluster(a.server_binary, daemons=a.daemons, expected_pushers=world,
+                                  daemon_flags=flags)
+            address = cl.address
+        address = _broadcast(address, world)
     try:
-        summary = train(a, address, model, baseline, data, device, model_path, recipe)
+        summary = train(a, address, model, baseline, data, device, rank, world)
     except Exception:
         if cl is not None:
             sys.stderr.write(cl.log_tails())
         raise
     finally:
+        if world > 1:
+            torch.distributed.barrier()  # every rank is done before rank 0 stops the cluster
         if cl is not None:
             cl.stop()
+    if rank != 0:
+        return 0 if summary["ok"] else 1
     text = json.dumps(summary, indent=1)
     print(text)
     if a.summary_json:
@@ -213,50 +207,96 @@ def main():
     return 0
 
 
-def train(a, address, model, baseline, data, device, model_path, recipe):
+def _init_distributed():
+    """(rank, world size): torchrun's, over a gloo process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        torch.distributed.init_process_group("gloo")
+        return torch.distributed.get_rank(), world
+    return 0, 1
+
+
+def _broadcast(value, world):
+    if world == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _mean_over_ranks(x, world):
+    if world == 1:
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return t.item() / world
+
+
+def _progress(steps, quiet):
+    """The step numbers, with a tqdm bar when tqdm is installed."""
+    if quiet:
+        return range(steps), None
+    try:
+        import tqdm
+    except ImportError:
+        return range(steps), None
+    bar = tqdm.tqdm(range(steps), unit="step", file=sys.stderr)
+    return bar, bar
+
+
+def train(a, address, model, baseline, data, device, rank, world):
     security = {"tls_ca": a.tls_ca or None, "token_file": a.token_file or None}
-    admin = hp.Client(address, observer=True, name="train_gpt-admin", **security)
-    # A running cluster may not see this machine's files: stream the model.
-    hpc.load_when_ready(admin, model_path, recipe, stream=bool(a.coordinator),
-                        force=a.replace_model)
-    trainer = hp.Client(address, name="train_gpt", **security)
-    fetch_device = a.fetch_device or "cpu"
-    cm = torch_glue.ClusterModel(trainer, model, device=fetch_device)
-    opt = torch.optim.AdamW(baseline.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=a.weight_decay)
+    trainer = hp.Client(address, name="train_gpt-rank%d" % rank, **security)
+    # The operator's role loads the model (a trainer's token may not).
+    admin = hp.Client(address, observer=True, name="train_gpt-admin", **security) \
+        if rank == 0 else None
+    model = hp.distribute(model, trainer, recipe=a.format, force=a.replace_model,
+                          load_client=admin,
+                          linear_filter=lambda name, _: name != "head",
+                          fetch_device=a.fetch_device or "cpu")
+    opt = hp.ClusterOptimizer(model)
+    base_opt = torch.optim.AdamW(baseline.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
+                                 weight_decay=a.weight_decay)
     losses, base_losses, step_s, fetch_s, push_s, wait_s = [], [], [], [], [], []
-    fetched = {"rowwise_bytes": 0, "columnwise_bytes": 0, "rowwise_bf16_bytes": 0,
-               "columnwise_bf16_bytes": 0}
-    v = trainer.wait_for_version(0)
-    for x, y in batches(data, a.steps, a.batch, a.context, a.seed + 1):
+    fetched = dict(opt.last_stats)
+    local = a.batch // world
+    mine = slice(rank * local, (rank + 1) * local)
+    steps, bar = _progress(a.steps, a.quiet or rank != 0)
+    data_iter = batches(data, a.steps, a.batch, a.context, a.seed + 1)
+    for step in steps:
+        x, y = next(data_iter)
         x, y = x.to(device), y.to(device)
         t0 = time.perf_counter()
-        stats = cm.load(v)
-        if fetch_device != a.device:
-            _move_copies(cm, device)
-        t1 = time.perf_counter()
-        loss = loss_of(model, x, y)
+        loss = loss_of(model, x[mine], y[mine])
         loss.backward()
-        t2 = time.perf_counter()
-        cm.push(v)
-        t3 = time.perf_counter()
-        v = trainer.wait_for_version(v + 1)
-        t4 = time.perf_counter()
-        for k in fetched:
-            fetched[k] += stats[k]
-        losses.append(loss.item())
-        fetch_s.append(t1 - t0)
-        push_s.append(t3 - t2)
-        wait_s.append(t4 - t3)
-        step_s.append(t4 - t0)
-        # Baseline: same batch, FP32 weights, torch AdamW.
+        opt.step()
         opt.zero_grad()
+        step_s.append(time.perf_counter() - t0)
+        for k in fetched:
+            fetched[k] += opt.last_stats[k]
+        losses.append(_mean_over_ranks(loss.item(), world))
+        fetch_s.append(opt.fetch_seconds)
+        push_s.append(opt.push_seconds)
+        wait_s.append(opt.wait_seconds)
+        # Baseline: the whole global batch, FP32 weights, torch AdamW.
+        base_opt.zero_grad()
         bl = loss_of(baseline, x, y)
         bl.backward()
-        opt.step()
+        base_opt.step()
         base_losses.append(bl.item())
+        line = "step %d/%d  loss %.4f (baseline %.4f)  %.0f tokens/s  version %d  " \
+               "push %.1f ms  wait %.1f ms  fetch %.1f ms" % (
+                   step + 1, a.steps, losses[-1], base_losses[-1],
+                   a.batch * a.context / step_s[-1], opt.version, 1e3 * push_s[-1],
+                   1e3 * wait_s[-1], 1e3 * fetch_s[-1])
+        if bar is not None:
+            bar.set_postfix_str("loss %.4f v%d" % (losses[-1], opt.version))
+        elif not a.quiet and rank == 0:
+            print(line, flush=True)
+    version = opt.version
     trainer.close()
-    admin.close()
+    if admin is not None:
+        admin.close()
     k = max(1, min(5, len(losses) // 4))
     final, base_final = sum(losses[-k:]) / k, sum(base_losses[-k:]) / k
     start = sum(losses[:k]) / k
@@ -269,7 +309,8 @@ def train(a, address, model, baseline, data, device, model_path, recipe):
     med = lambda s: sorted(s)[len(s) // 2]
     return {
         "ok": ok, "why": why, "format": a.format, "device": str(device),
-        "fetch_device": fetch_device, "steps": a.steps, "final_version": v,
+        "fetch_device": a.fetch_device or "cpu", "ranks": world, "steps": a.steps,
+        "final_version": version,
         "loss_start": start, "loss_final": final, "baseline_loss_final": base_final,
         "relative_to_baseline": final / base_final - 1,
         "losses": losses, "baseline_losses": base_losses,
@@ -282,17 +323,6 @@ def train(a, address, model, baseline, data, device, model_path, recipe):
         "push_seconds_median": med(push_s), "wait_step_seconds_median": med(wait_s),
         "step_seconds": step_s,
     }
-
-
-def _move_copies(cm, device):
-    """Host-fetched copies -> the trainer's device (one copy per buffer)."""
-    for cl in cm.linears.values():
-        for f in (cl.copies.rowwise, cl.copies.columnwise):
-            if f is not None:
-                f._buf = f._buf.to(device) if f._buf.device != device else f._buf
-                f._data = f._scales = None
-        cl.copies.compute_dtype = torch.bfloat16 if device.type == "cuda" else \
-            cl.copies.compute_dtype
 
 
 if __name__ == "__main__":

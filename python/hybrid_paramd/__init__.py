@@ -34,6 +34,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
                      PermissionDenied, ResourceExhausted, RewoundError, Unauthenticated,
                      Unavailable, Unimplemented, Unknown)
+from .cluster_module import ClusterOptimizer, distribute, recipe_text
 from .formats import (COLUMNWISE, ROWWISE, HAS_FP8_DTYPES, dequantize)
 from .ipc import IpcSession, IpcVersion, IpcView
 
@@ -44,5 +45,5 @@ __all__ = [
     "DeadlineExceeded", "FailedPrecondition", "Internal", "InvalidArgument", "NotFound",
     "OutOfRange", "PermissionDenied", "ResourceExhausted", "Unauthenticated", "Unavailable",
     "Unimplemented", "Unknown", "ROWWISE", "COLUMNWISE", "HAS_FP8_DTYPES", "dequantize",
-    "IpcSession", "IpcVersion", "IpcView",
+    "IpcSession", "IpcVersion", "IpcView", "distribute", "ClusterOptimizer", "recipe_text",
 ]

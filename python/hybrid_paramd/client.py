@@ -221,8 +221,8 @@ class Client(StateDictMixin):
     require mutual TLS; tls_server_name the name the servers' certificates
     carry if not the address's host. token (a string) or token_file (a
     file with one bare token or `ROLE TOKEN` lines: the `trainer` line for
-    trainers, the `operator` line for observers) for a cluster started with
-    --auth_token_file. A TLS server called in plaintext, a plaintext server
+    trainers, the `operator` line for observers; neither given:
+    $HPCTL_TOKEN_FILE if set) for a cluster started with --auth_token_file. A TLS server called in plaintext, a plaintext server
     called with a CA, a certificate the CA did not sign or a missing client
     certificate fail at once with FailedPrecondition saying which; so does
     an address where a daemon answers (naming its coordinator). A missing

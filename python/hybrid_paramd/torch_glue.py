@@ -160,6 +160,17 @@ class _ClusterLinear(torch.nn.Module):
         return Linear.apply(x, self.weight, self.bias, self.copies)
 
 
+def _move_fetched(result, device):
+    """Moves a fetch's buffers to `device` (each shared buffer once)."""
+    moved = {}
+    for f in result:
+        key = id(f._buf)
+        if key not in moved:
+            moved[key] = f._buf.to(device)
+        f._buf = moved[key]
+        f._data = f._scales = None
+
+
 class ClusterModel:
     """Binds `module`'s parameters to the cluster's tensors and swaps its
     nn.Linear layers for _ClusterLinear (in place).
@@ -171,14 +182,19 @@ class ClusterModel:
     data plane; a CUDA device the device channels)."""
 
     def __init__(self, client, module, names=None, directions=("rowwise", "columnwise"),
-                 device=None):
+                 device=None, compute_device=None):
         self.client = client
         self.module = module
         params = dict(module.named_parameters())
         self.names = dict(names) if names is not None else {n: n for n in params}
         first = next(iter(params.values()))
         self.device = torch.device(device) if device is not None else first.device
-        self.compute_dtype = torch.bfloat16 if self.device.type == "cuda" else first.dtype
+        # Where the GEMMs run: copies fetched elsewhere are moved there once
+        # per version (one copy of the fetch's buffer, not one per tensor).
+        self.compute_device = (torch.device(compute_device) if compute_device is not None
+                               else first.device)
+        self.compute_dtype = (torch.bfloat16 if self.compute_device.type == "cuda"
+                              else first.dtype)
         self.params = {n: params[n] for n in self.names}
         manifest = client.manifest()
         missing = [c for c in self.names.values() if c not in manifest]
@@ -211,6 +227,8 @@ class ClusterModel:
             dirs = self.directions if pname in self.linears else ("rowwise",)
             pairs += [(t, d) for d in dirs if manifest[t].direction(d).published]
         r = c.fetch(version, targets=pairs, device=self.device)
+        if self.compute_device != self.device:
+            _move_fetched(r, self.compute_device)
         for pname, cl in self.linears.items():
             t = self.names[pname]
             row = r[t, "rowwise"]

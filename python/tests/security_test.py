@@ -2,8 +2,9 @@
 (docs/SECURITY.md): certificates by tools/make_certs.sh, a `ROLE TOKEN`
 file given to every process. A plaintext client, a client trusting
 another CA and one checking another server name are refused at once
-(FailedPrecondition, in words); PARAMD_COORDINATOR and HPCTL_TLS_CA are
-the defaults of address and tls_ca; no token is Unauthenticated; a
+(FailedPrecondition, in words); PARAMD_COORDINATOR, HPCTL_TLS_CA and
+HPCTL_TOKEN_FILE are the defaults of address, tls_ca and token_file (as
+hpctl's); no token is Unauthenticated; a
 trainer token fetches and pushes but may not load (PermissionDenied); an
 operator token (token_file, observer) streams a sharded load and steps; a
 step pushed through TLS commits."""
@@ -81,15 +82,21 @@ class SecurityTest(unittest.TestCase):
         self.refused_at_once("the server's certificate is not issued for elsewhere.example.com",
                              tls_ca=self.ca, tls_server_name="elsewhere.example.com")
 
-    def test_environment_gives_address_and_ca(self):
+    def test_environment_gives_address_ca_and_token_file(self):
         os.environ["PARAMD_COORDINATOR"] = self.cluster.address
         os.environ["HPCTL_TLS_CA"] = self.ca
         try:
+            with self.assertRaises(hp.Unauthenticated):  # no token anywhere
+                hp.Client(observer=True)
             with hp.Client(observer=True, token_file=self.tokens) as c:
+                self.assertIsNotNone(c.manifest())
+            os.environ["HPCTL_TOKEN_FILE"] = self.tokens
+            with hp.Client(observer=True) as c:  # everything from the environment
                 self.assertIsNotNone(c.manifest())
         finally:
             del os.environ["PARAMD_COORDINATOR"]
             del os.environ["HPCTL_TLS_CA"]
+            os.environ.pop("HPCTL_TOKEN_FILE", None)
 
     def test_roles_over_tls(self):
         addr = self.cluster.address
