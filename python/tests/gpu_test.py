@@ -7,7 +7,9 @@ trainer's tensors on the same GPU.
 * push from CUDA tensors, then the step == a host push of the same values;
 * torch_glue.Linear with per-tensor FP8 through torch._scaled_mm: forward
   and dgrad against a BF16 reference of the dequantized weight; the other
-  formats' dequantization on the GPU == on the CPU.
+  formats' dequantization on the GPU == on the CPU;
+* hp.distribute + ClusterOptimizer train a module on the GPU (fetches into
+  CUDA tensors and through the host plane).
 """
 
 import os
@@ -175,6 +177,32 @@ class GpuTest(unittest.TestCase):
             b = results[1][a.tensor, a.direction]
             self.assertTrue(torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)),
                             a.tensor)
+
+    def test_distribute_trains_a_cuda_module(self):
+        """hp.distribute + ClusterOptimizer with the model on the GPU: fp8
+        Linear layers run torch._scaled_mm (dims multiples of 16), fetched
+        into CUDA tensors or through the host plane, and the loss falls."""
+        for fetch_device in ("cuda", "cpu"):
+            torch.manual_seed(5)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                        torch.nn.LayerNorm(128), torch.nn.Linear(128, 32)).cuda()
+            x = torch.randn(256, 64, device="cuda")
+            y = torch.randint(0, 32, (256,), device="cuda")
+            flags = ["--backend=gpu", "--gpu=0", "--optimizer=sgd", "--lr=0.05"]
+            with hpc.LocalCluster(test_env.SERVER, daemons=1, expected_pushers=1,
+                                  daemon_flags=flags) as cl, hp.Client(cl.address) as client:
+                model = hp.distribute(model, client, recipe="fp8", fetch_device=fetch_device)
+                opt = hp.ClusterOptimizer(model)
+                losses = []
+                for _ in range(6):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    losses.append(loss.item())
+                self.assertEqual(opt.version, 6, fetch_device)
+                self.assertTrue(torch_glue._fp8_gemm_ok(model[0].copies.rowwise, 256, 128, 64))
+                self.assertLess(losses[-1], losses[0], (fetch_device, losses))
 
 
 if __name__ == "__main__":
