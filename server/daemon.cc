@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "auth/endpoint_probe.h"
 #include "common/status_macros.h"
 #include "common/telemetry.h"
 #include "server/optimizer_config.h"
@@ -196,6 +197,20 @@ void Daemon::Impl::JoinLoop() {
   join_done_ = true;
 }
 
+namespace {
+
+// How the endpoint probe's messages name this daemon's TLS flags.
+auth::ProbeNames CoordinatorProbeNames() {
+  auth::ProbeNames names;
+  names.ca = "this daemon's --tls_ca";
+  names.give_ca = "start the daemon with --tls_cert, --tls_key and the --tls_ca that signed "
+                  "the coordinator's certificate";
+  names.server_name = "this daemon's --tls_server_name";
+  return names;
+}
+
+}  // namespace
+
 void Daemon::Impl::JoinLoopBody() {
   const absl::Time give_up = absl::Now() + options_.join_timeout;
   absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
@@ -237,8 +252,23 @@ void Daemon::Impl::JoinLoopBody() {
         if (shut_down_) return;
       }
       if (absl::Now() >= next_waiting_log) {
+        // What waiting will not mend (TLS against plaintext, a certificate
+        // the CA did not sign, ...) ends the join at once, in words; a
+        // refused or silent address is waited for (the coordinator may
+        // start later), and the log says why it is not reachable.
+        const absl::Status probe = auth::ProbeEndpoint(coordinator_address_, options_.tls,
+                                                       absl::Seconds(2), CoordinatorProbeNames());
+        if (!probe.ok() && !absl::IsUnavailable(probe)) {
+          absl::MutexLock lock(&mu_);
+          join_error_ = absl::StrCat("the coordinator at ", coordinator_address_, ": ",
+                                     probe.message());
+          LogError(kTag, join_error_);
+          return;
+        }
         Log(kTag, absl::StrCat("waiting for the coordinator at ", coordinator_address_,
-                               " (not reachable yet; retrying, giving up in ",
+                               " (not reachable yet",
+                               probe.ok() ? "" : absl::StrCat(": ", probe.message()),
+                               "; retrying, giving up in ",
                                absl::FormatDuration(absl::Trunc(give_up - absl::Now(),
                                                                 absl::Seconds(1))),
                                ")"));

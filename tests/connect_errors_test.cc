@@ -2,7 +2,8 @@
 // after a timeout: hpctl and the client library against a TLS cluster
 // without a CA, with another CA, against a plaintext cluster with a CA,
 // at a refused port and at a daemon's port (which says where its
-// coordinator is); and the environment defaults PARAMD_COORDINATOR and
+// coordinator is); a daemon whose TLS settings disagree with its
+// coordinator's; and the environment defaults PARAMD_COORDINATOR and
 // HPCTL_TLS_CA of both. Certificates by tools/make_certs.sh.
 #include <stdlib.h>
 
@@ -174,6 +175,40 @@ TEST_F(ConnectErrorsTest, ADaemonsAddressNamesItsCoordinator) {
                           c->coordinator_address());
     ExpectRefusedAtOnce(DaemonAddress(*c), c == tls_ ? Ca() : "",
                         "its coordinator is at " + c->coordinator_address());
+  }
+}
+
+// A daemon whose TLS settings disagree with its coordinator's says so and
+// exits at once (a restart will not mend it); the log names the flag.
+TEST_F(ConnectErrorsTest, ADaemonNamesTlsMistakesAtOnce) {
+  const std::string tls = tls_->coordinator_address();
+  const std::string plain = plain_->coordinator_address();
+  struct Case {
+    std::string coordinator;
+    std::vector<std::string> flags;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {tls, {}, tls + " speaks TLS, but this client speaks plaintext: start the daemon with "
+                      "--tls_cert, --tls_key and the --tls_ca"},
+      {tls,
+       {"--tls_cert=" + *certs_ + "/server.pem", "--tls_key=" + *certs_ + "/server.key",
+        "--tls_ca=" + Ca("other-ca")},
+       "the server's certificate is not signed by this daemon's --tls_ca"},
+      {plain,
+       {"--tls_cert=" + *certs_ + "/server.pem", "--tls_key=" + *certs_ + "/server.key",
+        "--tls_ca=" + Ca()},
+       plain + " speaks plaintext, but a TLS CA was given (this daemon's --tls_ca)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {"server/hybrid-paramd", "--role=daemon",
+                                     "--listen=127.0.0.1:0", "--coordinator=" + c.coordinator};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    const absl::Time start = absl::Now();
+    testing::ProgramRun ran = testing::RunProgram(argv, dir_->path(), kTimeout);
+    EXPECT_NE(ran.exit_code, 0) << ran.out;
+    EXPECT_TRUE(absl::StrContains(ran.out, c.words)) << "want: " << c.words << "\ngot: " << ran.out;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << ran.out;
   }
 }
 
