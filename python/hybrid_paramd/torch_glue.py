@@ -160,6 +160,15 @@ class _ClusterLinear(torch.nn.Module):
         return Linear.apply(x, self.weight, self.bias, self.copies)
 
 
+def _indexed(device):
+    """`device` as a torch.device with its index ("cuda" -> "cuda:N", the
+    current device), so that two names of one device compare equal."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def _move_fetched(result, device):
     """Moves a fetch's buffers to `device` (each shared buffer once)."""
     moved = {}
@@ -188,11 +197,11 @@ class ClusterModel:
         params = dict(module.named_parameters())
         self.names = dict(names) if names is not None else {n: n for n in params}
         first = next(iter(params.values()))
-        self.device = torch.device(device) if device is not None else first.device
+        self.device = _indexed(device if device is not None else first.device)
         # Where the GEMMs run: copies fetched elsewhere are moved there once
         # per version (one copy of the fetch's buffer, not one per tensor).
-        self.compute_device = (torch.device(compute_device) if compute_device is not None
-                               else first.device)
+        self.compute_device = _indexed(compute_device if compute_device is not None
+                                       else first.device)
         self.compute_dtype = (torch.bfloat16 if self.compute_device.type == "cuda"
                               else first.dtype)
         self.params = {n: params[n] for n in self.names}
