@@ -4,7 +4,7 @@
 # FUZZ_SECONDS=0 skips), runs the shell blocks of README.md and
 # deploy/README.md when DOC_TEST=1 (tools/doc_test.py), and (where nvcc
 # exists) compiles the CUDA build too and runs the CUDA-built daemon's ops
-# tests (no GPU needed).
+# tests and the CUDA wheel's test (no GPU needed).
 # Prints "N passed, N failed" last; exits non-zero if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,10 +43,12 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
   if [ "$cuda_rc" -eq 0 ]; then
     # The CUDA build's daemon links the CUDA libraries (their static TLS
     # lands in every thread's stack; libcublasLt's once kept the metrics
-    # endpoint's threads from starting): its ops surface, run without a GPU.
-    echo "== the CUDA-built daemon without a GPU: bazel test --config=cuda //tests:server_ops_test //tests:server_single_test"
+    # endpoint's threads from starting): its ops surface, run without a GPU;
+    # and the wheel with the CUDA-built library installs and runs.
+    echo "== the CUDA build without a GPU: bazel test --config=cuda //tests:server_ops_test //tests:server_single_test //python:wheel_test"
     cuda_log=$(mktemp)
-    bazel_quiet test --config=cuda //tests:server_ops_test //tests:server_single_test | tee "$cuda_log" | tail -n 5
+    bazel_quiet test --config=cuda //tests:server_ops_test //tests:server_single_test \
+      //python:wheel_test | tee "$cuda_log" | tail -n 5
     cuda_rc=${PIPESTATUS[0]}
     grep -E '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$cuda_log" || true
     rm -f "$cuda_log"
