@@ -2,7 +2,7 @@
 # The README's test command: installs what is missing, runs every test that
 # needs no GPU, runs each fuzz target for a few seconds (tools/fuzz.sh;
 # FUZZ_SECONDS=0 skips), runs the shell blocks of README.md and
-# deploy/README.md when DOC_TEST=1 (tools/doc_test.py), and (where nvcc
+# deploy/README.md (tools/doc_test.py; DOC_TEST=0 skips it), and (where nvcc
 # exists) compiles the CUDA build too and runs the CUDA-built daemon's ops
 # tests and the CUDA wheel's test (no GPU needed).
 # Prints "N passed, N failed" last; exits non-zero if anything failed.
@@ -28,7 +28,7 @@ fi
 # script, but a README block that did would recurse).
 doc_rc=0
 doc_ran=0
-if [ "${DOC_TEST:-0}" != 0 ] && [ -z "${HYBRID_PARAMD_DOC_TEST:-}" ]; then
+if [ "${DOC_TEST:-1}" != 0 ] && [ -z "${HYBRID_PARAMD_DOC_TEST:-}" ]; then
   echo "== README.md and deploy/README.md shell blocks: tools/doc_test.py"
   python3 tools/doc_test.py
   doc_rc=$?
