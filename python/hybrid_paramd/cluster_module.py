@@ -137,7 +137,10 @@ def distribute(model, client, recipe="fp8", force=False, load=None, load_client=
     preset applies to (default all). force: replace a model the cluster
     already holds. load: whether this process loads the parameters
     (default: rank 0 only, the RANK of torchrun or torch.distributed); the
-    others wait for them. load_client: the client that loads (default
+    others wait for them; load=False everywhere binds to the model the
+    cluster holds and its newest version (resuming a run). Under an
+    initialized torch.distributed every rank must call distribute (its
+    barrier orders the load before the other ranks' first fetch). load_client: the client that loads (default
     `client`; a cluster with tokens lets only the operator role load).
     directions: what the Linear weights are fetched in. fetch_device: where
     fetches land ("cpu", the default, uses the host data plane; a CUDA
