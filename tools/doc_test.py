@@ -35,7 +35,8 @@ holds a link to each top-level entry of the repository (so `tools/...`,
 `deploy/...` and `bazel-bin/...` resolve and what a command writes lands in
 the scratch directory), with HOME, TMPDIR and every `/tmp/` in a command
 moved into it; `bazel` is a wrapper that runs the real one at the
-repository root with the real HOME (one output base: nothing is rebuilt);
+repository root with the real HOME, PATH and TMPDIR (one output base, and
+Bazel's actions inherit PATH: nothing is rebuilt);
 hybrid-paramd, hpctl and hybrid-paramd-health are on PATH. When a block
 ends, whatever it left running (its process group) is killed.
 
@@ -505,11 +506,17 @@ class Scratch:
         real_bazel = shutil.which("bazel")
         if real_bazel:
             wrapper = os.path.join(bin_dir, "bazel")
+            # The real HOME (one output base), PATH and TMPDIR: Bazel's
+            # actions inherit PATH, so another one would rebuild everything.
+            tmpdir = os.environ.get("TMPDIR")
+            restore = (f"TMPDIR={shlex.quote(tmpdir)}" if tmpdir is not None else "-u TMPDIR")
             with open(wrapper, "w") as f:
-                f.write("#!/bin/sh\n# doc test: the real bazel, at the repository root with the "
-                        "real HOME (one output base)\n"
-                        f"cd {shlex.quote(root)} && HOME={shlex.quote(os.path.expanduser('~'))} "
-                        f"exec {shlex.quote(real_bazel)} \"$@\"\n")
+                f.write("#!/bin/sh\n# doc test: the real bazel, at the repository root, in the "
+                        "environment the test started in (one output base, nothing rebuilt)\n"
+                        f"cd {shlex.quote(root)} && exec env {restore} "
+                        f"HOME={shlex.quote(os.path.expanduser('~'))} "
+                        f"PATH={shlex.quote(os.environ.get('PATH', ''))} "
+                        f"{shlex.quote(real_bazel)} \"$@\"\n")
             os.chmod(wrapper, 0o755)
         if tools is not None:
             for name in ("hybrid-paramd", "hpctl", "hybrid-paramd-health"):
