@@ -30,7 +30,9 @@ doc_rc=0
 doc_ran=0
 if [ "${DOC_TEST:-1}" != 0 ] && [ -z "${HYBRID_PARAMD_DOC_TEST:-}" ]; then
   echo "== README.md and deploy/README.md shell blocks: tools/doc_test.py"
-  python3 tools/doc_test.py
+  # Debian's interpreter: a python3 shim (pyenv) would change PATH, which
+  # Bazel's actions inherit, and the doc test's builds would redo this one.
+  /usr/bin/python3 tools/doc_test.py
   doc_rc=$?
   doc_ran=1
 fi
