@@ -136,12 +136,33 @@ std::unique_ptr<ExportSource> NewCheckpointExportSource(const CheckpointReader* 
 
 absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& tensors,
                                                ExportSource& source,
-                                               const ExportOptions& options) {
+                                               const ExportOptions& options,
+                                               absl::Span<const FrozenTensor> frozen) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("no output directory");
   std::vector<safetensors::TensorSpec> specs;
   for (const ExportTensor& tensor : tensors) {
     RETURN_IF_ERROR(CheckTensor(tensor));
     specs.push_back({tensor.name, ToSafetensorsDtype(options.dtype), tensor.shape});
+  }
+  for (const FrozenTensor& f : frozen) {
+    absl::StatusOr<safetensors::Dtype> dtype = safetensors::ParseDtype(f.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("frozen buffer ", f.name(), ": ", dtype.status().message()));
+    }
+    int64_t bytes = safetensors::DtypeSize(*dtype);
+    for (int64_t d : f.shape()) {
+      if (d < 0 || (d > 0 && bytes > std::numeric_limits<int64_t>::max() / d)) {
+        return absl::InvalidArgumentError(absl::StrCat("frozen buffer ", f.name(), ": bad shape"));
+      }
+      bytes *= d;
+    }
+    if (bytes != static_cast<int64_t>(f.data().size())) {
+      return absl::InvalidArgumentError(absl::StrCat("frozen buffer ", f.name(), " has ",
+                                                     f.data().size(), " bytes; its shape needs ",
+                                                     bytes));
+    }
+    specs.push_back({f.name(), *dtype, std::vector<int64_t>(f.shape().begin(), f.shape().end())});
   }
   ASSIGN_OR_RETURN(safetensors::ShardPlan plan,
                    safetensors::PlanShards(std::move(specs), options.max_shard_bytes,
@@ -178,13 +199,20 @@ absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& 
                                               expected));
     }
   }
+  for (const FrozenTensor& f : frozen) {
+    const absl::Span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(f.data().data()),
+                                          f.data().size());
+    RETURN_IF_ERROR(writer->AppendTensorData(f.name(), bytes));
+    done += bytes.size();
+    if (options.progress) options.progress(done, total);
+  }
   RETURN_IF_ERROR(writer->Finish());
 
   ExportResult result;
   for (const auto& shard : plan.shards) result.files.push_back(shard.file_name);
   result.files.push_back(safetensors::kIndexFileName);
   result.total_bytes = total;
-  result.num_tensors = static_cast<int>(tensors.size());
+  result.num_tensors = static_cast<int>(tensors.size() + frozen.size());
   return result;
 }
 

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "checkpoint/store.h"
 #include "common/file_util.h"
+#include "proto/frozen.pb.h"
 
 namespace paramd {
 namespace checkpoint {
@@ -116,13 +117,15 @@ struct ExportResult {
   int num_tensors = 0;
 };
 
-// Writes the export of `tensors` (in that order) from `source`.
-// InvalidArgument for a bad tensor list or options; the source's status if
-// it fails; Internal (naming the tensor) if it delivers the wrong number of
-// bytes; I/O errors name the file.
+// Writes the export of `tensors` (in that order) from `source`, then the
+// model's frozen buffers (proto/frozen.proto) in their own dtype, as they
+// are. InvalidArgument for a bad tensor list, frozen buffer or options; the
+// source's status if it fails; Internal (naming the tensor) if it delivers
+// the wrong number of bytes; I/O errors name the file.
 absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& tensors,
                                                ExportSource& source,
-                                               const ExportOptions& options);
+                                               const ExportOptions& options,
+                                               absl::Span<const FrozenTensor> frozen = {});
 
 }  // namespace checkpoint
 }  // namespace paramd

@@ -412,6 +412,7 @@ class GrpcClusterView : public ClusterView {
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(timeout_));
     rpc::GetManifestRequest request;
+    request.set_with_frozen_data(true);  // a checkpoint keeps the frozen buffers
     rpc::GetManifestResponse response;
     RETURN_IF_ERROR(
         FromGrpcStatus(stub_->GetManifest(&context, request, &response), "GetManifest"));
@@ -554,6 +555,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         ASSIGN_OR_RETURN(version, store.LatestVersion());
       }
       ASSIGN_OR_RETURN(*response->mutable_manifest(), store.ReadManifest(version));
+      // Frozen buffers are described (name, dtype, shape), not shipped.
+      for (FrozenTensor& f : *response->mutable_manifest()->mutable_frozen()) f.clear_data();
       if (request->verify()) {
         RETURN_IF_ERROR(store.Verify(version));
         response->set_verified(true);
@@ -658,6 +661,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       }
       Manifest written = BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards),
                                        metadata);
+      *written.mutable_frozen() = manifest.frozen();
       for (const ShardFileInfo& shard : written.shards()) {
         response.set_total_bytes(response.total_bytes() + shard.size_bytes());
       }

@@ -81,7 +81,8 @@ class CheckpointDaemonService {
 };
 
 // What the coordinator service needs to know about the cluster: the
-// committed version, the tensors and the daemons (rank -> address).
+// committed version, the tensors, the daemons (rank -> address) and the
+// frozen buffers with their data (a checkpoint keeps them).
 class ClusterView {
  public:
   virtual ~ClusterView() = default;

@@ -436,10 +436,10 @@ absl::Status LoadModel(hpd_client* c, const hpd_load_options& o, int64_t* versio
     ASSIGN_OR_RETURN(v, c->client->Load(model, settings.recipe, settings.timeout,
                                         settings.replace_model));
   } else {
-    ASSIGN_OR_RETURN(std::vector<client::WeightSource> sources, client::WeightSources(files));
-    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources, settings.recipe,
+    ASSIGN_OR_RETURN(client::ModelSources sources, client::WeightSources(files));
+    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources.weights, settings.recipe,
                                            settings.progress, settings.timeout,
-                                           settings.replace_model));
+                                           settings.replace_model, sources.frozen));
   }
   if (version != nullptr) *version = v;
   return absl::OkStatus();

@@ -73,8 +73,10 @@ extern "C" {
  * (tls_server_name, token_file appended), hpd_load_model, hpd_wait_for_version_info,
  * hpd_set_optimizer_schedule; 1002 added hpd_watch_version; 1003 added
  * hpd_push_gradients_ex (HPD_PUSH_PARTIAL), and a push that leaves out
- * tensors without that flag is refused. */
-#define HPD_API_VERSION 1004
+ * tensors without that flag is refused; 1005 added the frozen-buffer dtypes
+ * (HPD_DTYPE_F64 ... HPD_DTYPE_U64) to hpd_load_tensors and
+ * hpd_read_version. */
+#define HPD_API_VERSION 1005
 
 /* Status codes (gRPC / absl numbering). */
 #define HPD_OK 0
@@ -449,9 +451,22 @@ HPD_EXPORT void hpd_free_string(char* s);
 
 /* ---- Models in memory, versions read back, exports and checkpoints ---- */
 
-/* Element types of hpd_host_tensor and hpd_read_options. */
+/* Element types of hpd_host_tensor and hpd_read_options: the trained
+ * weights are F32 or BF16. The others are the dtypes of frozen buffers
+ * (tensors loaded, checkpointed and exported whole, never stepped: integer
+ * position ids, boolean masks, step counters, F64 constants). */
 #define HPD_DTYPE_F32 0
 #define HPD_DTYPE_BF16 1
+#define HPD_DTYPE_F64 2
+#define HPD_DTYPE_I64 3
+#define HPD_DTYPE_I32 4
+#define HPD_DTYPE_I16 5
+#define HPD_DTYPE_I8 6
+#define HPD_DTYPE_U8 7
+#define HPD_DTYPE_BOOL 8
+#define HPD_DTYPE_U16 9
+#define HPD_DTYPE_U32 10
+#define HPD_DTYPE_U64 11
 
 /* One tensor in the caller's host memory: C-contiguous, little-endian,
  * `data_bytes` = product(shape) * element size. */
@@ -459,18 +474,20 @@ typedef struct hpd_host_tensor {
   const char* name;
   const int64_t* shape;
   int32_t ndim;
-  int32_t dtype; /* HPD_DTYPE_F32 or HPD_DTYPE_BF16 */
+  int32_t dtype; /* HPD_DTYPE_F32 or _BF16: a weight; another HPD_DTYPE_: frozen */
   const void* data;
   int64_t data_bytes;
 } hpd_host_tensor;
 
 /* Loads `tensors` as a model (Coordinator.Load of their declarations, then
  * Daemon.PushWeights of their values, as a streamed hpd_load_model) and
- * refreshes the manifest; `*version` = 0. `options` as for hpd_load_model
- * except `model` and `stream`, which are ignored. The buffers are read
- * during the call only. INVALID_ARGUMENT names a tensor with a bad name,
- * dtype, shape or byte count, or a name given twice; the rest as
- * hpd_load_model. */
+ * refreshes the manifest; `*version` = 0. Tensors of a frozen-buffer dtype
+ * travel whole with the declaration (at most the cluster's
+ * --max_frozen_bytes in all, else RESOURCE_EXHAUSTED). `options` as for
+ * hpd_load_model except `model` and `stream`, which are ignored. The
+ * buffers are read during the call only. INVALID_ARGUMENT names a tensor
+ * with a bad name, dtype, shape or byte count, or a name given twice; the
+ * rest as hpd_load_model. */
 HPD_EXPORT int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors,
                                     int64_t count, const hpd_load_options* options,
                                     int64_t* version, hpd_status* status);
@@ -493,10 +510,11 @@ typedef struct hpd_read_options {
 HPD_EXPORT void hpd_read_options_init(hpd_read_options* options);
 
 /* Where hpd_read_version writes one tensor: called once per tensor, in
- * manifest order, before its bytes are read; returns a buffer of `bytes`
- * bytes (row-major, `dtype` elements) that stays valid until the call
- * returns, or NULL to stop the read (CANCELLED; a tensor of 0 bytes may
- * get NULL). Called on the thread of hpd_read_version. */
+ * manifest order, then once per frozen buffer (with its own `dtype`),
+ * before its bytes are read; returns a buffer of `bytes` bytes (row-major,
+ * `dtype` elements) that stays valid until the call returns, or NULL to
+ * stop the read (CANCELLED; a tensor of 0 bytes may get NULL). Called on
+ * the thread of hpd_read_version. */
 typedef void* (*hpd_tensor_dest_fn)(void* arg, const char* name, const int64_t* shape,
                                     int32_t ndim, int32_t dtype, int64_t bytes);
 

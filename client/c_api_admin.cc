@@ -20,9 +20,81 @@
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "safetensors/safetensors.h"
 
 namespace paramd {
 namespace {
+
+// HPD_DTYPE_ codes of frozen buffers and their safetensors names.
+constexpr std::pair<int32_t, safetensors::Dtype> kFrozenDtypes[] = {
+    {HPD_DTYPE_F64, safetensors::Dtype::kF64},   {HPD_DTYPE_I64, safetensors::Dtype::kI64},
+    {HPD_DTYPE_I32, safetensors::Dtype::kI32},   {HPD_DTYPE_I16, safetensors::Dtype::kI16},
+    {HPD_DTYPE_I8, safetensors::Dtype::kI8},     {HPD_DTYPE_U8, safetensors::Dtype::kU8},
+    {HPD_DTYPE_BOOL, safetensors::Dtype::kBool}, {HPD_DTYPE_U16, safetensors::Dtype::kU16},
+    {HPD_DTYPE_U32, safetensors::Dtype::kU32},   {HPD_DTYPE_U64, safetensors::Dtype::kU64},
+};
+
+const safetensors::Dtype* FrozenDtypeOf(int32_t code) {
+  for (const auto& [c, dtype] : kFrozenDtypes) {
+    if (c == code) return &dtype;
+  }
+  return nullptr;
+}
+
+// The HPD_DTYPE_ code of a frozen buffer's safetensors dtype name.
+absl::StatusOr<int32_t> FrozenCodeOf(const FrozenTensor& f) {
+  for (const auto& [c, dtype] : kFrozenDtypes) {
+    if (safetensors::DtypeName(dtype) == f.dtype()) return c;
+  }
+  return absl::UnimplementedError(absl::StrCat("frozen buffer ", QuoteForError(f.name()),
+                                               " is ", f.dtype(),
+                                               ", which this library cannot return"));
+}
+
+// The shape of `t` (checked) and its element count.
+absl::StatusOr<std::vector<int64_t>> ShapeOf(const hpd_host_tensor& t, const std::string& what,
+                                             int64_t* elements) {
+  if (t.ndim < 0 || t.ndim > 16 || (t.ndim > 0 && t.shape == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape (ndim ", t.ndim, ")"));
+  }
+  std::vector<int64_t> shape;
+  *elements = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] < 0 || (t.shape[d] > 0 && *elements > (int64_t{1} << 50) / t.shape[d])) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": bad dimension ", t.shape[d]));
+    }
+    *elements *= t.shape[d];
+    shape.push_back(t.shape[d]);
+  }
+  return shape;
+}
+
+absl::Status CheckDataBytes(const hpd_host_tensor& t, const std::string& what,
+                            const std::vector<int64_t>& shape, int64_t bytes) {
+  if (t.data_bytes != bytes || (bytes > 0 && t.data == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.data_bytes,
+                                                   " bytes given, its shape [",
+                                                   absl::StrJoin(shape, ", "), "] needs ",
+                                                   bytes));
+  }
+  return absl::OkStatus();
+}
+
+// A caller tensor of a frozen-buffer dtype, copied whole.
+absl::StatusOr<FrozenTensor> FrozenOf(const hpd_host_tensor& t, const std::string& name,
+                                      safetensors::Dtype dtype) {
+  const std::string what = absl::StrCat("tensor ", QuoteForError(name));
+  int64_t elements = 0;
+  ASSIGN_OR_RETURN(const std::vector<int64_t> shape, ShapeOf(t, what, &elements));
+  const int64_t bytes = elements * safetensors::DtypeSize(dtype);
+  RETURN_IF_ERROR(CheckDataBytes(t, what, shape, bytes));
+  FrozenTensor f;
+  f.set_name(name);
+  f.set_dtype(std::string(safetensors::DtypeName(dtype)));
+  for (int64_t d : shape) f.add_shape(d);
+  f.set_data(static_cast<const char*>(t.data), static_cast<size_t>(bytes));
+  return f;
+}
 
 // One caller tensor as a WeightSource that copies out of the caller's
 // buffer (valid for the whole hpd_load_tensors call).
@@ -35,29 +107,15 @@ absl::StatusOr<client::WeightSource> SourceOf(const hpd_host_tensor& t, int64_t 
   const std::string what = absl::StrCat("tensor ", QuoteForError(name));
   if (t.dtype != HPD_DTYPE_F32 && t.dtype != HPD_DTYPE_BF16) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": dtype ", t.dtype, " is neither HPD_DTYPE_F32 nor HPD_DTYPE_BF16"));
-  }
-  if (t.ndim < 0 || t.ndim > 16 || (t.ndim > 0 && t.shape == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": bad shape (ndim ", t.ndim, ")"));
+        absl::StrCat(what, ": dtype ", t.dtype, " is not one of the HPD_DTYPE_ codes"));
   }
   client::WeightSource source;
   source.name = name;
-  int64_t elements = 1;
-  for (int32_t d = 0; d < t.ndim; ++d) {
-    if (t.shape[d] < 0 || (t.shape[d] > 0 && elements > (int64_t{1} << 50) / t.shape[d])) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": bad dimension ", t.shape[d]));
-    }
-    elements *= t.shape[d];
-    source.shape.push_back(t.shape[d]);
-  }
+  int64_t elements = 0;
+  ASSIGN_OR_RETURN(source.shape, ShapeOf(t, what, &elements));
   const bool bf16 = t.dtype == HPD_DTYPE_BF16;
   const int64_t bytes = elements * (bf16 ? 2 : 4);
-  if (t.data_bytes != bytes || (bytes > 0 && t.data == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.data_bytes,
-                                                   " bytes given, its shape [",
-                                                   absl::StrJoin(source.shape, ", "), "] needs ",
-                                                   bytes));
-  }
+  RETURN_IF_ERROR(CheckDataBytes(t, what, source.shape, bytes));
   source.dtype = bf16 ? client::Gradient::DType::kBf16 : client::Gradient::DType::kFp32;
   const auto* data = static_cast<const uint8_t*>(t.data);
   source.read = [data, bytes, what](int64_t offset, absl::Span<uint8_t> out) -> absl::Status {
@@ -150,18 +208,35 @@ int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int
     ASSIGN_OR_RETURN(const paramd::capi::StreamLoadSettings settings,
                      paramd::capi::StreamLoadSettingsOf(*options));
     std::vector<paramd::client::WeightSource> sources;
+    std::vector<paramd::FrozenTensor> frozen;
     std::set<std::string> names;
     for (int64_t i = 0; i < count; ++i) {
-      ASSIGN_OR_RETURN(paramd::client::WeightSource source, paramd::SourceOf(tensors[i], i));
-      if (!names.insert(source.name).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", paramd::QuoteForError(source.name), " is given twice"));
+      std::string name;
+      if (const paramd::safetensors::Dtype* frozen_dtype = paramd::FrozenDtypeOf(tensors[i].dtype);
+          frozen_dtype != nullptr && tensors[i].name != nullptr) {
+        name = tensors[i].name;
+        RETURN_IF_ERROR(paramd::CheckTensorName(name));
+        ASSIGN_OR_RETURN(paramd::FrozenTensor f,
+                         paramd::FrozenOf(tensors[i], name, *frozen_dtype));
+        frozen.push_back(std::move(f));
+      } else {
+        ASSIGN_OR_RETURN(paramd::client::WeightSource source, paramd::SourceOf(tensors[i], i));
+        name = source.name;
+        sources.push_back(std::move(source));
       }
-      sources.push_back(std::move(source));
+      if (!names.insert(name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", paramd::QuoteForError(name), " is given twice"));
+      }
+    }
+    if (sources.empty()) {
+      return absl::InvalidArgumentError(
+          "no F32 or BF16 tensors: only frozen buffers, nothing to train");
     }
     ASSIGN_OR_RETURN(const int64_t v,
                      paramd::client::StreamLoad(*c, sources, settings.recipe, settings.progress,
-                                                settings.timeout, settings.replace_model));
+                                                settings.timeout, settings.replace_model,
+                                                frozen));
     if (version != nullptr) *version = v;
     return absl::OkStatus();
   });
@@ -212,6 +287,18 @@ int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
         return absl::InternalError(absl::StrCat(paramd::QuoteForError(t.name), ": ", written,
                                                 " of ", bytes, " bytes arrived"));
       }
+    }
+    for (const paramd::FrozenTensor& f : reader.frozen) {
+      ASSIGN_OR_RETURN(const int32_t code, paramd::FrozenCodeOf(f));
+      const std::vector<int64_t> shape(f.shape().begin(), f.shape().end());
+      const int64_t bytes = static_cast<int64_t>(f.data().size());
+      void* out = dest(dest_arg, f.name().c_str(), shape.data(),
+                       static_cast<int32_t>(shape.size()), code, bytes);
+      if (out == nullptr && bytes > 0) {
+        return absl::CancelledError(
+            absl::StrCat("dest returned no buffer for ", paramd::QuoteForError(f.name())));
+      }
+      if (bytes > 0) std::memcpy(out, f.data().data(), static_cast<size_t>(bytes));
     }
     if (version != nullptr) *version = static_cast<int64_t>(reader.version);
     return absl::OkStatus();

@@ -165,12 +165,15 @@ void Client::Impl::Leave() {
   (void)coordinator_->Leave(&context, request, &response);
 }
 
-absl::StatusOr<Manifest> Client::Impl::RefreshManifest(absl::Time deadline) {
+absl::StatusOr<Manifest> Client::Impl::RefreshManifest(absl::Time deadline,
+                                                       bool with_frozen_data) {
+  rpc::GetManifestRequest request;
+  request.set_with_frozen_data(with_frozen_data);
   rpc::GetManifestResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
-  RETURN_IF_ERROR(FromGrpcStatus(
-      coordinator_->GetManifest(&context, rpc::GetManifestRequest(), &response), "GetManifest"));
+  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->GetManifest(&context, request, &response),
+                                 "GetManifest"));
   ASSIGN_OR_RETURN(Manifest m, ManifestFromProto(response.manifest()));
   SetManifest(m);
   return m;
@@ -328,13 +331,15 @@ absl::StatusOr<int64_t> Client::Impl::Load(const std::string& path, const std::s
 
 absl::StatusOr<int64_t> Client::Impl::LoadDeclared(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::string& recipe, absl::Time deadline, bool replace_model) {
+    const std::string& recipe, absl::Time deadline, bool replace_model,
+    const std::vector<FrozenTensor>& frozen) {
   rpc::LoadRequest request;
   for (const auto& [name, shape] : tensors) {
     rpc::TensorDecl* d = request.add_tensors();
     d->set_name(name);
     for (int64_t s : shape) d->add_shape(s);
   }
+  for (const FrozenTensor& f : frozen) *request.add_frozen() = f;
   request.set_recipe_text(recipe);
   request.set_force(replace_model);
   rpc::LoadResponse response;
@@ -388,8 +393,8 @@ const std::string& Client::member_id() const { return impl_->member_id_; }
 int Client::rank() const { return impl_->rank_; }
 Manifest Client::manifest() const { return impl_->manifest(); }
 
-absl::StatusOr<Manifest> Client::RefreshManifest(absl::Duration timeout) {
-  return impl_->RefreshManifest(impl_->DeadlineFor(timeout));
+absl::StatusOr<Manifest> Client::RefreshManifest(absl::Duration timeout, bool with_frozen_data) {
+  return impl_->RefreshManifest(impl_->DeadlineFor(timeout), with_frozen_data);
 }
 
 absl::StatusOr<Layout> Client::LayoutOf(const std::string& tensor, Direction direction) const {
@@ -447,8 +452,10 @@ absl::StatusOr<int64_t> Client::Step(int64_t version, bool wait, absl::Duration 
 
 absl::StatusOr<int64_t> Client::LoadDeclared(
     const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::string& recipe_text, absl::Duration timeout, bool replace_model) {
-  return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout), replace_model);
+    const std::string& recipe_text, absl::Duration timeout, bool replace_model,
+    const std::vector<FrozenTensor>& frozen) {
+  return impl_->LoadDeclared(tensors, recipe_text, impl_->DeadlineFor(timeout), replace_model,
+                             frozen);
 }
 
 absl::StatusOr<recipe::OptimizerConfig> Client::SetOptimizerSchedule(

@@ -151,8 +151,14 @@ struct Manifest {
   int64_t committed_version = -1;  // when the manifest was read; -1: no model
   std::string optimizer;
   uint64_t plan_fingerprint = 0;
+  // The model's frozen buffers (proto/frozen.proto: loaded, checkpointed
+  // and exported, never stepped, never fetched); their `data` only when the
+  // manifest was read with_frozen_data.
+  std::vector<FrozenTensor> frozen;
   // The tensor called `name`, or nullptr.
   const TensorMeta* Find(const std::string& name) const;
+  // The frozen buffer called `name`, or nullptr.
+  const FrozenTensor* FindFrozen(const std::string& name) const;
 };
 
 // Bytes by direction.
@@ -305,8 +311,11 @@ class Client {
   // The manifest as last read (Connect, RefreshManifest, Load, or a fetch
   // that found the plan changed). A copy: safe to keep.
   Manifest manifest() const;
-  // Reads the manifest from the coordinator again.
-  absl::StatusOr<Manifest> RefreshManifest(absl::Duration timeout = absl::ZeroDuration());
+  // Reads the manifest from the coordinator again; `with_frozen_data` also
+  // brings the frozen buffers' bytes (up to the cluster's
+  // --max_frozen_bytes).
+  absl::StatusOr<Manifest> RefreshManifest(absl::Duration timeout = absl::ZeroDuration(),
+                                           bool with_frozen_data = false);
 
   // The layout a fetch of (tensor, direction) fills: size caller buffers
   // with it. NOT_FOUND for an unknown tensor; FAILED_PRECONDITION if the
@@ -394,10 +403,11 @@ class Client {
   // client/weight_stream.h streams from this machine (no shared path).
   // Refreshes the manifest; returns the committed version (-1 until every
   // daemon has all its rows). Refused like Load unless `replace_model`.
+  // `frozen`: the model's frozen buffers, whole (sent with the declaration).
   absl::StatusOr<int64_t> LoadDeclared(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
       const std::string& recipe_text = "", absl::Duration timeout = absl::ZeroDuration(),
-      bool replace_model = false);
+      bool replace_model = false, const std::vector<FrozenTensor>& frozen = {});
   // The gRPC channel to the daemon at `address` (cached; shared with this
   // client's own calls, so it has the client's channel settings).
   std::shared_ptr<grpc::Channel> DaemonChannel(const std::string& address);

@@ -53,7 +53,7 @@ class Client::Impl {
     return absl::Now() + (timeout == absl::ZeroDuration() ? options_.call_timeout : timeout);
   }
 
-  absl::StatusOr<Manifest> RefreshManifest(absl::Time deadline);
+  absl::StatusOr<Manifest> RefreshManifest(absl::Time deadline, bool with_frozen_data = false);
   Manifest manifest() const {
     absl::MutexLock lock(&mu_);
     return manifest_;
@@ -93,7 +93,8 @@ class Client::Impl {
   }
   absl::StatusOr<int64_t> LoadDeclared(
       const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-      const std::string& recipe, absl::Time deadline, bool replace_model);
+      const std::string& recipe, absl::Time deadline, bool replace_model,
+      const std::vector<FrozenTensor>& frozen);
   // Set by Connect, then read-only.
   std::shared_ptr<grpc::Channel> coordinator_channel() const { return coordinator_channel_; }
   const auth::ChannelSecurity& security() const { return security_; }

@@ -14,7 +14,8 @@ namespace paramd {
 namespace client {
 
 absl::StatusOr<VersionReader> OpenVersion(Client& client, const OpenVersionOptions& options) {
-  ASSIGN_OR_RETURN(const Manifest manifest, client.RefreshManifest(options.timeout));
+  ASSIGN_OR_RETURN(const Manifest manifest,
+                   client.RefreshManifest(options.timeout, /*with_frozen_data=*/true));
   if (manifest.committed_version < 0) return absl::FailedPreconditionError("no model loaded");
   if (options.version > manifest.committed_version) {
     return absl::FailedPreconditionError(
@@ -37,6 +38,7 @@ absl::StatusOr<VersionReader> OpenVersion(Client& client, const OpenVersionOptio
     }
   }
   reader.source = checkpoint::NewRemoteExportSource(std::move(pieces), std::move(remote));
+  reader.frozen = manifest.frozen;
   return reader;
 }
 
@@ -54,7 +56,8 @@ absl::StatusOr<ExportVersionResult> ExportVersion(Client& client,
     ASSIGN_OR_RETURN(result.removed, checkpoint::PrepareExportDir(export_options.out_dir, true));
   }
   ASSIGN_OR_RETURN(result.files,
-                   checkpoint::ExportSafetensors(reader.tensors, *reader.source, export_options));
+                   checkpoint::ExportSafetensors(reader.tensors, *reader.source, export_options,
+                                                 reader.frozen));
   return result;
 }
 

@@ -48,6 +48,8 @@ struct VersionReader {
   uint64_t version = 0;
   std::vector<checkpoint::ExportTensor> tensors;
   std::unique_ptr<checkpoint::ExportSource> source;
+  // The model's frozen buffers with their data (the same in every version).
+  std::vector<FrozenTensor> frozen;
 };
 
 // FAILED_PRECONDITION when no model is loaded or `version` is not committed

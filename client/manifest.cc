@@ -45,6 +45,7 @@ absl::StatusOr<Manifest> ManifestFromProto(const rpc::Manifest& m) {
     out.tensors[p.tensor_index()].pieces.push_back(
         {p.row_begin(), p.row_end(), p.daemon_rank(), p.daemon_address()});
   }
+  out.frozen.assign(m.frozen().begin(), m.frozen().end());
   for (TensorMeta& t : out.tensors) {
     std::sort(t.pieces.begin(), t.pieces.end(),
               [](const PieceLocation& a, const PieceLocation& b) {
@@ -65,6 +66,13 @@ FetchStats& FetchStats::operator+=(const FetchStats& o) {
   pieces += o.pieces;
   fetches += o.fetches;
   return *this;
+}
+
+const FrozenTensor* Manifest::FindFrozen(const std::string& name) const {
+  for (const FrozenTensor& f : frozen) {
+    if (f.name() == name) return &f;
+  }
+  return nullptr;
 }
 
 const TensorMeta* Manifest::Find(const std::string& name) const {
@@ -95,6 +103,12 @@ absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradi
     const Gradient& g = gradients[i];
     const TensorMeta* meta = manifest.Find(g.tensor);
     if (meta == nullptr) {
+      if (manifest.FindFrozen(g.tensor) != nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient of '", g.tensor,
+            "', a frozen buffer (a non-floating tensor of the model: loaded, checkpointed and "
+            "exported, never stepped): leave it out of the push"));
+      }
       return absl::InvalidArgumentError(absl::StrCat("gradient of unknown tensor '", g.tensor, "'"));
     }
     const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "safetensors/safetensors.h"
 
@@ -106,10 +107,12 @@ absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model,
   return std::vector<std::string>(shards.begin(), shards.end());
 }
 
-absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::string>& files,
-                                                        int64_t max_name_bytes) {
-  std::vector<WeightSource> out;
+absl::StatusOr<ModelSources> WeightSources(const std::vector<std::string>& files,
+                                           int64_t max_name_bytes, int64_t max_frozen_bytes) {
+  ModelSources sources;
+  std::vector<WeightSource>& out = sources.weights;
   std::set<std::string> seen;
+  int64_t frozen_bytes = 0;
   for (const std::string& path : files) {
     auto opened = safetensors::SafetensorsFile::Open(path, max_name_bytes);
     if (!opened.ok()) {
@@ -151,15 +154,31 @@ absl::StatusOr<std::vector<WeightSource>> WeightSources(const std::vector<std::s
             return absl::OkStatus();
           };
           break;
-        default:
-          return absl::InvalidArgumentError(absl::StrCat(
-              path, ": tensor '", t.name, "' is ", safetensors::DtypeName(t.dtype),
-              "; hpctl load takes F32, BF16 or F16 tensors"));
+        default: {
+          // A frozen buffer: read whole now (they are small; bounded here).
+          const int64_t bytes = t.num_elements * safetensors::DtypeSize(t.dtype);
+          frozen_bytes += bytes;
+          if (frozen_bytes > max_frozen_bytes) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                path, ": the non-floating tensors (frozen buffers, such as '", t.name,
+                "') hold more than ", max_frozen_bytes, " bytes"));
+          }
+          FrozenTensor f;
+          f.set_name(t.name);
+          f.set_dtype(std::string(safetensors::DtypeName(t.dtype)));
+          for (int64_t d : t.shape) f.add_shape(d);
+          f.mutable_data()->resize(static_cast<size_t>(bytes));
+          RETURN_IF_ERROR(file->ReadTensorBytes(
+              info, 0,
+              absl::MakeSpan(reinterpret_cast<uint8_t*>(f.mutable_data()->data()), bytes)));
+          sources.frozen.push_back(std::move(f));
+          continue;
+        }
       }
       out.push_back(std::move(s));
     }
   }
-  return out;
+  return sources;
 }
 
 }  // namespace client

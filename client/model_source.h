@@ -36,12 +36,24 @@ namespace client {
 absl::StatusOr<std::vector<std::string>> ModelFiles(
     const std::string& model, int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
 
-// One source per tensor of `files`: F32 and BF16 are sent as they are,
-// F16 as FP32 (exact). INVALID_ARGUMENT for other dtypes or a tensor in two
-// files; the reader's errors for a file that is not safetensors or holds a
-// name that breaks the name rule (at most `max_name_bytes`).
-absl::StatusOr<std::vector<WeightSource>> WeightSources(
-    const std::vector<std::string>& files, int64_t max_name_bytes = kDefaultMaxTensorNameBytes);
+// The tensors of a model's files: the trainable ones as sources to stream,
+// the others (integer, boolean, F64: safetensors::IsTrainableDtype) read
+// whole as frozen buffers.
+struct ModelSources {
+  std::vector<WeightSource> weights;
+  std::vector<FrozenTensor> frozen;
+};
+
+// The tensors of `files`, in file order: F32 and BF16 weights are sent as
+// they are, F16 as FP32 (exact); every other dtype is a frozen buffer.
+// INVALID_ARGUMENT for a tensor in two files, or frozen buffers of more
+// than `max_frozen_bytes` in all (the cluster's --max_frozen_bytes refuses
+// them anyway; this is before they are read); the reader's errors for a
+// file that is not safetensors or holds a name that breaks the name rule
+// (at most `max_name_bytes`).
+absl::StatusOr<ModelSources> WeightSources(const std::vector<std::string>& files,
+                                           int64_t max_name_bytes = kDefaultMaxTensorNameBytes,
+                                           int64_t max_frozen_bytes = int64_t{1} << 30);
 
 }  // namespace client
 }  // namespace paramd

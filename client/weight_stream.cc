@@ -25,7 +25,8 @@ std::chrono::system_clock::time_point ToChrono(absl::Time t) {
 absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSource>& sources,
                                    const std::string& recipe_text,
                                    const std::function<void(const StreamProgress&)>& progress,
-                                   absl::Duration timeout, bool replace_model) {
+                                   absl::Duration timeout, bool replace_model,
+                                   const std::vector<FrozenTensor>& frozen) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::pair<std::string, std::vector<int64_t>>> decls;
   std::map<std::string, const WeightSource*> by_name;
@@ -36,7 +37,7 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
     }
     decls.emplace_back(s.name, s.shape);
   }
-  ASSIGN_OR_RETURN(const int64_t declared, client.LoadDeclared(decls, recipe_text, timeout, replace_model));
+  ASSIGN_OR_RETURN(const int64_t declared, client.LoadDeclared(decls, recipe_text, timeout, replace_model, frozen));
   (void)declared;
   const Manifest manifest = client.manifest();
 

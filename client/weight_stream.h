@@ -51,12 +51,15 @@ struct StreamProgress {
 
 // Declares `sources` (with `recipe_text`), streams them, and waits for
 // version 0. Returns the committed version. A cluster that already holds a
-// model refuses (FAILED_PRECONDITION) unless `replace_model`.
+// model refuses (FAILED_PRECONDITION) unless `replace_model`. `frozen`: the
+// model's frozen buffers (non-floating tensors), sent whole with the
+// declaration.
 absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSource>& sources,
                                    const std::string& recipe_text,
                                    const std::function<void(const StreamProgress&)>& progress,
                                    absl::Duration timeout = absl::Minutes(10),
-                                   bool replace_model = false);
+                                   bool replace_model = false,
+                                   const std::vector<FrozenTensor>& frozen = {});
 
 }  // namespace client
 }  // namespace paramd

@@ -36,8 +36,10 @@ int RunLoad(int argc, char** argv) {
   double load_timeout = 3600;
   OptionParser opts(
       "hpctl load MODEL [--recipe RECIPE.textproto] [--stream] [--force] [--address HOST:PORT]",
-      "Loads a model (FP32, BF16 or F16 tensors) into the daemons and publishes it as version "
-      "0. MODEL is a .safetensors file, a directory (its model.safetensors.index.json if there "
+      "Loads a model into the daemons and publishes it as version 0: its FP32, BF16 and F16 "
+      "tensors are trained; its integer, bool and F64 tensors are frozen buffers, kept whole by "
+      "the coordinator (at most its --max_frozen_bytes), checkpointed and exported, never "
+      "stepped. MODEL is a .safetensors file, a directory (its model.safetensors.index.json if there "
       "is one, else every *.safetensors in it) or a Hugging Face index file "
       "(model.safetensors.index.json of a sharded checkpoint). A single file is read by the "
       "daemons at its path (it must be readable by every daemon there; it is made absolute "
@@ -105,13 +107,16 @@ int RunLoad(int argc, char** argv) {
   } else {
     auto sources = client::WeightSources(*files, name_limit.bytes());
     if (!sources.ok()) return ReportFailure("load", sources.status());
-    std::cerr << "streaming " << sources->size() << " tensors from " << files->size()
-              << " file(s)" << replacing << " ...\n";
+    std::cerr << "streaming " << sources->weights.size() << " tensors"
+              << (sources->frozen.empty()
+                      ? ""
+                      : absl::StrCat(" and ", sources->frozen.size(), " frozen buffers"))
+              << " from " << files->size() << " file(s)" << replacing << " ...\n";
     ProgressBar bar(progress && terminal);
     int last_decile = -1;
     const bool lines = progress && !terminal;
     version = client::StreamLoad(
-        **client, *sources, recipe,
+        **client, sources->weights, recipe,
         [&](const client::StreamProgress& p) {
           bar.Update(p.bytes_sent, p.bytes_total);
           const int decile = p.bytes_total == 0 ? 10 : static_cast<int>(10 * p.bytes_sent /
@@ -122,7 +127,7 @@ int RunLoad(int argc, char** argv) {
                                          p.bytes_total / 1e6);
           }
         },
-        std::max(cluster.timeout(), absl::Seconds(load_timeout)), force);
+        std::max(cluster.timeout(), absl::Seconds(load_timeout)), force, sources->frozen);
   }
   if (!version.ok()) return ReportFailure("load", version.status());
   const client::Manifest m = (*client)->manifest();

@@ -198,6 +198,10 @@ absl::Span<const Dtype> AllDtypes() {
 
 absl::string_view DtypeName(Dtype dtype) { return Entry(dtype).name; }
 
+bool IsTrainableDtype(Dtype dtype) {
+  return dtype == Dtype::kF32 || dtype == Dtype::kBF16 || dtype == Dtype::kF16;
+}
+
 int DtypeSize(Dtype dtype) { return Entry(dtype).size; }
 
 absl::StatusOr<Dtype> ParseDtype(absl::string_view name) {

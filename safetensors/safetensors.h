@@ -73,6 +73,10 @@ absl::string_view DtypeName(Dtype dtype);
 absl::StatusOr<Dtype> ParseDtype(absl::string_view name);
 // Bytes per element: 1, 2, 4 or 8.
 int DtypeSize(Dtype dtype);
+// F32, BF16 and F16: the dtypes hybrid-paramd trains (all convert to FP32
+// masters exactly). A model file's tensors of any other dtype (integer
+// ids, masks, F64) are its frozen buffers: kept whole, never stepped.
+bool IsTrainableDtype(Dtype dtype);
 
 // `__metadata__`: free-form string -> string.
 using Metadata = std::map<std::string, std::string>;

@@ -76,7 +76,7 @@ int64_t Coordinator::Impl::committed_version() const {
 
 rpc::Manifest Coordinator::Impl::manifest() const {
   absl::MutexLock lock(&mu_);
-  return ManifestLocked(/*with_pieces=*/true);
+  return ManifestLocked(/*with_pieces=*/true, /*with_frozen_data=*/true);
 }
 
 int Coordinator::Impl::joined_daemons() const {

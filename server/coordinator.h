@@ -156,7 +156,8 @@ class Coordinator {
 
   // -1 until version 0 is committed.
   int64_t committed_version() const;
-  // What GetManifest returns (with pieces and daemon addresses).
+  // What GetManifest with_frozen_data returns (with pieces, daemon
+  // addresses and the frozen buffers' bytes).
   rpc::Manifest manifest() const;
   // Daemons joined so far, and the world size they are waited for.
   int joined_daemons() const;

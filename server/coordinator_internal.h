@@ -234,18 +234,25 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   void FillJoinResponseLocked(const rpc::Member& m, rpc::JoinResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  rpc::Manifest ManifestLocked(bool with_pieces) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `with_frozen_data` false leaves the frozen buffers' bytes out.
+  rpc::Manifest ManifestLocked(bool with_pieces, bool with_frozen_data = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // True if the committed version advanced.
   bool RecomputeCommittedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // The tensors of a load request, with their 2-D views.
-  absl::StatusOr<std::vector<rpc::TensorDecl>> LoadTensors(const rpc::LoadRequest& request);
+  // The tensors of a load request, with their 2-D views, and its frozen
+  // buffers (the request's, or a safetensors file's non-floating tensors,
+  // read here) into `frozen`.
+  absl::StatusOr<std::vector<rpc::TensorDecl>> LoadTensors(
+      const rpc::LoadRequest& request, google::protobuf::RepeatedPtrField<FrozenTensor>* frozen);
 
-  // A checkpoint's tensors and their saved specs; `version` becomes the
-  // resolved version (-1 = newest complete). Verifies every checksum.
+  // A checkpoint's tensors and their saved specs, and its frozen buffers
+  // into `frozen`; `version` becomes the resolved version (-1 = newest
+  // complete). Verifies every checksum.
   absl::StatusOr<std::vector<std::pair<rpc::TensorDecl, HybridSpec>>> CheckpointTensors(
-      const std::string& path, int64_t& version, SavedOptimizer* saved_optimizer);
+      const std::string& path, int64_t& version, SavedOptimizer* saved_optimizer,
+      google::protobuf::RepeatedPtrField<FrozenTensor>* frozen);
 
   // `checkpoint_version` is resolved for a restore.
   // Changes nothing of the coordinator: the manifest carries the optimizer

@@ -32,6 +32,7 @@
 #include "safetensors/safetensors.h"
 #include "server/convert.h"
 #include "server/fan_out.h"
+#include "server/frozen_data.h"
 #include "server/optimizer_config.h"
 #include "server/recovery.h"
 #include "sharding/balance.h"
@@ -196,7 +197,7 @@ void Coordinator::Impl::TryLoadJoinWait(const std::shared_ptr<LoadJoinWait>& wai
 }
 
 grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerContext* context,
-                                                         const rpc::GetManifestRequest* /*request*/,
+                                                         const rpc::GetManifestRequest* request,
                                                          rpc::GetManifestResponse* response) {
   if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
                                        "/paramd.rpc.Coordinator/GetManifest");
@@ -204,13 +205,15 @@ grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerCon
     return auth::RefusedUnary(context, s);
   }
   absl::MutexLock lock(&mu_);
-  *response->mutable_manifest() = ManifestLocked(/*with_pieces=*/true);
+  *response->mutable_manifest() =
+      ManifestLocked(/*with_pieces=*/true, request->with_frozen_data());
   return Done(context, absl::OkStatus());
 }
 
-rpc::Manifest Coordinator::Impl::ManifestLocked(bool with_pieces) const {
+rpc::Manifest Coordinator::Impl::ManifestLocked(bool with_pieces, bool with_frozen_data) const {
   rpc::Manifest m = manifest_;
   if (!with_pieces) m.clear_pieces();
+  if (!with_frozen_data) ClearFrozenData(m);
   m.set_committed_version(committed_);
   m.set_expected_pushers(options_.expected_pushers);
   m.clear_daemons();
@@ -227,7 +230,7 @@ rpc::Manifest Coordinator::Impl::ManifestLocked(bool with_pieces) const {
 }
 
 absl::StatusOr<std::vector<rpc::TensorDecl>> Coordinator::Impl::LoadTensors(
-    const rpc::LoadRequest& request) {
+    const rpc::LoadRequest& request, google::protobuf::RepeatedPtrField<FrozenTensor>* frozen) {
   std::vector<rpc::TensorDecl> tensors;
   if (!request.safetensors_path().empty()) {
     if (request.tensors_size() > 0) {
@@ -238,23 +241,50 @@ absl::StatusOr<std::vector<rpc::TensorDecl>> Coordinator::Impl::LoadTensors(
                                                         options_.limits.max_tensor_name_bytes));
     // (request.safetensors_path() is already resolved below --model_root:
     // ConfineLoadPaths.)
+    std::vector<const safetensors::TensorInfo*> frozen_infos;
     for (const safetensors::TensorInfo& t : file.tensors()) {
+      if (!safetensors::IsTrainableDtype(t.dtype)) {
+        FrozenTensor* f = frozen->Add();
+        f->set_name(t.name);
+        f->set_dtype(std::string(safetensors::DtypeName(t.dtype)));
+        for (int64_t s : t.shape) f->add_shape(s);
+        frozen_infos.push_back(&t);
+        continue;
+      }
       rpc::TensorDecl d;
       d.set_name(t.name);
       for (int64_t s : t.shape) d.add_shape(s);
       tensors.push_back(std::move(d));
     }
+    // Sizes first: nothing over --max_frozen_bytes is read.
+    RETURN_IF_ERROR(
+        CheckFrozenTensors(*frozen, tensors, options_.limits, /*check_data=*/false));
+    for (int i = 0; i < frozen->size(); ++i) {
+      std::string* data = frozen->Mutable(i)->mutable_data();
+      data->resize(static_cast<size_t>(frozen_infos[i]->num_elements) *
+                   safetensors::DtypeSize(frozen_infos[i]->dtype));
+      RETURN_IF_ERROR(file.ReadTensorBytes(
+          *frozen_infos[i], 0,
+          absl::MakeSpan(reinterpret_cast<uint8_t*>(data->data()), data->size())));
+    }
   } else {
     tensors.assign(request.tensors().begin(), request.tensors().end());
+    *frozen = request.frozen();
   }
-  if (tensors.empty()) return absl::InvalidArgumentError("Load: no tensors");
+  if (tensors.empty()) {
+    return absl::InvalidArgumentError(
+        frozen->empty() ? "Load: no tensors"
+                        : "Load: no floating-point tensors (only frozen buffers: nothing to train)");
+  }
   RETURN_IF_ERROR(CheckTensorDecls(tensors, options_.limits));
+  RETURN_IF_ERROR(CheckFrozenTensors(*frozen, tensors, options_.limits));
   return tensors;
 }
 
 absl::StatusOr<std::vector<std::pair<rpc::TensorDecl, HybridSpec>>>
 Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
-                                     SavedOptimizer* saved_optimizer) {
+                                     SavedOptimizer* saved_optimizer,
+                                     google::protobuf::RepeatedPtrField<FrozenTensor>* frozen) {
   ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
                    checkpoint::CheckpointStore::Open(path, /*create=*/false));
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
@@ -275,6 +305,12 @@ Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
     ASSIGN_OR_RETURN(HybridSpec spec, HybridSpecFromProto(proto));
     out.emplace_back(std::move(d), spec);
   }
+  *frozen = reader->manifest().frozen();
+  std::vector<rpc::TensorDecl> decls;
+  for (const auto& [decl, spec] : out) decls.push_back(decl);
+  if (absl::Status s = CheckFrozenTensors(*frozen, decls, options_.limits); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("checkpoint ", version, ": ", s.message()));
+  }
   return out;
 }
 
@@ -284,6 +320,7 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
   std::vector<rpc::TensorDecl> decls;
   std::vector<HybridSpec> saved_specs;
   SavedOptimizer saved_optimizer;
+  google::protobuf::RepeatedPtrField<FrozenTensor> frozen;
   if (!request.checkpoint_path().empty()) {
     if (!request.safetensors_path().empty() || request.tensors_size() > 0 ||
         !request.recipe_text().empty()) {
@@ -292,13 +329,13 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     }
     checkpoint_version = request.checkpoint_version();
     ASSIGN_OR_RETURN(auto saved, CheckpointTensors(request.checkpoint_path(), checkpoint_version,
-                                                   &saved_optimizer));
+                                                   &saved_optimizer, &frozen));
     for (auto& [decl, spec] : saved) {
       decls.push_back(std::move(decl));
       saved_specs.push_back(spec);
     }
   } else {
-    ASSIGN_OR_RETURN(decls, LoadTensors(request));
+    ASSIGN_OR_RETURN(decls, LoadTensors(request, &frozen));
   }
   SpecResolver resolver = options_.resolver;
   OptimizerResolver optimizer_resolver = options_.optimizer_resolver;
@@ -385,6 +422,7 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     sp->set_daemon_address(table_.slot(p.daemon).member.address());
   }
   manifest.set_expected_pushers(options_.expected_pushers);
+  *manifest.mutable_frozen() = std::move(frozen);
   manifest.set_optimizer(std::string(OptimizerName(optimizer.kind)));
   *manifest.mutable_optimizer_config() = OptimizerToProto(optimizer);
   RETURN_IF_ERROR(CheckMemoryBudget(manifest, options_.limits));
@@ -579,7 +617,7 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
   FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
       stubs, options_.load_timeout,
       [this, &manifest, &request, checkpoint_version](int rank, rpc::LoadShardsRequest* r) {
-        *r->mutable_manifest() = manifest;
+        *r->mutable_manifest() = ManifestForDaemons(manifest);
         r->set_daemon_rank(rank);
         r->set_safetensors_path(request.safetensors_path());
         r->set_expected_pushers(options_.expected_pushers);

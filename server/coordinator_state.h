@@ -11,7 +11,8 @@
 // asks every daemon which version it publishes (the committed version is
 // then the lowest, never below the one in the file).
 //
-// The file is small (the manifest, no tensor data) and holds secrets: it
+// The file is small (the manifest, whose only tensor data are the frozen
+// buffers, at most --max_frozen_bytes) and holds secrets: it
 // is written with mode 0600 to a fresh temporary name beside it (created
 // with O_EXCL | O_NOFOLLOW: a symlink planted there is never followed),
 // fsynced, renamed over the old one and the directory fsynced, so that a

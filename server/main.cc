@@ -17,6 +17,7 @@
 #include <fstream>
 #include <set>
 #include <iostream>
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <thread>
@@ -230,6 +231,11 @@ ABSL_FLAG(int64_t, memory_budget_bytes, 0,
           "host bytes one daemon's shards may need (estimated: FP32 master, gradient, AdamW "
           "state and two published versions); a Load or LoadShards over it is refused. 0 = on "
           "a daemon, 90% of the machine's physical memory; on a coordinator, no check");
+ABSL_FLAG(int64_t, max_frozen_bytes, -1,
+          "coordinator: bytes of a model's frozen buffers in all (its non-floating tensors: "
+          "integer ids, masks, F64; kept whole in the manifest and every checkpoint, never "
+          "stepped); at most half of --max_message_bytes. -1 = 16 MiB or that half, whichever "
+          "is smaller");
 ABSL_FLAG(int64_t, max_parked_fetches_per_client, 256,
           "daemon: most Fetch calls of one client host waiting for an unpublished version");
 
@@ -370,6 +376,17 @@ absl::Status Run() {
     return absl::InvalidArgumentError("--memory_budget_bytes must be >= 0");
   }
   limits.max_parked_fetches_per_client = absl::GetFlag(FLAGS_max_parked_fetches_per_client);
+  limits.max_frozen_bytes = absl::GetFlag(FLAGS_max_frozen_bytes);
+  {
+    // A Load request and a GetManifest answer carry them whole: the default
+    // shrinks with a small --max_message_bytes; a value given must fit.
+    const int64_t fits = absl::GetFlag(FLAGS_max_message_bytes) / 2;
+    if (limits.max_frozen_bytes == -1) limits.max_frozen_bytes = std::min<int64_t>(16 << 20, fits);
+    if (limits.max_frozen_bytes < 0 || limits.max_frozen_bytes > fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--max_frozen_bytes must be in [0, --max_message_bytes / 2 = ", fits, "]"));
+    }
+  }
   if (!absl::GetFlag(FLAGS_model_root).empty()) {
     limits.file_roots.push_back(absl::GetFlag(FLAGS_model_root));
     if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {

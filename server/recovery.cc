@@ -13,6 +13,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/fan_out.h"
+#include "server/frozen_data.h"
 
 namespace paramd {
 namespace {
@@ -207,7 +208,7 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
         r->set_epoch(plan.epoch);
         *r->mutable_data_plane() = world;
         rpc::LoadShardsRequest* load = r->mutable_load();
-        *load->mutable_manifest() = result.manifest;
+        *load->mutable_manifest() = ManifestForDaemons(result.manifest);
         load->set_daemon_rank(rank);
         load->set_expected_pushers(plan.expected_pushers);
         if (checkpoint_version >= 0) {

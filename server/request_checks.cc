@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "safetensors/safetensors.h"
 
 namespace paramd {
 namespace {
@@ -55,6 +56,60 @@ absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> FrozenTensorBytes(const FrozenTensor& frozen) {
+  const std::string what = absl::StrCat("frozen buffer ", QuoteForError(frozen.name(), 256));
+  absl::StatusOr<safetensors::Dtype> dtype = safetensors::ParseDtype(frozen.dtype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", dtype.status().message()));
+  }
+  int64_t bytes = safetensors::DtypeSize(*dtype);
+  for (int64_t s : frozen.shape()) {
+    if (s < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": negative dimension"));
+    if (s > 0 && bytes > std::numeric_limits<int64_t>::max() / s) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": shape overflows"));
+    }
+    bytes *= s;
+  }
+  return bytes;
+}
+
+absl::Status CheckFrozenTensors(const google::protobuf::RepeatedPtrField<FrozenTensor>& frozen,
+                                const std::vector<rpc::TensorDecl>& tensors,
+                                const RequestLimits& limits, bool check_data) {
+  RETURN_IF_ERROR(CheckCount(static_cast<int64_t>(tensors.size()) + frozen.size(), limits));
+  std::set<absl::string_view> names;
+  for (const rpc::TensorDecl& d : tensors) names.insert(d.name());
+  int64_t total = 0;
+  for (const FrozenTensor& f : frozen) {
+    RETURN_IF_ERROR(CheckName(f.name(), limits));
+    const std::string what = absl::StrCat("frozen buffer ", QuoteForError(f.name(), 256));
+    if (!names.insert(f.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " is named twice in the model"));
+    }
+    if (f.shape_size() > limits.max_tensor_dims) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", f.shape_size(),
+                                                     " dimensions; at most ",
+                                                     limits.max_tensor_dims, " are accepted"));
+    }
+    ASSIGN_OR_RETURN(const int64_t bytes, FrozenTensorBytes(f));
+    if (check_data && static_cast<int64_t>(f.data().size()) != bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has ", f.data().size(),
+                                                     " bytes of data; its dtype and shape need ",
+                                                     bytes));
+    }
+    total = bytes > std::numeric_limits<int64_t>::max() - total
+                ? std::numeric_limits<int64_t>::max()
+                : total + bytes;
+  }
+  if (total > limits.max_frozen_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's ", frozen.size(), " frozen buffers (non-floating tensors such as ",
+        QuoteForError(frozen.begin()->name(), 64), ") hold ", total,
+        " bytes: more than the coordinator's --max_frozen_bytes=", limits.max_frozen_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSourcePaths(absl::string_view safetensors_path,
                               absl::string_view checkpoint_path) {
   RETURN_IF_ERROR(CheckClientPath("safetensors_path", safetensors_path));
@@ -76,9 +131,17 @@ absl::Status CheckLoadRequest(const rpc::LoadRequest& request, const RequestLimi
     return absl::InvalidArgumentError(absl::StrCat(
         "Load: checkpoint_version ", request.checkpoint_version(), " (-1 = newest, else >= 0)"));
   }
+  if (request.frozen_size() > 0 && request.tensors_size() == 0) {
+    return absl::InvalidArgumentError(
+        request.checkpoint_path().empty()
+            ? "Load: frozen buffers go with declared tensors (a safetensors file's non-floating "
+              "tensors are its frozen buffers)"
+            : "Load: a checkpoint restore takes its frozen buffers from the checkpoint");
+  }
   if (request.tensors_size() > 0) {
-    RETURN_IF_ERROR(CheckTensorDecls(
-        std::vector<rpc::TensorDecl>(request.tensors().begin(), request.tensors().end()), limits));
+    const std::vector<rpc::TensorDecl> decls(request.tensors().begin(), request.tensors().end());
+    RETURN_IF_ERROR(CheckTensorDecls(decls, limits));
+    RETURN_IF_ERROR(CheckFrozenTensors(request.frozen(), decls, limits));
   }
   return absl::OkStatus();
 }

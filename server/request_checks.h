@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/names.h"
 #include "proto/paramd.pb.h"
 
@@ -47,6 +48,9 @@ struct RequestLimits {
   // --memory_budget_bytes: what one daemon's shards may need (estimated by
   // EstimateDaemonBytes); 0 = no check.
   int64_t memory_budget_bytes = 0;
+  // --max_frozen_bytes: the data of a model's frozen buffers in all (the
+  // coordinator keeps them in memory and in every checkpoint manifest).
+  int64_t max_frozen_bytes = 16 << 20;
 };
 
 // The host bytes daemon `rank` needs for its shards of `manifest`, by a
@@ -73,8 +77,24 @@ absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
 absl::Status CheckSourcePaths(absl::string_view safetensors_path,
                               absl::string_view checkpoint_path);
 
+// Frozen buffers (LoadRequest.frozen, or a safetensors file's
+// non-floating tensors; proto/frozen.proto): names by the name rule,
+// unique, none of them one of `tensors`; a safetensors dtype; 0 to
+// max_tensor_dims dimensions, each >= 0; data of exactly the shape's
+// bytes, the bytes of all at most max_frozen_bytes (RESOURCE_EXHAUSTED
+// naming --max_frozen_bytes). `check_data` false checks the declared
+// sizes only (before the data is read).
+absl::Status CheckFrozenTensors(const google::protobuf::RepeatedPtrField<FrozenTensor>& frozen,
+                                const std::vector<rpc::TensorDecl>& tensors,
+                                const RequestLimits& limits, bool check_data = true);
+
+// The bytes of one frozen buffer's shape (InvalidArgument for a bad dtype
+// or a shape that overflows).
+absl::StatusOr<int64_t> FrozenTensorBytes(const FrozenTensor& frozen);
+
 // Coordinator.Load before anything is read: exactly one source, declared
-// tensors through CheckTensorDecls, checkpoint_version >= -1.
+// tensors through CheckTensorDecls, checkpoint_version >= -1, frozen
+// buffers (CheckFrozenTensors) only beside declared tensors.
 absl::Status CheckLoadRequest(const rpc::LoadRequest& request, const RequestLimits& limits);
 
 // Daemon.LoadShards: a manifest with at least one tensor, names and counts

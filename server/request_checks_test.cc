@@ -50,6 +50,65 @@ TEST(RequestChecks, DeclaredTensors) {
             absl::StatusCode::kInvalidArgument);
 }
 
+FrozenTensor Frozen(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                    size_t bytes) {
+  FrozenTensor f;
+  f.set_name(name);
+  f.set_dtype(dtype);
+  for (int64_t s : shape) f.add_shape(s);
+  f.set_data(std::string(bytes, '\1'));
+  return f;
+}
+
+TEST(RequestChecks, FrozenBuffers) {
+  RequestLimits limits;
+  limits.max_frozen_bytes = 100;
+  const std::vector<rpc::TensorDecl> tensors = {Decl("w", {2, 3})};
+  google::protobuf::RepeatedPtrField<FrozenTensor> frozen;
+  *frozen.Add() = Frozen("ids", "I64", {1, 4}, 32);
+  *frozen.Add() = Frozen("step", "I64", {}, 8);  // a scalar
+  *frozen.Add() = Frozen("mask", "BOOL", {0, 3}, 0);
+  EXPECT_TRUE(CheckFrozenTensors(frozen, tensors, limits).ok());
+
+  auto refused = [&](FrozenTensor f, absl::StatusCode code, const std::string& says) {
+    google::protobuf::RepeatedPtrField<FrozenTensor> bad = frozen;
+    *bad.Add() = std::move(f);
+    const absl::Status s = CheckFrozenTensors(bad, tensors, limits);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), says)) << s;
+  };
+  refused(Frozen("w", "I32", {1}, 4), absl::StatusCode::kInvalidArgument, "named twice");
+  refused(Frozen("ids", "I32", {1}, 4), absl::StatusCode::kInvalidArgument, "named twice");
+  refused(Frozen("x", "I128", {1}, 16), absl::StatusCode::kInvalidArgument, "I128");
+  refused(Frozen("x", "I32", {2}, 4), absl::StatusCode::kInvalidArgument, "need 8");
+  refused(Frozen("x", "I32", {-1}, 0), absl::StatusCode::kInvalidArgument, "negative");
+  refused(Frozen("x", "I64", {int64_t{1} << 40, int64_t{1} << 40}, 0),
+          absl::StatusCode::kInvalidArgument, "overflows");
+  refused(Frozen("x", "U8", {1, 1, 1, 1, 1, 1, 1, 1, 1}, 1), absl::StatusCode::kInvalidArgument,
+          "dimensions");
+  refused(Frozen("", "U8", {1}, 1), absl::StatusCode::kInvalidArgument, "");
+  refused(Frozen("x", "F64", {8}, 64), absl::StatusCode::kResourceExhausted,
+          "--max_frozen_bytes=100");
+  // Before the data is read (a safetensors file): the sizes alone.
+  google::protobuf::RepeatedPtrField<FrozenTensor> declared = frozen;
+  for (FrozenTensor& f : declared) f.clear_data();
+  EXPECT_TRUE(CheckFrozenTensors(declared, tensors, limits, /*check_data=*/false).ok());
+  EXPECT_EQ(CheckFrozenTensors(declared, tensors, limits).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // In a Load: beside declared tensors only.
+  rpc::LoadRequest load;
+  *load.add_tensors() = tensors[0];
+  *load.mutable_frozen() = frozen;
+  EXPECT_TRUE(CheckLoadRequest(load, limits).ok());
+  load.clear_tensors();
+  load.set_checkpoint_path("/ckpt");
+  EXPECT_EQ(CheckLoadRequest(load, limits).code(), absl::StatusCode::kInvalidArgument);
+  load.clear_checkpoint_path();
+  load.set_safetensors_path("/m.safetensors");
+  EXPECT_EQ(CheckLoadRequest(load, limits).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RequestChecks, LoadShardsNeedsAManifest) {
   const RequestLimits limits;
   rpc::LoadShardsRequest r;

@@ -37,8 +37,9 @@ grpc::Status Checkpoint(RawCluster& cluster, int64_t version) {
   return CheckpointVia(cluster.cluster().coordinator_address(), version, absl::Seconds(30));
 }
 
-absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path) {
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path, bool force) {
   rpc::LoadRequest request;
+  request.set_force(force);
   request.set_checkpoint_path(path);
   request.set_checkpoint_version(-1);
   for (int attempt = 0;; ++attempt) {

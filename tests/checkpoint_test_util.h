@@ -37,8 +37,10 @@ grpc::Status Checkpoint(RawCluster& cluster, int64_t version);
 
 // Coordinator.Load of the newest complete checkpoint of the store at
 // `path` (a restore), retried while UNAVAILABLE (daemons still joining),
-// then RefreshManifest. The version it republished.
-absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path);
+// then RefreshManifest. The version it republished. `force`: over a
+// loaded model.
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path,
+                                bool force = false);
 
 // The FP32 masters of `tensor` at `version` (the daemons' current version),
 // read through every daemon's ExportRows (EXPORT_DTYPE_FP32, master values)

@@ -17,7 +17,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1004  # HPD_API_VERSION this module was written against
+API_VERSION = 1005  # HPD_API_VERSION this module was written against
 MAX_RANK = 8
 PUSH_PARTIAL = 1  # HPD_PUSH_PARTIAL
 
@@ -149,6 +149,9 @@ class LoadOptions(ctypes.Structure):
 
 DTYPE_F32 = 0   # HPD_DTYPE_F32
 DTYPE_BF16 = 1  # HPD_DTYPE_BF16
+# Frozen buffers (loaded, checkpointed, exported whole, never stepped).
+DTYPE_F64, DTYPE_I64, DTYPE_I32, DTYPE_I16, DTYPE_I8, DTYPE_U8, DTYPE_BOOL = range(2, 9)
+DTYPE_U16, DTYPE_U32, DTYPE_U64 = 9, 10, 11
 VALUES = {"master": 0, "rowwise": 1, "columnwise": 2}  # HPD_VALUES_*
 
 

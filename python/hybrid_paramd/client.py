@@ -630,7 +630,8 @@ class Client(StateDictMixin):
         checkpoint). A single file is read by the daemons at its path
         unless stream=True; directories and indexes are always streamed:
         this process reads the files and sends the values (F32, BF16, F16)
-        to the daemons, so no path need be shared with them. recipe_text:
+        to the daemons, so no path need be shared with them; integer, bool
+        and F64 tensors are frozen buffers (see load_state_dict). recipe_text:
         a recipe in protobuf text (None: the coordinator's). force=True
         replaces a model the cluster holds (its training state is
         discarded); without it that is FailedPrecondition. progress:

@@ -1,7 +1,10 @@
 """Whole models in and out of a cluster, from Python: a torch state_dict
 loaded without a file, a committed version read back as torch tensors,
 exports to Hugging Face safetensors and checkpoints (client/c_api.h,
-"Models in memory, ..."). Client inherits these methods:
+"Models in memory, ..."). Non-floating tensors (int64 position ids, bool
+masks, step counters) and FP64 ones are frozen buffers: loaded,
+checkpointed, exported and returned by state_dict() as they were, never
+stepped. Client inherits these methods:
 
     c.load_state_dict(model.state_dict(), force=True)   # version 0
     sd = c.state_dict()                                  # BF16 masters, CPU
@@ -24,10 +27,20 @@ from ._util import ms, raise_for
 
 _SOURCE_DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16}
 _EXACT_AS_FP32 = (torch.float16,)  # widened to FP32 without loss
+# Frozen buffers: sent whole, returned as they were.
+_FROZEN_DTYPES = {torch.float64: _capi.DTYPE_F64, torch.int64: _capi.DTYPE_I64,
+                  torch.int32: _capi.DTYPE_I32, torch.int16: _capi.DTYPE_I16,
+                  torch.int8: _capi.DTYPE_I8, torch.uint8: _capi.DTYPE_U8,
+                  torch.bool: _capi.DTYPE_BOOL}
+for _name, _code in (("uint16", _capi.DTYPE_U16), ("uint32", _capi.DTYPE_U32),
+                     ("uint64", _capi.DTYPE_U64)):
+    if hasattr(torch, _name):  # torch >= 2.3
+        _FROZEN_DTYPES[getattr(torch, _name)] = _code
 _READ_DTYPES = {"bf16": _capi.DTYPE_BF16, "bfloat16": _capi.DTYPE_BF16,
                 "fp32": _capi.DTYPE_F32, "float32": _capi.DTYPE_F32,
                 torch.bfloat16: _capi.DTYPE_BF16, torch.float32: _capi.DTYPE_F32}
 _TORCH_OF = {_capi.DTYPE_BF16: torch.bfloat16, _capi.DTYPE_F32: torch.float32}
+_TORCH_OF.update({code: dtype for dtype, code in _FROZEN_DTYPES.items()})
 _NOT_NUMBERS = ("path", "dir", "name", "metadata")  # JSON strings that stay strings
 
 
@@ -47,9 +60,10 @@ def _as_source(name, value):
     t = value.detach()
     if t.dtype in _EXACT_AS_FP32:
         t = t.float()
-    if t.dtype not in _SOURCE_DTYPES:
+    code = _SOURCE_DTYPES.get(t.dtype, _FROZEN_DTYPES.get(t.dtype))
+    if code is None:
         return None, "%s is %s" % (name, str(t.dtype).replace("torch.", ""))
-    return t.to("cpu").contiguous(), _SOURCE_DTYPES[t.dtype]
+    return t.to("cpu").contiguous(), code
 
 
 def _numbers(x, key=None):
@@ -89,11 +103,12 @@ class StateDictMixin:
         device, or anything torch.as_tensor takes) as the cluster's model and
         returns the committed version (0). FP32 and BF16 values are sent as
         they are, FP16 as FP32 (exact); CUDA tensors are copied to the host
-        first. Any other dtype (integer buffers such as position ids, FP64)
-        is refused, naming every such tensor, before anything is sent: the
-        cluster holds floating-point weights only, so keep those buffers in
-        the trainer (`{k: v for k, v in sd.items() if v.is_floating_point()}`).
-        recipe_text, force, progress, timeout: as load()."""
+        first. Integer, bool and FP64 tensors (position ids, masks, step
+        counters) are frozen buffers: kept whole, never stepped (at most the
+        cluster's --max_frozen_bytes in all, 16 MiB by default). Any other
+        dtype (complex, FP8) is refused, naming every such tensor, before
+        anything is sent. recipe_text, force, progress, timeout: as
+        load()."""
         if not isinstance(state_dict, collections.abc.Mapping):
             raise TypeError("state_dict must be a mapping of names to tensors, not %s"
                             % type(state_dict).__name__)
@@ -110,10 +125,9 @@ class StateDictMixin:
                 tensors.append((name, t, dtype))
         if refused:
             raise errors.InvalidArgument(
-                3, "%d of %d tensors cannot be loaded (only FP32, BF16 and FP16 can): %s. "
-                "Leave them out: {k: v for k, v in sd.items() if v.is_floating_point() and "
-                "v.dtype != torch.float64}" % (len(refused), len(state_dict),
-                                               _names_line(refused)))
+                3, "%d of %d tensors cannot be loaded (FP32, BF16 and FP16 are trained; "
+                "integer, bool and FP64 ones kept as frozen buffers): %s" %
+                (len(refused), len(state_dict), _names_line(refused)))
         arr = (_capi.HostTensor * len(tensors))()
         keep = []  # the shape arrays and encoded names, alive during the call
         for i, (name, t, dtype) in enumerate(tensors):
@@ -141,7 +155,8 @@ class StateDictMixin:
         tensors in manifest order, with the model file's shapes: the FP32
         masters as BF16 (round to nearest even, the export's rounding) or
         FP32 (bit for bit); values="rowwise" / "columnwise" gives the
-        published copy of that direction dequantized instead. Read from the
+        published copy of that direction dequantized instead. The frozen
+        buffers follow, in their own dtype, as they were loaded. Read from the
         daemons over the network (a version they no longer hold from its
         checkpoint below checkpoint_dir, if any), then moved to `device`.
         FailedPrecondition when no model is loaded or the version is not

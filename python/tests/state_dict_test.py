@@ -1,10 +1,14 @@
 """Whole models in and out of a real cluster (coordinator + 2 daemons) from
-Python, without files: Client.load_state_dict of an nn.Module's state_dict,
-state_dict() read back (FP32 bit for bit, BF16 as the export rounds), a
-pushed step seen in the next state_dict, checkpoint / list / describe, an
-export read back, and the refusals: integer and FP64 buffers named before
-anything is sent, a .pt path told how to load it, a loaded cluster without
-force, an uncommitted version, a non-empty export directory."""
+Python, without files: Client.load_state_dict of an nn.Module's whole
+state_dict (integer, bool and FP64 buffers kept as frozen buffers),
+state_dict() read back (FP32 bit for bit, BF16 as the export rounds, the
+buffers as they were) and loaded strictly into a fresh module, a pushed
+step seen in the next state_dict (buffers unchanged, a push naming one
+refused), checkpoint / list / describe, an export read back, and the
+refusals: complex tensors named before anything is sent, buffers over the
+cluster's --max_frozen_bytes, a .pt path told how to load it, a loaded
+cluster without force, an uncommitted version, a non-empty export
+directory."""
 
 import collections
 import os
@@ -29,11 +33,15 @@ class Tiny(torch.nn.Module):
         self.head = torch.nn.Linear(40, 8, bias=False).half()
         self.register_buffer("position_ids", torch.arange(16))
         self.register_buffer("freqs", torch.linspace(0, 1, 8, dtype=torch.float64))
+        self.register_buffer("mask", torch.rand(3, 5) > 0.5)
+        self.register_buffer("steps", torch.tensor(11, dtype=torch.int32))
+
+
+FROZEN = ["freqs", "mask", "position_ids", "steps"]
 
 
 def floating(sd):
-    return collections.OrderedDict(
-        (k, v) for k, v in sd.items() if v.is_floating_point() and v.dtype != torch.float64)
+    return collections.OrderedDict((k, v) for k, v in sd.items() if k not in FROZEN)
 
 
 class StateDictTest(unittest.TestCase):
@@ -46,7 +54,7 @@ class StateDictTest(unittest.TestCase):
         os.makedirs(ckpt)
         cls.cluster = hpc.LocalCluster(
             test_env.SERVER, daemons=2, expected_pushers=1,
-            coordinator_flags=["--checkpoint_dir=" + ckpt],
+            coordinator_flags=["--checkpoint_dir=" + ckpt, "--max_frozen_bytes=4096"],
             daemon_flags=["--optimizer=sgd", "--lr=0.5", "--checkpoint_dir=" + ckpt])
         cls.admin = hp.Client(cls.cluster.address, observer=True)
 
@@ -57,13 +65,19 @@ class StateDictTest(unittest.TestCase):
 
     def test_1_refusals_before_anything_is_sent(self):
         sd = Tiny().state_dict()
+        sd["phase"] = torch.ones(3, dtype=torch.complex64)
         with self.assertRaises(hp.InvalidArgument) as e:
             hpc.load_when_ready(self.admin, sd)
         message = str(e.exception)
-        self.assertIn("position_ids is int64", message)
-        self.assertIn("freqs is float64", message)
-        self.assertIn("is_floating_point()", message)
+        self.assertIn("phase is complex64", message)
+        self.assertNotIn("position_ids", message)
         self.assertLess(len(message), 400)
+        self.assertLess(self.admin.manifest(refresh=True).committed_version, 0)
+        # Frozen buffers over the coordinator's --max_frozen_bytes (4096 here).
+        big = dict(floating(Tiny().state_dict()), ids=torch.arange(1024))
+        with self.assertRaises(hp.ResourceExhausted) as e:
+            hpc.load_when_ready(self.admin, big)
+        self.assertIn("--max_frozen_bytes=4096", str(e.exception))
         self.assertLess(self.admin.manifest(refresh=True).committed_version, 0)
         with self.assertRaises(hp.InvalidArgument) as e:
             self.admin.load(os.path.join(self.tmp, "model.pt"))
@@ -76,40 +90,55 @@ class StateDictTest(unittest.TestCase):
 
     def test_2_round_trip_step_checkpoint_export(self):
         model = Tiny()
-        sd = floating(model.state_dict())
-        self.assertEqual(hpc.load_when_ready(self.admin, sd), 0)
+        whole = model.state_dict()
+        sd = floating(whole)
+        self.assertEqual(hpc.load_when_ready(self.admin, whole), 0)
         self.assertEqual(sorted(self.admin.manifest().names()), sorted(sd))
 
-        # FP32 masters bit for bit (FP16 was widened exactly), in the model's shapes.
+        def same_buffers(got):
+            for name in FROZEN:
+                self.assertEqual(got[name].dtype, whole[name].dtype, name)
+                self.assertTrue(torch.equal(got[name], whole[name]), name)
+
+        # FP32 masters bit for bit (FP16 was widened exactly), in the model's
+        # shapes, then the frozen buffers as they were.
         back = self.admin.state_dict(dtype=torch.float32)
-        self.assertEqual(list(back), list(self.admin.manifest().names()))
+        self.assertEqual(list(back), list(self.admin.manifest().names()) +
+                         [k for k in whole if k in FROZEN])
         for name, t in sd.items():
             self.assertEqual(back[name].shape, t.shape, name)
             self.assertTrue(torch.equal(back[name], t.float()), name)
-        # BF16: the round to nearest even torch does.
+        same_buffers(back)
+        # BF16: the round to nearest even torch does; the buffers keep their dtype.
         bf16 = self.admin.state_dict()
         for name, t in sd.items():
             self.assertEqual(bf16[name].dtype, torch.bfloat16)
             self.assertTrue(torch.equal(bf16[name], t.float().to(torch.bfloat16)), name)
-        # What comes back loads into the module (integer buffers kept by the script).
+        same_buffers(bf16)
+        # What comes back loads into the module, buffers included.
         fresh = Tiny()
-        missing, unexpected = fresh.load_state_dict(back, strict=False)
-        self.assertEqual(sorted(missing), ["freqs", "position_ids"])
-        self.assertEqual(unexpected, [])
+        fresh.load_state_dict(back, strict=True)
+        self.assertTrue(torch.equal(fresh.position_ids, model.position_ids))
 
         # A loaded cluster refuses a second load without force, changing nothing.
         with self.assertRaises(hp.FailedPrecondition):
             self.admin.load_state_dict({"other": torch.ones(4, 4)})
         self.assertEqual(sorted(self.admin.manifest(refresh=True).names()), sorted(sd))
 
-        # One pushed step: SGD lr 0.5 with gradient == weight halves every weight (exact).
+        # One pushed step: SGD lr 0.5 with gradient == weight halves every
+        # weight (exact); a push naming a frozen buffer is refused first.
         with hp.Client(self.cluster.address) as trainer:
             trainer.wait_for_version(0)
+            with self.assertRaises(hp.InvalidArgument) as e:
+                trainer.push_gradients(0, dict({k: v.float() for k, v in sd.items()},
+                                               position_ids=torch.zeros(16)))
+            self.assertIn("frozen buffer", str(e.exception))
             trainer.push_gradients(0, {k: v.float() for k, v in sd.items()})
             self.assertEqual(trainer.wait_for_version(1), 1)
         stepped = self.admin.state_dict(dtype="fp32")
         for name, t in sd.items():
             self.assertTrue(torch.equal(stepped[name], t.float() * 0.5), name)
+        same_buffers(stepped)
         with self.assertRaises(hp.FailedPrecondition):
             self.admin.state_dict(version=7)
 
@@ -122,12 +151,14 @@ class StateDictTest(unittest.TestCase):
         described = self.admin.describe_checkpoint(verify=True)
         self.assertEqual(described["manifest"]["version"], 1)
         self.assertEqual(sorted(t["name"] for t in described["manifest"]["tensors"]), sorted(sd))
+        self.assertEqual(sorted(f["name"] for f in described["manifest"]["frozen"]), FROZEN)
+        self.assertNotIn("data", described["manifest"]["frozen"][0])  # named, not shipped
 
         # Export: the files hold what state_dict() returns.
         out = os.path.join(self.tmp, "export")
         result = self.admin.export(out)
         self.assertEqual(result["version"], 1)
-        self.assertEqual(result["num_tensors"], len(sd))
+        self.assertEqual(result["num_tensors"], len(whole))
         self.assertIn("model.safetensors.index.json", result["files"])
         read = {}
         for f in result["files"]:
@@ -136,7 +167,9 @@ class StateDictTest(unittest.TestCase):
         now = self.admin.state_dict()
         self.assertEqual(sorted(read), sorted(now))
         for name in now:
+            self.assertEqual(read[name].dtype, now[name].dtype, name)
             self.assertTrue(torch.equal(read[name], now[name]), name)
+        same_buffers(read)
         with self.assertRaises(hp.FailedPrecondition):
             self.admin.export(out)  # not empty
         again = self.admin.export(out, overwrite=True, dtype="fp32")
