@@ -17,7 +17,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "sharding/assemble.h"
 
 namespace paramd {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/client_internal.h"
 #include "common/status_macros.h"
-#include "server/convert.h"
+#include "format/convert.h"
 
 namespace paramd {
 namespace client {

@@ -10,7 +10,7 @@
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "kernels/format.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/optimizer_config.h"
 
 namespace paramd {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/names.h"
 #include "common/status_macros.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/optimizer_config.h"
 
 namespace paramd {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/convert.h"
+#include "format/convert.h"
 
 namespace paramd {
 namespace {

@@ -30,7 +30,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/alarm.h"
 #include "safetensors/safetensors.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/fan_out.h"
 #include "server/frozen_data.h"
 #include "server/optimizer_config.h"

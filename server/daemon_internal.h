@@ -42,7 +42,7 @@
 #include "proto/paramd.grpc.pb.h"
 #include "server/async_util.h"
 #include "server/chunks.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/daemon.h"
 #include "server/data_plane.h"
 #include "server/device_channel.h"

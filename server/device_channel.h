@@ -70,7 +70,7 @@ class DeviceChannel {
   virtual absl::Status Connect(const std::string& trainer_address) = 0;
 
   // Sends `items` of `version` of `backend` to the trainer as one transport
-  // message with `tag` (client/gpu_fetch/fetch_plan.h gives the piece
+  // message with `tag` (format/fetch_plan.h gives the piece
   // order). Blocks until the bytes have left the device buffers, the
   // deadline passes (DEADLINE_EXCEEDED), the trainer is gone (UNAVAILABLE) or
   // Shutdown() (CANCELLED). FAILED_PRECONDITION if `backend` is not the gpu

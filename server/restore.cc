@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/daemon_io.h"
-#include "checkpoint/shard_set_adapter.h"
+#include "server/shard_set_adapter.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
 

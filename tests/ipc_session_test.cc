@@ -20,7 +20,7 @@
 #include "client/ipc/ipc_session.h"
 #include "gtest/gtest.h"
 #include "server/ipc/ipc_service.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/pin_page.h"
 #include "server/server.h"
 #include "tests/server_test_util.h"
 
@@ -312,7 +312,7 @@ TEST_F(IpcSessionTest, InPlacePushFollowsThePushRules) {
   for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(v2[i], v1[i] - kLr * g[i]) << i;
 }
 
-// The session's pin page (server/ipc/pin_page.h): the daemon offers each
+// The session's pin page (ipc/pin_page.h): the daemon offers each
 // published version in its slot; a pin written into the page (no RPC)
 // holds back the step that would rewrite that version like a PinIpc pin;
 // the step withdraws the version first, so a page pin of it fails after.

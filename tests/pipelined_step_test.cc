@@ -23,7 +23,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/reference_step.h"
 #include "tests/server_test_util.h"
 

@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "server/reference_step.h"
 #include "tests/server_test_util.h"
 

@@ -17,7 +17,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "safetensors/safetensors.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "sharding/assemble.h"
 
 namespace paramd {

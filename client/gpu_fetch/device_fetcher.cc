@@ -9,13 +9,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/gpu_fetch/fetch_plan.h"
+#include "format/fetch_plan.h"
 #include "common/gpu_status.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
-#include "server/convert.h"
+#include "format/convert.h"
 #include "sharding/assemble.h"
 #include "transport/channel_secret.h"
 #include "transport/nccl_address.h"

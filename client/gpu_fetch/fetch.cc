@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "client/gpu_fetch/fetch_plan.h"
+#include "format/fetch_plan.h"
 #include "common/gpu_status.h"
 
 namespace paramd {

@@ -9,7 +9,7 @@
 //   ... w->tensors[0].pieces[0].buffers.data: the daemon's rowwise copy of w ...
 //
 // No copy: the pointers are the daemon's published buffers (VMM allocations
-// mapped into this process once, server/ipc/cuda_vmm.h), valid while the
+// mapped into this process once, ipc/cuda_vmm.h), valid while the
 // version stays acquired: until the next Acquire (which pins the new
 // version first, then releases the old one) or Release, or until the
 // session dies. While it is acquired the daemon does not rewrite it (the
@@ -17,7 +17,7 @@
 // process's lease: a killed trainer's pins lapse). CopyTo copies a version
 // into caller-owned memory for keeping it longer.
 //
-// Hand-over without an RPC: the session's pin page (server/ipc/pin_page.h)
+// Hand-over without an RPC: the session's pin page (ipc/pin_page.h)
 // offers the daemon's published versions; once a version of a slot was
 // acquired over RPC (the pointers of that slot's buffers are then known,
 // and fixed for the model), later versions in that slot with the same
@@ -54,8 +54,8 @@
 #include "client/gpu_fetch/fetch.h"
 #include "client/ipc/ipc_session.h"
 #include "kernels/format.h"
-#include "server/ipc/cuda_vmm.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/cuda_vmm.h"
+#include "ipc/pin_page.h"
 
 namespace paramd {
 namespace gpu_fetch {

@@ -29,8 +29,8 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ipc.grpc.pb.h"
-#include "server/ipc/fd_socket.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/fd_socket.h"
+#include "ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {
@@ -75,7 +75,7 @@ class IpcSession {
   // The daemon's exported regions: new descriptors (owned by the caller),
   // sizes and epoch.
   absl::StatusOr<FdReply> GetRegions();
-  // The session's shared-memory pin page (server/ipc/pin_page.h), mapped
+  // The session's shared-memory pin page (ipc/pin_page.h), mapped
   // here; NOT_FOUND from a daemon that made none.
   absl::StatusOr<std::unique_ptr<PinPage>> GetPinPage();
   // Hands the daemon the descriptor of a trainer buffer (not closed here).

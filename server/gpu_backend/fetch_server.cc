@@ -1,7 +1,7 @@
 #include "server/gpu_backend/fetch_server.h"
 
 #include "absl/strings/str_cat.h"
-#include "client/gpu_fetch/fetch_plan.h"
+#include "format/fetch_plan.h"
 #include "common/status_macros.h"
 
 namespace paramd {

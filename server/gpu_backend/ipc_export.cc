@@ -1,6 +1,6 @@
 // The CUDA exporter of same-GPU sessions (server/ipc/ipc_service.h): the
 // gpu backend's published buffers live in exportable VMM allocations
-// (GpuShardStore::exported_regions, server/ipc/cuda_vmm.h), handed out as
+// (GpuShardStore::exported_regions, ipc/cuda_vmm.h), handed out as
 // POSIX file descriptors; a trainer's gradient buffer comes the other way
 // and is read in place by one pass that checks it and writes it (the first
 // push into a zero accumulator) or by the check and add kernels
@@ -12,7 +12,7 @@
 // exit), so a trainer could read freed memory after a daemon died or
 // reloaded; a VMM allocation is reference counted by the driver and lives
 // until the last process unmaps it. The fds need a Unix socket
-// (server/ipc/fd_socket.h); both processes run as one user on one machine.
+// (ipc/fd_socket.h); both processes run as one user on one machine.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -28,7 +28,7 @@
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/push_apply.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/ipc/cuda_vmm.h"
+#include "ipc/cuda_vmm.h"
 #include "server/ipc/ipc_service.h"
 
 namespace paramd {

@@ -70,7 +70,7 @@
 #include "kernels/cuda/optimizer.h"
 #include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
-#include "server/ipc/cuda_vmm.h"
+#include "ipc/cuda_vmm.h"
 #include "server/gpu_backend/grad_norm.h"
 
 namespace paramd {

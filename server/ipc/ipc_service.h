@@ -7,7 +7,7 @@
 // FdSocket), pins a version and reads its buffers in place; it pushes
 // gradients from a buffer of its own that the daemon maps the same way.
 //
-// Every session also gets a shared-memory pin page (server/ipc/pin_page.h,
+// Every session also gets a shared-memory pin page (ipc/pin_page.h,
 // over the FdSocket): the daemon offers the published versions there
 // (Published) and the trainer pins one by a store into its page, so the
 // common hand-over of v+1 needs no RPC; PinIpc is the fallback (first
@@ -41,8 +41,8 @@
 #include "kernels/format.h"
 #include "proto/ipc.grpc.pb.h"
 #include "server/chunks.h"
-#include "server/ipc/fd_socket.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/fd_socket.h"
+#include "ipc/pin_page.h"
 #include "server/ipc/pin_table.h"
 #include "server/shard_backend.h"
 
@@ -162,7 +162,7 @@ class IpcService : public rpc::DaemonIpc::CallbackService {
   // The daemon's step thread, after EndRetire (or a load's first publish):
   // `backend` publishes `latest` and `previous` (-1: none) of `generation`
   // now; the sessions' pin pages offer them for pinning without an RPC
-  // (server/ipc/pin_page.h). Before the daemon answers waiters of `latest`.
+  // (ipc/pin_page.h). Before the daemon answers waiters of `latest`.
   void Published(int64_t generation, ShardBackend* backend, int64_t latest, int64_t previous);
   // Refuses new sessions, fails a RetireForStep, stops the socket.
   void Shutdown();

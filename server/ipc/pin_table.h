@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {

@@ -7,7 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
-#include "server/ipc/pin_page.h"
+#include "ipc/pin_page.h"
 
 namespace paramd {
 namespace ipc {
@@ -168,7 +168,7 @@ TEST(PinTable, LimitsAndCloseAndGenerations) {
   EXPECT_TRUE(table.Open("c", absl::Seconds(5)).ok());  // a's place is free
 }
 
-// Page pins (server/ipc/pin_page.h): a trainer's pin in its shared page
+// Page pins (ipc/pin_page.h): a trainer's pin in its shared page
 // holds the step like a table pin; a version the step withdrew cannot be
 // page-pinned any more; the page pins of an expired session count no more.
 TEST(PinTable, PagePinsHoldTheStepAndLapseWithTheLease) {

@@ -1,4 +1,4 @@
-#include "checkpoint/shard_set_adapter.h"
+#include "server/shard_set_adapter.h"
 
 #include <algorithm>
 #include <cstring>

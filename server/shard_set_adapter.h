@@ -1,7 +1,7 @@
-// File: checkpoint/shard_set_adapter.h
+// File: server/shard_set_adapter.h
 //
 // The checkpoint view of the CPU daemon's state (server/shard_set.h): what
-// server/ needs to implement CheckpointableDaemon (daemon_state.h) in a few
+// server/ needs to implement CheckpointableDaemon (checkpoint/daemon_state.h) in a few
 // lines. Call these on the daemon's worker thread (between steps), with
 // `published` the version the ShardSet's state produced.
 //
@@ -12,8 +12,8 @@
 //
 // Restore needs setters ShardSet does not have yet (optimizer state,
 // delayed-scaling state, step count): see docs/CHECKPOINTS.md.
-#ifndef PARAMD_CHECKPOINT_SHARD_SET_ADAPTER_H_
-#define PARAMD_CHECKPOINT_SHARD_SET_ADAPTER_H_
+#ifndef PARAMD_SERVER_SHARD_SET_ADAPTER_H_
+#define PARAMD_SERVER_SHARD_SET_ADAPTER_H_
 
 #include <cstdint>
 #include <string>
@@ -53,4 +53,4 @@ absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& publ
 }  // namespace checkpoint
 }  // namespace paramd
 
-#endif  // PARAMD_CHECKPOINT_SHARD_SET_ADAPTER_H_
+#endif  // PARAMD_SERVER_SHARD_SET_ADAPTER_H_

@@ -1,4 +1,4 @@
-#include "server/ipc/pin_page.h"
+#include "ipc/pin_page.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "server/ipc/fd_socket.h"
+#include "ipc/fd_socket.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

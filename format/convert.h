@@ -1,12 +1,12 @@
-// File: server/convert.h
+// File: format/convert.h
 //
 // Conversions between the wire messages of proto/paramd.proto (package
 // paramd::rpc) and the C++ vocabulary of kernels/format.h. Shared by server/,
 // client/ and hpctl/ so that there is one mapping.
 //
 // Pure functions, thread-safe.
-#ifndef PARAMD_SERVER_CONVERT_H_
-#define PARAMD_SERVER_CONVERT_H_
+#ifndef PARAMD_FORMAT_CONVERT_H_
+#define PARAMD_FORMAT_CONVERT_H_
 
 #include <cstdint>
 #include <vector>
@@ -44,4 +44,4 @@ absl::Status DecodeValues(rpc::DType dtype, const std::string& bytes, std::vecto
 
 }  // namespace paramd
 
-#endif  // PARAMD_SERVER_CONVERT_H_
+#endif  // PARAMD_FORMAT_CONVERT_H_

@@ -1,4 +1,4 @@
-// File: server/ipc/cuda_vmm.h
+// File: ipc/cuda_vmm.h
 //
 // Device memory that another process can map (same-GPU sessions): CUDA
 // virtual memory management with POSIX file-descriptor shareable handles.
@@ -11,8 +11,8 @@
 //
 // Threading: thread-safe (the driver's own rules); no blocking beyond the
 // driver calls.
-#ifndef PARAMD_SERVER_IPC_CUDA_VMM_H_
-#define PARAMD_SERVER_IPC_CUDA_VMM_H_
+#ifndef PARAMD_IPC_CUDA_VMM_H_
+#define PARAMD_IPC_CUDA_VMM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -64,4 +64,4 @@ class VmmBuffer {
 }  // namespace ipc
 }  // namespace paramd
 
-#endif  // PARAMD_SERVER_IPC_CUDA_VMM_H_
+#endif  // PARAMD_IPC_CUDA_VMM_H_

@@ -1,4 +1,4 @@
-#include "server/convert.h"
+#include "format/convert.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// File: client/gpu_fetch/fetch_plan.h
+// File: format/fetch_plan.h
 //
 // The piece order of one device fetch message, the ONE
 // definition both sides use: the daemon's sender
@@ -11,8 +11,8 @@
 // Header-only and free of CUDA/NCCL types so that both libraries (and host
 // tests) can use it; `Piece` is the transport's DeviceBytes or
 // MutableDeviceBytes (any aggregate {pointer, size_t}).
-#ifndef PARAMD_CLIENT_GPU_FETCH_FETCH_PLAN_H_
-#define PARAMD_CLIENT_GPU_FETCH_FETCH_PLAN_H_
+#ifndef PARAMD_FORMAT_FETCH_PLAN_H_
+#define PARAMD_FORMAT_FETCH_PLAN_H_
 
 #include <cstddef>
 #include <vector>
@@ -41,4 +41,4 @@ void AppendItemPieces(const Layout& layout, Ptr data, Ptr scales, FloatPtr scale
 }  // namespace gpu_fetch
 }  // namespace paramd
 
-#endif  // PARAMD_CLIENT_GPU_FETCH_FETCH_PLAN_H_
+#endif  // PARAMD_FORMAT_FETCH_PLAN_H_

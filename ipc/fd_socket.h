@@ -1,4 +1,4 @@
-// File: server/ipc/fd_socket.h
+// File: ipc/fd_socket.h
 //
 // File descriptors between processes of one machine (same-GPU sessions,
 // proto/ipc.proto): CUDA virtual-memory shareable handles are POSIX file
@@ -13,8 +13,8 @@
 // Threading: the server answers on one thread of its own, one request at a
 // time (each is short: no device work waits on a peer). FdSocketCall is
 // blocking (bounded by its timeout) and thread-safe.
-#ifndef PARAMD_SERVER_IPC_FD_SOCKET_H_
-#define PARAMD_SERVER_IPC_FD_SOCKET_H_
+#ifndef PARAMD_IPC_FD_SOCKET_H_
+#define PARAMD_IPC_FD_SOCKET_H_
 
 #include <cstdint>
 #include <functional>
@@ -36,7 +36,7 @@ constexpr int kSecretBytes = 32;
 enum class FdOp : uint32_t {
   kGetRegions = 1,      // reply: the exported regions' fds, sizes and epoch
   kRegisterBuffer = 2,  // request fd: a trainer buffer (arg0 id, arg1 bytes)
-  kGetPinPage = 3,      // reply: the session's pin page (server/ipc/pin_page.h)
+  kGetPinPage = 3,      // reply: the session's pin page (ipc/pin_page.h)
 };
 
 struct FdRequest {
@@ -94,4 +94,4 @@ absl::StatusOr<FdReply> FdSocketCall(const std::string& name, const FdRequest& r
 }  // namespace ipc
 }  // namespace paramd
 
-#endif  // PARAMD_SERVER_IPC_FD_SOCKET_H_
+#endif  // PARAMD_IPC_FD_SOCKET_H_

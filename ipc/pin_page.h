@@ -1,4 +1,4 @@
-// File: server/ipc/pin_page.h
+// File: ipc/pin_page.h
 //
 // The shared-memory pin page of one same-GPU session (proto/ipc.proto,
 // docs/ARCHITECTURE.md "Co-located trainers"): one page of a memfd that the
@@ -27,8 +27,8 @@
 //
 // Threading: every field is a lock-free 64-bit atomic; any thread of
 // either process may read or write its side at any time. Nothing blocks.
-#ifndef PARAMD_SERVER_IPC_PIN_PAGE_H_
-#define PARAMD_SERVER_IPC_PIN_PAGE_H_
+#ifndef PARAMD_IPC_PIN_PAGE_H_
+#define PARAMD_IPC_PIN_PAGE_H_
 
 #include <atomic>
 #include <cstdint>
@@ -105,4 +105,4 @@ class PinPage {
 }  // namespace ipc
 }  // namespace paramd
 
-#endif  // PARAMD_SERVER_IPC_PIN_PAGE_H_
+#endif  // PARAMD_IPC_PIN_PAGE_H_

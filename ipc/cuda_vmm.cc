@@ -1,4 +1,4 @@
-#include "server/ipc/cuda_vmm.h"
+#include "ipc/cuda_vmm.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
