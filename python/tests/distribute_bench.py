@@ -1,12 +1,14 @@
 """Step time of hp.distribute + hp.ClusterOptimizer against the hand-written
 loop over torch_glue.ClusterModel that they replace (fetch, forward,
 backward, push, wait), on one cluster, the same model, recipe and batches.
-The two loops alternate in blocks so that drift hits both; the figure is
-the median over adjacent block pairs of the ratio of their median step
-times (target <= 1.02).
+The two loops alternate in blocks, in turn first and second (ABBA), so
+that drift and warm-up hit both; the figure is the median over block pairs
+of the ratio of their median step times (target <= 1.02). --pin gives the
+cluster's processes and this trainer disjoint halves of the CPUs, so that
+the daemons' threads do not preempt the timed loop.
 
     python3 python/tests/distribute_bench.py --server bazel-bin/server/hybrid-paramd \\
-        [--device cuda --daemon_flags="--backend=gpu --gpu=0"] [--json out.json]
+        [--device cuda --daemon_flags="--backend=gpu --gpu=0"] [--pin] [--json out.json]
 
 HYBRID_PARAMD_LIB names libhybrid_paramd.so (else the source tree's).
 """
@@ -94,8 +96,17 @@ def main():
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--steps", type=int, default=20, help="steps per block")
     p.add_argument("--blocks", type=int, default=3, help="blocks of each loop, alternating")
+    p.add_argument("--pin", action="store_true",
+                   help="the cluster on the upper half of the CPUs, this process on the lower")
     p.add_argument("--json", default="")
     a = p.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.pin and len(cpus) >= 4:
+        trainer_cpus, cluster_cpus = set(cpus[:len(cpus) // 2]), set(cpus[len(cpus) // 2:])
+        os.sched_setaffinity(0, cluster_cpus)  # inherited by the cluster's processes
+        torch.set_num_threads(len(trainer_cpus))
+    else:
+        trainer_cpus = None
     device = torch.device(a.device)
     torch.manual_seed(0)
     vocab = 512
@@ -108,11 +119,14 @@ def main():
     times = {"hand_written": [], "distribute": []}
     pairs = []  # per block: distribute's median / the hand-written loop's
     with hpc.LocalCluster(a.server, daemons=2, expected_pushers=1, daemon_flags=flags) as cl:
+        if trainer_cpus:
+            os.sched_setaffinity(0, trainer_cpus)
         admin = hp.Client(cl.address, observer=True)
         admin.load_state_dict(start, recipe_text=None)  # daemons up before timing
-        for _ in range(a.blocks):
+        loops = [("hand_written", hand_written), ("distribute", distributed)]
+        for b in range(a.blocks):
             block = {}
-            for name, loop in (("hand_written", hand_written), ("distribute", distributed)):
+            for name, loop in (loops if b % 2 == 0 else loops[::-1]):
                 model = Net(vocab, a.d_model, a.layers)
                 model.load_state_dict(start)
                 model.to(device)
@@ -132,6 +146,8 @@ def main():
         # Robust to drift between blocks: the median of the adjacent blocks' ratios.
         "ratio_of_adjacent_blocks_median": sorted(pairs)[len(pairs) // 2],
         "block_ratios": pairs,
+        "pinned": bool(trainer_cpus),
+        "cpus": len(cpus),
         "date": time.strftime("%Y-%m-%d"),
     }
     if device.type == "cuda":
