@@ -112,13 +112,13 @@ bool SpeaksPlaintextHttp2(int fd) {
 
 // What one TLS handshake met.
 struct TlsOutcome {
-  bool server_spoke_tls = false;  // a TLS handshake or alert record came back
+  bool server_spoke_tls = false;       // a TLS handshake or alert record came back
   bool certificate_requested = false;  // the server asked for a client certificate
   bool handshake_done = false;
-  bool http2 = false;             // the server's SETTINGS frame read over TLS
-  long verify = X509_V_OK;        // the certificate check's result
-  int alert = -1;                 // the description of an alert the server sent
-  std::string error;              // OpenSSL's reasons
+  bool http2 = false;       // the server's SETTINGS frame read over TLS
+  long verify = X509_V_OK;  // the certificate check's result
+  int alert = -1;           // the description of an alert the server sent
+  std::string error;        // OpenSSL's reasons
 };
 
 void OnTlsMessage(int write_p, int /*version*/, int content_type, const void* buf, size_t len,
@@ -161,8 +161,8 @@ absl::Status UseClientTls(SSL_CTX* ctx, const TlsConfig& tls) {
   if (tls.ca_pem.empty()) {
     SSL_CTX_set_default_verify_paths(ctx);
   } else {
-    std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(tls.ca_pem.data(),
-                                                      static_cast<int>(tls.ca_pem.size())));
+    std::unique_ptr<BIO, BioFree> bio(
+        BIO_new_mem_buf(tls.ca_pem.data(), static_cast<int>(tls.ca_pem.size())));
     int added = 0;
     while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
       added += X509_STORE_add_cert(SSL_CTX_get_cert_store(ctx), cert) == 1 ? 1 : 0;
@@ -172,16 +172,16 @@ absl::Status UseClientTls(SSL_CTX* ctx, const TlsConfig& tls) {
     if (added == 0) return absl::InvalidArgumentError("the TLS CA holds no certificate");
   }
   if (!tls.cert_pem.empty() && !tls.key_pem.empty()) {
-    std::unique_ptr<BIO, BioFree> certs(BIO_new_mem_buf(tls.cert_pem.data(),
-                                                        static_cast<int>(tls.cert_pem.size())));
+    std::unique_ptr<BIO, BioFree> certs(
+        BIO_new_mem_buf(tls.cert_pem.data(), static_cast<int>(tls.cert_pem.size())));
     X509* leaf = PEM_read_bio_X509(certs.get(), nullptr, nullptr, nullptr);
     const bool used = leaf != nullptr && SSL_CTX_use_certificate(ctx, leaf) == 1;
     X509_free(leaf);
     while (X509* extra = PEM_read_bio_X509(certs.get(), nullptr, nullptr, nullptr)) {
       if (SSL_CTX_add_extra_chain_cert(ctx, extra) != 1) X509_free(extra);
     }
-    std::unique_ptr<BIO, BioFree> key(BIO_new_mem_buf(tls.key_pem.data(),
-                                                      static_cast<int>(tls.key_pem.size())));
+    std::unique_ptr<BIO, BioFree> key(
+        BIO_new_mem_buf(tls.key_pem.data(), static_cast<int>(tls.key_pem.size())));
     EVP_PKEY* pkey = PEM_read_bio_PrivateKey(key.get(), nullptr, nullptr, nullptr);
     const bool keyed = pkey != nullptr && SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
     EVP_PKEY_free(pkey);
@@ -242,16 +242,14 @@ absl::StatusOr<TlsOutcome> TryTls(int fd, const TlsConfig* verify, const std::st
   const std::string hello = ClientHello();
   if (SSL_write(ssl.get(), hello.data(), static_cast<int>(hello.size())) ==
       static_cast<int>(hello.size())) {
-    o.http2 = ReadsSettingsFrame(
-        [&ssl](unsigned char* p, int n) { return SSL_read(ssl.get(), p, n); });
+    o.http2 =
+        ReadsSettingsFrame([&ssl](unsigned char* p, int n) { return SSL_read(ssl.get(), p, n); });
   }
   if (!o.http2) o.error = OpenSslErrors();
   return o;
 }
 
-absl::Status Mismatch(const std::string& message) {
-  return absl::FailedPreconditionError(message);
-}
+absl::Status Mismatch(const std::string& message) { return absl::FailedPreconditionError(message); }
 
 // The words for a TLS server that did not accept this client's handshake.
 absl::Status TlsRefusal(const std::string& address, const TlsConfig& tls, const std::string& name,
@@ -285,16 +283,15 @@ absl::Status TlsRefusal(const std::string& address, const TlsConfig& tls, const 
         o.alert == SSL_AD_BAD_CERTIFICATE || o.alert == SSL_AD_UNKNOWN_CA ||
         o.alert == SSL_AD_CERTIFICATE_UNKNOWN || o.alert == SSL_AD_ACCESS_DENIED ||
         o.alert == SSL_AD_HANDSHAKE_FAILURE || o.alert == SSL_AD_DECRYPT_ERROR;
-    if (o.alert == SSL_AD_CERTIFICATE_REQUIRED ||
-        (tls.cert_pem.empty() && about_certificates)) {
+    if (o.alert == SSL_AD_CERTIFICATE_REQUIRED || (tls.cert_pem.empty() && about_certificates)) {
       return Mismatch(absl::StrCat(failed,
                                    "the server requires a client certificate (mutual TLS; it "
                                    "answered: ",
                                    alert, "): give one its CA signed, with its key"));
     }
     if (about_certificates) {
-      return Mismatch(absl::StrCat(failed, "the server refused this client's certificate (",
-                                   alert, "): give one signed by the CA the server trusts"));
+      return Mismatch(absl::StrCat(failed, "the server refused this client's certificate (", alert,
+                                   "): give one signed by the CA the server trusts"));
     }
     return Mismatch(absl::StrCat(failed, "the server answered: ", alert));
   }
@@ -303,8 +300,8 @@ absl::Status TlsRefusal(const std::string& address, const TlsConfig& tls, const 
 
 }  // namespace
 
-absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls,
-                           absl::Duration timeout, const ProbeNames& names) {
+absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls, absl::Duration timeout,
+                           const ProbeNames& names) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (absl::IsNotFound(hp.status())) return absl::OkStatus();  // a gRPC scheme
   RETURN_IF_ERROR(hp.status());
@@ -335,8 +332,7 @@ absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls,
     // Not one TLS record came back: does the server speak plaintext?
     ASSIGN_OR_RETURN(Socket second, connect());
     if (second != nullptr && SpeaksPlaintextHttp2(*second)) {
-      return Mismatch(absl::StrCat(address, " speaks plaintext, but a TLS CA was given (",
-                                   names.ca,
+      return Mismatch(absl::StrCat(address, " speaks plaintext, but a TLS CA was given (", names.ca,
                                    "): drop it, or start the servers with --tls_cert and "
                                    "--tls_key (docs/SECURITY.md)"));
     }
@@ -347,8 +343,8 @@ absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls,
   if (second == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(const TlsOutcome o, TryTls(*second, nullptr, name));
   if (o.server_spoke_tls) {
-    return Mismatch(absl::StrCat(address, " speaks TLS, but this client speaks plaintext: ",
-                                 names.give_ca));
+    return Mismatch(
+        absl::StrCat(address, " speaks TLS, but this client speaks plaintext: ", names.give_ca));
   }
   return absl::OkStatus();
 }

@@ -55,8 +55,8 @@ struct ProbeNames {
 //   "... the server's certificate is not issued for NAME ..."
 //   "... the server requires a client certificate ..." / refused ours.
 // InvalidArgument: a malformed address or unusable PEM contents.
-absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls,
-                           absl::Duration timeout, const ProbeNames& names = {});
+absl::Status ProbeEndpoint(const std::string& address, const TlsConfig& tls, absl::Duration timeout,
+                           const ProbeNames& names = {});
 
 }  // namespace auth
 }  // namespace paramd

@@ -24,9 +24,9 @@ class EndpointProbeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     certs_ = new std::string(absl::StrCat(std::getenv("TEST_TMPDIR"), "/certs"));
-    ASSERT_EQ(std::system(absl::StrCat("bash tools/make_certs.sh ", *certs_, " >/dev/null 2>&1")
-                              .c_str()),
-              0);
+    ASSERT_EQ(
+        std::system(absl::StrCat("bash tools/make_certs.sh ", *certs_, " >/dev/null 2>&1").c_str()),
+        0);
   }
 
   static TlsConfig Tls(const std::string& ca, const std::string& client = "") {
@@ -46,8 +46,7 @@ class EndpointProbeTest : public ::testing::Test {
   std::string Serve(bool plaintext, bool mutual = false) {
     TlsConfig tls;
     if (!plaintext) {
-      TlsFiles files{*certs_ + "/server.pem", *certs_ + "/server.key", *certs_ + "/ca.pem",
-                     mutual};
+      TlsFiles files{*certs_ + "/server.pem", *certs_ + "/server.key", *certs_ + "/ca.pem", mutual};
       absl::StatusOr<TlsConfig> loaded = LoadTls(files);
       EXPECT_TRUE(loaded.ok()) << loaded.status();
       tls = *loaded;

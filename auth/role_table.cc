@@ -53,12 +53,10 @@ absl::StatusOr<std::string> SpliceRoleTable(absl::string_view doc) {
   const size_t b = doc.find(begin);
   const size_t e = b == absl::string_view::npos ? b : doc.find(end, b);
   if (b == absl::string_view::npos || e == absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("want a line \"", kRoleTableBegin,
-                                                   "\" followed later by a line \"",
-                                                   kRoleTableEnd, "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "want a line \"", kRoleTableBegin, "\" followed later by a line \"", kRoleTableEnd, "\""));
   }
-  return absl::StrCat(doc.substr(0, b + begin.size()), RoleTableMarkdown(),
-                      doc.substr(e + 1));
+  return absl::StrCat(doc.substr(0, b + begin.size()), RoleTableMarkdown(), doc.substr(e + 1));
 }
 
 }  // namespace auth

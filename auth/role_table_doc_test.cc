@@ -29,8 +29,8 @@ TEST(RoleTableDoc, SecurityMdHoldsTheTableOfTheCode) {
 TEST(RoleTable, OneRowPerPolicyNamingItsRoles) {
   const std::string table = RoleTableMarkdown();
   EXPECT_THAT(table, ::testing::HasSubstr("| `Daemon.PushGradients` | yes |  |  | anyone |\n"));
-  EXPECT_THAT(table, ::testing::HasSubstr(
-                         "| `Daemon.LoadShards` |  |  | yes | cluster secret |\n"));
+  EXPECT_THAT(table,
+              ::testing::HasSubstr("| `Daemon.LoadShards` |  |  | yes | cluster secret |\n"));
   EXPECT_THAT(table, ::testing::HasSubstr("| `Coordinator.Join` as a daemon |  |  | yes |"));
   int rows = 0;
   for (char c : table) rows += c == '\n';

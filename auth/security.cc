@@ -72,9 +72,9 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
   for (Role r : {Role::kTrainer, Role::kOperator, Role::kCluster}) {
     if (name == RoleName(r)) return r;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown role \"", absl::CHexEscape(name.substr(0, 32)),
-                   "\"; want trainer, operator or cluster"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown role \"",
+                                                 absl::CHexEscape(name.substr(0, 32)),
+                                                 "\"; want trainer, operator or cluster"));
 }
 
 std::string Roles::ToString() const {
@@ -96,8 +96,8 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(absl::string_view text,
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (fields.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ":", line_no, ": want `ROLE TOKEN` (2 fields), got ", fields.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ":", line_no, ": want `ROLE TOKEN` (2 fields), got ", fields.size()));
     }
     absl::StatusOr<Role> role = ParseRole(fields[0]);
     if (!role.ok()) {
@@ -159,8 +159,8 @@ absl::StatusOr<std::string> LoadClientToken(const std::string& path, Role prefer
   if (lines.size() == 1 && absl::StrContains(lines[0], ' ') == false &&
       absl::StrContains(lines[0], '\t') == false) {
     if (lines[0].size() < kMinTokenLength || !PrintableToken(lines[0])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": the token must be at least ", kMinTokenLength, " printable characters"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": the token must be at least ",
+                                                     kMinTokenLength, " printable characters"));
     }
     return std::string(lines[0]);
   }
@@ -270,8 +270,7 @@ grpc::Status Authenticator::Authorize(const grpc::ServerContextBase& context,
   return AuthorizeCaller(Identify(context), method);
 }
 
-grpc::Status Authenticator::AuthorizeCaller(const Caller& caller,
-                                            absl::string_view method) const {
+grpc::Status Authenticator::AuthorizeCaller(const Caller& caller, absl::string_view method) const {
   const MethodPolicy* policy = FindPolicy(method);
   if (policy == nullptr) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -295,10 +294,10 @@ grpc::Status Authenticator::AuthorizeCaller(const Caller& caller,
                                      " (allowed roles: ", policy->roles.ToString(), ")"));
   }
   if (!policy->roles.contains(*caller.role)) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat(method, ": role ", RoleName(*caller.role),
-                                     " may not call this (allowed: ", policy->roles.ToString(),
-                                     ")"));
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat(method, ": role ", RoleName(*caller.role),
+                     " may not call this (allowed: ", policy->roles.ToString(), ")"));
   }
   return grpc::Status::OK;
 }
@@ -333,15 +332,13 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
   return config;
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
-    const TlsConfig& tls) {
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const TlsConfig& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
   if (tls.cert_pem.empty() || tls.key_pem.empty()) {
     return absl::InvalidArgumentError(
         "a TLS server needs --tls_cert and --tls_key (its certificate and private key)");
   }
-  grpc_ssl_client_certificate_request_type request =
-      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
+  grpc_ssl_client_certificate_request_type request = GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE;
   if (tls.require_client_cert) {
     request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   } else if (!tls.ca_pem.empty()) {
@@ -353,8 +350,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
   return grpc::SslServerCredentials(options);
 }
 
-absl::Status CheckListenAddress(absl::string_view listen, bool tls,
-                                bool insecure_listen_anywhere, absl::string_view flag) {
+absl::Status CheckListenAddress(absl::string_view listen, bool tls, bool insecure_listen_anywhere,
+                                absl::string_view flag) {
   if (tls || insecure_listen_anywhere) return absl::OkStatus();
   if (absl::StartsWith(listen, "unix:")) return absl::OkStatus();
   absl::string_view host = listen;
@@ -370,11 +367,11 @@ absl::Status CheckListenAddress(absl::string_view listen, bool tls,
     loopback = (ntohl(v4.s_addr) >> 24) == 127;
   }
   if (loopback) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      flag, "=", listen,
-      " is not a loopback address: without TLS a server listens on loopback only "
-      "(127.0.0.1, ::1, localhost). Give --tls_cert/--tls_key (docs/SECURITY.md), or "
-      "--insecure_listen_anywhere to serve plaintext to the network anyway"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, "=", listen,
+                   " is not a loopback address: without TLS a server listens on loopback only "
+                   "(127.0.0.1, ::1, localhost). Give --tls_cert/--tls_key (docs/SECURITY.md), or "
+                   "--insecure_listen_anywhere to serve plaintext to the network anyway"));
 }
 
 // ---------------------------------------------------------------------------
@@ -438,8 +435,7 @@ class TokenInterceptor : public grpc::experimental::Interceptor {
 
 class TokenInterceptorFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit TokenInterceptorFactory(std::shared_ptr<BearerToken> token)
-      : token_(std::move(token)) {}
+  explicit TokenInterceptorFactory(std::shared_ptr<BearerToken> token) : token_(std::move(token)) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* /*info*/) override {
     return new TokenInterceptor(token_);
@@ -468,8 +464,7 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
-      interceptors;
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (security.token != nullptr) {
     interceptors.push_back(std::make_unique<TokenInterceptorFactory>(security.token));
   }

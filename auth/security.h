@@ -168,8 +168,7 @@ class Authenticator {
   // PERMISSION_DENIED (a known token of a role the method does not allow;
   // a method missing from the table). The message names the method and
   // the allowed roles, never a token.
-  grpc::Status Authorize(const grpc::ServerContextBase& context,
-                         absl::string_view method) const;
+  grpc::Status Authorize(const grpc::ServerContextBase& context, absl::string_view method) const;
   grpc::Status AuthorizeCaller(const Caller& caller, absl::string_view method) const;
 
  private:
@@ -225,8 +224,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
 // "localhost" (and any host with TLS or with `insecure_listen_anywhere`);
 // InvalidArgument naming the flags otherwise.
 // `flag` names the address in the error.
-absl::Status CheckListenAddress(absl::string_view listen, bool tls,
-                                bool insecure_listen_anywhere,
+absl::Status CheckListenAddress(absl::string_view listen, bool tls, bool insecure_listen_anywhere,
                                 absl::string_view flag = "--listen");
 
 // ---------------------------------------------------------------------------

@@ -7,11 +7,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
-#include <fstream>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,7 +32,8 @@ using ::testing::HasSubstr;
 
 TEST(TokenFile, ParsesRolesCommentsAndBlankLines) {
   auto tokens = ParseTokenFile(
-      "# tokens\n\ntrainer  aaaaaaaaaaaaaaaa1\n operator\tbbbbbbbbbbbbbbbb2 \ncluster cccccccccccccccc3\n",
+      "# tokens\n\ntrainer  aaaaaaaaaaaaaaaa1\n operator\tbbbbbbbbbbbbbbbb2 \ncluster "
+      "cccccccccccccccc3\n",
       "f");
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   ASSERT_EQ(tokens->size(), 3u);
@@ -68,8 +69,8 @@ TEST(SecretFiles, FilesOthersMayReadAreRefusedAsSshDoes) {
   const std::string tokens = "trainer aaaaaaaaaaaaaaaa1\noperator bbbbbbbbbbbbbbbb2\n";
   for (mode_t mode : {0644, 0640, 0604, 0620, 0602}) {
     const std::string path = WriteFileWithMode("tokens", tokens, mode);
-    const std::string want = absl::StrFormat(
-        "permissions %04o for %s are too open; chmod 600 %s", mode, path, path);
+    const std::string want =
+        absl::StrFormat("permissions %04o for %s are too open; chmod 600 %s", mode, path, path);
     for (const absl::Status& s :
          {LoadTokenFile(path).status(), LoadClientToken(path, Role::kTrainer).status(),
           ReadSecretFile(path, "--cluster_secret_file").status()}) {
@@ -94,8 +95,9 @@ TEST(SecretFiles, FilesOthersMayReadAreRefusedAsSshDoes) {
 // be read, as "CODE message" lines: the files get mode 0000 and `attempt`
 // runs in a child process without the capabilities that let root read any
 // file (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH).
-std::vector<std::string> WhereUnreadable(const std::vector<std::string>& paths,
-                                         const std::function<std::vector<absl::Status>()>& attempt) {
+std::vector<std::string> WhereUnreadable(
+    const std::vector<std::string>& paths,
+    const std::function<std::vector<absl::Status>()>& attempt) {
   for (const std::string& path : paths) EXPECT_EQ(chmod(path.c_str(), 0), 0) << path;
   int fds[2];
   if (pipe(fds) != 0) return {"pipe failed"};
@@ -128,15 +130,15 @@ std::vector<std::string> WhereUnreadable(const std::vector<std::string>& paths,
 // A file that exists but cannot be read says so (PERMISSION_DENIED
 // "permission denied: PATH"); a missing one is NOT_FOUND "no such file".
 TEST(SecretFiles, UnreadableIsPermissionDeniedMissingIsNotFound) {
-  const std::string secret = WriteFileWithMode("unreadable_tokens", "trainer aaaaaaaaaaaaaaaa1\n",
-                                               0600);
-  const std::string pem = WriteFileWithMode("unreadable.pem", "-----BEGIN CERTIFICATE-----\n",
-                                            0644);
+  const std::string secret =
+      WriteFileWithMode("unreadable_tokens", "trainer aaaaaaaaaaaaaaaa1\n", 0600);
+  const std::string pem =
+      WriteFileWithMode("unreadable.pem", "-----BEGIN CERTIFICATE-----\n", 0644);
   const std::vector<std::string> got = WhereUnreadable({secret, pem}, [&] {
     return std::vector<absl::Status>{
         LoadTokenFile(secret).status(), LoadClientToken(secret, Role::kOperator).status(),
-        ReadSecretFile(secret, "--cluster_secret_file").status(),
-        LoadTls({.ca = pem}).status(), LoadTls({.cert = pem, .key = pem}).status()};
+        ReadSecretFile(secret, "--cluster_secret_file").status(), LoadTls({.ca = pem}).status(),
+        LoadTls({.cert = pem, .key = pem}).status()};
   });
   ASSERT_EQ(got.size(), 5u);
   for (int i = 0; i < 3; ++i) {
@@ -146,9 +148,8 @@ TEST(SecretFiles, UnreadableIsPermissionDeniedMissingIsNotFound) {
   }
   EXPECT_EQ(got[3], "PERMISSION_DENIED --tls_ca: permission denied: " + pem);
   EXPECT_EQ(got[4], "PERMISSION_DENIED --tls_cert: permission denied: " + pem);
-  for (const absl::Status& s :
-       {LoadTokenFile("/nonexistent/tokens").status(),
-        LoadTls({.ca = "/nonexistent/ca.pem"}).status()}) {
+  for (const absl::Status& s : {LoadTokenFile("/nonexistent/tokens").status(),
+                                LoadTls({.ca = "/nonexistent/ca.pem"}).status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
     EXPECT_THAT(s.message(), HasSubstr("no such file: /nonexistent/")) << s;
   }
@@ -228,8 +229,7 @@ TEST(Authenticator, WithoutTokensOnlyInternalMethodsNeedTheClusterSecret) {
 }
 
 TEST(MethodTable, CoversEveryMethodOfEveryService) {
-  const google::protobuf::DescriptorPool* pool =
-      google::protobuf::DescriptorPool::generated_pool();
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
   std::set<std::string> listed;
   for (const MethodPolicy& p : AllPolicies()) {
     EXPECT_TRUE(listed.insert(std::string(p.method)).second) << "twice: " << p.method;
@@ -238,10 +238,10 @@ TEST(MethodTable, CoversEveryMethodOfEveryService) {
   // Every service of every proto file that declares one of the project's
   // services, so that a service added to any of them needs its rows too.
   std::set<const google::protobuf::FileDescriptor*> files;
-  for (const char* service : {rpc::Coordinator::service_full_name(),
-                              rpc::DaemonIpc::service_full_name(),
-                              checkpoint::CheckpointCoordinator::service_full_name(),
-                              transport::DataPlane::service_full_name()}) {
+  for (const char* service :
+       {rpc::Coordinator::service_full_name(), rpc::DaemonIpc::service_full_name(),
+        checkpoint::CheckpointCoordinator::service_full_name(),
+        transport::DataPlane::service_full_name()}) {
     const google::protobuf::ServiceDescriptor* s = pool->FindServiceByName(service);
     ASSERT_NE(s, nullptr) << service;
     files.insert(s->file());
@@ -266,8 +266,8 @@ TEST(MethodTable, CoversEveryMethodOfEveryService) {
 }
 
 TEST(ListenAddress, PlaintextOnlyOnLoopback) {
-  for (const char* ok : {"127.0.0.1:7070", "127.9.0.1:0", "localhost:7070", "[::1]:7070",
-                         "unix:/tmp/s"}) {
+  for (const char* ok :
+       {"127.0.0.1:7070", "127.9.0.1:0", "localhost:7070", "[::1]:7070", "unix:/tmp/s"}) {
     EXPECT_TRUE(CheckListenAddress(ok, false, false).ok()) << ok;
   }
   for (const char* bad : {"0.0.0.0:7070", "[::]:7070", "10.1.2.3:7070", ":7070", "host:1"}) {

@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
-#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,11 +161,11 @@ absl::Status Run() {
     }
   }
   const uint64_t master_bytes = static_cast<uint64_t>(num_tensors) * rows * kCols * 4;
-  std::printf("model: %d tensors x [%lld, %lld] FP32 = %.1f MB of masters (%.1f MB with AdamW "
-              "moments); %d daemons; %u hardware threads; dir %s\n\n",
-              num_tensors, static_cast<long long>(rows), static_cast<long long>(kCols),
-              master_bytes / 1e6, 3 * master_bytes / 1e6, world,
-              std::thread::hardware_concurrency(), root.c_str());
+  std::printf(
+      "model: %d tensors x [%lld, %lld] FP32 = %.1f MB of masters (%.1f MB with AdamW "
+      "moments); %d daemons; %u hardware threads; dir %s\n\n",
+      num_tensors, static_cast<long long>(rows), static_cast<long long>(kCols), master_bytes / 1e6,
+      3 * master_bytes / 1e6, world, std::thread::hardware_concurrency(), root.c_str());
   std::printf("| %-44s | %9s | %7s | %8s |\n", "phase", "MB", "s", "MB/s");
   std::printf("|%s|%s|%s|%s|\n", std::string(46, '-').c_str(), std::string(11, '-').c_str(),
               std::string(9, '-').c_str(), std::string(10, '-').c_str());
@@ -248,25 +248,24 @@ absl::Status Run() {
       }
     }
   }
-  Row(absl::StrCat("restore read ", world, " -> 1 daemon, cold"), 3 * master_bytes,
-      Seconds(start));
+  Row(absl::StrCat("restore read ", world, " -> 1 daemon, cold"), 3 * master_bytes, Seconds(start));
 
   // 4. Export BF16 from memory (what a daemon-backed export does locally:
   // convert + write), and from the checkpoint on disk. MB are master bytes.
-  auto export_from = [&](ExportSource& source, const std::string& out, ExportDtype dtype)
-      -> absl::Status {
+  auto export_from = [&](ExportSource& source, const std::string& out,
+                         ExportDtype dtype) -> absl::Status {
     ExportOptions options;
     options.out_dir = out;
     options.dtype = dtype;
     options.max_shard_bytes = 5'000'000'000;
     return ExportSafetensors(ExportTensorsOf(manifest), source, options).status();
   };
-  FloatRowSource memory([&](const ExportTensor& tensor, int64_t row_begin, int64_t row_end,
-                            absl::Span<float> out) {
-    const int t = std::stoi(tensor.name.substr(7));
-    std::memcpy(out.data(), data[t][0].data() + row_begin * kCols, out.size() * 4);
-    return absl::OkStatus();
-  });
+  FloatRowSource memory(
+      [&](const ExportTensor& tensor, int64_t row_begin, int64_t row_end, absl::Span<float> out) {
+        const int t = std::stoi(tensor.name.substr(7));
+        std::memcpy(out.data(), data[t][0].data() + row_begin * kCols, out.size() * 4);
+        return absl::OkStatus();
+      });
   start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(export_from(memory, root + "/export_mem", ExportDtype::kBf16));
   Row("export BF16 from memory (MB of FP32 masters)", master_bytes, Seconds(start));
@@ -310,7 +309,8 @@ absl::Status Run() {
     for (int d = 0; d < world; ++d) {
       const int64_t begin = rows * d / world, end = rows * (d + 1) / world;
       daemons.push_back(std::make_unique<MemoryDaemon>(&manifest, &data, begin, end));
-      ASSIGN_OR_RETURN(auto service, CheckpointDaemonService::Create(options, daemons.back().get()));
+      ASSIGN_OR_RETURN(auto service,
+                       CheckpointDaemonService::Create(options, daemons.back().get()));
       services.push_back(std::move(service));
       servers.push_back(Serve(services.back()->service(), &addresses[d]));
       rpc::DaemonInfo* info = cluster.add_daemons();
@@ -320,9 +320,8 @@ absl::Status Run() {
         pieces[manifest.tensors(t).name()].push_back({begin, end, addresses[d]});
       }
     }
-    ASSIGN_OR_RETURN(auto coordinator,
-                     CheckpointCoordinatorService::Create(
-                         options, std::make_unique<StaticClusterView>(cluster)));
+    ASSIGN_OR_RETURN(auto coordinator, CheckpointCoordinatorService::Create(
+                                           options, std::make_unique<StaticClusterView>(cluster)));
     std::string coordinator_address;
     auto coordinator_server = Serve(coordinator->service(), &coordinator_address);
     auto stub = CheckpointCoordinator::NewStub(

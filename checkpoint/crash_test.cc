@@ -79,7 +79,8 @@ TEST(CrashTest, KillNineDuringCheckpointNeverLosesTheLastOne) {
   ASSERT_TRUE(store.ok());
 
   const int trials = EnvInt("CKPT_CRASH_TRIALS", 24);
-  const unsigned seed = static_cast<unsigned>(EnvInt("CKPT_CRASH_SEED", static_cast<int>(time(nullptr))));
+  const unsigned seed =
+      static_cast<unsigned>(EnvInt("CKPT_CRASH_SEED", static_cast<int>(time(nullptr))));
   std::printf("trials %d, seed %u (rerun with CKPT_CRASH_SEED=%u)\n", trials, seed, seed);
   std::mt19937 rng(seed);
 
@@ -121,13 +122,15 @@ TEST(CrashTest, KillNineDuringCheckpointNeverLosesTheLastOne) {
       ASSERT_TRUE(exact.ok()) << exact;
     }
     const bool listed_new = std::find(listed.begin(), listed.end(), version) != listed.end();
-    if (finished) { ASSERT_TRUE(listed_new); }
+    if (finished) {
+      ASSERT_TRUE(listed_new);
+    }
     if (!listed_new) {
       ++killed_midway;
       int shard_files = 0;
       for (int rank = 0; rank < kWorld; ++rank) {
-        shard_files += RegularFileSize(store->VersionDir(version) + "/" +
-                                       ShardFileName(rank, kWorld)).ok();
+        shard_files +=
+            RegularFileSize(store->VersionDir(version) + "/" + ShardFileName(rank, kWorld)).ok();
       }
       ++partial_by_files[shard_files];
       // Never readable, and a retry of the same version after the crash works.
@@ -139,10 +142,11 @@ TEST(CrashTest, KillNineDuringCheckpointNeverLosesTheLastOne) {
     }
     newest = version++;
   }
-  std::printf("%d kills: %d before the manifest (with 0/1/2 shard files final: %d/%d/%d), "
-              "%d after it (during KeepLast or exit)\n",
-              killed_midway + completed, killed_midway, partial_by_files[0], partial_by_files[1],
-              partial_by_files[2], completed);
+  std::printf(
+      "%d kills: %d before the manifest (with 0/1/2 shard files final: %d/%d/%d), "
+      "%d after it (during KeepLast or exit)\n",
+      killed_midway + completed, killed_midway, partial_by_files[0], partial_by_files[1],
+      partial_by_files[2], completed);
   EXPECT_GT(killed_midway, 0) << "no kill landed before the manifest";
 
   // GC after all that leaves exactly the newest kKeep checkpoints, and no

@@ -14,9 +14,9 @@ absl::StatusOr<ShardFileInfo> WriteDaemonShard(const CheckpointStore& store, int
                                                const DaemonStateView& state,
                                                std::vector<std::string>* created) {
   if (state.version < 0) return absl::FailedPreconditionError("no version published yet");
-  ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> writer,
-                   store.NewShardWriter(static_cast<uint64_t>(state.version), rank, world,
-                                        created));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ShardWriter> writer,
+      store.NewShardWriter(static_cast<uint64_t>(state.version), rank, world, created));
   std::vector<float> zeros;
   for (const PieceView& piece : state.pieces) {
     const size_t elements = static_cast<size_t>((piece.row_end - piece.row_begin) * piece.cols);
@@ -40,8 +40,7 @@ absl::StatusOr<ShardFileInfo> WriteDaemonShard(const CheckpointStore& store, int
     }
   }
   for (const auto& [tensor, tensor_state] : state.tensor_states) {
-    RETURN_IF_ERROR(
-        writer->AddBlob(tensor, kTensorStateSection, tensor_state.SerializeAsString()));
+    RETURN_IF_ERROR(writer->AddBlob(tensor, kTensorStateSection, tensor_state.SerializeAsString()));
   }
   RETURN_IF_ERROR(writer->AddBlob("", kDaemonBlobSection, state.daemon_blob));
   return writer->Finish();

@@ -63,7 +63,7 @@ struct RestoredPiece {
 
 struct RestoredDaemonState {
   uint64_t version = 0;
-  std::vector<RestoredPiece> pieces;  // in the order asked for
+  std::vector<RestoredPiece> pieces;                 // in the order asked for
   std::map<std::string, TensorState> tensor_states;  // tensors of those pieces
   std::string daemon_blob;
   std::map<std::string, std::string> metadata;

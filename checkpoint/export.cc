@@ -135,8 +135,7 @@ std::unique_ptr<ExportSource> NewCheckpointExportSource(const CheckpointReader* 
 }
 
 absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& tensors,
-                                               ExportSource& source,
-                                               const ExportOptions& options,
+                                               ExportSource& source, const ExportOptions& options,
                                                absl::Span<const FrozenTensor> frozen) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("no output directory");
   std::vector<safetensors::TensorSpec> specs;
@@ -158,15 +157,14 @@ absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& 
       bytes *= d;
     }
     if (bytes != static_cast<int64_t>(f.data().size())) {
-      return absl::InvalidArgumentError(absl::StrCat("frozen buffer ", f.name(), " has ",
-                                                     f.data().size(), " bytes; its shape needs ",
-                                                     bytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "frozen buffer ", f.name(), " has ", f.data().size(), " bytes; its shape needs ", bytes));
     }
     specs.push_back({f.name(), *dtype, std::vector<int64_t>(f.shape().begin(), f.shape().end())});
   }
-  ASSIGN_OR_RETURN(safetensors::ShardPlan plan,
-                   safetensors::PlanShards(std::move(specs), options.max_shard_bytes,
-                                           options.prefix));
+  ASSIGN_OR_RETURN(
+      safetensors::ShardPlan plan,
+      safetensors::PlanShards(std::move(specs), options.max_shard_bytes, options.prefix));
   RETURN_IF_ERROR(MakeDirs(options.out_dir, options.modes.dir));
   ASSIGN_OR_RETURN(std::unique_ptr<safetensors::ShardedWriter> writer,
                    safetensors::ShardedWriter::Create(options.out_dir, plan, {{"format", "pt"}},

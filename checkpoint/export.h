@@ -123,8 +123,7 @@ struct ExportResult {
 // source's status if it fails; Internal (naming the tensor) if it delivers
 // the wrong number of bytes; I/O errors name the file.
 absl::StatusOr<ExportResult> ExportSafetensors(const std::vector<ExportTensor>& tensors,
-                                               ExportSource& source,
-                                               const ExportOptions& options,
+                                               ExportSource& source, const ExportOptions& options,
                                                absl::Span<const FrozenTensor> frozen = {});
 
 }  // namespace checkpoint

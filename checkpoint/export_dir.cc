@@ -40,8 +40,7 @@ bool IsExportFile(absl::string_view name) {
   absl::ConsumePrefix(&base, ".");
   const size_t tmp = base.find(".tmp");
   if (tmp != absl::string_view::npos) base = base.substr(0, tmp);
-  return base == "model.safetensors.index.json" || base == "model.safetensors" ||
-         IsShardName(base);
+  return base == "model.safetensors.index.json" || base == "model.safetensors" || IsShardName(base);
 }
 
 absl::StatusOr<std::vector<std::string>> PrepareExportDir(const std::string& dir, bool overwrite) {
@@ -63,8 +62,7 @@ absl::StatusOr<std::vector<std::string>> PrepareExportDir(const std::string& dir
     std::vector<std::string> shown(entries.begin(),
                                    entries.begin() + std::min(kShown, entries.size()));
     return absl::FailedPreconditionError(absl::StrCat(
-        dir, " is not empty (", absl::StrJoin(shown, ", "),
-        entries.size() > kShown ? ", ..." : "",
+        dir, " is not empty (", absl::StrJoin(shown, ", "), entries.size() > kShown ? ", ..." : "",
         "); pass --overwrite to replace an older export there (its shards and index are "
         "removed first, other files are kept), or choose another --out"));
   }

@@ -24,9 +24,9 @@ class ExportDirTest : public ::testing::Test {
 };
 
 TEST(IsExportFile, ExportNamesOnly) {
-  for (const char* yes : {"model.safetensors.index.json", "model-00001-of-00003.safetensors",
-                          "model.safetensors", "model-00002-of-00002.safetensors.tmp-Ab12Cd",
-                          "model.safetensors.index.json.tmp-x1Y2z3"}) {
+  for (const char* yes :
+       {"model.safetensors.index.json", "model-00001-of-00003.safetensors", "model.safetensors",
+        "model-00002-of-00002.safetensors.tmp-Ab12Cd", "model.safetensors.index.json.tmp-x1Y2z3"}) {
     EXPECT_TRUE(IsExportFile(yes)) << yes;
   }
   for (const char* no : {"config.json", "tokenizer.json", "model-final.safetensors",

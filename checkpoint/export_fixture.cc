@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     v = testing::FakeRows(17, info, "master", 0, tensor.rows);
     // Exact BF16 ties (even and odd) and the largest finite float.
     const uint32_t specials[] = {0x3F808000u, 0x3F818000u, 0xC0C18000u, 0x7F7FFFFFu};
-    for (size_t i = 0; i < 4 && i < v.size(); ++i) std::memcpy(&v[i * 7 % v.size()], &specials[i], 4);
+    for (size_t i = 0; i < 4 && i < v.size(); ++i)
+      std::memcpy(&v[i * 7 % v.size()], &specials[i], 4);
     std::ofstream raw(absl::StrCat(absl::GetFlag(FLAGS_masters), "/", tensor.name, ".f32"),
                       std::ios::binary);
     raw.write(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
@@ -65,8 +66,8 @@ int main(int argc, char** argv) {
       std::cerr << "export_fixture: cannot write masters\n";
       return 1;
     }
-    json_entries.push_back(absl::StrCat("\"", tensor.name, "\": [",
-                                        absl::StrJoin(tensor.shape, ", "), "]"));
+    json_entries.push_back(
+        absl::StrCat("\"", tensor.name, "\": [", absl::StrJoin(tensor.shape, ", "), "]"));
   }
   std::ofstream json(absl::StrCat(absl::GetFlag(FLAGS_masters), "/masters.json"));
   json << "{" << absl::StrJoin(json_entries, ", ") << "}\n";

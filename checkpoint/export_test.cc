@@ -30,8 +30,7 @@ struct MemoryModel {
         [this](const ExportTensor& tensor, int64_t row_begin, int64_t row_end,
                absl::Span<float> out) {
           const std::vector<float>& all = values.at(tensor.name);
-          std::memcpy(out.data(), all.data() + row_begin * tensor.cols,
-                      out.size() * sizeof(float));
+          std::memcpy(out.data(), all.data() + row_begin * tensor.cols, out.size() * sizeof(float));
           return absl::OkStatus();
         },
         chunk_bytes);
@@ -107,8 +106,8 @@ TEST(ExportTest, Bf16ShardsEqualReferenceRoundingAndIndexCoversAll) {
   const uint64_t total = 2 * (97 * 64 + 130 * 33 + 257 + 60 + 1);
   EXPECT_EQ(result->total_bytes, total);
   ASSERT_GE(result->files.size(), 3u);
-  EXPECT_EQ(result->files[0], absl::StrCat("model-00001-of-0000", result->files.size() - 1,
-                                           ".safetensors"));
+  EXPECT_EQ(result->files[0],
+            absl::StrCat("model-00001-of-0000", result->files.size() - 1, ".safetensors"));
   EXPECT_EQ(result->files.back(), "model.safetensors.index.json");
 
   ASSERT_FALSE(progress.empty());
@@ -212,8 +211,8 @@ TEST(ExportTest, FilesAndCreatedDirectoriesAreTheUsersOnlyUnlessWidened) {
     FileModes modes;
     mode_t file, dir;
   };
-  for (const Case& c : {Case{FileModes(), 0600, 0700},
-                        Case{FileModes::ForGroupReadable(true), 0640, 0750}}) {
+  for (const Case& c :
+       {Case{FileModes(), 0600, 0700}, Case{FileModes::ForGroupReadable(true), 0640, 0750}}) {
     FloatRowSource source = model.Source(1 << 20);
     const std::string parent = OutDir(absl::StrCat("modes", c.file));
     ExportOptions options;
@@ -256,7 +255,9 @@ TEST(ExportTest, SourceFailuresLeaveNoIndex) {
     options.out_dir = OutDir(absl::StrCat("broken", mode));
     auto result = ExportSafetensors(model.tensors, source, options);
     ASSERT_FALSE(result.ok()) << mode;
-    if (mode == 0) { EXPECT_TRUE(absl::IsUnavailable(result.status())); }
+    if (mode == 0) {
+      EXPECT_TRUE(absl::IsUnavailable(result.status()));
+    }
     if (mode > 0) {
       EXPECT_TRUE(absl::IsInternal(result.status())) << result.status();
       EXPECT_NE(result.status().message().find(model.tensors[0].name), absl::string_view::npos);

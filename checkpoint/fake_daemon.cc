@@ -28,9 +28,10 @@ void FakeDaemon::Generate() {
       if (tensor.name() != piece.info.tensor()) continue;
       const uint64_t seed = static_cast<uint64_t>(version_);
       piece.cols = tensor.cols();
-      piece.master = FakeRows(seed, tensor, kMasterSection, piece.info.row_begin(),
-                              piece.info.row_end());
-      piece.exp_avg = FakeRows(seed, tensor, "exp_avg", piece.info.row_begin(), piece.info.row_end());
+      piece.master =
+          FakeRows(seed, tensor, kMasterSection, piece.info.row_begin(), piece.info.row_end());
+      piece.exp_avg =
+          FakeRows(seed, tensor, "exp_avg", piece.info.row_begin(), piece.info.row_end());
       piece.exp_avg_sq =
           FakeRows(seed, tensor, "exp_avg_sq", piece.info.row_begin(), piece.info.row_end());
     }
@@ -82,9 +83,8 @@ absl::Status FakeDaemon::WithState(int64_t version,
   return fn(view);
 }
 
-absl::Status FakeDaemon::ReadRows(int64_t version, ExportValuesKind kind,
-                                  const std::string& tensor, int64_t row_begin, int64_t row_end,
-                                  absl::Span<float> out) {
+absl::Status FakeDaemon::ReadRows(int64_t version, ExportValuesKind kind, const std::string& tensor,
+                                  int64_t row_begin, int64_t row_end, absl::Span<float> out) {
   absl::MutexLock lock(&mu_);
   if (version != version_) {
     return absl::FailedPreconditionError(
@@ -99,22 +99,22 @@ absl::Status FakeDaemon::ReadRows(int64_t version, ExportValuesKind kind,
       return absl::InvalidArgumentError("output size does not match rows x cols");
     }
     if (kind == ExportValuesKind::kMaster) {
-      std::memcpy(out.data(), piece.master.data() + (row_begin - piece.info.row_begin()) * piece.cols,
+      std::memcpy(out.data(),
+                  piece.master.data() + (row_begin - piece.info.row_begin()) * piece.cols,
                   out.size() * sizeof(float));
     } else {
       TensorInfo info;
       info.set_name(tensor);
       info.set_cols(piece.cols);
-      const std::vector<float> rows =
-          FakeRows(static_cast<uint64_t>(version_), info,
-                   kind == ExportValuesKind::kRowwise ? "rowwise" : "columnwise", row_begin,
-                   row_end);
+      const std::vector<float> rows = FakeRows(
+          static_cast<uint64_t>(version_), info,
+          kind == ExportValuesKind::kRowwise ? "rowwise" : "columnwise", row_begin, row_end);
       std::memcpy(out.data(), rows.data(), out.size() * sizeof(float));
     }
     return absl::OkStatus();
   }
-  return absl::NotFoundError(absl::StrCat("rows [", row_begin, ", ", row_end, ") of ", tensor,
-                                          " are not held here"));
+  return absl::NotFoundError(
+      absl::StrCat("rows [", row_begin, ", ", row_end, ") of ", tensor, " are not held here"));
 }
 
 rpc::Manifest FakeClusterManifest(const std::vector<TensorInfo>& tensors,

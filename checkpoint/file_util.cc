@@ -91,8 +91,8 @@ absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset, absl::st
       return ErrnoStatus(errno, "read", path);
     }
     if (n == 0) {
-      return absl::DataLossError(absl::StrCat("read ", path, ": file ends at byte ", offset,
-                                              ", ", size, " more bytes expected (truncated?)"));
+      return absl::DataLossError(absl::StrCat("read ", path, ": file ends at byte ", offset, ", ",
+                                              size, " more bytes expected (truncated?)"));
     }
     p += n;
     size -= static_cast<size_t>(n);
@@ -105,9 +105,9 @@ absl::Status ValidateRelativePath(absl::string_view relative) {
   // NUL and other control characters, and more than PATH_MAX / 2 bytes.
   RETURN_IF_ERROR(CheckClientPath("checkpoint directory name", relative, PATH_MAX / 2));
   if (!relative.empty() && relative[0] == '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat(QuoteForMessage(relative), " is absolute; only names relative to the "
-                     "checkpoint directory are accepted"));
+    return absl::InvalidArgumentError(absl::StrCat(QuoteForMessage(relative),
+                                                   " is absolute; only names relative to the "
+                                                   "checkpoint directory are accepted"));
   }
   if (relative.find('\\') != absl::string_view::npos) {
     return absl::InvalidArgumentError(
@@ -147,10 +147,11 @@ absl::StatusOr<std::string> SafeJoin(absl::string_view root, absl::string_view r
     if (S_ISLNK(st.st_mode)) {
       absl::StatusOr<std::string> target = RealPath(next);
       if (!target.ok() || !IsWithin(*target, root_real)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            QuoteForMessage(relative), ": ", next,
-            " is a symlink that leads outside the checkpoint "
-            "directory ", root_real));
+        return absl::InvalidArgumentError(
+            absl::StrCat(QuoteForMessage(relative), ": ", next,
+                         " is a symlink that leads outside the checkpoint "
+                         "directory ",
+                         root_real));
       }
       next = *target;
     }

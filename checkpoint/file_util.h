@@ -65,8 +65,7 @@ absl::StatusOr<UniqueFd> OpenForRead(const std::string& path);
 absl::StatusOr<UniqueFd> CreateExclusive(const std::string& path, mode_t mode = 0600);
 
 // pread() exactly `size` bytes at `offset`; DataLoss if the file ends first.
-absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset,
-                      absl::string_view path);
+absl::Status PReadAll(int fd, void* data, size_t size, uint64_t offset, absl::string_view path);
 
 // Checks that `relative` is a relative path of plain components (see the
 // file comment). An empty string is accepted and means the root itself.

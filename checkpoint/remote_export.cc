@@ -28,22 +28,22 @@ class RemoteExportSource : public ExportSource {
     int64_t next_row = 0;
     for (const RemotePiece& piece : it->second) {
       if (piece.row_begin != next_row || piece.row_end <= piece.row_begin) {
-        return absl::InternalError(absl::StrCat("pieces of ", tensor.name,
-                                                " do not tile its rows at row ", next_row));
+        return absl::InternalError(
+            absl::StrCat("pieces of ", tensor.name, " do not tile its rows at row ", next_row));
       }
       RETURN_IF_ERROR(StreamPiece(tensor, piece, dtype, sink));
       next_row = piece.row_end;
     }
     if (next_row != tensor.rows) {
-      return absl::InternalError(absl::StrCat("pieces of ", tensor.name, " end at row ", next_row,
-                                              " of ", tensor.rows));
+      return absl::InternalError(
+          absl::StrCat("pieces of ", tensor.name, " end at row ", next_row, " of ", tensor.rows));
     }
     return absl::OkStatus();
   }
 
  private:
-  absl::Status StreamPiece(const ExportTensor& tensor, const RemotePiece& piece,
-                           ExportDtype dtype, const Sink& sink) {
+  absl::Status StreamPiece(const ExportTensor& tensor, const RemotePiece& piece, ExportDtype dtype,
+                           const Sink& sink) {
     ExportRowsRequest request;
     request.set_version(options_.version);
     request.set_tensor(tensor.name);
@@ -58,20 +58,20 @@ class RemoteExportSource : public ExportSource {
     context.set_deadline(std::chrono::system_clock::now() +
                          absl::ToChronoMilliseconds(options_.piece_timeout));
     auto reader = StubFor(piece.address)->ExportRows(&context, request);
-    const std::string where = absl::StrCat("ExportRows of ", tensor.name, " rows [",
-                                           piece.row_begin, ", ", piece.row_end, ") from ",
-                                           piece.address);
+    const std::string where =
+        absl::StrCat("ExportRows of ", tensor.name, " rows [", piece.row_begin, ", ", piece.row_end,
+                     ") from ", piece.address);
     ExportRowsChunk chunk;
     int64_t offset = 0;
     absl::Status sink_status;
     while (reader->Read(&chunk)) {
       if (chunk.offset() != offset) {
-        sink_status = absl::InternalError(absl::StrCat(where, ": chunk at byte ", chunk.offset(),
-                                                       ", expected ", offset));
+        sink_status = absl::InternalError(
+            absl::StrCat(where, ": chunk at byte ", chunk.offset(), ", expected ", offset));
         break;
       }
-      sink_status = sink(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(chunk.data().data()), chunk.data().size()));
+      sink_status = sink(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(chunk.data().data()),
+                                             chunk.data().size()));
       if (!sink_status.ok()) break;
       offset += static_cast<int64_t>(chunk.data().size());
     }

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "auth/security.h"
 #include "checkpoint/daemon_state.h"
 #include "checkpoint/export.h"
-#include "auth/security.h"
 
 namespace paramd {
 namespace checkpoint {

@@ -18,9 +18,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/synchronization/mutex.h"
 #include "checkpoint/daemon_io.h"
 #include "checkpoint/export.h"
 #include "checkpoint/file_util.h"
@@ -28,8 +28,8 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/names.h"
-#include "common/telemetry.h"
 #include "common/status_macros.h"
+#include "common/telemetry.h"
 #include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
 
@@ -138,8 +138,8 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
     // Another rank's shard written from this daemon's state would pass for
     // that rank's in the checkpoint: refused before anything is created.
     if (const int rank = daemon_->rank(); rank >= 0 && request.daemon_rank() != rank) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this daemon holds rank ", rank, ", not rank ", request.daemon_rank()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("this daemon holds rank ", rank, ", not rank ", request.daemon_rank()));
     }
     // A refused request changes nothing: the names are checked before a
     // directory is made (WithState refuses a version this daemon does not
@@ -147,8 +147,8 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
     // later is removed again.
     if (request.world_size() < 1 || request.daemon_rank() < 0 ||
         request.daemon_rank() >= request.world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("daemon rank ", request.daemon_rank(),
-                                                     " of world ", request.world_size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("daemon rank ", request.daemon_rank(), " of world ", request.world_size()));
     }
     {
       ASSIGN_OR_RETURN(CheckpointStore root, CheckpointStore::Open(options_.root, false));
@@ -156,16 +156,16 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
     }
     std::vector<std::string> created;
     const absl::Status status = daemon_->WithState(
-        static_cast<int64_t>(request.version()),
-        [&](const DaemonStateView& state) -> absl::Status {
+        static_cast<int64_t>(request.version()), [&](const DaemonStateView& state) -> absl::Status {
           // Version numbers start again with every load: a version of the
           // model the checkpoint is for, not of the one that replaced it.
           if (request.model_generation() > 0 &&
               state.model_generation != request.model_generation()) {
-            return absl::AbortedError(absl::StrCat(
-                "this daemon serves model generation ", state.model_generation, ", not ",
-                request.model_generation(), " (a load replaced the model while the checkpoint "
-                "was taken): nothing written"));
+            return absl::AbortedError(
+                absl::StrCat("this daemon serves model generation ", state.model_generation,
+                             ", not ", request.model_generation(),
+                             " (a load replaced the model while the checkpoint "
+                             "was taken): nothing written"));
           }
           ASSIGN_OR_RETURN(CheckpointStore store,
                            CheckpointStore::OpenUnder(options_.root, request.dir(),
@@ -233,14 +233,14 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
             status.message(), "; the masters of an older version come only from a checkpoint ",
             "of it, and this daemon runs without --checkpoint_dir"));
       }
-      auto store = CheckpointStore::OpenUnder(service_->options().root,
-                                              request_.checkpoint_dir(), /*create=*/false);
+      auto store = CheckpointStore::OpenUnder(service_->options().root, request_.checkpoint_dir(),
+                                              /*create=*/false);
       if (!store.ok()) return store.status();
       auto reader = CheckpointReader::Open(*store, static_cast<uint64_t>(version));
       if (!reader.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            status.message(), "; and no checkpoint of version ", version, ": ",
-            reader.status().message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat(status.message(), "; and no checkpoint of version ", version, ": ",
+                         reader.status().message()));
       }
       checkpoint_ = *std::move(reader);
     }
@@ -260,13 +260,13 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
           absl::StrCat("unknown export dtype ", request_.dtype(), " (BF16 = 0, FP32 = 1)"));
     }
     if (!ExportValues_IsValid(request_.values())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown export values ", request_.values(), " (MASTER = 0, ROWWISE = 1, COLUMNWISE = 2)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown export values ", request_.values(),
+                                                     " (MASTER = 0, ROWWISE = 1, COLUMNWISE = 2)"));
     }
     const int64_t cols = request_.cols();
     if (cols < 1 || request_.row_begin() < 0 || request_.row_end() <= request_.row_begin()) {
-      return absl::InvalidArgumentError(absl::StrCat("bad rows [", request_.row_begin(), ", ",
-                                                     request_.row_end(), ") x ", cols));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad rows [", request_.row_begin(), ", ", request_.row_end(), ") x ", cols));
     }
     const ExportDtype dtype = FromProto(request_.dtype());
     const int64_t chunk_bytes = request_.max_chunk_bytes() > 0
@@ -285,9 +285,8 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
-            +[](ExportReactor* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
-              return !r->writing_ || r->broken_;
-            },
+            +[](ExportReactor* r)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return !r->writing_ || r->broken_; },
             this));
         if (broken_) return absl::CancelledError("export stream cancelled");
         writing_ = true;
@@ -303,10 +302,9 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
   void Produce() {
     const absl::Time start = absl::Now();
     absl::Status status = Stream();
-    const std::string what =
-        absl::StrCat("export of ", QuoteForMessage(request_.tensor()), " rows [",
-                     request_.row_begin(), ", ", request_.row_end(), ") at version ",
-                     request_.version());
+    const std::string what = absl::StrCat("export of ", QuoteForMessage(request_.tensor()),
+                                          " rows [", request_.row_begin(), ", ", request_.row_end(),
+                                          ") at version ", request_.version());
     telemetry::ObserveExport(absl::ToDoubleSeconds(absl::Now() - start));
     if (status.ok()) {
       VLog(1, kTag, absl::StrCat(what, " done in ", absl::FormatDuration(absl::Now() - start)));
@@ -316,9 +314,8 @@ class ExportReactor : public grpc::ServerWriteReactor<ExportRowsChunk> {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](ExportReactor* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) {
-            return !r->writing_ || r->broken_;
-          },
+          +[](ExportReactor* r)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(r->mu_) { return !r->writing_ || r->broken_; },
           this));
       if (status.ok() && broken_) status = absl::CancelledError("export stream cancelled");
     }
@@ -409,8 +406,7 @@ class GrpcClusterView : public ClusterView {
 
   absl::StatusOr<rpc::Manifest> GetManifest() override {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         absl::ToChronoMilliseconds(timeout_));
+    context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
     rpc::GetManifestRequest request;
     request.set_with_frozen_data(true);  // a checkpoint keeps the frozen buffers
     rpc::GetManifestResponse response;
@@ -464,19 +460,20 @@ absl::Status CheckSameModel(const CheckpointStore& store, const Manifest& existi
         CheckpointStore::Open(served.restored_from().path(), /*create=*/false);
     if (from.ok() && from->root() == store.root()) return absl::OkStatus();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "checkpoint ", existing.version(), " in ", store.root(),
-      " belongs to another model (generation ", generation, "; the cluster serves generation ",
-      served.model_generation(), "): checkpoint into another directory (hpctl checkpoint "
-      "--dir) or remove ", store.VersionDir(existing.version())));
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint ", existing.version(), " in ", store.root(),
+                   " belongs to another model (generation ", generation,
+                   "; the cluster serves generation ", served.model_generation(),
+                   "): checkpoint into another directory (hpctl checkpoint "
+                   "--dir) or remove ",
+                   store.VersionDir(existing.version())));
 }
 
 // A requested version is a version (>= 0) or -1, which means `minus_one`.
 absl::Status CheckRequestedVersion(int64_t version, absl::string_view minus_one) {
   if (version >= -1) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("version ", version,
-                                                 " is out of range: a version >= 0, or -1 for ",
-                                                 minus_one));
+  return absl::InvalidArgumentError(
+      absl::StrCat("version ", version, " is out of range: a version >= 0, or -1 for ", minus_one));
 }
 }  // namespace
 
@@ -502,14 +499,13 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         LogError(kTag, absl::StrCat("checkpoint failed: ", r.status().ToString()));
         return r.status();
       }
-      LogInfo(kTag, absl::StrCat("checkpoint of version ", r->version(),
-                                 r->already_existed() ? " already existed" : "", ": ",
-                                 r->total_bytes(), " bytes in ",
-                                 absl::StrFormat("%.3f", r->seconds()), " s at ", r->path(),
-                                 r->removed_versions_size() > 0
-                                     ? absl::StrCat(" (removed ", r->removed_versions_size(),
-                                                    " older)")
-                                     : ""));
+      LogInfo(kTag,
+              absl::StrCat("checkpoint of version ", r->version(),
+                           r->already_existed() ? " already existed" : "", ": ", r->total_bytes(),
+                           " bytes in ", absl::StrFormat("%.3f", r->seconds()), " s at ", r->path(),
+                           r->removed_versions_size() > 0
+                               ? absl::StrCat(" (removed ", r->removed_versions_size(), " older)")
+                               : ""));
       *response = *std::move(r);
       return absl::OkStatus();
     });
@@ -518,8 +514,9 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   grpc::ServerUnaryReactor* ListCheckpoints(grpc::CallbackServerContext* context,
                                             const ListCheckpointsRequest* request,
                                             ListCheckpointsResponse* response) override {
-    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                         "/paramd.checkpoint.CheckpointCoordinator/ListCheckpoints");
+    if (grpc::Status s =
+            auth::Authorize(options_.authenticator.get(), *context,
+                            "/paramd.checkpoint.CheckpointCoordinator/ListCheckpoints");
         !s.ok()) {
       return auth::RefusedUnary(context, s);
     }
@@ -542,8 +539,9 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
   grpc::ServerUnaryReactor* DescribeCheckpoint(grpc::CallbackServerContext* context,
                                                const DescribeCheckpointRequest* request,
                                                DescribeCheckpointResponse* response) override {
-    if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                         "/paramd.checkpoint.CheckpointCoordinator/DescribeCheckpoint");
+    if (grpc::Status s =
+            auth::Authorize(options_.authenticator.get(), *context,
+                            "/paramd.checkpoint.CheckpointCoordinator/DescribeCheckpoint");
         !s.ok()) {
       return auth::RefusedUnary(context, s);
     }
@@ -571,10 +569,10 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
     // Before anything is created: a refused checkpoint leaves no directory.
     RETURN_IF_ERROR(CheckRequestedVersion(request.version(), "the committed version"));
     if (request.keep() < -1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "keep ", request.keep(),
-          " is out of range: > 0 keeps that many, 0 the server's --keep_checkpoints, "
-          "-1 every checkpoint"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("keep ", request.keep(),
+                       " is out of range: > 0 keeps that many, 0 the server's --keep_checkpoints, "
+                       "-1 every checkpoint"));
     }
     auto check_committed = [&request](const rpc::Manifest& manifest) -> absl::Status {
       if (manifest.committed_version() < 0) {
@@ -583,16 +581,16 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       if (request.version() > manifest.committed_version()) {
         // After a load --force the versions start again: a version asked
         // for by number may be one of the model that was replaced.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "version ", request.version(), " is not committed (committed: ",
-            manifest.committed_version(),
-            manifest.model_generation() > 1
-                ? absl::StrCat(" by model generation ", manifest.model_generation(),
-                               ", loaded from ", manifest.loaded_from(),
-                               "; the versions of a model a load replaced cannot be "
-                               "checkpointed any more")
-                : "",
-            ")"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("version ", request.version(),
+                         " is not committed (committed: ", manifest.committed_version(),
+                         manifest.model_generation() > 1
+                             ? absl::StrCat(" by model generation ", manifest.model_generation(),
+                                            ", loaded from ", manifest.loaded_from(),
+                                            "; the versions of a model a load replaced cannot be "
+                                            "checkpointed any more")
+                             : "",
+                         ")"));
       }
       return absl::OkStatus();
     };
@@ -621,8 +619,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         response.set_seconds(SecondsSince(start));
         return response;
       }
-      absl::StatusOr<std::vector<ShardFileInfo>> shards = WriteShards(request.dir(), version,
-                                                                      manifest);
+      absl::StatusOr<std::vector<ShardFileInfo>> shards =
+          WriteShards(request.dir(), version, manifest);
       if (!shards.ok()) {
         last = shards.status();
         // Only a daemon that moved past the version (NotAtVersion: ABORTED)
@@ -659,8 +657,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         metadata["optimizer_config"] = config;
         metadata["optimizer_tensors"] = tensors;
       }
-      Manifest written = BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards),
-                                       metadata);
+      Manifest written =
+          BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards), metadata);
       *written.mutable_frozen() = manifest.frozen();
       for (const ShardFileInfo& shard : written.shards()) {
         response.set_total_bytes(response.total_bytes() + shard.size_bytes());
@@ -674,8 +672,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       response.set_seconds(SecondsSince(start));
       return response;
     }
-    return absl::AbortedError(absl::StrCat("the daemons kept moving past the committed version (",
-                                           last.message(), ")"));
+    return absl::AbortedError(
+        absl::StrCat("the daemons kept moving past the committed version (", last.message(), ")"));
   }
 
  private:
@@ -724,8 +722,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
       const std::string address = DaemonOf(manifest, rank).address();
       calls.emplace_back([&, rank, address] {
         if (address.empty()) {
-          statuses[rank] = absl::FailedPreconditionError(absl::StrCat("daemon ", rank,
-                                                                      " has no address"));
+          statuses[rank] =
+              absl::FailedPreconditionError(absl::StrCat("daemon ", rank, " has no address"));
           return;
         }
         WriteShardRequest request;
@@ -745,9 +743,9 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         // rename of the same bytes).
         DaemonChannel* daemon = ChannelFor(address);
         for (int attempt = 0; attempt < 2; ++attempt) {
-          if (attempt > 0 && !daemon->channel->WaitForConnected(
-                                 std::chrono::system_clock::now() +
-                                 absl::ToChronoMilliseconds(kReconnectWait))) {
+          if (attempt > 0 &&
+              !daemon->channel->WaitForConnected(std::chrono::system_clock::now() +
+                                                 absl::ToChronoMilliseconds(kReconnectWait))) {
             break;
           }
           grpc::ClientContext context;
@@ -756,8 +754,8 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
           status = daemon->stub->WriteShard(&context, request, &response);
           if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
         }
-        statuses[rank] = FromGrpcStatus(
-            status, absl::StrCat("WriteShard on daemon ", rank, " at ", address));
+        statuses[rank] =
+            FromGrpcStatus(status, absl::StrCat("WriteShard on daemon ", rank, " at ", address));
         shards[rank] = response.shard();
       });
     }

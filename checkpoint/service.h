@@ -30,12 +30,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "auth/security.h"
 #include "checkpoint/daemon_state.h"
 #include "common/file_util.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/checkpoint_service.pb.h"
 #include "proto/paramd.pb.h"
-#include "auth/security.h"
 
 namespace paramd {
 namespace checkpoint {

@@ -70,8 +70,8 @@ class ServiceTest : public ::testing::Test {
       addresses.push_back(absl::StrCat("127.0.0.1:", port));
     }
     addresses_ = addresses;
-    auto view = std::make_unique<FakeClusterView>(
-        FakeClusterManifest(tensors_, plan_, addresses, 5));
+    auto view =
+        std::make_unique<FakeClusterView>(FakeClusterManifest(tensors_, plan_, addresses, 5));
     view_ = view.get();
     options.keep = 0;
     auto coordinator = CheckpointCoordinatorService::Create(options, std::move(view));
@@ -79,8 +79,8 @@ class ServiceTest : public ::testing::Test {
     coordinator_ = *std::move(coordinator);
     int port = 0;
     coordinator_server_ = Serve(coordinator_->service(), &port);
-    stub_ = CheckpointCoordinator::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    stub_ = CheckpointCoordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -121,8 +121,9 @@ class ServiceTest : public ::testing::Test {
       }
     }
     for (auto& [name, list] : pieces) {
-      std::sort(list.begin(), list.end(),
-                [](const RemotePiece& a, const RemotePiece& b) { return a.row_begin < b.row_begin; });
+      std::sort(list.begin(), list.end(), [](const RemotePiece& a, const RemotePiece& b) {
+        return a.row_begin < b.row_begin;
+      });
     }
     return pieces;
   }
@@ -195,9 +196,8 @@ TEST_F(ServiceTest, CheckpointListDescribeAndRestoreOntoOtherPlans) {
   ASSERT_EQ(state->pieces.size(), tensors_.size());
   EXPECT_EQ(state->pieces[0].moments.size(), 2u);
   const auto want = testing::FakeRows(5, tensors_[0], "exp_avg_sq", 0, 300);
-  EXPECT_EQ(std::memcmp(state->pieces[0].moments["exp_avg_sq"].data(), want.data(),
-                        want.size() * 4),
-            0);
+  EXPECT_EQ(
+      std::memcmp(state->pieces[0].moments["exp_avg_sq"].data(), want.data(), want.size() * 4), 0);
   EXPECT_EQ(state->tensor_states.at(tensors_[1].name()).SerializeAsString(),
             testing::FakeState(5, tensors_[1].name()).SerializeAsString());
 }
@@ -211,7 +211,9 @@ TEST_F(ServiceTest, KeepAndDirectories) {
     request.set_keep(2);
     CheckpointResponse response;
     ASSERT_TRUE(Checkpoint(request, &response).ok());
-    if (v == 7) { EXPECT_EQ(response.removed_versions_size(), 1); }
+    if (v == 7) {
+      EXPECT_EQ(response.removed_versions_size(), 1);
+    }
   }
   EXPECT_EQ(Listed("nightly/run1"), (std::vector<uint64_t>{7, 8}));
   EXPECT_TRUE(Listed().empty());  // the root itself holds none
@@ -288,7 +290,8 @@ TEST_F(ServiceTest, RefusedWriteShardCreatesNothing) {
   request.set_daemon_rank(3);
   request.set_world_size(2);
   WriteShardResponse response;
-  EXPECT_NE(daemon_stub->WriteShard(&context, request, &response).error_code(), grpc::StatusCode::OK);
+  EXPECT_NE(daemon_stub->WriteShard(&context, request, &response).error_code(),
+            grpc::StatusCode::OK);
   EXPECT_FALSE(Exists(root_ + "/v5"));
 }
 
@@ -503,8 +506,8 @@ TEST(ServiceOptionsTest, NoRootMeansRefused) {
   int port = 0;
   auto server = Serve((*service)->service(), &port);
   const std::string address = absl::StrCat("127.0.0.1:", port);
-  auto stub = CheckpointDaemon::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      CheckpointDaemon::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   WriteShardRequest request;
   request.set_version(1);
@@ -517,12 +520,12 @@ TEST(ServiceOptionsTest, NoRootMeansRefused) {
   CheckpointServiceOptions options;
   options.root = testing::MakeTestDir("service_no_daemon_root") + "/ckpt";
   auto coordinator = CheckpointCoordinatorService::Create(
-      options, std::make_unique<FakeClusterView>(FakeClusterManifest(
-                   tensors, testing::SimplePlan(tensors, 1), {address}, 1)));
+      options, std::make_unique<FakeClusterView>(
+                   FakeClusterManifest(tensors, testing::SimplePlan(tensors, 1), {address}, 1)));
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   auto coordinator_server = Serve((*coordinator)->service(), &port);
-  auto coordinator_stub = CheckpointCoordinator::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  auto coordinator_stub = CheckpointCoordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   for (int64_t version : {-1, 1}) {
     grpc::ClientContext checkpoint_context;
     CheckpointRequest checkpoint;

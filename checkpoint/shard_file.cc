@@ -73,9 +73,8 @@ ShardWriter::ShardWriter(std::string dir, std::string name, std::string temp_pat
 }
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(std::string dir, std::string name,
-                                                                  uint64_t version,
-                                                                  int daemon_rank,
-                                                                  int world_size, mode_t mode) {
+                                                                 uint64_t version, int daemon_rank,
+                                                                 int world_size, mode_t mode) {
   if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("bad shard file name ", QuoteForMessage(name)));
   }
@@ -158,8 +157,8 @@ absl::Status ShardWriter::BeginRows(absl::string_view tensor, absl::string_view 
   }
   if (row_begin < 0 || row_end <= row_begin || cols < 1) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor),
-                                                   ": bad rows [", row_begin, ", ", row_end,
-                                                   ") x ", cols));
+                                                   ": bad rows [", row_begin, ", ", row_end, ") x ",
+                                                   cols));
   }
   Section section;
   section.set_kind(Section::ROWS);
@@ -177,9 +176,9 @@ absl::Status ShardWriter::AppendRows(absl::Span<const float> data) {
   if (!in_section_) return absl::FailedPreconditionError("AppendRows outside a section");
   const uint64_t begin = index_.sections().rbegin()->offset();
   if (offset_ - begin + data.size() * sizeof(float) > section_expected_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("section ", SectionForMessage(*index_.sections().rbegin()),
-                     ": more data than rows x cols"));
+    return absl::InvalidArgumentError(absl::StrCat("section ",
+                                                   SectionForMessage(*index_.sections().rbegin()),
+                                                   ": more data than rows x cols"));
   }
   return Write(data.data(), data.size() * sizeof(float));
 }
@@ -191,8 +190,8 @@ absl::Status ShardWriter::EndSection() {
   const uint64_t length = offset_ - section.offset();
   if (length != section_expected_) {
     return absl::InvalidArgumentError(absl::StrCat("section ", SectionForMessage(section), ": ",
-                                                   length, " bytes of ",
-                                                   section_expected_, " written"));
+                                                   length, " bytes of ", section_expected_,
+                                                   " written"));
   }
   section.set_length(length);
   section.set_xxh3_64(section_hash_->Digest());
@@ -319,8 +318,8 @@ absl::StatusOr<std::unique_ptr<ShardFileReader>> ShardFileReader::Open(std::stri
                                           ": length does not match its rows x cols"));
       }
     } else if (section.kind() != Section::BLOB) {
-      return Corrupt(path, absl::StrCat("section ", SectionForMessage(section),
-                                        ": unknown kind ", section.kind()));
+      return Corrupt(path, absl::StrCat("section ", SectionForMessage(section), ": unknown kind ",
+                                        section.kind()));
     }
   }
   return std::unique_ptr<ShardFileReader>(
@@ -332,34 +331,36 @@ absl::Status ShardFileReader::ReadRows(const Section& section, int64_t row_begin
   if (section.kind() != Section::ROWS || row_begin < section.row_begin() ||
       row_end > section.row_end() || row_end < row_begin) {
     return absl::InvalidArgumentError(absl::StrCat("rows [", row_begin, ", ", row_end,
-                                                   ") not in section ", SectionForMessage(section), " of ", path_));
+                                                   ") not in section ", SectionForMessage(section),
+                                                   " of ", path_));
   }
   const uint64_t row_bytes = static_cast<uint64_t>(section.cols()) * sizeof(float);
   const uint64_t bytes = static_cast<uint64_t>(row_end - row_begin) * row_bytes;
   if (out.size() * sizeof(float) != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(), " floats, rows x cols is ",
-                                                   bytes / sizeof(float)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output holds ", out.size(), " floats, rows x cols is ", bytes / sizeof(float)));
   }
   const uint64_t offset =
       section.offset() + static_cast<uint64_t>(row_begin - section.row_begin()) * row_bytes;
   RETURN_IF_ERROR(PReadAll(fd_.get(), out.data(), bytes, offset, path_));
   if (row_begin == section.row_begin() && row_end == section.row_end() &&
       XXH3_64bits(out.data(), bytes) != section.xxh3_64()) {
-    return Corrupt(path_, absl::StrCat("section ", SectionForMessage(section),
-                                       ": checksum mismatch"));
+    return Corrupt(path_,
+                   absl::StrCat("section ", SectionForMessage(section), ": checksum mismatch"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ShardFileReader::ReadBlob(const Section& section) const {
   if (section.kind() != Section::BLOB) {
-    return absl::InvalidArgumentError(absl::StrCat("section ", SectionForMessage(section), " is not a blob"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("section ", SectionForMessage(section), " is not a blob"));
   }
   std::string bytes(section.length(), '\0');
   RETURN_IF_ERROR(PReadAll(fd_.get(), bytes.data(), bytes.size(), section.offset(), path_));
   if (Xxh3(bytes) != section.xxh3_64()) {
-    return Corrupt(path_, absl::StrCat("section ", SectionForMessage(section),
-                                       ": checksum mismatch"));
+    return Corrupt(path_,
+                   absl::StrCat("section ", SectionForMessage(section), ": checksum mismatch"));
   }
   return bytes;
 }

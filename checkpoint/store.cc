@@ -142,9 +142,9 @@ absl::Status CheckCoverage(const Manifest& manifest) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> pieces;
   for (const TensorInfo& tensor : manifest.tensors()) {
     if (tensor.name().empty() || tensor.rows() < 1 || tensor.cols() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", QuoteForMessage(tensor.name()), " has shape ", tensor.rows(),
-                       " x ", tensor.cols()));
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor.name()),
+                                                     " has shape ", tensor.rows(), " x ",
+                                                     tensor.cols()));
     }
     if (!pieces.emplace(tensor.name(), std::vector<std::pair<int64_t, int64_t>>()).second) {
       return absl::InvalidArgumentError(
@@ -171,15 +171,14 @@ absl::Status CheckCoverage(const Manifest& manifest) {
         return absl::FailedPreconditionError(
             absl::StrCat("tensor ", QuoteForMessage(tensor.name()),
                          ": master rows are not covered exactly once (",
-                         begin < next ? "overlap" : "gap", " at row ", std::min(begin, next),
-                         ")"));
+                         begin < next ? "overlap" : "gap", " at row ", std::min(begin, next), ")"));
       }
       next = end;
     }
     if (next != tensor.rows()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "tensor ", QuoteForMessage(tensor.name()), ": master rows end at ", next, " of ",
-          tensor.rows()));
+      return absl::FailedPreconditionError(absl::StrCat("tensor ", QuoteForMessage(tensor.name()),
+                                                        ": master rows end at ", next, " of ",
+                                                        tensor.rows()));
     }
   }
   return absl::OkStatus();
@@ -206,8 +205,8 @@ absl::StatusOr<CheckpointStore> CheckpointStore::Open(const std::string& root, b
 }
 
 absl::StatusOr<CheckpointStore> CheckpointStore::OpenUnder(const std::string& root,
-                                                           absl::string_view relative,
-                                                           bool create, FileModes modes,
+                                                           absl::string_view relative, bool create,
+                                                           FileModes modes,
                                                            std::vector<std::string>* created) {
   ASSIGN_OR_RETURN(CheckpointStore base, Open(root, create, modes));
   std::string path;
@@ -261,8 +260,8 @@ absl::StatusOr<Manifest> CheckpointStore::ReadManifest(uint64_t version) const {
   }
   RETURN_IF_ERROR(manifest.status());
   if (manifest->version() != version) {
-    return absl::DataLossError(absl::StrCat("manifest ", path, " is for version ",
-                                            manifest->version()));
+    return absl::DataLossError(
+        absl::StrCat("manifest ", path, " is for version ", manifest->version()));
   }
   if (absl::Status names = CheckShardNames(*manifest); !names.ok()) {
     return absl::DataLossError(absl::StrCat("manifest ", path, ": ", names.message()));
@@ -328,8 +327,8 @@ absl::Status CheckpointStore::CommitManifest(Manifest manifest) const {
     const std::string shard_path = absl::StrCat(dir, "/", shard.name());
     absl::StatusOr<uint64_t> size = RegularFileSize(shard_path);
     if (!size.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("checkpoint v", version, ": ",
-                                                        size.status().message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint v", version, ": ", size.status().message()));
     }
     if (*size != shard.size_bytes()) {
       return absl::FailedPreconditionError(absl::StrCat("checkpoint v", version, ": ", shard_path,
@@ -442,9 +441,8 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::KeepLast(
   std::vector<uint64_t> removed;
   if (complete.empty()) return removed;  // whatever is there may be in progress
   const uint64_t newest = complete.back();
-  const size_t first_kept = complete.size() > static_cast<size_t>(keep)
-                                ? complete.size() - static_cast<size_t>(keep)
-                                : 0;
+  const size_t first_kept =
+      complete.size() > static_cast<size_t>(keep) ? complete.size() - static_cast<size_t>(keep) : 0;
   const std::set<uint64_t> kept(complete.begin() + first_kept, complete.end());
   for (uint64_t version : versions) {
     if (version >= newest || in_progress.count(version) > 0) continue;
@@ -501,8 +499,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const std::string path = absl::StrCat(dir, "/", shard.name());
     absl::StatusOr<std::unique_ptr<ShardFileReader>> file = ShardFileReader::Open(path);
     if (!file.ok()) {
-      return absl::DataLossError(absl::StrCat("checkpoint v", version, ": ",
-                                              file.status().message()));
+      return absl::DataLossError(
+          absl::StrCat("checkpoint v", version, ": ", file.status().message()));
     }
     const ShardIndex& index = (*file)->index();
     if ((*file)->size_bytes() != shard.size_bytes() || index.version() != version ||
@@ -541,9 +539,9 @@ absl::Status CheckpointReader::BuildIndex() {
     for (size_t i = 1; i < locations.size(); ++i) {
       if (locations[i].section->row_begin() < locations[i - 1].section->row_end()) {
         return absl::DataLossError(absl::StrCat("tensor ", QuoteForMessage(key.first), " section ",
-                                                QuoteForMessage(key.second),
-                                                ": rows saved twice (", locations[i - 1].file->path(),
-                                                ", ", locations[i].file->path(), ")"));
+                                                QuoteForMessage(key.second), ": rows saved twice (",
+                                                locations[i - 1].file->path(), ", ",
+                                                locations[i].file->path(), ")"));
       }
     }
   }
@@ -564,14 +562,13 @@ absl::Status CheckpointReader::ReadRows(absl::string_view tensor, absl::string_v
   if (info == nullptr) return NoSuchTensor(manifest_.version(), tensor);
   if (row_begin < 0 || row_end > info->rows() || row_end < row_begin) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForMessage(tensor), " has ",
-                                                   info->rows(),
-                                                   " rows; asked for [", row_begin, ", ",
-                                                   row_end, ")"));
+                                                   info->rows(), " rows; asked for [", row_begin,
+                                                   ", ", row_end, ")"));
   }
   const int64_t cols = info->cols();
   if (static_cast<int64_t>(out.size()) != (row_end - row_begin) * cols) {
-    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(), " floats, need ",
-                                                   (row_end - row_begin) * cols));
+    return absl::InvalidArgumentError(
+        absl::StrCat("output holds ", out.size(), " floats, need ", (row_end - row_begin) * cols));
   }
   auto it = rows_.find(std::make_pair(std::string(tensor), std::string(name)));
   int64_t next = row_begin;
@@ -634,10 +631,9 @@ absl::StatusOr<std::string> CheckpointReader::ReadBlob(absl::string_view tensor,
     if (i == 0) {
       first = std::move(bytes);
     } else if (bytes != first) {
-      return absl::DataLossError(absl::StrCat("tensor ", QuoteForMessage(tensor), " ",
-                                              QuoteForMessage(name), ": copies in ",
-                                              it->second[0].file->path(), " and ",
-                                              it->second[i].file->path(), " differ"));
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", QuoteForMessage(tensor), " ", QuoteForMessage(name), ": copies in ",
+          it->second[0].file->path(), " and ", it->second[i].file->path(), " differ"));
     }
   }
   return first;

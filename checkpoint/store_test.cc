@@ -100,8 +100,8 @@ TEST(StoreTest, CheckpointFilesAndDirectoriesHaveTheConfiguredModes) {
     const FileModes modes = FileModes::ForGroupReadable(group);
     const mode_t old_umask = ::umask(group ? 077 : 0);
     auto store = CheckpointStore::OpenUnder(root, "run/a", /*create=*/true, modes);
-    absl::Status written = store.ok() ? WriteFakeCheckpoint(*store, 3, 1, tensors, 2)
-                                      : store.status();
+    absl::Status written =
+        store.ok() ? WriteFakeCheckpoint(*store, 3, 1, tensors, 2) : store.status();
     ::umask(old_umask);
     ASSERT_TRUE(written.ok()) << written;
     const mode_t file = group ? 0640 : 0600;
@@ -150,7 +150,8 @@ TEST(StoreTest, ReshardTwoToOneAndOneToThree) {
   ASSERT_TRUE(rows.ok());
   auto want = testing::FakeRows(5, Model()[0], "exp_avg", 140, 160);
   EXPECT_EQ(std::memcmp(rows->data(), want.data(), want.size() * 4), 0);
-  EXPECT_TRUE(absl::IsInvalidArgument(reader->ReadRows("layers.0.weight", "master", 0, 301).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(reader->ReadRows("layers.0.weight", "master", 0, 301).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("nope", "master", 0, 1).status()));
   EXPECT_TRUE(absl::IsNotFound(reader->ReadRows("layers.0.weight", "nope", 0, 1).status()));
   // Names from a request come back quoted, bounded and escaped.
@@ -196,14 +197,17 @@ TEST(StoreTest, ReshardWithTheShardingPlan) {
   ASSERT_TRUE(WriteFakeCheckpoint(*store, 2, 22, tensors, one).ok());
   int split = 0;  // the plans must actually cut tensors for this to test anything
   for (const auto& daemon : three) {
-    for (const PieceInfo& piece : daemon) split += piece.row_end() - piece.row_begin() < 1000 &&
-                                                   piece.tensor() == tensors[0].name();
+    for (const PieceInfo& piece : daemon)
+      split += piece.row_end() - piece.row_begin() < 1000 && piece.tensor() == tensors[0].name();
   }
   EXPECT_GE(split, 2);
   for (const auto& [version, seed, to, name] :
        std::vector<std::tuple<uint64_t, uint64_t, testing::PiecePlan, const char*>>{
-           {1, 21, one, "2->1"}, {1, 21, three, "2->3"}, {2, 22, three, "1->3"},
-           {2, 22, two, "1->2"}, {1, 21, two, "2->2"}}) {
+           {1, 21, one, "2->1"},
+           {1, 21, three, "2->3"},
+           {2, 22, three, "1->3"},
+           {2, 22, two, "1->2"},
+           {1, 21, two, "2->2"}}) {
     absl::Status status = CheckFakeCheckpoint(*store, version, seed, tensors, to);
     EXPECT_TRUE(status.ok()) << name << ": " << status;
   }
@@ -300,8 +304,8 @@ TEST(StoreTest, FlippedByteAnywhereIsRefusedNamingTheFile) {
   ASSERT_NE(master, nullptr);
   FlipByte(path, master->offset() + 5);
   std::vector<float> out((master->row_end() - master->row_begin()) * master->cols());
-  absl::Status status = file->ReadRows(*master, master->row_begin(), master->row_end(),
-                                       absl::MakeSpan(out));
+  absl::Status status =
+      file->ReadRows(*master, master->row_begin(), master->row_end(), absl::MakeSpan(out));
   EXPECT_TRUE(absl::IsDataLoss(status)) << status;
 }
 
@@ -350,8 +354,7 @@ TEST(StoreTest, CraftedManifestNamingAnotherFileIsRefused) {
   for (const std::string& name : {std::string("../../outside.ckpt"), outside}) {
     SCOPED_TRACE(name);
     manifest.mutable_shards(1)->set_name(name);
-    ASSERT_TRUE(
-        testing::WriteManifestUnchecked(store->VersionDir(3) + "/MANIFEST", manifest).ok());
+    ASSERT_TRUE(testing::WriteManifestUnchecked(store->VersionDir(3) + "/MANIFEST", manifest).ok());
     EXPECT_TRUE(Versions(*store).empty());
     for (absl::Status status : {store->ReadManifest(3).status(), store->Verify(3),
                                 CheckpointReader::Open(*store, 3).status()}) {
@@ -371,7 +374,8 @@ TEST(StoreTest, CraftedManifestNamingAnotherFileIsRefused) {
 TEST(StoreTest, KeepLastRemovesOldAndAbandonedOnly) {
   auto store = CheckpointStore::Open(MakeTempDir(), true);
   auto tensors = FakeTensors({{8, 8}});
-  for (uint64_t v : {1, 2, 4, 6, 8}) ASSERT_TRUE(WriteFakeCheckpoint(*store, v, v, tensors, 2).ok());
+  for (uint64_t v : {1, 2, 4, 6, 8})
+    ASSERT_TRUE(WriteFakeCheckpoint(*store, v, v, tensors, 2).ok());
   // Abandoned (3, 5), protected in-progress (7), newer in-progress (9).
   for (uint64_t v : {3, 5, 7, 9}) {
     auto writer = store->NewShardWriter(v, 0, 1).value();
@@ -434,7 +438,7 @@ TEST(ShardWriterTest, RefusesMisuse) {
   std::vector<float> four(4, 1.0f);
   ASSERT_TRUE(writer->AppendRows(four).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(writer->AppendRows(four)));  // 8 > 6
-  EXPECT_TRUE(absl::IsInvalidArgument(writer->EndSection()));        // 4 < 6
+  EXPECT_TRUE(absl::IsInvalidArgument(writer->EndSection()));      // 4 < 6
   EXPECT_TRUE(absl::IsFailedPrecondition(writer->Finish().status()));
   EXPECT_TRUE(absl::IsInvalidArgument(store->NewShardWriter(1, 1, 1).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(ShardWriter::Create("/tmp", "../x", 1, 0, 1).status()));

@@ -161,8 +161,8 @@ absl::Status WriteFakeCheckpoint(const CheckpointStore& store, uint64_t version,
       for (const std::string& name : FakeMomentNames()) sections.push_back(name);
       for (const std::string& name : sections) {
         // Streamed in chunks of up to 7 rows, as a daemon copying from a GPU would.
-        RETURN_IF_ERROR(writer->BeginRows(tensor->name(), name, piece.row_begin(),
-                                          piece.row_end(), tensor->cols()));
+        RETURN_IF_ERROR(writer->BeginRows(tensor->name(), name, piece.row_begin(), piece.row_end(),
+                                          tensor->cols()));
         for (int64_t r = piece.row_begin(); r < piece.row_end(); r += 7) {
           const int64_t end = std::min(piece.row_end(), r + 7);
           std::vector<float> rows = FakeRows(seed, *tensor, name, r, end);
@@ -198,8 +198,9 @@ absl::Status CheckFakeCheckpoint(const CheckpointStore& store, uint64_t version,
       std::vector<std::string> sections = {kMasterSection};
       for (const std::string& name : FakeMomentNames()) sections.push_back(name);
       for (const std::string& name : sections) {
-        ASSIGN_OR_RETURN(std::vector<float> got,
-                         reader->ReadRows(piece.tensor(), name, piece.row_begin(), piece.row_end()));
+        ASSIGN_OR_RETURN(
+            std::vector<float> got,
+            reader->ReadRows(piece.tensor(), name, piece.row_begin(), piece.row_end()));
         std::vector<float> want = FakeRows(seed, *tensor, name, piece.row_begin(), piece.row_end());
         if (got.size() != want.size() ||
             std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) != 0) {

@@ -112,7 +112,8 @@ absl::Status NullArgument(const char* what) {
 absl::StatusOr<Direction> ParseDirection(int32_t d) {
   if (d == HPD_ROWWISE) return Direction::kRowwise;
   if (d == HPD_COLUMNWISE) return Direction::kColumnwise;
-  return absl::InvalidArgumentError(absl::StrCat("bad direction ", d, " (0 rowwise, 1 columnwise)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("bad direction ", d, " (0 rowwise, 1 columnwise)"));
 }
 
 absl::StatusOr<client::Gradient::DType> ParseGradDtype(int32_t d) {
@@ -135,14 +136,14 @@ const char* Appended(const hpd_connect_options* o, const char* const* field) {
 
 absl::Status ToClientOptions(const hpd_connect_options& in, client::ClientOptions* o) {
   if (in.struct_size < kConnectOptionsV1000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.struct_size is ", in.struct_size, ", expected ", sizeof(hpd_connect_options),
-        ": call hpd_connect_options_init first"));
+    return absl::InvalidArgumentError(absl::StrCat("options.struct_size is ", in.struct_size,
+                                                   ", expected ", sizeof(hpd_connect_options),
+                                                   ": call hpd_connect_options_init first"));
   }
   if (in.expected_pushers < 0) return absl::InvalidArgumentError("expected_pushers < 0");
   if (Set(in.address)) o->coordinator_address = in.address;
-  o->role = in.observer ? client::ClientOptions::Role::kObserver
-                        : client::ClientOptions::Role::kTrainer;
+  o->role =
+      in.observer ? client::ClientOptions::Role::kObserver : client::ClientOptions::Role::kTrainer;
   o->pusher = in.pusher != 0;
   o->expected_pushers = in.expected_pushers;
   if (Set(in.name)) o->name = in.name;
@@ -163,9 +164,9 @@ absl::Status ToClientOptions(const hpd_connect_options& in, client::ClientOption
   if (!Set(in.token) && !Set(token_file)) token_file = std::getenv("HPCTL_TOKEN_FILE");
   if (Set(in.token)) o->token = in.token;
   if (Set(token_file)) {
-    ASSIGN_OR_RETURN(o->token, auth::LoadClientToken(token_file, in.observer
-                                                                     ? auth::Role::kOperator
-                                                                     : auth::Role::kTrainer));
+    ASSIGN_OR_RETURN(o->token,
+                     auth::LoadClientToken(
+                         token_file, in.observer ? auth::Role::kOperator : auth::Role::kTrainer));
   }
   return absl::OkStatus();
 }
@@ -273,8 +274,8 @@ absl::Status CheckTargets(const hpd_fetch_target* targets, size_t count) {
           absl::StrCat("targets[", i, "] (", targets[i].tensor, "): data is NULL"));
     }
     if (targets[i].scales == nullptr && targets[i].scale_bytes > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "targets[", i, "] (", targets[i].tensor, "): scales is NULL with scale_bytes > 0"));
+      return absl::InvalidArgumentError(absl::StrCat("targets[", i, "] (", targets[i].tensor,
+                                                     "): scales is NULL with scale_bytes > 0"));
     }
   }
   return absl::OkStatus();
@@ -297,8 +298,7 @@ absl::Status FetchHost(hpd_client* c, int64_t version, const hpd_fetch_target* t
     // A zero-byte scale span would read as "no caller buffers" to Client::
     // Fetch when the data span is empty too; data is never empty here.
   }
-  ASSIGN_OR_RETURN(client::FetchResult r,
-                   c->client->Fetch(version, fetch, Timeout(timeout_ms)));
+  ASSIGN_OR_RETURN(client::FetchResult r, c->client->Fetch(version, fetch, Timeout(timeout_ms)));
   for (size_t i = 0; i < count; ++i) {
     outputs[i].scale_inv = r.tensors[i].value.scale_inv;
     outputs[i].amax = r.tensors[i].value.amax;
@@ -339,10 +339,10 @@ absl::Status FetchDevice(hpd_client* c, int64_t version, const hpd_fetch_target*
     ASSIGN_OR_RETURN(Layout layout, c->client->LayoutOf(t.tensor, fetch[i].direction));
     if (static_cast<int64_t>(t.data_bytes) < layout.data_bytes() ||
         static_cast<int64_t>(t.scale_bytes) < layout.scale_bytes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "buffers for ", t.tensor, " ", DirectionName(fetch[i].direction), " hold ",
-          t.data_bytes, "+", t.scale_bytes, " bytes; the layout needs ", layout.data_bytes(),
-          "+", layout.scale_bytes()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffers for ", t.tensor, " ", DirectionName(fetch[i].direction), " hold ",
+                       t.data_bytes, "+", t.scale_bytes, " bytes; the layout needs ",
+                       layout.data_bytes(), "+", layout.scale_bytes()));
     }
     fetch[i].tensor = t.tensor;
     fetch[i].dst.data = t.data;
@@ -352,9 +352,9 @@ absl::Status FetchDevice(hpd_client* c, int64_t version, const hpd_fetch_target*
   }
   std::lock_guard<std::mutex> lock(c->device_mu);
   ASSIGN_OR_RETURN(gpu_fetch::DeviceFetcher * fetcher, FetcherFor(c, device));
-  ASSIGN_OR_RETURN(gpu_fetch::DeviceFetchResult r,
-                   fetcher->Fetch(version, fetch, static_cast<cudaStream_t>(cuda_stream),
-                                  Timeout(timeout_ms)));
+  ASSIGN_OR_RETURN(
+      gpu_fetch::DeviceFetchResult r,
+      fetcher->Fetch(version, fetch, static_cast<cudaStream_t>(cuda_stream), Timeout(timeout_ms)));
   client::DirectionBytes bf16;
   for (const gpu_fetch::DeviceFetched& t : r.tensors) bf16[t.direction] += t.rows * t.cols * 2;
   FillStats(r.version, r.received, bf16, stats);
@@ -392,8 +392,8 @@ absl::Status Push(hpd_client* c, int64_t version, const hpd_gradient* gradients,
     for (size_t i = 0; i < count; ++i) {
       grads[i].tensor = gradients[i].tensor;
       ASSIGN_OR_RETURN(grads[i].dtype, ParseGradDtype(gradients[i].dtype));
-      grads[i].bytes = absl::MakeConstSpan(static_cast<const uint8_t*>(gradients[i].data),
-                                           gradients[i].bytes);
+      grads[i].bytes =
+          absl::MakeConstSpan(static_cast<const uint8_t*>(gradients[i].data), gradients[i].bytes);
     }
     ASSIGN_OR_RETURN(r, c->client->PushGradients(version, grads, Timeout(timeout_ms), coverage));
   } else {
@@ -433,13 +433,13 @@ absl::Status LoadModel(hpd_client* c, const hpd_load_options& o, int64_t* versio
   ASSIGN_OR_RETURN(std::vector<std::string> files, client::ModelFiles(model));
   int64_t v = 0;
   if (files.size() == 1 && files[0] == model && !o.stream) {
-    ASSIGN_OR_RETURN(v, c->client->Load(model, settings.recipe, settings.timeout,
-                                        settings.replace_model));
+    ASSIGN_OR_RETURN(
+        v, c->client->Load(model, settings.recipe, settings.timeout, settings.replace_model));
   } else {
     ASSIGN_OR_RETURN(client::ModelSources sources, client::WeightSources(files));
-    ASSIGN_OR_RETURN(v, client::StreamLoad(*c->client, sources.weights, settings.recipe,
-                                           settings.progress, settings.timeout,
-                                           settings.replace_model, sources.frozen));
+    ASSIGN_OR_RETURN(
+        v, client::StreamLoad(*c->client, sources.weights, settings.recipe, settings.progress,
+                              settings.timeout, settings.replace_model, sources.frozen));
   }
   if (version != nullptr) *version = v;
   return absl::OkStatus();
@@ -504,11 +504,23 @@ extern "C" {
 int32_t hpd_api_version(void) { return HPD_API_VERSION; }
 
 const char* hpd_code_name(int32_t code) {
-  static const char* const kNames[] = {
-      "OK",      "CANCELLED",         "UNKNOWN",   "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS",  "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-      "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-      "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (code < 0 || code > 16) return "UNKNOWN";
   return kNames[code];
 }
@@ -528,16 +540,14 @@ void hpd_connect_options_init(hpd_connect_options* options) {
   options->pusher = 1;
 }
 
-int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client,
-                    hpd_status* status) {
+int32_t hpd_connect(const hpd_connect_options* options, hpd_client** client, hpd_status* status) {
   return CApiCall(status, [&]() -> absl::Status {
     if (client == nullptr) return NullArgument("client");
     *client = nullptr;
     if (options == nullptr) return NullArgument("options");
     paramd::client::ClientOptions o;
     RETURN_IF_ERROR(paramd::ToClientOptions(*options, &o));
-    ASSIGN_OR_RETURN(std::unique_ptr<paramd::client::Client> c,
-                     paramd::client::Client::Connect(o));
+    ASSIGN_OR_RETURN(std::unique_ptr<paramd::client::Client> c, paramd::client::Client::Connect(o));
     auto handle = std::make_unique<hpd_client>();
     handle->client = std::move(c);
     paramd::Clients().Add(handle.get());
@@ -597,8 +607,7 @@ void hpd_manifest_free(hpd_manifest* manifest) {
   if (manifest != nullptr && paramd::Manifests().Remove(manifest)) delete manifest;
 }
 
-int32_t hpd_manifest_num_tensors(const hpd_manifest* manifest, int64_t* count,
-                                 hpd_status* status) {
+int32_t hpd_manifest_num_tensors(const hpd_manifest* manifest, int64_t* count, hpd_status* status) {
   return CApiCall(status, [&]() -> absl::Status {
     if (count == nullptr) return NullArgument("count");
     ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
@@ -625,8 +634,7 @@ int32_t hpd_manifest_tensor(const hpd_manifest* manifest, int64_t index, hpd_ten
     if (info == nullptr) return NullArgument("info");
     ASSIGN_OR_RETURN(const hpd_manifest* m, LiveManifest(manifest));
     if (index < 0 || index >= static_cast<int64_t>(m->infos.size())) {
-      return absl::OutOfRangeError(
-          absl::StrCat("tensor index ", index, " of ", m->infos.size()));
+      return absl::OutOfRangeError(absl::StrCat("tensor index ", index, " of ", m->infos.size()));
     }
     *info = m->infos[index];
     return absl::OkStatus();
@@ -707,8 +715,7 @@ int32_t hpd_fetch_device(hpd_client* client, int64_t version, const hpd_fetch_ta
                          hpd_fetch_stats* stats, hpd_status* status) {
   return CApiCall(status, [&]() -> absl::Status {
     ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
-    return paramd::FetchDevice(c, version, targets, count, device, cuda_stream, timeout_ms,
-                               stats);
+    return paramd::FetchDevice(c, version, targets, count, device, cuda_stream, timeout_ms, stats);
   });
 }
 
@@ -732,8 +739,8 @@ int32_t hpd_push_gradients_ex(hpd_client* client, int64_t version, const hpd_gra
   });
 }
 
-int32_t hpd_status_json(hpd_client* client, int32_t include_shards, int64_t timeout_ms,
-                        char** json, hpd_status* status) {
+int32_t hpd_status_json(hpd_client* client, int32_t include_shards, int64_t timeout_ms, char** json,
+                        hpd_status* status) {
   return CApiCall(status, [&]() -> absl::Status {
     if (json == nullptr) return NullArgument("json");
     *json = nullptr;
@@ -781,10 +788,10 @@ int32_t hpd_set_optimizer_schedule(hpd_client* client, const char* schedule, int
     if (schedule == nullptr) return NullArgument("schedule");
     ASSIGN_OR_RETURN(hpd_client * c, LiveClient(client));
     ASSIGN_OR_RETURN(const paramd::recipe::LrSchedule s, paramd::ParseSchedule(schedule));
-    ASSIGN_OR_RETURN(const paramd::recipe::OptimizerConfig config,
-                     c->client->SetOptimizerSchedule(
-                         s, has_lr ? std::optional<float>(lr) : std::nullopt,
-                         paramd::Timeout(timeout_ms)));
+    ASSIGN_OR_RETURN(
+        const paramd::recipe::OptimizerConfig config,
+        c->client->SetOptimizerSchedule(s, has_lr ? std::optional<float>(lr) : std::nullopt,
+                                        paramd::Timeout(timeout_ms)));
     if (optimizer_json == nullptr) return absl::OkStatus();
     ASSIGN_OR_RETURN(const std::string out, paramd::ToJson(config));
     return paramd::ReturnString(out, optimizer_json);
@@ -821,15 +828,13 @@ int32_t Call(hpd_status* status, const std::function<absl::Status()>& f) {
 
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& m) { return paramd::ToJson(m); }
 
-absl::Status ReturnString(const std::string& s, char** out) {
-  return paramd::ReturnString(s, out);
-}
+absl::Status ReturnString(const std::string& s, char** out) { return paramd::ReturnString(s, out); }
 
 absl::StatusOr<StreamLoadSettings> StreamLoadSettingsOf(const hpd_load_options& o) {
   if (o.struct_size < sizeof(hpd_load_options)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_load_options),
-        ": call hpd_load_options_init first"));
+    return absl::InvalidArgumentError(absl::StrCat("options.struct_size is ", o.struct_size,
+                                                   ", expected ", sizeof(hpd_load_options),
+                                                   ": call hpd_load_options_init first"));
   }
   StreamLoadSettings settings;
   settings.timeout = o.timeout_ms > 0 ? absl::Milliseconds(o.timeout_ms) : absl::Hours(1);

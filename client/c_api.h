@@ -137,13 +137,13 @@ HPD_EXPORT const char* hpd_code_name(int32_t code);
 /* ---- Connect ---- */
 
 typedef struct hpd_connect_options {
-  uint32_t struct_size;   /* sizeof(hpd_connect_options): set by _init */
-  const char* address;    /* coordinator "host:port"; NULL or "": $PARAMD_COORDINATOR,
-                           * else "127.0.0.1:7070" */
-  const char* name;       /* for status listings; NULL or "": "<hostname>:<pid>" */
-  int32_t observer;       /* 0: trainer (joins with a rank), 1: observer (tools) */
-  int32_t pusher;         /* trainers: 1 if this trainer pushes gradients */
-  int32_t expected_pushers; /* > 0: fail unless the coordinator expects this many */
+  uint32_t struct_size;       /* sizeof(hpd_connect_options): set by _init */
+  const char* address;        /* coordinator "host:port"; NULL or "": $PARAMD_COORDINATOR,
+                               * else "127.0.0.1:7070" */
+  const char* name;           /* for status listings; NULL or "": "<hostname>:<pid>" */
+  int32_t observer;           /* 0: trainer (joins with a rank), 1: observer (tools) */
+  int32_t pusher;             /* trainers: 1 if this trainer pushes gradients */
+  int32_t expected_pushers;   /* > 0: fail unless the coordinator expects this many */
   int64_t connect_timeout_ms; /* 0: 10 s */
   int64_t call_timeout_ms;    /* 0: 30 s */
   int64_t max_chunk_bytes;    /* 0: server default */
@@ -155,8 +155,8 @@ typedef struct hpd_connect_options {
    * unreadable one PERMISSION_DENIED. A TLS server called without a CA, a
    * plaintext server called with one, a certificate the CA did not sign are
    * FAILED_PRECONDITION at once, in words. */
-  const char* tls_root_certs_path; /* --tls_ca */
-  const char* tls_cert_chain_path; /* --tls_cert */
+  const char* tls_root_certs_path;  /* --tls_ca */
+  const char* tls_cert_chain_path;  /* --tls_cert */
   const char* tls_private_key_path; /* --tls_key */
   /* The bearer token presented on every call to a cluster started with
    * --auth_token_file (trainers: a `trainer` token; tools that load or
@@ -197,11 +197,11 @@ HPD_EXPORT int32_t hpd_member(hpd_client* client, int32_t* rank, char* id, size_
 /* One direction of one tensor: its format and the exact byte layout a fetch
  * fills (kernels/format.h Layout). */
 typedef struct hpd_direction_info {
-  int32_t published;     /* 0: the tensor does not publish this direction */
-  int32_t format;        /* HPD_FORMAT_* */
-  int32_t fp8_type;      /* HPD_FP8_* (FP8 formats and MXFP8) */
-  int32_t transposed;    /* data is [K][M] (FORMATS.md) */
-  int32_t two_d;         /* MXFP8 32x32 / NVFP4 16x16 tiles */
+  int32_t published;        /* 0: the tensor does not publish this direction */
+  int32_t format;           /* HPD_FORMAT_* */
+  int32_t fp8_type;         /* HPD_FP8_* (FP8 formats and MXFP8) */
+  int32_t transposed;       /* data is [K][M] (FORMATS.md) */
+  int32_t two_d;            /* MXFP8 32x32 / NVFP4 16x16 tiles */
   int32_t scale_elem_bytes; /* 1 (E8M0/UE4M3), 4 (fp32), 0: no scale buffer */
   int64_t data_rows;
   int64_t data_row_bytes;
@@ -215,9 +215,9 @@ typedef struct hpd_tensor_info {
   const char* name; /* owned by the manifest */
   int32_t ndim;     /* of the shape in the model file (<= HPD_MAX_RANK) */
   int64_t shape[HPD_MAX_RANK];
-  int64_t rows; /* M: product of shape[:-1] */
-  int64_t cols; /* K: shape[-1] */
-  int32_t num_pieces; /* shard pieces (daemons holding rows of it) */
+  int64_t rows;              /* M: product of shape[:-1] */
+  int64_t cols;              /* K: shape[-1] */
+  int32_t num_pieces;        /* shard pieces (daemons holding rows of it) */
   hpd_direction_info dir[2]; /* [HPD_ROWWISE], [HPD_COLUMNWISE] */
 } hpd_tensor_info;
 
@@ -237,8 +237,8 @@ HPD_EXPORT int32_t hpd_manifest_summary(const hpd_manifest* manifest, int32_t* n
 HPD_EXPORT int32_t hpd_manifest_tensor(const hpd_manifest* manifest, int64_t index,
                                        hpd_tensor_info* info, hpd_status* status);
 /* The index of the tensor called `name` (NOT_FOUND if none). */
-HPD_EXPORT int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* name,
-                                     int64_t* index, hpd_status* status);
+HPD_EXPORT int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* name, int64_t* index,
+                                     hpd_status* status);
 
 /* ---- Versions ---- */
 
@@ -246,9 +246,8 @@ HPD_EXPORT int32_t hpd_manifest_find(const hpd_manifest* manifest, const char* n
  * DEADLINE_EXCEEDED after timeout_ms (0: 30 s). ABORTED if the cluster
  * rewound meanwhile (a daemon was lost and replaced): the message says
  * "rewound to version V"; hpd_wait_for_version_info returns V instead. */
-HPD_EXPORT int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version,
-                                        int64_t timeout_ms, int64_t* version,
-                                        hpd_status* status);
+HPD_EXPORT int32_t hpd_wait_for_version(hpd_client* client, int64_t min_version, int64_t timeout_ms,
+                                        int64_t* version, hpd_status* status);
 
 typedef struct hpd_version_info {
   int64_t committed_version;
@@ -282,9 +281,8 @@ typedef int32_t (*hpd_version_event_fn)(void* arg, const hpd_version_info* event
  * possibly below earlier events), reported once per client as by
  * hpd_wait_for_version_info, after the client's manifest was refreshed.
  * Blocks; INVALID_ARGUMENT for a NULL `on_event`. (Since 1002.) */
-HPD_EXPORT int32_t hpd_watch_version(hpd_client* client, int64_t min_version,
-                                     int64_t timeout_ms, hpd_version_event_fn on_event,
-                                     void* arg, hpd_status* status);
+HPD_EXPORT int32_t hpd_watch_version(hpd_client* client, int64_t min_version, int64_t timeout_ms,
+                                     hpd_version_event_fn on_event, void* arg, hpd_status* status);
 
 /* ---- Fetch ---- */
 
@@ -315,10 +313,10 @@ typedef struct hpd_fetch_output {
 } hpd_fetch_output;
 
 typedef struct hpd_fetch_stats {
-  int64_t version;           /* the version fetched (HPD_LATEST resolved) */
-  int64_t rowwise_bytes;     /* payload received (data + scales) */
+  int64_t version;       /* the version fetched (HPD_LATEST resolved) */
+  int64_t rowwise_bytes; /* payload received (data + scales) */
   int64_t columnwise_bytes;
-  int64_t rowwise_bf16_bytes;    /* what the same fetch would move as BF16 */
+  int64_t rowwise_bf16_bytes; /* what the same fetch would move as BF16 */
   int64_t columnwise_bf16_bytes;
 } hpd_fetch_stats;
 
@@ -328,10 +326,9 @@ typedef struct hpd_fetch_stats {
  * INVALID_ARGUMENT for a buffer smaller than the layout, a bad direction or
  * a target given twice; NOT_FOUND for an unknown tensor or a dropped
  * version; FAILED_PRECONDITION for a direction the tensor does not publish. */
-HPD_EXPORT int32_t hpd_fetch(hpd_client* client, int64_t version,
-                             const hpd_fetch_target* targets, size_t count, int64_t timeout_ms,
-                             hpd_fetch_output* outputs, hpd_fetch_stats* stats,
-                             hpd_status* status);
+HPD_EXPORT int32_t hpd_fetch(hpd_client* client, int64_t version, const hpd_fetch_target* targets,
+                             size_t count, int64_t timeout_ms, hpd_fetch_output* outputs,
+                             hpd_fetch_stats* stats, hpd_status* status);
 
 /* The same into device memory of CUDA device `device` over the daemons'
  * NCCL device channels (the daemons must run --backend=gpu). Waits for
@@ -341,8 +338,8 @@ HPD_EXPORT int32_t hpd_fetch(hpd_client* client, int64_t version,
  * targets' device scale_inv / amax floats. `stats` may be NULL. */
 HPD_EXPORT int32_t hpd_fetch_device(hpd_client* client, int64_t version,
                                     const hpd_fetch_target* targets, size_t count, int32_t device,
-                                    void* cuda_stream, int64_t timeout_ms,
-                                    hpd_fetch_stats* stats, hpd_status* status);
+                                    void* cuda_stream, int64_t timeout_ms, hpd_fetch_stats* stats,
+                                    hpd_status* status);
 /* Whether this build has the device path (1) or not (0). */
 HPD_EXPORT int32_t hpd_has_cuda(void);
 
@@ -370,8 +367,8 @@ typedef struct hpd_push_result {
  * channels after waiting for `cuda_stream` (UNIMPLEMENTED without CUDA).
  * `result` may be NULL. Codes as client::Client::PushGradients. */
 HPD_EXPORT int32_t hpd_push_gradients(hpd_client* client, int64_t version,
-                                      const hpd_gradient* gradients, size_t count,
-                                      int32_t device, void* cuda_stream, int64_t timeout_ms,
+                                      const hpd_gradient* gradients, size_t count, int32_t device,
+                                      void* cuda_stream, int64_t timeout_ms,
                                       hpd_push_result* result, hpd_status* status);
 /* hpd_push_gradients with flags. Without HPD_PUSH_PARTIAL a push must give
  * every tensor of the model (INVALID_ARGUMENT names the missing ones); with
@@ -387,8 +384,8 @@ HPD_EXPORT int32_t hpd_push_gradients_ex(hpd_client* client, int64_t version,
 
 /* The cluster's status (rpc::GetStatusResponse) as JSON; free `*json` with
  * hpd_free_string. */
-HPD_EXPORT int32_t hpd_status_json(hpd_client* client, int32_t include_shards,
-                                   int64_t timeout_ms, char** json, hpd_status* status);
+HPD_EXPORT int32_t hpd_status_json(hpd_client* client, int32_t include_shards, int64_t timeout_ms,
+                                   char** json, hpd_status* status);
 /* Loads a safetensors file readable by every daemon with a recipe (protobuf
  * text, may be NULL) and refreshes the manifest; `*version` = 0. A cluster
  * holding a model refuses (FAILED_PRECONDITION); hpd_load_model below also
@@ -415,7 +412,7 @@ typedef struct hpd_load_options {
    * 0: a single file is read by the daemons at its path (made absolute
    * here); directories and indexes are always streamed. */
   int32_t stream;
-  int64_t timeout_ms; /* 0: 1 hour */
+  int64_t timeout_ms;       /* 0: 1 hour */
   hpd_progress_fn progress; /* streamed loads; may be NULL */
   void* progress_arg;
 } hpd_load_options;
@@ -445,8 +442,8 @@ HPD_EXPORT int32_t hpd_set_optimizer_schedule(hpd_client* client, const char* sc
 
 /* Admin step from the committed `version`; wait != 0: `*new_version` is the
  * newly committed version. */
-HPD_EXPORT int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait,
-                            int64_t timeout_ms, int64_t* new_version, hpd_status* status);
+HPD_EXPORT int32_t hpd_step(hpd_client* client, int64_t version, int32_t wait, int64_t timeout_ms,
+                            int64_t* new_version, hpd_status* status);
 HPD_EXPORT void hpd_free_string(char* s);
 
 /* ---- Models in memory, versions read back, exports and checkpoints ---- */
@@ -515,8 +512,8 @@ HPD_EXPORT void hpd_read_options_init(hpd_read_options* options);
  * `dtype` elements) that stays valid until the call returns, or NULL to
  * stop the read (CANCELLED; a tensor of 0 bytes may get NULL). Called on
  * the thread of hpd_read_version. */
-typedef void* (*hpd_tensor_dest_fn)(void* arg, const char* name, const int64_t* shape,
-                                    int32_t ndim, int32_t dtype, int64_t bytes);
+typedef void* (*hpd_tensor_dest_fn)(void* arg, const char* name, const int64_t* shape, int32_t ndim,
+                                    int32_t dtype, int64_t bytes);
 
 /* Reads every tensor of a committed version from the daemons that hold it
  * into the buffers `dest` returns; `*version` gets the version read.
@@ -553,7 +550,7 @@ HPD_EXPORT int32_t hpd_checkpoint_call(hpd_client* client, const char* call,
                                        char** response_json, hpd_status* status);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* PARAMD_CLIENT_C_API_H_ */
+#endif /* PARAMD_CLIENT_C_API_H_ */

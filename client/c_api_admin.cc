@@ -46,9 +46,8 @@ absl::StatusOr<int32_t> FrozenCodeOf(const FrozenTensor& f) {
   for (const auto& [c, dtype] : kFrozenDtypes) {
     if (safetensors::DtypeName(dtype) == f.dtype()) return c;
   }
-  return absl::UnimplementedError(absl::StrCat("frozen buffer ", QuoteForError(f.name()),
-                                               " is ", f.dtype(),
-                                               ", which this library cannot return"));
+  return absl::UnimplementedError(absl::StrCat("frozen buffer ", QuoteForError(f.name()), " is ",
+                                               f.dtype(), ", which this library cannot return"));
 }
 
 // The shape of `t` (checked) and its element count.
@@ -74,8 +73,7 @@ absl::Status CheckDataBytes(const hpd_host_tensor& t, const std::string& what,
   if (t.data_bytes != bytes || (bytes > 0 && t.data == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.data_bytes,
                                                    " bytes given, its shape [",
-                                                   absl::StrJoin(shape, ", "), "] needs ",
-                                                   bytes));
+                                                   absl::StrJoin(shape, ", "), "] needs ", bytes));
   }
   return absl::OkStatus();
 }
@@ -130,13 +128,13 @@ absl::StatusOr<client::WeightSource> SourceOf(const hpd_host_tensor& t, int64_t 
 
 absl::Status CheckReadOptions(const hpd_read_options& o) {
   if (o.struct_size < sizeof(hpd_read_options)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "options.struct_size is ", o.struct_size, ", expected ", sizeof(hpd_read_options),
-        ": call hpd_read_options_init first"));
+    return absl::InvalidArgumentError(absl::StrCat("options.struct_size is ", o.struct_size,
+                                                   ", expected ", sizeof(hpd_read_options),
+                                                   ": call hpd_read_options_init first"));
   }
   if (o.dtype != HPD_DTYPE_F32 && o.dtype != HPD_DTYPE_BF16) {
-    return absl::InvalidArgumentError(absl::StrCat("options.dtype ", o.dtype,
-                                                   " is neither HPD_DTYPE_F32 nor HPD_DTYPE_BF16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.dtype ", o.dtype, " is neither HPD_DTYPE_F32 nor HPD_DTYPE_BF16"));
   }
   if (o.values != HPD_VALUES_MASTER && o.values != HPD_VALUES_ROWWISE &&
       o.values != HPD_VALUES_COLUMNWISE) {
@@ -156,8 +154,7 @@ client::OpenVersionOptions OpenOptionsOf(const hpd_read_options& o) {
 }
 
 checkpoint::ExportDtype ExportDtypeOf(const hpd_read_options& o) {
-  return o.dtype == HPD_DTYPE_F32 ? checkpoint::ExportDtype::kFp32
-                                  : checkpoint::ExportDtype::kBf16;
+  return o.dtype == HPD_DTYPE_F32 ? checkpoint::ExportDtype::kFp32 : checkpoint::ExportDtype::kBf16;
 }
 
 absl::Status ParseJsonRequest(const char* json, google::protobuf::Message* request) {
@@ -177,10 +174,11 @@ absl::Duration TimeoutOr(int64_t ms, absl::Duration otherwise) {
 // One checkpoint call with its request parsed from JSON and its response
 // returned as JSON.
 template <class Request, class Response>
-absl::StatusOr<std::string> JsonCall(
-    client::Client& c,
-    absl::StatusOr<Response> (*call)(client::Client&, const Request&, absl::Duration),
-    const char* request_json, absl::Duration timeout) {
+absl::StatusOr<std::string> JsonCall(client::Client& c,
+                                     absl::StatusOr<Response> (*call)(client::Client&,
+                                                                      const Request&,
+                                                                      absl::Duration),
+                                     const char* request_json, absl::Duration timeout) {
   Request request;
   RETURN_IF_ERROR(ParseJsonRequest(request_json, &request));
   ASSIGN_OR_RETURN(const Response response, call(c, request, timeout));
@@ -196,8 +194,7 @@ using paramd::capi::ClientOf;
 extern "C" {
 
 int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int64_t count,
-                         const hpd_load_options* options, int64_t* version,
-                         hpd_status* status) {
+                         const hpd_load_options* options, int64_t* version, hpd_status* status) {
   return Call(status, [&]() -> absl::Status {
     if (options == nullptr) return absl::InvalidArgumentError("options is NULL");
     if (count < 0 || (count > 0 && tensors == nullptr)) {
@@ -216,8 +213,7 @@ int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int
           frozen_dtype != nullptr && tensors[i].name != nullptr) {
         name = tensors[i].name;
         RETURN_IF_ERROR(paramd::CheckTensorName(name));
-        ASSIGN_OR_RETURN(paramd::FrozenTensor f,
-                         paramd::FrozenOf(tensors[i], name, *frozen_dtype));
+        ASSIGN_OR_RETURN(paramd::FrozenTensor f, paramd::FrozenOf(tensors[i], name, *frozen_dtype));
         frozen.push_back(std::move(f));
       } else {
         ASSIGN_OR_RETURN(paramd::client::WeightSource source, paramd::SourceOf(tensors[i], i));
@@ -225,8 +221,8 @@ int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int
         sources.push_back(std::move(source));
       }
       if (!names.insert(name).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", paramd::QuoteForError(name), " is given twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", paramd::QuoteForError(name), " is given twice"));
       }
     }
     if (sources.empty()) {
@@ -235,8 +231,7 @@ int32_t hpd_load_tensors(hpd_client* client, const hpd_host_tensor* tensors, int
     }
     ASSIGN_OR_RETURN(const int64_t v,
                      paramd::client::StreamLoad(*c, sources, settings.recipe, settings.progress,
-                                                settings.timeout, settings.replace_model,
-                                                frozen));
+                                                settings.timeout, settings.replace_model, frozen));
     if (version != nullptr) *version = v;
     return absl::OkStatus();
   });
@@ -265,9 +260,9 @@ int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
     const int64_t element = paramd::checkpoint::ExportDtypeSize(dtype);
     for (const paramd::checkpoint::ExportTensor& t : reader.tensors) {
       const int64_t bytes = t.rows * t.cols * element;
-      auto* out = static_cast<uint8_t*>(dest(dest_arg, t.name.c_str(), t.shape.data(),
-                                             static_cast<int32_t>(t.shape.size()),
-                                             options->dtype, bytes));
+      auto* out =
+          static_cast<uint8_t*>(dest(dest_arg, t.name.c_str(), t.shape.data(),
+                                     static_cast<int32_t>(t.shape.size()), options->dtype, bytes));
       if (out == nullptr && bytes > 0) {
         return absl::CancelledError(
             absl::StrCat("dest returned no buffer for ", paramd::QuoteForError(t.name)));
@@ -276,8 +271,8 @@ int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
       RETURN_IF_ERROR(reader.source->StreamTensor(
           t, dtype, [&](absl::Span<const uint8_t> chunk) -> absl::Status {
             if (written + static_cast<int64_t>(chunk.size()) > bytes) {
-              return absl::InternalError(absl::StrCat(paramd::QuoteForError(t.name),
-                                                      ": more bytes than its shape holds"));
+              return absl::InternalError(
+                  absl::StrCat(paramd::QuoteForError(t.name), ": more bytes than its shape holds"));
             }
             std::memcpy(out + written, chunk.data(), chunk.size());
             written += static_cast<int64_t>(chunk.size());
@@ -292,8 +287,8 @@ int32_t hpd_read_version(hpd_client* client, const hpd_read_options* options,
       ASSIGN_OR_RETURN(const int32_t code, paramd::FrozenCodeOf(f));
       const std::vector<int64_t> shape(f.shape().begin(), f.shape().end());
       const int64_t bytes = static_cast<int64_t>(f.data().size());
-      void* out = dest(dest_arg, f.name().c_str(), shape.data(),
-                       static_cast<int32_t>(shape.size()), code, bytes);
+      void* out = dest(dest_arg, f.name().c_str(), shape.data(), static_cast<int32_t>(shape.size()),
+                       code, bytes);
       if (out == nullptr && bytes > 0) {
         return absl::CancelledError(
             absl::StrCat("dest returned no buffer for ", paramd::QuoteForError(f.name())));
@@ -320,7 +315,8 @@ int32_t hpd_export(hpd_client* client, const char* out_dir, const hpd_read_optio
     paramd::checkpoint::ExportOptions export_options;
     export_options.out_dir = out_dir;
     export_options.dtype = paramd::ExportDtypeOf(*options);
-    if (max_shard_bytes > 0) export_options.max_shard_bytes = static_cast<uint64_t>(max_shard_bytes);
+    if (max_shard_bytes > 0)
+      export_options.max_shard_bytes = static_cast<uint64_t>(max_shard_bytes);
     export_options.modes = paramd::FileModes::ForGroupReadable(group_readable != 0);
     ASSIGN_OR_RETURN(const paramd::client::ExportVersionResult result,
                      paramd::client::ExportVersion(*c, paramd::OpenOptionsOf(*options),
@@ -355,9 +351,9 @@ int32_t hpd_checkpoint_call(hpd_client* client, const char* call, const char* re
                                 *c, &paramd::client::DescribeCheckpoint, request_json,
                                 paramd::TimeoutOr(timeout_ms, absl::Hours(1))));
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown checkpoint call ", paramd::QuoteForError(which),
-                       ": expected create, list or describe"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown checkpoint call ",
+                                                     paramd::QuoteForError(which),
+                                                     ": expected create, list or describe"));
     }
     if (response_json == nullptr) return absl::OkStatus();
     return paramd::capi::ReturnString(out, response_json);

@@ -170,8 +170,8 @@ int32_t hpd_ipc_view_at(hpd_ipc* ipc, size_t index, hpd_ipc_view* view, hpd_stat
     if (view == nullptr) return absl::InvalidArgumentError("view is NULL");
 #ifdef HPD_WITH_CUDA
     if (index >= s->views.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "view ", index, " of ", s->views.size(), " (acquire a version first)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("view ", index, " of ", s->views.size(), " (acquire a version first)"));
     }
     *view = s->views[index];
     return absl::OkStatus();

@@ -105,7 +105,7 @@ HPD_EXPORT int32_t hpd_ipc_stats(hpd_ipc* ipc, int64_t* page_acquires, int64_t* 
                                  hpd_status* status);
 
 #ifdef __cplusplus
-}  /* extern "C" */
+} /* extern "C" */
 #endif
 
-#endif  /* PARAMD_CLIENT_C_API_IPC_H_ */
+#endif /* PARAMD_CLIENT_C_API_IPC_H_ */

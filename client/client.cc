@@ -14,9 +14,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "auth/endpoint_probe.h"
 #include "client/client_internal.h"
 #include "client/fetch_stream.h"
-#include "auth/endpoint_probe.h"
 #include "client/host_allocator.h"
 #include "common/address.h"
 #include "common/grpc_status.h"
@@ -38,7 +38,7 @@ std::string DefaultName() {
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                          const auth::ChannelSecurity& security) {
+                                           const auth::ChannelSecurity& security) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a daemon restarts; fail fast while it is down.
   auth::AddFastReconnect(&args);
@@ -82,12 +82,13 @@ absl::Status NotACoordinator(const std::shared_ptr<grpc::Channel>& channel,
   }
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
       s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        address, " is a hybrid-paramd daemon, not the coordinator: connect to the address of "
-                 "the coordinator it joins (its --coordinator flag)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(address,
+                     " is a hybrid-paramd daemon, not the coordinator: connect to the address of "
+                     "the coordinator it joins (its --coordinator flag)"));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      address, " serves no hybrid-paramd coordinator (", join.message(), ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(address, " serves no hybrid-paramd coordinator (", join.message(), ")"));
 }
 
 }  // namespace
@@ -107,8 +108,9 @@ absl::Status Client::Impl::Connect() {
   // waited for below (a coordinator may start after its trainers).
   auth::ProbeNames names;
   names.ca = ca_from_environment ? "HPCTL_TLS_CA=" + options_.tls.ca : "the CA " + options_.tls.ca;
-  names.give_ca = "give the CA that signed its certificate (the client's TLS CA, or "
-                  "$HPCTL_TLS_CA)";
+  names.give_ca =
+      "give the CA that signed its certificate (the client's TLS CA, or "
+      "$HPCTL_TLS_CA)";
   names.server_name = "the client's TLS server name";
   auto probe = [&](absl::Duration timeout) {
     return auth::ProbeEndpoint(options_.coordinator_address, security_.tls, timeout, names);
@@ -124,9 +126,9 @@ absl::Status Client::Impl::Connect() {
     // Waited the whole timeout (a coordinator may start after its
     // trainers); say what a connection meets now, if it fails.
     if (const absl::Status s = probe(absl::Seconds(1)); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(s.message(), " (waited ",
-                                                 absl::FormatDuration(options_.connect_timeout),
-                                                 ")"));
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(), " (waited ",
+                                       absl::FormatDuration(options_.connect_timeout), ")"));
     }
     return absl::UnavailableError(absl::StrCat(
         "cannot reach the coordinator at ", options_.coordinator_address, " within ",
@@ -144,8 +146,8 @@ absl::Status Client::Impl::Connect() {
   rpc::JoinResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
-  if (absl::Status join = FromGrpcStatus(coordinator_->Join(&context, request, &response),
-                                         "join the coordinator");
+  if (absl::Status join =
+          FromGrpcStatus(coordinator_->Join(&context, request, &response), "join the coordinator");
       !join.ok()) {
     if (!absl::IsUnimplemented(join)) return join;
     return NotACoordinator(coordinator_channel_, options_.coordinator_address, deadline, join);
@@ -165,15 +167,14 @@ void Client::Impl::Leave() {
   (void)coordinator_->Leave(&context, request, &response);
 }
 
-absl::StatusOr<Manifest> Client::Impl::RefreshManifest(absl::Time deadline,
-                                                       bool with_frozen_data) {
+absl::StatusOr<Manifest> Client::Impl::RefreshManifest(absl::Time deadline, bool with_frozen_data) {
   rpc::GetManifestRequest request;
   request.set_with_frozen_data(with_frozen_data);
   rpc::GetManifestResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
-  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->GetManifest(&context, request, &response),
-                                 "GetManifest"));
+  RETURN_IF_ERROR(
+      FromGrpcStatus(coordinator_->GetManifest(&context, request, &response), "GetManifest"));
   ASSIGN_OR_RETURN(Manifest m, ManifestFromProto(response.manifest()));
   SetManifest(m);
   return m;
@@ -185,8 +186,8 @@ absl::StatusOr<Layout> Client::Impl::LayoutOf(const std::string& tensor,
   const TensorMeta* meta = manifest_.Find(tensor);
   if (meta == nullptr) return absl::NotFoundError(absl::StrCat("no tensor '", tensor, "'"));
   if (!meta->Publishes(direction)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", tensor, "' does not publish a ", DirectionName(direction), " copy"));
+    return absl::FailedPreconditionError(absl::StrCat("tensor '", tensor, "' does not publish a ",
+                                                      DirectionName(direction), " copy"));
   }
   return ComputeLayout(meta->SpecOf(direction), direction, meta->rows, meta->cols);
 }
@@ -215,7 +216,7 @@ std::shared_ptr<grpc::Channel> Client::Impl::DaemonChannelLocked(const std::stri
 }
 
 absl::StatusOr<VersionInfo> Client::Impl::WaitForVersionInfo(int64_t min_version,
-                                                            absl::Time deadline) {
+                                                             absl::Time deadline) {
   rpc::WaitForVersionRequest request;
   request.set_min_version(min_version);
   {
@@ -291,10 +292,10 @@ constexpr char kRewoundPayload[] = "type.paramd/rewound_to_version";
 absl::StatusOr<int64_t> Client::Impl::WaitForVersion(int64_t min_version, absl::Time deadline) {
   ASSIGN_OR_RETURN(VersionInfo info, WaitForVersionInfo(min_version, deadline));
   if (info.rewound_to.has_value()) {
-    absl::Status s = absl::AbortedError(absl::StrCat(
-        "wait for version ", min_version, ": the cluster rewound to version ", *info.rewound_to,
-        " (recovery ", info.recovery_epoch,
-        ": a daemon was lost and replaced); go back to that version and push for it"));
+    absl::Status s = absl::AbortedError(
+        absl::StrCat("wait for version ", min_version, ": the cluster rewound to version ",
+                     *info.rewound_to, " (recovery ", info.recovery_epoch,
+                     ": a daemon was lost and replaced); go back to that version and push for it"));
     s.SetPayload(kRewoundPayload, absl::Cord(absl::StrCat(*info.rewound_to)));
     return s;
   }
@@ -372,8 +373,8 @@ absl::StatusOr<recipe::OptimizerConfig> Client::Impl::SetOptimizerSchedule(
   rpc::SetOptimizerScheduleResponse response;
   grpc::ClientContext context;
   context.set_deadline(ToChrono(deadline));
-  RETURN_IF_ERROR(FromGrpcStatus(
-      coordinator_->SetOptimizerSchedule(&context, request, &response), "SetOptimizerSchedule"));
+  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->SetOptimizerSchedule(&context, request, &response),
+                                 "SetOptimizerSchedule"));
   return response.optimizer();
 }
 
@@ -417,7 +418,7 @@ absl::StatusOr<int64_t> Client::WaitForVersion(int64_t min_version, absl::Durati
 }
 
 absl::StatusOr<VersionInfo> Client::WaitForVersionInfo(int64_t min_version,
-                                                      absl::Duration timeout) {
+                                                       absl::Duration timeout) {
   return impl_->WaitForVersionInfo(min_version, absl::Now() + timeout);
 }
 
@@ -435,8 +436,7 @@ std::optional<int64_t> RewoundTo(const absl::Status& status) {
   return v;
 }
 
-absl::StatusOr<rpc::GetStatusResponse> Client::Status(bool include_shards,
-                                                      absl::Duration timeout) {
+absl::StatusOr<rpc::GetStatusResponse> Client::Status(bool include_shards, absl::Duration timeout) {
   return impl_->Status(include_shards, impl_->DeadlineFor(timeout));
 }
 

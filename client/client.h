@@ -166,9 +166,7 @@ struct DirectionBytes {
   int64_t rowwise = 0;
   int64_t columnwise = 0;
   int64_t& operator[](Direction d) { return d == Direction::kRowwise ? rowwise : columnwise; }
-  int64_t operator[](Direction d) const {
-    return d == Direction::kRowwise ? rowwise : columnwise;
-  }
+  int64_t operator[](Direction d) const { return d == Direction::kRowwise ? rowwise : columnwise; }
   int64_t total() const { return rowwise + columnwise; }
 };
 
@@ -179,7 +177,7 @@ struct FetchStats {
   // (4 bytes per element) or BF16 (2 bytes per element).
   DirectionBytes fp32_equivalent;
   DirectionBytes bf16_equivalent;
-  int64_t pieces = 0;  // shard pieces received
+  int64_t pieces = 0;   // shard pieces received
   int64_t fetches = 0;  // successful Fetch calls
   FetchStats& operator+=(const FetchStats& other);
 };
@@ -213,7 +211,7 @@ struct FetchedTensor {
 };
 
 struct FetchResult {
-  int64_t version = 0;  // the version fetched (resolved if kLatest was asked)
+  int64_t version = 0;                 // the version fetched (resolved if kLatest was asked)
   std::vector<FetchedTensor> tensors;  // one per target, in target order
   FetchStats stats;                    // of this call
 };

@@ -15,9 +15,9 @@
 #include "client/fetch_stream.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "format/convert.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
-#include "format/convert.h"
 #include "sharding/assemble.h"
 
 namespace paramd {
@@ -130,9 +130,8 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(
       return absl::NotFoundError(absl::StrCat("no tensor '", target.tensor, "' in the manifest"));
     }
     if (!index.emplace(std::make_pair(target.tensor, target.direction), i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("target ", target.tensor, " ",
-                                                     DirectionName(target.direction),
-                                                     " given twice"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target ", target.tensor, " ", DirectionName(target.direction), " given twice"));
     }
     if (!meta->Publishes(target.direction)) {
       return absl::FailedPreconditionError(absl::StrCat("tensor '", target.tensor,
@@ -196,28 +195,28 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(
   CallGroup group;
   // Every target's values once all daemons' pieces are placed.
   auto finish = [&]() -> absl::Status {
-  for (size_t i = 0; i < resolved.size(); ++i) {
-    const Resolved& r = resolved[i];
-    if (r.rows_covered != r.meta->rows) {
-      // The daemons cut the tensor differently from our manifest: the plan
-      // changed under us. Re-read it; the caller retries.
-      (void)RefreshManifest(deadline);
-      return absl::AbortedError(absl::StrCat("fetch of ", r.meta->name, " covered ",
-                                             r.rows_covered, " of ", r.meta->rows,
-                                             " rows: the shard plan changed; retry"));
+    for (size_t i = 0; i < resolved.size(); ++i) {
+      const Resolved& r = resolved[i];
+      if (r.rows_covered != r.meta->rows) {
+        // The daemons cut the tensor differently from our manifest: the plan
+        // changed under us. Re-read it; the caller retries.
+        (void)RefreshManifest(deadline);
+        return absl::AbortedError(absl::StrCat("fetch of ", r.meta->name, " covered ",
+                                               r.rows_covered, " of ", r.meta->rows,
+                                               " rows: the shard plan changed; retry"));
+      }
+      QuantizedTensor& v = result.tensors[i].value;
+      v.format = r.spec.format;
+      v.direction = r.direction;
+      v.rows = r.meta->rows;
+      v.cols = r.meta->cols;
+      v.scale_inv = r.scale_inv;
+      v.amax = r.amax;
+      const int64_t elements = r.meta->rows * r.meta->cols;
+      result.stats.fp32_equivalent[r.direction] += elements * 4;
+      result.stats.bf16_equivalent[r.direction] += elements * 2;
     }
-    QuantizedTensor& v = result.tensors[i].value;
-    v.format = r.spec.format;
-    v.direction = r.direction;
-    v.rows = r.meta->rows;
-    v.cols = r.meta->cols;
-    v.scale_inv = r.scale_inv;
-    v.amax = r.amax;
-    const int64_t elements = r.meta->rows * r.meta->cols;
-    result.stats.fp32_equivalent[r.direction] += elements * 4;
-    result.stats.bf16_equivalent[r.direction] += elements * 2;
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
   };
   // as_ready: the daemon holds its stream open until the step ends; the
   // last daemon whose bytes are in finishes the result and hands it out.
@@ -233,14 +232,13 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(
       return absl::OkStatus();
     };
   }
-  const std::vector<absl::Status> statuses =
-      RunParallel(per_daemon.size(), [&](int i) {
-        absl::Status s = FetchFromDaemon(version, per_daemon[i].first, per_daemon[i].second,
-                                         index, resolved, result_mu, result.stats, group,
-                                         deadline, daemon_bytes_in);
-        if (!s.ok()) group.Fail();
-        return s;
-      });
+  const std::vector<absl::Status> statuses = RunParallel(per_daemon.size(), [&](int i) {
+    absl::Status s =
+        FetchFromDaemon(version, per_daemon[i].first, per_daemon[i].second, index, resolved,
+                        result_mu, result.stats, group, deadline, daemon_bytes_in);
+    if (!s.ok()) group.Fail();
+    return s;
+  });
   RETURN_IF_ERROR(FirstError(statuses));
   if (!finished) RETURN_IF_ERROR(finish());
   result.stats.fetches = 1;
@@ -249,11 +247,12 @@ absl::StatusOr<FetchResult> Client::Impl::Fetch(
   return result;
 }
 
-absl::Status Client::Impl::FetchFromDaemon(
-    int64_t version, const std::string& address, const rpc::FetchRequest& request,
-    std::map<std::pair<std::string, Direction>, int>& index, std::vector<Resolved>& resolved,
-    absl::Mutex& result_mu, FetchStats& stats, CallGroup& group, absl::Time deadline,
-    const std::function<absl::Status()>& on_bytes_in) {
+absl::Status Client::Impl::FetchFromDaemon(int64_t version, const std::string& address,
+                                           const rpc::FetchRequest& request,
+                                           std::map<std::pair<std::string, Direction>, int>& index,
+                                           std::vector<Resolved>& resolved, absl::Mutex& result_mu,
+                                           FetchStats& stats, CallGroup& group, absl::Time deadline,
+                                           const std::function<absl::Status()>& on_bytes_in) {
   const std::string where = absl::StrCat("fetch of version ", version, " from ", address);
   std::shared_ptr<const internal::FetchMethod> method = DaemonFetchMethod(address);
   GroupCall call(group, deadline);
@@ -273,9 +272,9 @@ absl::Status Client::Impl::FetchFromDaemon(
     if (absl::IsDeadlineExceeded(s)) {
       // A daemon answers with the plan at once for a version it holds and
       // parks the fetch of a newer one until it is published.
-      return absl::DeadlineExceededError(absl::StrCat(
-          where, ": no answer before the deadline (version ", version,
-          " not published by then, or the daemon is stalled)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": no answer before the deadline (version ", version,
+                       " not published by then, or the daemon is stalled)"));
     }
     return s;
   }
@@ -301,8 +300,8 @@ absl::Status Client::Impl::FetchFromDaemon(
     ASSIGN_OR_RETURN(Direction direction, DirectionFromProto(fp.direction()));
     auto it = index.find({fp.tensor(), direction});
     if (it == index.end()) {
-      return absl::InternalError(absl::StrCat(where, ": unrequested piece ", fp.tensor(), " ",
-                                              DirectionName(direction)));
+      return absl::InternalError(
+          absl::StrCat(where, ": unrequested piece ", fp.tensor(), " ", DirectionName(direction)));
     }
     Incoming& in = pieces[p];
     in.target = it->second;
@@ -310,7 +309,8 @@ absl::Status Client::Impl::FetchFromDaemon(
     auto placement = sharding::PlacePiece(r.spec, direction, r.meta->rows, r.meta->cols,
                                           fp.row_begin(), fp.row_end());
     if (!placement.ok()) {
-      return absl::InternalError(absl::StrCat(where, ": bad piece: ", placement.status().message()));
+      return absl::InternalError(
+          absl::StrCat(where, ": bad piece: ", placement.status().message()));
     }
     in.placement = *placement;
     if (fp.data_bytes() != in.placement.piece.data_bytes() ||
@@ -346,12 +346,11 @@ absl::Status Client::Impl::FetchFromDaemon(
                                                 ") arrived incomplete"));
       }
       if (!in.direct) {
-        RETURN_IF_ERROR(
-            sharding::CopyPieceIn(in.placement, in.data, in.scales, r.data, r.scales));
+        RETURN_IF_ERROR(sharding::CopyPieceIn(in.placement, in.data, in.scales, r.data, r.scales));
       }
       if (r.have_scale && fp.scale_inv() != r.scale_inv) {
-        return absl::InternalError(absl::StrCat(where, ": pieces of ", fp.tensor(),
-                                                " disagree on scale_inv"));
+        return absl::InternalError(
+            absl::StrCat(where, ": pieces of ", fp.tensor(), " disagree on scale_inv"));
       }
       r.have_scale = true;
       r.scale_inv = fp.scale_inv();
@@ -403,8 +402,8 @@ absl::Status Client::Impl::FetchFromDaemon(
     const int64_t size = chunk.size;
     if (chunk.offset != got || chunk.offset + size > static_cast<int64_t>(dst.size())) {
       context.TryCancel();
-      return absl::InternalError(absl::StrCat(where, ": chunk at offset ", chunk.offset,
-                                              " of ", size, " bytes does not fit"));
+      return absl::InternalError(absl::StrCat(where, ": chunk at offset ", chunk.offset, " of ",
+                                              size, " bytes does not fit"));
     }
     reader.CopyChunkData(dst.data() + chunk.offset);
     got += size;
@@ -440,8 +439,7 @@ absl::Status Client::FetchAsReady(int64_t version, const std::vector<FetchTarget
 
 absl::StatusOr<PushResult> Client::Impl::PushGradients(int64_t version,
                                                        absl::Span<const Gradient> gradients,
-                                                       absl::Time deadline,
-                                                       PushCoverage coverage) {
+                                                       absl::Time deadline, PushCoverage coverage) {
   const Manifest manifest = this->manifest();
   RETURN_IF_ERROR(CheckPushGradients(manifest, gradients, coverage));
   PushResult result;
@@ -460,9 +458,9 @@ absl::StatusOr<PushResult> Client::Impl::PushGradients(int64_t version,
 }
 
 absl::Status Client::Impl::PushToDaemon(int64_t version, const Manifest& manifest, int rank,
-                                        absl::Span<const Gradient> gradients,
-                                        PushResult& result, absl::Mutex& result_mu,
-                                        CallGroup& group, absl::Time deadline) {
+                                        absl::Span<const Gradient> gradients, PushResult& result,
+                                        absl::Mutex& result_mu, CallGroup& group,
+                                        absl::Time deadline) {
   const std::string& address = manifest.daemon_addresses[rank];
   const std::string where = absl::StrCat("push of version ", version, " to ", address);
   std::shared_ptr<rpc::Daemon::Stub> stub = DaemonStub(address);

@@ -106,7 +106,7 @@ class Client::Impl {
     Direction direction = Direction::kRowwise;
     QuantSpec spec;
     Layout layout;
-    absl::Span<uint8_t> data;    // destination (caller's or the result's)
+    absl::Span<uint8_t> data;  // destination (caller's or the result's)
     absl::Span<uint8_t> scales;
     // Filled while pieces arrive (under the fetch's mutex).
     int64_t rows_covered = 0;
@@ -131,7 +131,8 @@ class Client::Impl {
                                const std::function<absl::Status()>& on_bytes_in);
   absl::Status PushToDaemon(int64_t version, const Manifest& manifest, int rank,
                             absl::Span<const Gradient> gradients, PushResult& result,
-                            absl::Mutex& result_mu, internal::CallGroup& group, absl::Time deadline);
+                            absl::Mutex& result_mu, internal::CallGroup& group,
+                            absl::Time deadline);
 
   ClientOptions options_;
   auth::ChannelSecurity security_;  // set by Connect, then read-only

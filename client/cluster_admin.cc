@@ -19,13 +19,13 @@ absl::StatusOr<VersionReader> OpenVersion(Client& client, const OpenVersionOptio
   if (manifest.committed_version < 0) return absl::FailedPreconditionError("no model loaded");
   if (options.version > manifest.committed_version) {
     return absl::FailedPreconditionError(
-        absl::StrCat("version ", options.version, " is not committed yet (committed: ",
-                     manifest.committed_version, ")"));
+        absl::StrCat("version ", options.version,
+                     " is not committed yet (committed: ", manifest.committed_version, ")"));
   }
   checkpoint::RemoteExportOptions remote;
   remote.values = options.values;
-  remote.version = static_cast<uint64_t>(options.version >= 0 ? options.version
-                                                               : manifest.committed_version);
+  remote.version =
+      static_cast<uint64_t>(options.version >= 0 ? options.version : manifest.committed_version);
   remote.checkpoint_dir = options.checkpoint_dir;
   remote.security = client.security();
   VersionReader reader;
@@ -42,8 +42,7 @@ absl::StatusOr<VersionReader> OpenVersion(Client& client, const OpenVersionOptio
   return reader;
 }
 
-absl::StatusOr<ExportVersionResult> ExportVersion(Client& client,
-                                                  const OpenVersionOptions& options,
+absl::StatusOr<ExportVersionResult> ExportVersion(Client& client, const OpenVersionOptions& options,
                                                   const checkpoint::ExportOptions& export_options,
                                                   bool overwrite) {
   if (!overwrite) {  // refuse a non-empty directory before any work
@@ -55,9 +54,8 @@ absl::StatusOr<ExportVersionResult> ExportVersion(Client& client,
   if (overwrite) {
     ASSIGN_OR_RETURN(result.removed, checkpoint::PrepareExportDir(export_options.out_dir, true));
   }
-  ASSIGN_OR_RETURN(result.files,
-                   checkpoint::ExportSafetensors(reader.tensors, *reader.source, export_options,
-                                                 reader.frozen));
+  ASSIGN_OR_RETURN(result.files, checkpoint::ExportSafetensors(reader.tensors, *reader.source,
+                                                               export_options, reader.frozen));
   return result;
 }
 
@@ -91,8 +89,7 @@ absl::StatusOr<checkpoint::ListCheckpointsResponse> ListCheckpoints(
 }
 
 absl::StatusOr<checkpoint::DescribeCheckpointResponse> DescribeCheckpoint(
-    Client& client, const checkpoint::DescribeCheckpointRequest& request,
-    absl::Duration timeout) {
+    Client& client, const checkpoint::DescribeCheckpointRequest& request, absl::Duration timeout) {
   return Invoke(client, &Stub::DescribeCheckpoint, request, timeout);
 }
 

@@ -68,8 +68,7 @@ struct ExportVersionResult {
 // `overwrite`, which removes an older export's files (checkpoint/
 // export_dir.h) only once the cluster has answered, so that an export that
 // cannot start leaves the older one in place.
-absl::StatusOr<ExportVersionResult> ExportVersion(Client& client,
-                                                  const OpenVersionOptions& options,
+absl::StatusOr<ExportVersionResult> ExportVersion(Client& client, const OpenVersionOptions& options,
                                                   const checkpoint::ExportOptions& export_options,
                                                   bool overwrite);
 
@@ -81,8 +80,7 @@ absl::StatusOr<checkpoint::CheckpointResponse> Checkpoint(
 absl::StatusOr<checkpoint::ListCheckpointsResponse> ListCheckpoints(
     Client& client, const checkpoint::ListCheckpointsRequest& request, absl::Duration timeout);
 absl::StatusOr<checkpoint::DescribeCheckpointResponse> DescribeCheckpoint(
-    Client& client, const checkpoint::DescribeCheckpointRequest& request,
-    absl::Duration timeout);
+    Client& client, const checkpoint::DescribeCheckpointRequest& request, absl::Duration timeout);
 
 }  // namespace client
 }  // namespace paramd

@@ -80,8 +80,7 @@ class Cursor {
 FetchMethod::FetchMethod(std::shared_ptr<grpc::Channel> channel)
     : channel_(std::move(channel)),
       // The generated stub's name and type for Daemon.Fetch.
-      method_("/paramd.rpc.Daemon/Fetch", grpc::internal::RpcMethod::SERVER_STREAMING,
-              channel_) {}
+      method_("/paramd.rpc.Daemon/Fetch", grpc::internal::RpcMethod::SERVER_STREAMING, channel_) {}
 
 bool DecodeChunk(const std::vector<grpc::Slice>& slices, ChunkHeader* header, size_t* slice,
                  size_t* pos) {
@@ -128,8 +127,7 @@ FetchStreamReader::FetchStreamReader(const FetchMethod& method, grpc::ClientCont
 absl::StatusOr<bool> FetchStreamReader::Next() {
   slices_.clear();  // the previous message's slices
   if (!reader_->Read(&buffer_)) return false;
-  if (buffer_.Dump(&slices_).ok() &&
-      DecodeChunk(slices_, &chunk_, &data_slice_, &data_pos_)) {
+  if (buffer_.Dump(&slices_).ok() && DecodeChunk(slices_, &chunk_, &data_slice_, &data_pos_)) {
     is_chunk_ = true;
     parsed_chunk_ = false;
     return true;
@@ -162,8 +160,8 @@ void FetchStreamReader::CopyChunkData(uint8_t* dst) const {
   CopyFromSlices(slices_, data_slice_, data_pos_, chunk_.size, dst);
 }
 
-void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t slice, size_t pos,
-                    int64_t size, uint8_t* dst) {
+void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t slice, size_t pos, int64_t size,
+                    uint8_t* dst) {
   int64_t left = size;
   while (left > 0) {
     const grpc::Slice& s = slices[slice];

@@ -69,8 +69,8 @@ bool DecodeChunk(const std::vector<grpc::Slice>& slices, ChunkHeader* header, si
 
 // Copies `size` bytes starting at byte `pos` of slices[slice] (and on into
 // the following slices) to `dst`; the bytes must be there.
-void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t slice, size_t pos,
-                    int64_t size, uint8_t* dst);
+void CopyFromSlices(const std::vector<grpc::Slice>& slices, size_t slice, size_t pos, int64_t size,
+                    uint8_t* dst);
 
 class FetchStreamReader {
  public:

@@ -58,8 +58,7 @@ rpc::FetchResponse Chunk(int piece, rpc::BufferKind kind, int64_t offset, size_t
 }
 
 TEST(DecodeChunkTest, MatchesProtobufAtEverySliceBoundary) {
-  const std::string bytes =
-      Chunk(3, rpc::BUFFER_SCALES, int64_t{5} << 33, 300).SerializeAsString();
+  const std::string bytes = Chunk(3, rpc::BUFFER_SCALES, int64_t{5} << 33, 300).SerializeAsString();
   for (size_t a = 0; a <= bytes.size(); ++a) {
     ExpectDecodes(bytes, {a});
     if (a % 7 == 0) ExpectDecodes(bytes, {a / 2, a / 2, a});  // with an empty slice

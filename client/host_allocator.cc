@@ -23,8 +23,8 @@ constexpr int kTrimThreshold = 64 << 20;
 
 bool Tune() {
 #if defined(__GLIBC__)
-  if (const char* e = std::getenv("PARAMD_CLIENT_MALLOC_TUNING"); e != nullptr &&
-                                                                  std::strcmp(e, "0") == 0) {
+  if (const char* e = std::getenv("PARAMD_CLIENT_MALLOC_TUNING");
+      e != nullptr && std::strcmp(e, "0") == 0) {
     return false;
   }
   if (const char* t = std::getenv("GLIBC_TUNABLES");

@@ -47,10 +47,9 @@ absl::StatusOr<Manifest> ManifestFromProto(const rpc::Manifest& m) {
   }
   out.frozen.assign(m.frozen().begin(), m.frozen().end());
   for (TensorMeta& t : out.tensors) {
-    std::sort(t.pieces.begin(), t.pieces.end(),
-              [](const PieceLocation& a, const PieceLocation& b) {
-                return a.row_begin < b.row_begin;
-              });
+    std::sort(t.pieces.begin(), t.pieces.end(), [](const PieceLocation& a, const PieceLocation& b) {
+      return a.row_begin < b.row_begin;
+    });
   }
   return out;
 }
@@ -109,18 +108,19 @@ absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradi
             "', a frozen buffer (a non-floating tensor of the model: loaded, checkpointed and "
             "exported, never stepped): leave it out of the push"));
       }
-      return absl::InvalidArgumentError(absl::StrCat("gradient of unknown tensor '", g.tensor, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of unknown tensor '", g.tensor, "'"));
     }
     const int64_t element = g.dtype == Gradient::DType::kFp32 ? 4 : 2;
     if (static_cast<int64_t>(g.bytes.size()) != meta->rows * meta->cols * element) {
       const bool whole = g.bytes.size() % element == 0;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient of ", g.tensor, " has ",
-          whole ? absl::StrCat(g.bytes.size() / element, " values")
-                : absl::StrCat(g.bytes.size(), " bytes"),
-          "; expected ", meta->rows * meta->cols, " (", meta->rows, " x ", meta->cols, ", ",
-          g.dtype == Gradient::DType::kFp32 ? "FP32" : "BF16", ": ",
-          meta->rows * meta->cols * element, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient of ", g.tensor, " has ",
+                       whole ? absl::StrCat(g.bytes.size() / element, " values")
+                             : absl::StrCat(g.bytes.size(), " bytes"),
+                       "; expected ", meta->rows * meta->cols, " (", meta->rows, " x ", meta->cols,
+                       ", ", g.dtype == Gradient::DType::kFp32 ? "FP32" : "BF16", ": ",
+                       meta->rows * meta->cols * element, " bytes)"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (gradients[j].tensor == g.tensor) {
@@ -143,8 +143,7 @@ absl::Status CheckPushGradients(const Manifest& manifest, absl::Span<const Gradi
       const size_t named = std::min(missing.size(), kNamed);
       return absl::InvalidArgumentError(absl::StrCat(
           "the push misses ", missing.size(), " of the model's ", manifest.tensors.size(),
-          " tensors: ",
-          absl::StrJoin(absl::MakeConstSpan(missing.data(), named), ", "),
+          " tensors: ", absl::StrJoin(absl::MakeConstSpan(missing.data(), named), ", "),
           missing.size() > named ? absl::StrCat(" and ", missing.size() - named, " more") : "",
           "; give every gradient of the step, or push as partial (the tensors left out then "
           "count as zero)"));
@@ -174,9 +173,8 @@ std::vector<PushRoute> PushRoutesTo(const Manifest& manifest, int rank,
     return std::make_pair(manifest.Find(gradients[r.gradient].tensor) - manifest.tensors.data(),
                           r.row_begin);
   };
-  std::stable_sort(routes.begin(), routes.end(), [&](const PushRoute& a, const PushRoute& b) {
-    return order(a) < order(b);
-  });
+  std::stable_sort(routes.begin(), routes.end(),
+                   [&](const PushRoute& a, const PushRoute& b) { return order(a) < order(b); });
   return routes;
 }
 

@@ -83,7 +83,8 @@ absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model,
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
       !j["weight_map"].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(index, ": not a safetensors index (no "
+    return absl::InvalidArgumentError(absl::StrCat(index,
+                                                   ": not a safetensors index (no "
                                                    "'weight_map' object)"));
   }
   std::set<std::string> shards;
@@ -93,8 +94,8 @@ absl::StatusOr<std::vector<std::string>> ModelFiles(const std::string& model,
       return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map: ", named.message()));
     }
     if (!file.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(index, ": weight_map['", tensor,
-                                                     "'] is not a file name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(index, ": weight_map['", tensor, "'] is not a file name"));
     }
     const std::string name = file.get<std::string>();
     if (name.find('/') != std::string::npos || name == "..") {
@@ -132,8 +133,8 @@ absl::StatusOr<ModelSources> WeightSources(const std::vector<std::string>& files
       switch (t.dtype) {
         case safetensors::Dtype::kF32:
         case safetensors::Dtype::kBF16:
-          s.dtype = t.dtype == safetensors::Dtype::kF32 ? Gradient::DType::kFp32
-                                                        : Gradient::DType::kBf16;
+          s.dtype =
+              t.dtype == safetensors::Dtype::kF32 ? Gradient::DType::kFp32 : Gradient::DType::kBf16;
           s.read = [file, info](int64_t offset, absl::Span<uint8_t> dst) {
             return file->ReadTensorBytes(info, offset, dst);
           };
@@ -148,7 +149,8 @@ absl::StatusOr<ModelSources> WeightSources(const std::vector<std::string>& files
               return st;
             }
             for (size_t i = 0; i < half.size() / 2; ++i) {
-              const float f = HalfToFloat(static_cast<uint16_t>(half[2 * i] | half[2 * i + 1] << 8));
+              const float f =
+                  HalfToFloat(static_cast<uint16_t>(half[2 * i] | half[2 * i + 1] << 8));
               std::memcpy(dst.data() + 4 * i, &f, 4);
             }
             return absl::OkStatus();
@@ -159,9 +161,9 @@ absl::StatusOr<ModelSources> WeightSources(const std::vector<std::string>& files
           const int64_t bytes = t.num_elements * safetensors::DtypeSize(t.dtype);
           frozen_bytes += bytes;
           if (frozen_bytes > max_frozen_bytes) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                path, ": the non-floating tensors (frozen buffers, such as '", t.name,
-                "') hold more than ", max_frozen_bytes, " bytes"));
+            return absl::InvalidArgumentError(
+                absl::StrCat(path, ": the non-floating tensors (frozen buffers, such as '", t.name,
+                             "') hold more than ", max_frozen_bytes, " bytes"));
           }
           FrozenTensor f;
           f.set_name(t.name);

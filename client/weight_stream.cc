@@ -16,9 +16,7 @@ namespace {
 
 constexpr int64_t kChunkBytes = 1 << 20;
 
-std::chrono::system_clock::time_point ToChrono(absl::Time t) {
-  return absl::ToChronoTime(t);
-}
+std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
 }  // namespace
 
@@ -37,7 +35,8 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
     }
     decls.emplace_back(s.name, s.shape);
   }
-  ASSIGN_OR_RETURN(const int64_t declared, client.LoadDeclared(decls, recipe_text, timeout, replace_model, frozen));
+  ASSIGN_OR_RETURN(const int64_t declared,
+                   client.LoadDeclared(decls, recipe_text, timeout, replace_model, frozen));
   (void)declared;
   const Manifest manifest = client.manifest();
 
@@ -108,9 +107,8 @@ absl::StatusOr<int64_t> StreamLoad(Client& client, const std::vector<WeightSourc
       }
       if (ok) writer->WritesDone();
       if (!status.ok()) context.TryCancel();
-      const absl::Status rpc_status =
-          FromGrpcStatus(writer->Finish(), absl::StrCat("push weights to daemon ", rank, " (",
-                                                         address, ")"));
+      const absl::Status rpc_status = FromGrpcStatus(
+          writer->Finish(), absl::StrCat("push weights to daemon ", rank, " (", address, ")"));
       statuses[rank] = status.ok() ? rpc_status : status;
     });
   }

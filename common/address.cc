@@ -10,10 +10,10 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/match.h"
 
 namespace paramd {
 namespace {
@@ -28,8 +28,8 @@ bool HasScheme(absl::string_view address) {
 // again), ETIMEDOUT = no answer within the time given, else the errno of a
 // definite failure.
 int TryConnect(const addrinfo& ai, absl::Duration timeout, int* out) {
-  const int fd = ::socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                          ai.ai_protocol);
+  const int fd =
+      ::socket(ai.ai_family, ai.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.ai_protocol);
   if (fd < 0) return errno;
   int err = 0;
   if (::connect(fd, ai.ai_addr, ai.ai_addrlen) != 0) {
@@ -88,8 +88,8 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
           absl::StrCat("address '", address, "' has no port (expected HOST:PORT)"));
     }
     if (address.find(':') != colon) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "address '", address, "': write an IPv6 address as [ADDRESS]:PORT"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("address '", address, "': write an IPv6 address as [ADDRESS]:PORT"));
     }
     hp.host = std::string(address.substr(0, colon));
     port = address.substr(colon + 1);
@@ -119,16 +119,15 @@ absl::StatusOr<int> ConnectTcp(absl::string_view address, absl::Duration timeout
   const std::string port = absl::StrCat(hp->port);
   const int rc = ::getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &list);
   if (rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve host '", hp->host, "' of ",
-                                               address, ": ", ::gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("cannot resolve host '", hp->host, "' of ", address,
+                                               ": ", ::gai_strerror(rc)));
   }
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<std::string> failures;
   bool silent = false;  // some address neither connected nor refused
   for (const addrinfo* ai = list; ai != nullptr; ai = ai->ai_next) {
     int fd = -1;
-    const int err =
-        TryConnect(*ai, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &fd);
+    const int err = TryConnect(*ai, std::max(deadline - absl::Now(), absl::Milliseconds(1)), &fd);
     if (err == 0) {
       ::freeaddrinfo(list);
       return fd;

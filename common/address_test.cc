@@ -24,8 +24,8 @@ TEST(ParseHostPort, AcceptsHostPortAndBracketedIpv6) {
 }
 
 TEST(ParseHostPort, NamesWhatIsWrong) {
-  for (const char* bad : {"localhost", "127.0.0.1:", ":7070", "h:0", "h:65536", "h:70x",
-                          "::1:7070", "[::1]", "[::1"}) {
+  for (const char* bad : {"localhost", "127.0.0.1:", ":7070", "h:0", "h:65536", "h:70x", "::1:7070",
+                          "[::1]", "[::1"}) {
     auto r = ParseHostPort(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_TRUE(absl::StrContains(r.status().message(), bad)) << r.status();

@@ -130,10 +130,9 @@ absl::Status FsyncDir(const std::string& dir) {
 
 absl::StatusOr<UniqueFile> CreateUniqueFile(const std::string& dir, absl::string_view prefix,
                                             mode_t mode) {
-  static constexpr char kChars[] =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  thread_local std::mt19937_64 random(std::random_device{}() ^
-                                      static_cast<uint64_t>(::getpid()) << 32);
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 random(std::random_device{}() ^ static_cast<uint64_t>(::getpid())
+                                                                   << 32);
   const std::string base = absl::StrCat(dir, "/", prefix);
   for (int attempt = 0; attempt < 100; ++attempt) {
     std::string path = base;

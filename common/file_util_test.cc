@@ -2,8 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -109,7 +109,8 @@ TEST(FileUtilTest, CreateUniqueFileNeverFollowsAndHasExactlyTheMode) {
   ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
   EXPECT_NE(a->path, b->path);
   EXPECT_EQ(a->path.rfind(dir + "/.x.tmp-", 0), 0u) << a->path;
-  for (const auto& [file, mode] : {std::pair{&*a, 0640}, std::pair{&*b, 0600}, std::pair{&*c, 0600}}) {
+  for (const auto& [file, mode] :
+       {std::pair{&*a, 0640}, std::pair{&*b, 0600}, std::pair{&*c, 0600}}) {
     struct stat st;
     ASSERT_EQ(::lstat(file->path.c_str(), &st), 0);
     EXPECT_TRUE(S_ISREG(st.st_mode));
@@ -215,7 +216,8 @@ TEST(FileUtilTest, ResolveBelowConfinesToTheRoots) {
     absl::StatusOr<std::string> r = ResolveBelow(roots, bad, "--model_root");
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << bad << ": " << r.status();
     EXPECT_EQ(r.status().message(),
-              absl::StrCat("\"", bad, "\" is not a readable file below --model_root (files are "
+              absl::StrCat("\"", bad,
+                           "\" is not a readable file below --model_root (files are "
                            "read only from there)"))
         << bad;
   }

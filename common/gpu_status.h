@@ -83,9 +83,9 @@ struct GpuErrorTraits<ncclResult_t> {
 template <typename T>
 absl::Status AsStatus(T err, const char* file, int line, const char* expr) {
   if (GpuErrorTraits<T>::Ok(err)) return absl::OkStatus();
-  return absl::Status(GpuErrorTraits<T>::Code(err),
-                      absl::StrCat(file, ":", line, ": ", expr, " failed: ",
-                                   GpuErrorTraits<T>::Message(err)));
+  return absl::Status(
+      GpuErrorTraits<T>::Code(err),
+      absl::StrCat(file, ":", line, ": ", expr, " failed: ", GpuErrorTraits<T>::Message(err)));
 }
 
 }  // namespace paramd

@@ -18,8 +18,7 @@ TEST(GrpcStatusTest, EveryCodeRoundTrips) {
 }
 
 TEST(GrpcStatusTest, NamedCodesMatch) {
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ToGrpcStatus(absl::DeadlineExceededError("x")).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "x")).code(),

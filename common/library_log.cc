@@ -31,8 +31,7 @@ void ProtobufLog(google::protobuf::LogLevel severity, const char* file, int line
 
 // Abseil's ABSL_INTERNAL_LOG / ABSL_INTERNAL_CHECK (a FATAL one aborts
 // once this returns).
-void AbseilLog(absl::LogSeverity severity, const char* file, int line,
-               const std::string& message) {
+void AbseilLog(absl::LogSeverity severity, const char* file, int line, const std::string& message) {
   LogLevel level = LogLevel::kError;
   if (severity == absl::LogSeverity::kInfo) level = LogLevel::kInfo;
   if (severity == absl::LogSeverity::kWarning) level = LogLevel::kWarning;

@@ -215,9 +215,9 @@ absl::Status InitLogging(const LogOptions& options) {
   }
   if (options.verbosity > 0) level = spdlog::level::debug;
   Loggers& all = All();
-  all.SetFormatter(options.format == "json" ? std::unique_ptr<spdlog::formatter>(
-                                                  std::make_unique<JsonFormatter>())
-                                            : TextFormatter());
+  all.SetFormatter(options.format == "json"
+                       ? std::unique_ptr<spdlog::formatter>(std::make_unique<JsonFormatter>())
+                       : TextFormatter());
   all.level.store(level);
   g_verbosity.store(options.verbosity);
   Role().Set(options.role.empty() ? "-" : options.role);

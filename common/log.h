@@ -4,8 +4,8 @@
 // libspdlog-dev). One line per event on stderr (systemd's journal and
 // Kubernetes collect it), in one of two formats:
 //
-//   text: 2026-12-01T20:21:12.345+00:00 INFO  coordinator rank=- pid=4242 coordinator: committed version 100
-//   json: {"ts":"2026-12-01T20:21:12.345+00:00","level":"info","role":"coordinator",
+//   text: 2026-12-01T20:21:12.345+00:00 INFO  coordinator rank=- pid=4242 coordinator: committed
+//   version 100 json: {"ts":"2026-12-01T20:21:12.345+00:00","level":"info","role":"coordinator",
 //          "rank":-1,"pid":4242,"tag":"coordinator","msg":"committed version 100"}
 //
 // `tag` names the component that speaks (coordinator, daemon, server, ...);

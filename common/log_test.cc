@@ -25,8 +25,8 @@ namespace {
 template <class Fn>
 std::string CaptureStderr(Fn fn) {
   const std::string path =
-      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp",
-                   "/log_test_", getpid(), ".txt");
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/log_test_",
+                   getpid(), ".txt");
   std::fflush(stderr);
   const int saved = dup(2);
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -61,9 +61,9 @@ TEST(LogTest, TextLinesCarryDateLevelRoleRankPidAndTag) {
   // 2026-12-01T20:21:12.345+00:00 INFO  coordinator rank=- pid=N coordinator: ...
   EXPECT_EQ(lines[0][4], '-');
   EXPECT_EQ(lines[0][10], 'T');
-  EXPECT_TRUE(absl::StrContains(lines[0], " INFO  coordinator rank=- pid=" +
-                                              std::to_string(getpid()) +
-                                              " coordinator: committed version 7"))
+  EXPECT_TRUE(
+      absl::StrContains(lines[0], " INFO  coordinator rank=- pid=" + std::to_string(getpid()) +
+                                      " coordinator: committed version 7"))
       << lines[0];
   EXPECT_TRUE(absl::StrContains(lines[1], " WARN  coordinator rank=3 pid=")) << lines[1];
   EXPECT_TRUE(absl::EndsWith(lines[1], " daemon: slow step")) << lines[1];

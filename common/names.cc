@@ -15,10 +15,9 @@ absl::Status CheckNoControlCharacter(absl::string_view what, absl::string_view v
   for (size_t i = 0; i < value.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(value[i]);
     if (c < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " ", quoted, " holds control character 0x",
-                       absl::Hex(c, absl::kZeroPad2), " at byte ", i,
-                       " (NUL and control characters are refused)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", quoted, " holds control character 0x", absl::Hex(c, absl::kZeroPad2),
+          " at byte ", i, " (NUL and control characters are refused)"));
     }
   }
   return absl::OkStatus();
@@ -28,9 +27,9 @@ absl::Status CheckNoControlCharacter(absl::string_view what, absl::string_view v
 // of M bytes".
 absl::Status CheckSize(absl::string_view what, absl::string_view value, size_t max_bytes) {
   if (value.size() <= max_bytes) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " of ", value.size(), " bytes (",
-                                                 QuoteForError(value), "): longer than the limit of ",
-                                                 max_bytes, " bytes"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " of ", value.size(), " bytes (", QuoteForError(value),
+                   "): longer than the limit of ", max_bytes, " bytes"));
 }
 
 }  // namespace
@@ -60,10 +59,9 @@ absl::Status CheckClientIds(
 absl::Status CheckTensorName(absl::string_view name, int64_t max_bytes) {
   if (name.empty()) return absl::InvalidArgumentError("empty tensor name");
   if (static_cast<int64_t>(name.size()) > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor name of ", name.size(), " bytes (", QuoteForError(name),
-                     "): longer than the limit of ", max_bytes,
-                     " bytes (--max_tensor_name_bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor name of ", name.size(), " bytes (", QuoteForError(name),
+        "): longer than the limit of ", max_bytes, " bytes (--max_tensor_name_bytes)"));
   }
   return CheckNoControlCharacter("tensor name", name, QuoteForError(name));
 }

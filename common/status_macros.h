@@ -16,18 +16,17 @@
 
 // Evaluates `expr` (an absl::Status) once; returns it from the enclosing
 // function if it is not OK.
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    ::absl::Status paramd_status_ = (expr);            \
-    if (!paramd_status_.ok()) return paramd_status_;   \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status paramd_status_ = (expr);          \
+    if (!paramd_status_.ok()) return paramd_status_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, Foo());` or `ASSIGN_OR_RETURN(x, Foo());`:
 // evaluates the StatusOr once, returns its status on error, else moves the
 // value into `lhs`.
-#define ASSIGN_OR_RETURN(lhs, expr)                                        \
-  PARAMD_ASSIGN_OR_RETURN_IMPL(                                            \
-      PARAMD_STATUS_CONCAT(paramd_statusor_, __LINE__), lhs, expr)
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  PARAMD_ASSIGN_OR_RETURN_IMPL(PARAMD_STATUS_CONCAT(paramd_statusor_, __LINE__), lhs, expr)
 
 #define PARAMD_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                 \

@@ -37,9 +37,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/client.h"
@@ -236,10 +236,15 @@ absl::Status Demo::StartCluster() {
     std::ofstream(optimizer_path) << text;
   }
   std::printf("optimizer: %s\n", DescribeOptimizer(DemoOptimizer()).c_str());
-  std::vector<std::string> coordinator_argv = {
-      server, "--role=coordinator", "--listen=127.0.0.1:0", "--port_file=" + coordinator_port,
-      absl::StrCat("--daemons=", kNumDaemons), absl::StrCat("--expected_pushers=", kNumTrainers),
-      "--recipe=" + recipe_path_, "--data_plane=host", "--optimizer=" + optimizer_path};
+  std::vector<std::string> coordinator_argv = {server,
+                                               "--role=coordinator",
+                                               "--listen=127.0.0.1:0",
+                                               "--port_file=" + coordinator_port,
+                                               absl::StrCat("--daemons=", kNumDaemons),
+                                               absl::StrCat("--expected_pushers=", kNumTrainers),
+                                               "--recipe=" + recipe_path_,
+                                               "--data_plane=host",
+                                               "--optimizer=" + optimizer_path};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
     // The replacement proves the cluster secret with this file
     // (docs/SECURITY.md "The cluster secret").
@@ -272,9 +277,12 @@ absl::Status Demo::StartCluster() {
 
 std::vector<std::string> Demo::DaemonArgv(const std::string& name) const {
   // No optimizer flags: the daemon takes the coordinator's config at join.
-  std::vector<std::string> argv = {server_, "--role=daemon", "--listen=127.0.0.1:0",
+  std::vector<std::string> argv = {server_,
+                                   "--role=daemon",
+                                   "--listen=127.0.0.1:0",
                                    "--port_file=" + workdir_ + "/" + name + ".port",
-                                   "--coordinator=" + coordinator_address_, "--data_plane=host"};
+                                   "--coordinator=" + coordinator_address_,
+                                   "--data_plane=host"};
   if (absl::GetFlag(FLAGS_kill_daemon_at_step) >= 0) {
     argv.push_back("--checkpoint_dir=" + workdir_ + "/ckpt");
   }
@@ -284,8 +292,8 @@ std::vector<std::string> Demo::DaemonArgv(const std::string& name) const {
 absl::Status Demo::KillAndReplaceDaemon(int64_t step) {
   // Daemon process 1 (servers_[2]); its rank from the coordinator.
   const int victim = servers_[2];
-  ASSIGN_OR_RETURN(const int port, WaitForPortFile(workdir_ + "/daemon1.port", Remaining(),
-                                                   &children_, victim));
+  ASSIGN_OR_RETURN(const int port,
+                   WaitForPortFile(workdir_ + "/daemon1.port", Remaining(), &children_, victim));
   ASSIGN_OR_RETURN(rpc::GetStatusResponse status, observer_->Status(false, Remaining()));
   for (const rpc::Member& m : status.members()) {
     if (m.role() == rpc::ROLE_DAEMON && m.address() == absl::StrCat("127.0.0.1:", port)) {
@@ -300,13 +308,14 @@ absl::Status Demo::KillAndReplaceDaemon(int64_t step) {
   std::vector<std::string> argv = DaemonArgv("daemon1r");
   argv.push_back(absl::StrCat("--rank=", killed_rank_));
   argv.push_back("--cluster_secret_file=" + workdir_ + "/cluster_secret");
-  ASSIGN_OR_RETURN(const int index,
-                   children_.Start({"daemon1r", std::move(argv), Log("daemon1r"), Log("daemon1r")}));
+  ASSIGN_OR_RETURN(const int index, children_.Start({"daemon1r", std::move(argv), Log("daemon1r"),
+                                                     Log("daemon1r")}));
   servers_[2] = index;
   log_names_.push_back("daemon1r");
-  std::printf("killed daemon rank %d (SIGKILL) after step %lld; started a replacement with "
-              "--rank=%d --cluster_secret_file\n",
-              killed_rank_, static_cast<long long>(step), killed_rank_);
+  std::printf(
+      "killed daemon rank %d (SIGKILL) after step %lld; started a replacement with "
+      "--rank=%d --cluster_secret_file\n",
+      killed_rank_, static_cast<long long>(step), killed_rank_);
   std::fflush(stdout);
   return absl::OkStatus();
 }
@@ -338,9 +347,8 @@ absl::Status Demo::LoadModel() {
   }
   RETURN_IF_ERROR(version.status());
   manifest_ = observer->manifest();
-  std::printf("loaded the demo model (%s) with recipe %s: version %lld\n",
-              model_path.c_str(), absl::GetFlag(FLAGS_recipe).c_str(),
-              static_cast<long long>(*version));
+  std::printf("loaded the demo model (%s) with recipe %s: version %lld\n", model_path.c_str(),
+              absl::GetFlag(FLAGS_recipe).c_str(), static_cast<long long>(*version));
   PrintManifest();
   return absl::OkStatus();
 }
@@ -349,18 +357,17 @@ void Demo::PrintManifest() {
   for (const client::TensorMeta& t : manifest_.tensors) {
     std::string pieces;
     for (const client::PieceLocation& p : t.pieces) {
-      absl::StrAppend(&pieces, pieces.empty() ? "" : " ", "[", p.row_begin, ",", p.row_end,
-                      ")->d", p.daemon_rank);
+      absl::StrAppend(&pieces, pieces.empty() ? "" : " ", "[", p.row_begin, ",", p.row_end, ")->d",
+                      p.daemon_rank);
     }
-    std::printf("  %-26s %5lldx%-5lld row %-17s col %-17s %-19s %s\n", t.name.c_str(),
-                static_cast<long long>(t.rows), static_cast<long long>(t.cols),
-                t.spec.rowwise_usage ? std::string(FormatName(t.spec.rowwise.format)).c_str() : "-",
-                t.spec.columnwise_usage ? std::string(FormatName(t.spec.columnwise.format)).c_str()
-                                        : "-",
-                t.spec.columnwise_source == ColumnwiseSource::kRowwiseDequantized
-                    ? "col_from=rowwise"
-                    : "col_from=original",
-                pieces.c_str());
+    std::printf(
+        "  %-26s %5lldx%-5lld row %-17s col %-17s %-19s %s\n", t.name.c_str(),
+        static_cast<long long>(t.rows), static_cast<long long>(t.cols),
+        t.spec.rowwise_usage ? std::string(FormatName(t.spec.rowwise.format)).c_str() : "-",
+        t.spec.columnwise_usage ? std::string(FormatName(t.spec.columnwise.format)).c_str() : "-",
+        t.spec.columnwise_source == ColumnwiseSource::kRowwiseDequantized ? "col_from=rowwise"
+                                                                          : "col_from=original",
+        pieces.c_str());
   }
 }
 
@@ -413,8 +420,8 @@ void Demo::PrintStep(int64_t step) {
     if (s.format == "nvfp4") {
       absl::StrAppendFormat(&scales, " | %s nvfp4 A=%.4g", ShortName(s.tensor), s.amax);
     } else if (s.format == "fp8_delayed" || s.format == "fp8_current") {
-      absl::StrAppendFormat(&scales, " | %s %s scale=%.4g amax=%.4g", ShortName(s.tensor),
-                            s.format, 1.0 / s.scale_inv, s.amax);
+      absl::StrAppendFormat(&scales, " | %s %s scale=%.4g amax=%.4g", ShortName(s.tensor), s.format,
+                            1.0 / s.scale_inv, s.amax);
     } else {
       continue;
     }
@@ -436,8 +443,7 @@ absl::Status Demo::Train() {
   train_start_ = absl::Now();
   for (int r = 0; r < kNumTrainers; ++r) {
     const std::string name = absl::StrCat("trainer", r);
-    std::vector<std::string> argv = {self,
-                                     absl::StrCat("--trainer_rank=", r),
+    std::vector<std::string> argv = {self, absl::StrCat("--trainer_rank=", r),
                                      "--coordinator=" + coordinator_address_,
                                      absl::StrCat("--steps=", schedule_.steps),
                                      absl::StrCat("--batch_size=", schedule_.batch_size),
@@ -454,13 +460,13 @@ absl::Status Demo::Train() {
   std::vector<bool> open(kNumTrainers, true);
   while (std::count(open.begin(), open.end(), true) > 0) {
     if (Remaining() <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the demo did not finish within --timeout_s=", absl::GetFlag(FLAGS_timeout_s)));
+      return absl::DeadlineExceededError(absl::StrCat("the demo did not finish within --timeout_s=",
+                                                      absl::GetFlag(FLAGS_timeout_s)));
     }
     for (int s : servers_) {
       if (auto status = children_.Poll(s)) {
-        return absl::UnavailableError(absl::StrCat(children_.name(s), " exited (status ",
-                                                   *status, ") during training"));
+        return absl::UnavailableError(
+            absl::StrCat(children_.name(s), " exited (status ", *status, ") during training"));
       }
     }
     std::vector<pollfd> fds;
@@ -495,8 +501,8 @@ absl::Status Demo::Train() {
   for (int r = 0; r < kNumTrainers; ++r) {
     ASSIGN_OR_RETURN(const int status, children_.Wait(trainers_[r], Remaining()));
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      return absl::InternalError(absl::StrCat("trainer ", r, " failed (status ", status,
-                                              "); see its log below"));
+      return absl::InternalError(
+          absl::StrCat("trainer ", r, " failed (status ", status, "); see its log below"));
     }
   }
   train_end_ = absl::Now();
@@ -508,8 +514,7 @@ absl::Status Demo::Train() {
 
 absl::Status Demo::Finish() {
   const double distributed_s = absl::ToDoubleSeconds(train_end_ - train_start_);
-  std::printf("training done in %.1f s; running the FP32 baseline in-process...\n",
-              distributed_s);
+  std::printf("training done in %.1f s; running the FP32 baseline in-process...\n", distributed_s);
   std::fflush(stdout);
   const absl::Time baseline_start = absl::Now();
   ASSIGN_OR_RETURN(const BaselineRun baseline, TrainBaseline(model_, schedule_, DemoOptimizer()));
@@ -552,25 +557,28 @@ absl::Status Demo::Finish() {
   std::printf("\n== summary (%lld steps, batch %lld, %d trainers x %d daemons)\n",
               static_cast<long long>(steps), static_cast<long long>(schedule_.batch_size),
               kNumTrainers, kNumDaemons);
-  std::printf("loss: %.4f -> %.4f (mean of last %zu steps); FP32 baseline %.4f -> %.4f\n",
-              initial, tail, kTailSteps, baseline.losses.front(), baseline_tail);
-  std::printf("held-out loss (%lld samples): hybrid %.4f, FP32 baseline %.4f, "
-              "difference %.2f%% (tolerance %.2f%%)\n",
-              static_cast<long long>(finals_.at(0).eval_samples), eval, baseline.eval_loss,
-              100 * rel_diff, 100 * tolerance);
-  std::printf("fetched per trainer per step: rowwise %s (FP32 %s, BF16 %s), columnwise %s "
-              "(FP32 %s, BF16 %s); total %s = %.2fx less than FP32, %.2fx less than BF16\n",
-              HumanBytes(double(received.rowwise) / steps).c_str(),
-              HumanBytes(double(fp32.rowwise) / steps).c_str(),
-              HumanBytes(double(bf16.rowwise) / steps).c_str(),
-              HumanBytes(double(received.columnwise) / steps).c_str(),
-              HumanBytes(double(fp32.columnwise) / steps).c_str(),
-              HumanBytes(double(bf16.columnwise) / steps).c_str(),
-              HumanBytes(double(received.total()) / steps).c_str(),
-              double(fp32.total()) / received.total(), double(bf16.total()) / received.total());
-  std::printf("step time: mean %.1f ms, median %.1f ms; training %.1f s, baseline %.1f s, "
-              "wall %.1f s\n",
-              mean_ms, median_ms, distributed_s, baseline_s, wall_s);
+  std::printf("loss: %.4f -> %.4f (mean of last %zu steps); FP32 baseline %.4f -> %.4f\n", initial,
+              tail, kTailSteps, baseline.losses.front(), baseline_tail);
+  std::printf(
+      "held-out loss (%lld samples): hybrid %.4f, FP32 baseline %.4f, "
+      "difference %.2f%% (tolerance %.2f%%)\n",
+      static_cast<long long>(finals_.at(0).eval_samples), eval, baseline.eval_loss, 100 * rel_diff,
+      100 * tolerance);
+  std::printf(
+      "fetched per trainer per step: rowwise %s (FP32 %s, BF16 %s), columnwise %s "
+      "(FP32 %s, BF16 %s); total %s = %.2fx less than FP32, %.2fx less than BF16\n",
+      HumanBytes(double(received.rowwise) / steps).c_str(),
+      HumanBytes(double(fp32.rowwise) / steps).c_str(),
+      HumanBytes(double(bf16.rowwise) / steps).c_str(),
+      HumanBytes(double(received.columnwise) / steps).c_str(),
+      HumanBytes(double(fp32.columnwise) / steps).c_str(),
+      HumanBytes(double(bf16.columnwise) / steps).c_str(),
+      HumanBytes(double(received.total()) / steps).c_str(), double(fp32.total()) / received.total(),
+      double(bf16.total()) / received.total());
+  std::printf(
+      "step time: mean %.1f ms, median %.1f ms; training %.1f s, baseline %.1f s, "
+      "wall %.1f s\n",
+      mean_ms, median_ms, distributed_s, baseline_s, wall_s);
 
   nlohmann::json recovery = nullptr;
   if (killed_at_step_ >= 0) {
@@ -585,15 +593,15 @@ absl::Status Demo::Finish() {
                 {"source", r.source()},
                 {"recovery_seconds", r.seconds()},
                 {"kill_to_next_step_seconds", kill_to_next_version_s_}};
-    std::printf("recovery: daemon rank %d killed after step %lld; every daemon rewound to "
-                "version %lld (committed was %lld: %lld step%s lost) from %s, %.2f s after the "
-                "lease expired; %.2f s from the kill to the next completed step\n",
-                killed_rank_, static_cast<long long>(killed_at_step_),
-                static_cast<long long>(r.rewound_to_version()),
-                static_cast<long long>(r.committed_before()),
-                static_cast<long long>(r.versions_lost()), r.versions_lost() == 1 ? "" : "s",
-                r.source().c_str(), r.seconds(),
-                kill_to_next_version_s_);
+    std::printf(
+        "recovery: daemon rank %d killed after step %lld; every daemon rewound to "
+        "version %lld (committed was %lld: %lld step%s lost) from %s, %.2f s after the "
+        "lease expired; %.2f s from the kill to the next completed step\n",
+        killed_rank_, static_cast<long long>(killed_at_step_),
+        static_cast<long long>(r.rewound_to_version()),
+        static_cast<long long>(r.committed_before()), static_cast<long long>(r.versions_lost()),
+        r.versions_lost() == 1 ? "" : "s", r.source().c_str(), r.seconds(),
+        kill_to_next_version_s_);
     if (r.epoch() < 1) {
       std::printf("FAIL: the cluster did not recover from the killed daemon\n");
       exit_code_ = 1;
@@ -684,9 +692,10 @@ absl::Status Demo::Finish() {
   if (!loss_fell) {
     std::printf("FAIL: the loss did not fall (%.4f -> %.4f)\n", initial, tail);
   } else if (!within) {
-    std::printf("FAIL: held-out loss %.4f is %.2f%% from the FP32 baseline's %.4f (tolerance "
-                "%.2f%%)\n",
-                eval, 100 * rel_diff, baseline.eval_loss, 100 * tolerance);
+    std::printf(
+        "FAIL: held-out loss %.4f is %.2f%% from the FP32 baseline's %.4f (tolerance "
+        "%.2f%%)\n",
+        eval, 100 * rel_diff, baseline.eval_loss, 100 * tolerance);
   } else {
     std::printf("OK: the loss fell and the hybrid-quantized run is within %.2f%% of FP32\n",
                 100 * tolerance);

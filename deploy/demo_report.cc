@@ -30,14 +30,22 @@ json ScalesJson(const std::vector<ScaleReport>& scales) {
 }
 
 std::string ToJsonLine(const StepReport& r) {
-  json j = {{"type", "step"},         {"rank", r.rank},
-            {"step", r.step},         {"version", r.version},
-            {"loss_sum", r.loss_sum}, {"samples", r.samples},
-            {"correct", r.correct},   {"received", BytesJson(r.received)},
-            {"fp32", BytesJson(r.fp32)}, {"bf16", BytesJson(r.bf16)},
-            {"fetch_ms", r.fetch_ms}, {"compute_ms", r.compute_ms},
-            {"push_ms", r.push_ms},   {"wait_ms", r.wait_ms},
-            {"step_ms", r.step_ms},   {"scales", ScalesJson(r.scales)}};
+  json j = {{"type", "step"},
+            {"rank", r.rank},
+            {"step", r.step},
+            {"version", r.version},
+            {"loss_sum", r.loss_sum},
+            {"samples", r.samples},
+            {"correct", r.correct},
+            {"received", BytesJson(r.received)},
+            {"fp32", BytesJson(r.fp32)},
+            {"bf16", BytesJson(r.bf16)},
+            {"fetch_ms", r.fetch_ms},
+            {"compute_ms", r.compute_ms},
+            {"push_ms", r.push_ms},
+            {"wait_ms", r.wait_ms},
+            {"step_ms", r.step_ms},
+            {"scales", ScalesJson(r.scales)}};
   return j.dump();
 }
 

@@ -60,8 +60,7 @@ class Trainer {
       size_t l = 0;
       while (shapes_[l].name != t.tensor) ++l;
       ASSIGN_OR_RETURN(std::vector<float> values, ref::Dequantize(t.value, t.spec));
-      (t.value.direction == Direction::kRowwise ? w.forward[l] : w.backward[l]) =
-          std::move(values);
+      (t.value.direction == Direction::kRowwise ? w.forward[l] : w.backward[l]) = std::move(values);
     }
     return w;
   }
@@ -77,10 +76,8 @@ class Trainer {
                      client_->Fetch(version, Targets(/*with_backward=*/true)));
     report.fetch_ms = MsSince(start);
     report.received = {fetched.stats.received.rowwise, fetched.stats.received.columnwise};
-    report.fp32 = {fetched.stats.fp32_equivalent.rowwise,
-                   fetched.stats.fp32_equivalent.columnwise};
-    report.bf16 = {fetched.stats.bf16_equivalent.rowwise,
-                   fetched.stats.bf16_equivalent.columnwise};
+    report.fp32 = {fetched.stats.fp32_equivalent.rowwise, fetched.stats.fp32_equivalent.columnwise};
+    report.bf16 = {fetched.stats.bf16_equivalent.rowwise, fetched.stats.bf16_equivalent.columnwise};
     for (const client::FetchedTensor& t : fetched.tensors) {
       report.scales.push_back({t.tensor, std::string(DirectionName(t.value.direction)),
                                std::string(FormatName(t.value.format)), t.value.scale_inv,
@@ -91,10 +88,9 @@ class Trainer {
     ASSIGN_OR_RETURN(const StepWeights weights, Dequantize(fetched));
     const Batch batch = task_.MakeBatch(step, config_.schedule.batch_size);
     const auto [begin, end] = TrainerSlice(config_.schedule, config_.rank);
-    ASSIGN_OR_RETURN(StepGradients grads,
-                     ComputeGradients(config_.model, weights.ForwardViews(),
-                                      weights.BackwardViews(), batch, begin, end,
-                                      config_.schedule.batch_size));
+    ASSIGN_OR_RETURN(StepGradients grads, ComputeGradients(config_.model, weights.ForwardViews(),
+                                                           weights.BackwardViews(), batch, begin,
+                                                           end, config_.schedule.batch_size));
     report.loss_sum = grads.loss_sum;
     report.samples = grads.samples;
     report.correct = grads.correct;

@@ -33,8 +33,7 @@
 ABSL_FLAG(std::string, address, "127.0.0.1:7070", "the process to ask, HOST:PORT");
 ABSL_FLAG(std::string, service, "",
           "the health service: \"\" (the process), paramd.rpc.Coordinator or paramd.rpc.Daemon");
-ABSL_FLAG(double, wait, 0,
-          "seconds to keep asking until SERVING (0 = ask once)");
+ABSL_FLAG(double, wait, 0, "seconds to keep asking until SERVING (0 = ask once)");
 ABSL_FLAG(double, timeout, 2, "seconds one Check may take");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA certificates: use TLS and check the server with them");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate (servers requiring mutual TLS)");
@@ -81,8 +80,8 @@ int Run() {
   std::string last;
   for (;;) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() +
-                                            absl::Seconds(absl::GetFlag(FLAGS_timeout))));
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout))));
     grpc::health::v1::HealthCheckRequest request;
     request.set_service(service);
     HealthCheckResponse response;

@@ -49,8 +49,8 @@ std::vector<float> NormalMatrix(Rng& rng, int64_t rows, int64_t cols, float stdd
 // y[b][m] = sum_k x[b][k] * w[m][k]. The weight is transposed once so the
 // inner loop is a contiguous axpy (vectorizes without reassociation, hence
 // bit-reproducible).
-std::vector<float> ForwardGemm(absl::Span<const float> x, int64_t batch,
-                               absl::Span<const float> w, int64_t rows, int64_t cols) {
+std::vector<float> ForwardGemm(absl::Span<const float> x, int64_t batch, absl::Span<const float> w,
+                               int64_t rows, int64_t cols) {
   std::vector<float> wt(rows * cols);
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t k = 0; k < cols; ++k) wt[k * rows + m] = w[m * cols + k];
@@ -104,8 +104,8 @@ std::vector<float> WeightGradGemm(absl::Span<const float> dy, absl::Span<const f
 absl::Status CheckViews(const std::vector<WeightShape>& shapes, const WeightViews& views,
                         absl::string_view what) {
   if (views.size() != shapes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected ", shapes.size(),
-                                                   " weights, got ", views.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected ", shapes.size(), " weights, got ", views.size()));
   }
   for (size_t l = 0; l < shapes.size(); ++l) {
     if (static_cast<int64_t>(views[l].size()) != shapes[l].size()) {
@@ -141,8 +141,7 @@ ForwardPass RunForward(const std::vector<WeightShape>& shapes, const WeightViews
 }
 
 // Cross-entropy of one row of logits; writes softmax(z) - onehot into dz.
-double CrossEntropy(const float* z, int64_t classes, int32_t label, float* dz,
-                    bool* correct) {
+double CrossEntropy(const float* z, int64_t classes, int32_t label, float* dz, bool* correct) {
   float zmax = z[0];
   int64_t argmax = 0;
   for (int64_t c = 1; c < classes; ++c) {
@@ -168,17 +167,17 @@ absl::StatusOr<std::vector<WeightShape>> ModelShapes(const ModelConfig& config) 
   dims.insert(dims.end(), config.hidden.begin(), config.hidden.end());
   dims.push_back(config.num_classes);
   if (!config.names.empty() && config.names.size() + 1 != dims.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(config.names.size(), " names for ",
-                                                   dims.size() - 1, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.names.size(), " names for ", dims.size() - 1, " layers"));
   }
   std::vector<WeightShape> shapes;
   for (size_t l = 0; l + 1 < dims.size(); ++l) {
     if (dims[l] < 1 || dims[l + 1] < 1) {
       return absl::InvalidArgumentError(absl::StrCat("layer ", l, " has a non-positive size"));
     }
-    shapes.push_back({config.names.empty() ? absl::StrCat("layers.", l, ".weight")
-                                           : config.names[l],
-                      dims[l + 1], dims[l]});
+    shapes.push_back(
+        {config.names.empty() ? absl::StrCat("layers.", l, ".weight") : config.names[l],
+         dims[l + 1], dims[l]});
   }
   return shapes;
 }
@@ -208,8 +207,8 @@ Batch SyntheticTask::MakeBatch(uint64_t index, int64_t size) const {
   batch.size = size;
   Rng rng(MixSeed(config_.data_seed, index));
   batch.inputs = NormalMatrix(rng, size, config_.input_dim, 1.0f);
-  std::vector<float> hidden = ForwardGemm(batch.inputs, size, teacher0_, config_.teacher_hidden,
-                                          config_.input_dim);
+  std::vector<float> hidden =
+      ForwardGemm(batch.inputs, size, teacher0_, config_.teacher_hidden, config_.input_dim);
   for (float& v : hidden) v = std::max(v, 0.0f);
   std::vector<float> logits =
       ForwardGemm(hidden, size, teacher1_, config_.num_classes, config_.teacher_hidden);
@@ -229,22 +228,20 @@ WeightViews ViewsOf(const std::vector<std::vector<float>>& weights) {
 
 absl::StatusOr<StepGradients> ComputeGradients(const ModelConfig& config,
                                                const WeightViews& forward,
-                                               const WeightViews& backward,
-                                               const Batch& batch, int64_t begin, int64_t end,
-                                               int64_t normalizer) {
+                                               const WeightViews& backward, const Batch& batch,
+                                               int64_t begin, int64_t end, int64_t normalizer) {
   ASSIGN_OR_RETURN(const std::vector<WeightShape> shapes, ModelShapes(config));
   RETURN_IF_ERROR(CheckViews(shapes, forward, "forward weights"));
   RETURN_IF_ERROR(CheckViews(shapes, backward, "backward weights"));
   if (begin < 0 || end > batch.size || begin >= end || normalizer < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("bad sample range [", begin, ", ", end,
-                                                   ") of ", batch.size, " / ", normalizer));
+    return absl::InvalidArgumentError(absl::StrCat("bad sample range [", begin, ", ", end, ") of ",
+                                                   batch.size, " / ", normalizer));
   }
   const int64_t n = end - begin;
   const int64_t classes = config.num_classes;
   ForwardPass pass = RunForward(
       shapes, forward,
-      absl::MakeConstSpan(batch.inputs).subspan(begin * config.input_dim, n * config.input_dim),
-      n);
+      absl::MakeConstSpan(batch.inputs).subspan(begin * config.input_dim, n * config.input_dim), n);
 
   StepGradients out;
   out.samples = n;

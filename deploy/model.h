@@ -53,8 +53,8 @@ struct ModelConfig {
   // "layers.<l>.weight".
   std::vector<std::string> names = {"layers.0.mlp.up.weight", "layers.1.mlp.down.weight",
                                     "layers.2.attn.proj.weight", "head.weight"};
-  uint64_t init_seed = 1;   // student weights
-  uint64_t data_seed = 2;   // teacher weights and inputs
+  uint64_t init_seed = 1;  // student weights
+  uint64_t data_seed = 2;  // teacher weights and inputs
   int64_t teacher_hidden = 32;
 };
 
@@ -105,9 +105,9 @@ using WeightViews = std::vector<absl::Span<const float>>;
 WeightViews ViewsOf(const std::vector<std::vector<float>>& weights);
 
 struct StepGradients {
-  double loss_sum = 0;   // sum of per-sample cross-entropy over [begin, end)
-  int64_t samples = 0;   // end - begin
-  int64_t correct = 0;   // argmax == label
+  double loss_sum = 0;  // sum of per-sample cross-entropy over [begin, end)
+  int64_t samples = 0;  // end - begin
+  int64_t correct = 0;  // argmax == label
   // dLoss/dW per weight (ModelShapes order), where Loss = loss_sum /
   // normalizer: summing the gradients of disjoint slices that share one
   // normalizer gives exactly the gradient of the mean over their union.
@@ -119,9 +119,8 @@ struct StepGradients {
 // when a view's size does not match its shape or the range is bad.
 absl::StatusOr<StepGradients> ComputeGradients(const ModelConfig& config,
                                                const WeightViews& forward,
-                                               const WeightViews& backward,
-                                               const Batch& batch, int64_t begin, int64_t end,
-                                               int64_t normalizer);
+                                               const WeightViews& backward, const Batch& batch,
+                                               int64_t begin, int64_t end, int64_t normalizer);
 
 // Mean cross-entropy of `weights` on the whole batch (forward only).
 absl::StatusOr<double> MeanLoss(const ModelConfig& config, const WeightViews& weights,

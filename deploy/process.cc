@@ -85,7 +85,8 @@ absl::StatusOr<int> ChildProcesses::Start(const ChildOptions& options) {
     const std::string error = strerror(errno);
     if (out_fd >= 0) close(out_fd);
     if (err_fd >= 0) close(err_fd);
-    return absl::InternalError(absl::StrCat("cannot open log file for ", options.name, ": ", error));
+    return absl::InternalError(
+        absl::StrCat("cannot open log file for ", options.name, ": ", error));
   }
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -144,8 +145,8 @@ absl::StatusOr<int> ChildProcesses::Wait(int index, absl::Duration timeout) {
   while (true) {
     if (auto s = Poll(index)) return *s;
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(children_[index].name, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          children_[index].name, " still running after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -197,8 +198,8 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, absl::Duration time
     int port = 0;
     const std::string content = text.str();
     // A complete port file ends with a newline (or was renamed into place).
-    if (!content.empty() &&
-        absl::SimpleAtoi(absl::StripAsciiWhitespace(content), &port) && port > 0) {
+    if (!content.empty() && absl::SimpleAtoi(absl::StripAsciiWhitespace(content), &port) &&
+        port > 0) {
       return port;
     }
     if (children != nullptr && watch >= 0 && children->Poll(watch).has_value()) {
@@ -207,8 +208,8 @@ absl::StatusOr<int> WaitForPortFile(const std::string& path, absl::Duration time
                                                  " before writing its port file ", path));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("no port in ", path, " after ",
-                                                      absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no port in ", path, " after ", absl::FormatDuration(timeout)));
     }
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -14,8 +14,7 @@ std::pair<int64_t, int64_t> TrainerSlice(const TrainSchedule& schedule, int64_t 
   return {n * rank / t, n * (rank + 1) / t};
 }
 
-absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model,
-                                          const TrainSchedule& schedule,
+absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model, const TrainSchedule& schedule,
                                           const OptimizerOptions& optimizer) {
   ASSIGN_OR_RETURN(const std::vector<WeightShape> shapes, ModelShapes(model));
   BaselineRun run;

@@ -24,7 +24,7 @@ namespace demo {
 
 struct TrainSchedule {
   int64_t steps = 40;
-  int64_t batch_size = 256;    // global batch per step (all trainers)
+  int64_t batch_size = 256;  // global batch per step (all trainers)
   int64_t num_trainers = 2;
   int64_t eval_batch_size = 1024;
 };
@@ -39,15 +39,14 @@ struct BaselineRun {
   // losses[t] = mean loss of step t's batch under the weights of version t
   // (the weights before update t), as the distributed trainers report it.
   std::vector<double> losses;
-  double eval_loss = 0;  // final weights on SyntheticTask::MakeEvalBatch
+  double eval_loss = 0;                     // final weights on SyntheticTask::MakeEvalBatch
   std::vector<std::vector<float>> weights;  // final FP32 weights
 };
 
 // Trains from InitialWeights(model) with FP32 weights, splitting every batch
 // as the trainers do, summing their gradients in rank order, and applying
 // the daemons' own optimizer code (server/optimizer.h) with `optimizer`.
-absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model,
-                                          const TrainSchedule& schedule,
+absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model, const TrainSchedule& schedule,
                                           const OptimizerOptions& optimizer);
 
 // Mean of the last `count` entries (or all of them, if fewer).

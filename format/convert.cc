@@ -55,8 +55,8 @@ absl::StatusOr<QuantSpec> QuantSpecFromProto(const rpc::QuantSpec& p) {
   if (p.amax_algo() != rpc::AMAX_ALGO_MAX && p.amax_algo() != rpc::AMAX_ALGO_MOST_RECENT) {
     return absl::InvalidArgumentError(absl::StrCat("unknown amax_algo ", p.amax_algo()));
   }
-  s.amax_algo = p.amax_algo() == rpc::AMAX_ALGO_MOST_RECENT ? AmaxAlgo::kMostRecent
-                                                             : AmaxAlgo::kMax;
+  s.amax_algo =
+      p.amax_algo() == rpc::AMAX_ALGO_MOST_RECENT ? AmaxAlgo::kMostRecent : AmaxAlgo::kMax;
   s.margin = p.margin();
   if (p.has_two_d()) s.two_d = p.two_d();
   return s;
@@ -70,7 +70,7 @@ rpc::QuantSpec QuantSpecToProto(const QuantSpec& s) {
   p.set_eps(s.eps);
   p.set_amax_history_len(s.amax_history_len);
   p.set_amax_algo(s.amax_algo == AmaxAlgo::kMostRecent ? rpc::AMAX_ALGO_MOST_RECENT
-                                                        : rpc::AMAX_ALGO_MAX);
+                                                       : rpc::AMAX_ALGO_MAX);
   p.set_margin(s.margin);
   p.set_two_d(s.two_d);
   return p;
@@ -157,8 +157,8 @@ absl::StatusOr<int> DTypeSize(rpc::DType dtype) {
 absl::Status DecodeValues(rpc::DType dtype, const std::string& bytes, std::vector<float>& out) {
   ASSIGN_OR_RETURN(int size, DTypeSize(dtype));
   if (bytes.size() % size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        bytes.size(), " bytes is not a whole number of ", size, "-byte elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(bytes.size(), " bytes is not a whole number of ", size, "-byte elements"));
   }
   const size_t n = bytes.size() / size;
   const size_t base = out.size();

@@ -39,8 +39,8 @@ TEST(ConvertTest, AbsentOptionalsTakeFormatDefaults) {
   p.mutable_columnwise()->set_format(rpc::FORMAT_NVFP4);
   absl::StatusOr<HybridSpec> s = HybridSpecFromProto(p);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_TRUE(s->rowwise.pow2_scales);     // blockwise default
-  EXPECT_TRUE(s->columnwise.two_d);        // NVFP4 weights: 16x16
+  EXPECT_TRUE(s->rowwise.pow2_scales);  // blockwise default
+  EXPECT_TRUE(s->columnwise.two_d);     // NVFP4 weights: 16x16
   EXPECT_EQ(s->rowwise.amax_history_len, 1024);
   EXPECT_TRUE(s->rowwise_usage);
   EXPECT_TRUE(s->columnwise_usage);

@@ -28,8 +28,8 @@ inline int PiecesPerItem(const Layout& layout) { return layout.scale_bytes() > 0
 // Appends the pieces of one item (the buffers of one published direction)
 // to `out` in plan order.
 template <typename Piece, typename Ptr, typename FloatPtr>
-void AppendItemPieces(const Layout& layout, Ptr data, Ptr scales, FloatPtr scale_inv,
-                      FloatPtr amax, std::vector<Piece>* out) {
+void AppendItemPieces(const Layout& layout, Ptr data, Ptr scales, FloatPtr scale_inv, FloatPtr amax,
+                      std::vector<Piece>* out) {
   out->push_back({data, static_cast<size_t>(layout.data_bytes())});
   if (layout.scale_bytes() > 0) {
     out->push_back({scales, static_cast<size_t>(layout.scale_bytes())});

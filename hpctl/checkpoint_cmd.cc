@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "checkpoint/service.h"
 #include "common/grpc_status.h"
-#include "google/protobuf/text_format.h"
 #include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
@@ -105,14 +105,14 @@ int RunCheckpoint(int argc, char** argv) {
   cluster.AddTo(opts);
   opts.AddString("dir", &dir, "directory below the servers' --checkpoint_dir");
   opts.AddInt("version", &version, "version; -1 = the committed one (create) / newest (describe)");
-  opts.AddInt("keep", &keep, "create: keep only the newest K checkpoints (0 = server default, "
-                             "-1 = all)");
+  opts.AddInt("keep", &keep,
+              "create: keep only the newest K checkpoints (0 = server default, "
+              "-1 = all)");
   opts.AddBool("verify", &verify, "describe: read every shard file and compare its checksum");
   opts.AddDouble("write_timeout", &write_timeout, "create: seconds to wait for the daemons");
   if (int rc = opts.ParseOrExit(argc, argv); rc >= 0) return rc;
   const std::string verb = opts.positional().empty() ? "create" : opts.positional()[0];
-  if (opts.positional().size() > 1 ||
-      (verb != "create" && verb != "list" && verb != "describe")) {
+  if (opts.positional().size() > 1 || (verb != "create" && verb != "list" && verb != "describe")) {
     std::cerr << "hpctl checkpoint: expected create, list or describe\n\n" << opts.Usage();
     return kExitUsage;
   }
@@ -131,13 +131,13 @@ int RunCheckpoint(int argc, char** argv) {
     spinner.Stop();
     if (!status.ok()) return ReportFailure("checkpoint", status);
     if (response.already_existed()) {
-      std::cout << "version " << response.version() << " is already checkpointed: "
-                << response.path() << "\n";
+      std::cout << "version " << response.version()
+                << " is already checkpointed: " << response.path() << "\n";
       return kExitOk;
     }
     std::cout << absl::StrFormat("checkpoint of version %d: %s, %s in %.2f s (%.0f MB/s)\n",
-                                 response.version(), response.path(),
-                                 Size(response.total_bytes()), response.seconds(),
+                                 response.version(), response.path(), Size(response.total_bytes()),
+                                 response.seconds(),
                                  response.total_bytes() / 1e6 / std::max(response.seconds(), 1e-9));
     for (uint64_t removed : response.removed_versions()) {
       std::cout << "removed old checkpoint v" << removed << "\n";
@@ -166,8 +166,9 @@ int RunCheckpoint(int argc, char** argv) {
   request.set_version(version);
   request.set_verify(verify);
   checkpoint::DescribeCheckpointResponse response;
-  absl::Status status = Invoke(cluster, &CheckpointCoordinator::Stub::DescribeCheckpoint, request,
-                               &response, verify ? absl::Seconds(write_timeout) : cluster.timeout());
+  absl::Status status =
+      Invoke(cluster, &CheckpointCoordinator::Stub::DescribeCheckpoint, request, &response,
+             verify ? absl::Seconds(write_timeout) : cluster.timeout());
   if (!status.ok()) return ReportFailure("checkpoint", status);
   const auto& manifest = response.manifest();
   std::cout << "checkpoint " << response.path() << "\n"

@@ -43,7 +43,8 @@ int RunExport(int argc, char** argv) {
       "model.safetensors.index.json (written last). The daemons convert their FP32 master "
       "shards (BF16: round to nearest even, a NaN stays NaN) and stream them here; the model's "
       "frozen buffers (integer, bool, F64 tensors) follow in their own dtype. A version "
-      "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any. DIR must "
+      "the daemons no longer hold is read from its checkpoint in --checkpoint_dir, if any. DIR "
+      "must "
       "be new or empty; --overwrite replaces an older export there (its shards and index are "
       "removed first, other files such as config.json are kept). The files are written 0600 and "
       "the directories created 0700 (0640 / 0750 with --group_readable), whatever the umask.");

@@ -51,9 +51,9 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
   // type: FP8 data as F8_E4M3 / F8_E5M2, identity data as BF16 / F32,
   // packed FP4 as U8; scales as F32, F8_E8M0 (MXFP8) or F8_E4M3 (NVFP4's
   // UE4M3); per-tensor scalars as their own F32 tensors.
-  metadata["content"] = absl::StrCat(
-      "FORMATS.md buffers: '", t.tensor, "' (data), '", t.tensor, ".scales', '", t.tensor,
-      ".scale_inv', '", t.tensor, ".amax' where the format has them; see hpctl fetch --help");
+  metadata["content"] = absl::StrCat("FORMATS.md buffers: '", t.tensor, "' (data), '", t.tensor,
+                                     ".scales', '", t.tensor, ".scale_inv', '", t.tensor,
+                                     ".amax' where the format has them; see hpctl fetch --help");
   const Layout& l = t.layout;
   st::Dtype data_dtype = st::Dtype::kU8;
   int64_t elem = 1;
@@ -74,7 +74,7 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
   const bool has_amax = per_tensor || q.format == Format::kNvfp4;
   std::vector<st::TensorSpec> specs;
   if (l.scale_bytes() > 0) {
-    const st::Dtype sd = l.scale_elem_bytes == 4         ? st::Dtype::kF32
+    const st::Dtype sd = l.scale_elem_bytes == 4      ? st::Dtype::kF32
                          : q.format == Format::kMxfp8 ? st::Dtype::kF8E8M0
                                                       : st::Dtype::kF8E4M3;
     specs.push_back({t.tensor + ".scales", sd, {l.scale_rows, l.scale_cols}});
@@ -88,7 +88,8 @@ absl::Status Write(const std::string& path, const client::FetchedTensor& t, int6
     return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&f), sizeof(float));
   };
   if (l.scale_bytes() > 0) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".scales", q.scales));
-  if (per_tensor) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".scale_inv", scalar(q.scale_inv)));
+  if (per_tensor)
+    RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".scale_inv", scalar(q.scale_inv)));
   if (has_amax) RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor + ".amax", scalar(q.amax)));
   RETURN_IF_ERROR((*writer)->WriteTensor(t.tensor, q.data));
   return (*writer)->Finish();
@@ -101,15 +102,14 @@ absl::Status WaitUntilCommitted(client::Client& client, int64_t version, absl::D
   if (version < 0) return CommittedVersion(client, timeout, "fetch").status();
   ASSIGN_OR_RETURN(const client::Manifest manifest, client.RefreshManifest(timeout));
   if (version <= manifest.committed_version) return absl::OkStatus();
-  std::cerr << "hpctl fetch: version " << version << " is not committed yet (committed: "
-            << manifest.committed_version << "); waiting up to " << absl::FormatDuration(timeout)
-            << " (--timeout)\n";
+  std::cerr << "hpctl fetch: version " << version
+            << " is not committed yet (committed: " << manifest.committed_version
+            << "); waiting up to " << absl::FormatDuration(timeout) << " (--timeout)\n";
   absl::StatusOr<int64_t> committed = client.WaitForVersion(version, timeout);
   if (absl::IsDeadlineExceeded(committed.status())) {
-    return absl::DeadlineExceededError(absl::StrCat("version ", version, " was not committed within ",
-                                                    absl::FormatDuration(timeout),
-                                                    " (--timeout); the committed version is ",
-                                                    manifest.committed_version));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "version ", version, " was not committed within ", absl::FormatDuration(timeout),
+        " (--timeout); the committed version is ", manifest.committed_version));
   }
   return committed.status();
 }
@@ -169,16 +169,15 @@ int RunFetch(int argc, char** argv) {
   }
   std::cout << absl::StrFormat(
       "%s %s version %d: %s [%d x %d], %d data + %d scale bytes (fp32 would be %d) -> %s\n",
-      t.tensor, DirectionName(direction), result->version, FormatName(t.value.format),
-      t.value.rows, t.value.cols, t.layout.data_bytes(), t.layout.scale_bytes(),
+      t.tensor, DirectionName(direction), result->version, FormatName(t.value.format), t.value.rows,
+      t.value.cols, t.layout.data_bytes(), t.layout.scale_bytes(),
       result->stats.fp32_equivalent.total(), out);
   return kExitOk;
 }
 
 }  // namespace
 
-HPCTL_REGISTER_COMMAND(fetch, "fetch one direction of one tensor to a safetensors file",
-                       RunFetch);
+HPCTL_REGISTER_COMMAND(fetch, "fetch one direction of one tensor to a safetensors file", RunFetch);
 
 }  // namespace hpctl
 }  // namespace paramd

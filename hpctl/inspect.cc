@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "re2/re2.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "kernels/reference.h"
+#include "re2/re2.h"
 #include "safetensors/convert.h"
 
 namespace paramd {

@@ -15,11 +15,11 @@
 #include "absl/strings/str_format.h"
 #include "client/model_source.h"
 #include "client/weight_stream.h"
-#include "safetensors/safetensors.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "hpctl/progress.h"
 #include "kernels/format.h"
+#include "safetensors/safetensors.h"
 
 namespace paramd {
 namespace hpctl {
@@ -39,7 +39,8 @@ int RunLoad(int argc, char** argv) {
       "Loads a model into the daemons and publishes it as version 0: its FP32, BF16 and F16 "
       "tensors are trained; its integer, bool and F64 tensors are frozen buffers, kept whole by "
       "the coordinator (at most its --max_frozen_bytes), checkpointed and exported, never "
-      "stepped. MODEL is a .safetensors file, a directory (its model.safetensors.index.json if there "
+      "stepped. MODEL is a .safetensors file, a directory (its model.safetensors.index.json if "
+      "there "
       "is one, else every *.safetensors in it) or a Hugging Face index file "
       "(model.safetensors.index.json of a sharded checkpoint). A single file is read by the "
       "daemons at its path (it must be readable by every daemon there; it is made absolute "
@@ -97,8 +98,8 @@ int RunLoad(int argc, char** argv) {
   }
   absl::StatusOr<int64_t> version;
   if (single && !stream) {
-    std::string label = absl::StrFormat("loading %s (%.1f MB)", model,
-                                        fs::file_size(model, ec) / 1e6);
+    std::string label =
+        absl::StrFormat("loading %s (%.1f MB)", model, fs::file_size(model, ec) / 1e6);
     if (before.num_daemons > 0) {
       absl::StrAppendFormat(&label, " on %d daemon(s)", before.num_daemons);
     }
@@ -119,8 +120,8 @@ int RunLoad(int argc, char** argv) {
         **client, sources->weights, recipe,
         [&](const client::StreamProgress& p) {
           bar.Update(p.bytes_sent, p.bytes_total);
-          const int decile = p.bytes_total == 0 ? 10 : static_cast<int>(10 * p.bytes_sent /
-                                                                         p.bytes_total);
+          const int decile =
+              p.bytes_total == 0 ? 10 : static_cast<int>(10 * p.bytes_sent / p.bytes_total);
           if (lines && decile != last_decile) {
             last_decile = decile;
             std::cerr << absl::StrFormat("streamed %.1f of %.1f MB\n", p.bytes_sent / 1e6,
@@ -138,19 +139,17 @@ int RunLoad(int argc, char** argv) {
     for (const client::PieceLocation& p : t.pieces) {
       absl::StrAppendFormat(&placement, " [%d,%d)->d%d", p.row_begin, p.row_end, p.daemon_rank);
     }
-    std::cout << absl::StrFormat("  %-28s %6dx%-6d %-18s %-18s%s\n", t.name, t.rows, t.cols,
-                                 t.spec.rowwise_usage ? FormatName(t.spec.rowwise.format) : "-",
-                                 t.spec.columnwise_usage ? FormatName(t.spec.columnwise.format)
-                                                         : "-",
-                                 placement);
+    std::cout << absl::StrFormat(
+        "  %-28s %6dx%-6d %-18s %-18s%s\n", t.name, t.rows, t.cols,
+        t.spec.rowwise_usage ? FormatName(t.spec.rowwise.format) : "-",
+        t.spec.columnwise_usage ? FormatName(t.spec.columnwise.format) : "-", placement);
   }
   return kExitOk;
 }
 
 }  // namespace
 
-HPCTL_REGISTER_COMMAND(load, "load a safetensors model (file, directory, sharded index)",
-                       RunLoad);
+HPCTL_REGISTER_COMMAND(load, "load a safetensors model (file, directory, sharded index)", RunLoad);
 
 }  // namespace hpctl
 }  // namespace paramd

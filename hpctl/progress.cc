@@ -22,10 +22,9 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
   const double fraction = total == 0 ? 1.0 : static_cast<double>(done) / total;
   const int filled = static_cast<int>(fraction * kWidth);
   const double seconds = std::chrono::duration<double>(now - start_).count();
-  std::fprintf(stderr, "\r[%s%s] %3d%%  %.2f/%.2f GB  %.0f MB/s ",
-               std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(),
-               static_cast<int>(fraction * 100), done / 1e9, total / 1e9,
-               seconds > 0 ? done / 1e6 / seconds : 0.0);
+  std::fprintf(stderr, "\r[%s%s] %3d%%  %.2f/%.2f GB  %.0f MB/s ", std::string(filled, '#').c_str(),
+               std::string(kWidth - filled, ' ').c_str(), static_cast<int>(fraction * 100),
+               done / 1e9, total / 1e9, seconds > 0 ? done / 1e6 / seconds : 0.0);
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
 }

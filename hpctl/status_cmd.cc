@@ -6,11 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "format/convert.h"
 #include "google/protobuf/util/json_util.h"
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "kernels/format.h"
-#include "format/convert.h"
 #include "server/optimizer_config.h"
 
 namespace paramd {
@@ -63,17 +63,16 @@ std::string Bytes(int64_t n) {
 }
 
 std::string DescribeSpec(const rpc::HybridSpec& spec) {
-  std::string row = spec.has_rowwise_usage() && !spec.rowwise_usage()
-                        ? "-"
-                        : FormatOf(spec.rowwise().format());
+  std::string row =
+      spec.has_rowwise_usage() && !spec.rowwise_usage() ? "-" : FormatOf(spec.rowwise().format());
   std::string col = spec.has_columnwise_usage() && !spec.columnwise_usage()
                         ? "-"
                         : FormatOf(spec.columnwise().format());
-  return absl::StrFormat(
-      "%-18s %-18s %-20s %s", row, col,
-      spec.columnwise_source() == rpc::COLUMNWISE_SOURCE_ROWWISE_DEQUANTIZED ? "rowwise_dequantized"
-                                                                             : "original",
-      spec.source_dtype() == rpc::SOURCE_DTYPE_FP32 ? "fp32" : "bf16");
+  return absl::StrFormat("%-18s %-18s %-20s %s", row, col,
+                         spec.columnwise_source() == rpc::COLUMNWISE_SOURCE_ROWWISE_DEQUANTIZED
+                             ? "rowwise_dequantized"
+                             : "original",
+                         spec.source_dtype() == rpc::SOURCE_DTYPE_FP32 ? "fp32" : "bf16");
 }
 
 // Per daemon and in total: the parameters each holds and the device memory
@@ -137,29 +136,27 @@ void PrintRecovery(const rpc::RecoveryStatus& r) {
   } else if (r.in_progress()) {
     std::cout << "\nRECOVERY in progress: " << r.state() << "\n";
   } else if (!r.error().empty()) {
-    std::cout << "\nRECOVERY failing (retried every 2 s; steps are refused): " << r.error()
-              << "\n";
+    std::cout << "\nRECOVERY failing (retried every 2 s; steps are refused): " << r.error() << "\n";
   }
 }
 
 void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
-  std::cout << absl::StrFormat("coordinator %s: committed version %d, %d daemons expected, "
-                               "%d pushers expected\n",
-                               address, s.committed_version(), s.expected_daemons(),
-                               s.expected_pushers());
+  std::cout << absl::StrFormat(
+      "coordinator %s: committed version %d, %d daemons expected, "
+      "%d pushers expected\n",
+      address, s.committed_version(), s.expected_daemons(), s.expected_pushers());
   PrintRecovery(s.recovery());
   std::cout << "\nMEMBERS\n"
             << absl::StrFormat("  %-9s %5s  %-24s %-22s %-6s %s\n", "role", "rank", "name",
                                "address", "pusher", "state");
   for (const rpc::Member& m : s.members()) {
-    std::cout << absl::StrFormat("  %-9s %5d  %-24s %-22s %-6s %s\n", RoleName(m.role()),
-                                 m.rank(), m.name(), m.address(), m.pusher() ? "yes" : "",
-                                 MemberStateOf(m));
+    std::cout << absl::StrFormat("  %-9s %5d  %-24s %-22s %-6s %s\n", RoleName(m.role()), m.rank(),
+                                 m.name(), m.address(), m.pusher() ? "yes" : "", MemberStateOf(m));
   }
   std::cout << "\nDAEMONS\n"
             << absl::StrFormat("  %4s  %-22s %9s %-8s %7s %6s %9s %12s %12s\n", "rank", "address",
-                               "published", "held", "pushers", "steps", "last step",
-                               "rowwise out", "colwise out");
+                               "published", "held", "pushers", "steps", "last step", "rowwise out",
+                               "colwise out");
   for (const rpc::DaemonStats& d : s.daemons()) {
     std::cout << absl::StrFormat(
         "  %4d  %-22s %9d %-8s %3d/%-3d %6d %8.3fs %12s %12s\n", d.rank(), d.address(),
@@ -188,16 +185,16 @@ void PrintStatus(const std::string& address, const rpc::GetStatusResponse& s) {
       if (!header) {
         std::cout << "\nSCALES (published version, per shard)\n"
                   << absl::StrFormat("  %-28s %-11s %6s %-11s %-18s %12s %12s %12s\n", "tensor",
-                                     "rows", "daemon", "direction", "format", "scale",
-                                     "scale_inv", "amax");
+                                     "rows", "daemon", "direction", "format", "scale", "scale_inv",
+                                     "amax");
         header = true;
       }
       for (const rpc::DirectionStats& ds : shard.directions()) {
-        std::cout << absl::StrFormat(
-            "  %-28s %-11s %6d %-11s %-18s %12.6g %12.6g %12.6g\n", shard.tensor(),
-            absl::StrCat(shard.row_begin(), "-", shard.row_end()), d.rank(),
-            DirectionOf(ds.direction()), FormatOf(ds.format()), ds.scale(), ds.scale_inv(),
-            ds.amax());
+        std::cout << absl::StrFormat("  %-28s %-11s %6d %-11s %-18s %12.6g %12.6g %12.6g\n",
+                                     shard.tensor(),
+                                     absl::StrCat(shard.row_begin(), "-", shard.row_end()),
+                                     d.rank(), DirectionOf(ds.direction()), FormatOf(ds.format()),
+                                     ds.scale(), ds.scale_inv(), ds.amax());
       }
     }
   }

@@ -43,8 +43,7 @@ int RunStep(int argc, char** argv) {
 
 }  // namespace
 
-HPCTL_REGISTER_COMMAND(step, "admin step: every daemon steps from the committed version",
-                       RunStep);
+HPCTL_REGISTER_COMMAND(step, "admin step: every daemon steps from the committed version", RunStep);
 
 }  // namespace hpctl
 }  // namespace paramd

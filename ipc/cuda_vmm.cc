@@ -72,15 +72,15 @@ absl::Status Check(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return absl::OkStatus();
   const char* msg = nullptr;
   if (D().error_string != nullptr) D().error_string(r, &msg);
-  const std::string m = absl::StrCat(what, ": ", msg != nullptr ? msg : "CUDA driver error ",
-                                     static_cast<int>(r));
+  const std::string m =
+      absl::StrCat(what, ": ", msg != nullptr ? msg : "CUDA driver error ", static_cast<int>(r));
   if (r == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(m);
   if (r == CUDA_ERROR_NOT_SUPPORTED) return absl::UnimplementedError(m);
   return absl::InternalError(m);
 }
 
-#define VMM_RETURN_IF_ERROR(call, what)                          \
-  do {                                                           \
+#define VMM_RETURN_IF_ERROR(call, what)                             \
+  do {                                                              \
     if (absl::Status _s = Check((call), what); !_s.ok()) return _s; \
   } while (0)
 

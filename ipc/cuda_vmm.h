@@ -55,7 +55,7 @@ class VmmBuffer {
 
  private:
   void Reset();
-  uint64_t ptr_ = 0;     // CUdeviceptr
+  uint64_t ptr_ = 0;  // CUdeviceptr
   size_t size_ = 0;
   uint64_t handle_ = 0;  // CUmemGenericAllocationHandle
   int device_ = 0;

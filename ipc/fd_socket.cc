@@ -200,8 +200,7 @@ void FdSocketServer::Answer(int conn) {
   FdReply reply;
   const int fd = in_fds.empty() ? -1 : in_fds[0];
   for (size_t i = 1; i < in_fds.size(); ++i) close(in_fds[i]);
-  if (req.magic != kMagic ||
-      std::memcmp(req.secret, secret_.data(), kSecretBytes) != 0) {
+  if (req.magic != kMagic || std::memcmp(req.secret, secret_.data(), kSecretBytes) != 0) {
     if (fd >= 0) close(fd);
     reply.status = absl::PermissionDeniedError("IPC socket: wrong secret");
   } else {
@@ -231,8 +230,8 @@ void FdSocketServer::Answer(int conn) {
   for (int f : reply.fds) close(f);
 }
 
-absl::StatusOr<FdReply> FdSocketCall(const std::string& name, const FdRequest& request,
-                                     int send_fd, absl::Duration timeout) {
+absl::StatusOr<FdReply> FdSocketCall(const std::string& name, const FdRequest& request, int send_fd,
+                                     absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   if (request.secret.size() != static_cast<size_t>(kSecretBytes)) {
     return absl::InvalidArgumentError("IPC socket: the secret has the wrong length");

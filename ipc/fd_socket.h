@@ -88,8 +88,7 @@ class FdSocketServer {
 // UNAVAILABLE: no such socket / the daemon died; DEADLINE_EXCEEDED).
 // `send_fd` (-1: none) is sent with the request (not closed here).
 absl::StatusOr<FdReply> FdSocketCall(const std::string& name, const FdRequest& request,
-                                     int send_fd = -1,
-                                     absl::Duration timeout = absl::Seconds(10));
+                                     int send_fd = -1, absl::Duration timeout = absl::Seconds(10));
 
 }  // namespace ipc
 }  // namespace paramd

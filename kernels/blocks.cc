@@ -132,8 +132,8 @@ void EncodeFp4Blocks(const MatrixRows& src, const BlockGrid& grid, const std::ve
   });
 }
 
-void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
-                     const std::vector<float>& dec, MatrixRowsOut& out) {
+void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid, const std::vector<float>& dec,
+                     MatrixRowsOut& out) {
   const int64_t row_bytes = CeilDiv(grid.cols, 2);
   float value[16];
   for (int c = 0; c < 16; ++c) value[c] = DecodeE2M1(static_cast<uint8_t>(c));
@@ -146,8 +146,7 @@ void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
 }
 
 void StoreScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
-                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols,
-                     uint8_t* scales) {
+                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols, uint8_t* scales) {
   const int64_t gc = grid.grid_cols();
   for (int64_t r = 0; r * entry_rows < grid.rows; ++r) {
     const uint8_t* block_row = &block_bytes[(r * entry_rows / grid.block_rows) * gc];

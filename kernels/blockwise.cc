@@ -19,8 +19,7 @@ BlockGrid GridFor(const QuantSpec& spec, int64_t rows, int64_t cols) {
 
 // Offset (in entries) of block (bi, bj)'s scale_inv in the scale buffer.
 int64_t ScaleEntry(const QuantSpec& spec, int64_t scale_cols, int64_t bi, int64_t bj) {
-  return spec.format == Format::kFp8Block128x128 ? bi * scale_cols + bj
-                                                 : bj * scale_cols + bi;
+  return spec.format == Format::kFp8Block128x128 ? bi * scale_cols + bj : bj * scale_cols + bi;
 }
 
 }  // namespace

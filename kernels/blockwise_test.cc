@@ -32,41 +32,53 @@ constexpr int kM = 130, kK = 260;
 std::vector<float> Tiles() {
   std::vector<float> w(kM * kK, 0.0f);
   auto at = [&](int i, int j) -> float& { return w[i * kK + j]; };
-  at(0, 0) = 3.5f;       // tile (0,0): amax 3.5, s 128 -> 448 (0x7E)
-  at(127, 127) = -1.0f;  //             -128 (e=14) -> 0xF0
-  at(0, 128) = 5.0f;     // tile (0,1): s 64 -> 320 (e=15, m=2) -> 0x7A
-  at(5, 200) = -0.0f;    // tile (0,2): zero, s 1 -> 0x80
-  at(128, 0) = kInf;     // tile (1,0): amax Inf, s 1 (D5) -> 0x7E
-  at(129, 1) = -3.0f;    //             -3 (e=8, m=4) -> 0xC4
-  at(128, 128) = 1e-37f; // tile (1,1): s 2^127 -> 17.01: step 2, 8.5+ -> 18
-                         //             (e=11, m=1) -> 0x59
-  at(129, 200) = kNaN;   // tile (1,2): amax 0 (NaN ignored), s 1 -> 0x7F
+  at(0, 0) = 3.5f;        // tile (0,0): amax 3.5, s 128 -> 448 (0x7E)
+  at(127, 127) = -1.0f;   //             -128 (e=14) -> 0xF0
+  at(0, 128) = 5.0f;      // tile (0,1): s 64 -> 320 (e=15, m=2) -> 0x7A
+  at(5, 200) = -0.0f;     // tile (0,2): zero, s 1 -> 0x80
+  at(128, 0) = kInf;      // tile (1,0): amax Inf, s 1 (D5) -> 0x7E
+  at(129, 1) = -3.0f;     //             -3 (e=8, m=4) -> 0xC4
+  at(128, 128) = 1e-37f;  // tile (1,1): s 2^127 -> 17.01: step 2, 8.5+ -> 18
+                          //             (e=11, m=1) -> 0x59
+  at(129, 200) = kNaN;    // tile (1,2): amax 0 (NaN ignored), s 1 -> 0x7F
   return w;
 }
 
 TEST(Fp8Block128x128, RowwiseHandComputed) {
   const QuantSpec spec = DefaultQuantSpec(Format::kFp8Block128x128);
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(Tiles(), kM, kK, spec, Direction::kRowwise, {}));
-  EXPECT_EQ(q.data, BytesAt(kM * kK, {{0, 0x7E}, {127 * kK + 127, 0xF0}, {128, 0x7A},
-                                      {5 * kK + 200, 0x80}, {128 * kK, 0x7E},
-                                      {129 * kK + 1, 0xC4}, {128 * kK + 128, 0x59},
+  EXPECT_EQ(q.data, BytesAt(kM * kK, {{0, 0x7E},
+                                      {127 * kK + 127, 0xF0},
+                                      {128, 0x7A},
+                                      {5 * kK + 200, 0x80},
+                                      {128 * kK, 0x7E},
+                                      {129 * kK + 1, 0xC4},
+                                      {128 * kK + 128, 0x59},
                                       {129 * kK + 200, 0x7F}}));
   // [ceil(130/128)=2][roundup(ceil(260/128)=3,4)=4], entry [mb][kb]; 2^-127
   // is an fp32 subnormal, kept (D6).
-  EXPECT_EQ(q.scales, Fp32At(8, {{0, 0x1p-7f}, {1, 0x1p-6f}, {2, 1.0f},
-                                 {4, 1.0f}, {5, F(0x00400000)}, {6, 1.0f}}));
+  EXPECT_EQ(
+      q.scales,
+      Fp32At(8, {{0, 0x1p-7f}, {1, 0x1p-6f}, {2, 1.0f}, {4, 1.0f}, {5, F(0x00400000)}, {6, 1.0f}}));
 }
 
 TEST(Fp8Block128x128, ColumnwiseIsByteTransposeWithTransposedScales) {
   const QuantSpec spec = DefaultQuantSpec(Format::kFp8Block128x128);
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(Tiles(), kM, kK, spec, Direction::kColumnwise, {}));
   // Data [260][130]: W[i][j] at j*130 + i.
-  EXPECT_EQ(q.data, BytesAt(kM * kK, {{0, 0x7E}, {127 * kM + 127, 0xF0}, {128 * kM, 0x7A},
-                                      {200 * kM + 5, 0x80}, {128, 0x7E}, {1 * kM + 129, 0xC4},
-                                      {128 * kM + 128, 0x59}, {200 * kM + 129, 0x7F}}));
+  EXPECT_EQ(q.data, BytesAt(kM * kK, {{0, 0x7E},
+                                      {127 * kM + 127, 0xF0},
+                                      {128 * kM, 0x7A},
+                                      {200 * kM + 5, 0x80},
+                                      {128, 0x7E},
+                                      {1 * kM + 129, 0xC4},
+                                      {128 * kM + 128, 0x59},
+                                      {200 * kM + 129, 0x7F}}));
   // [ceil(260/128)=3][roundup(2,4)=4], entry [kb][mb].
-  EXPECT_EQ(q.scales, Fp32At(12, {{0, 0x1p-7f}, {1, 1.0f}, {4, 0x1p-6f}, {5, F(0x00400000)},
-                                  {8, 1.0f}, {9, 1.0f}}));
+  EXPECT_EQ(
+      q.scales,
+      Fp32At(12,
+             {{0, 0x1p-7f}, {1, 1.0f}, {4, 0x1p-6f}, {5, F(0x00400000)}, {8, 1.0f}, {9, 1.0f}}));
 }
 
 TEST(Fp8Block128x128, DequantizeIsValueTimesScaleInv) {
@@ -104,10 +116,10 @@ TEST(Fp8Block128x128, InfValueDependsOnSourceDtype) {
 // 3 x 130: rows have a full 1x128 block and a 2-element edge block.
 std::vector<float> Rows() {
   std::vector<float> w(3 * 130, 0.0f);
-  w[0 * 130 + 0] = 3.5f;     // block (0,0): s 128 -> 0x7E
-  w[0 * 130 + 129] = 0.875f; // block (0,1): s 512 -> 448 -> 0x7E
-  w[1 * 130 + 5] = -7.0f;    // block (1,0): s 64 -> -448 -> 0xFE
-  w[2 * 130 + 128] = 1.0f;   // block (2,1): s 256 -> 256 (e=15) -> 0x78
+  w[0 * 130 + 0] = 3.5f;      // block (0,0): s 128 -> 0x7E
+  w[0 * 130 + 129] = 0.875f;  // block (0,1): s 512 -> 448 -> 0x7E
+  w[1 * 130 + 5] = -7.0f;     // block (1,0): s 64 -> -448 -> 0xFE
+  w[2 * 130 + 128] = 1.0f;    // block (2,1): s 256 -> 256 (e=15) -> 0x78
   return w;
 }
 
@@ -116,19 +128,22 @@ TEST(Fp8Block1x128, RowwiseScalesInTransposedOrder) {
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(Rows(), 3, 130, spec, Direction::kRowwise, {}));
   EXPECT_EQ(q.data, BytesAt(390, {{0, 0x7E}, {129, 0x7E}, {135, 0xFE}, {388, 0x78}}));
   // [ceil(130/128)=2][roundup(3,4)=4], entry [kb][i]; zero blocks -> 1.
-  EXPECT_EQ(q.scales, Fp32At(8, {{0, 0x1p-7f}, {1, 0x1p-6f}, {2, 1.0f},
-                                 {4, 0x1p-9f}, {5, 1.0f}, {6, 0x1p-8f}}));
+  EXPECT_EQ(
+      q.scales,
+      Fp32At(8, {{0, 0x1p-7f}, {1, 0x1p-6f}, {2, 1.0f}, {4, 0x1p-9f}, {5, 1.0f}, {6, 0x1p-8f}}));
 }
 
 TEST(Fp8Block1x128, ColumnwiseQuantizedAlongM) {
   // 128x1 blocks over M = 3: one block per column j. Data [130][3].
   const QuantSpec spec = DefaultQuantSpec(Format::kFp8Block1x128);
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(Rows(), 3, 130, spec, Direction::kColumnwise, {}));
-  EXPECT_EQ(q.data, BytesAt(390, {{0 * 3 + 0, 0x7E}, {129 * 3 + 0, 0x7E}, {5 * 3 + 1, 0xFE},
-                                  {128 * 3 + 2, 0x78}}));
+  EXPECT_EQ(
+      q.data,
+      BytesAt(390,
+              {{0 * 3 + 0, 0x7E}, {129 * 3 + 0, 0x7E}, {5 * 3 + 1, 0xFE}, {128 * 3 + 2, 0x78}}));
   // [ceil(3/128)=1][roundup(130,4)=132], entry [mb][j]; entries 130, 131 pad 0.
-  std::vector<uint8_t> want = Fp32At(132, {{0, 0x1p-7f}, {5, 0x1p-6f}, {128, 0x1p-8f},
-                                           {129, 0x1p-9f}});
+  std::vector<uint8_t> want =
+      Fp32At(132, {{0, 0x1p-7f}, {5, 0x1p-6f}, {128, 0x1p-8f}, {129, 0x1p-9f}});
   const std::vector<uint8_t> one = Fp32At(1, {{0, 1.0f}});
   for (int j = 0; j < 130; ++j) {
     if (j == 0 || j == 5 || j == 128 || j == 129) continue;

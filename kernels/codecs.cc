@@ -38,7 +38,7 @@ uint32_t EncodeMinifloat(float x, const Minifloat& f) {
   const uint32_t b = FloatBits(x);
   const uint32_t sign = (b >> 31) << (f.ebits + f.mbits);
   const uint32_t mag = b & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return f.nan_code;     // NaN of either sign (D14)
+  if (mag > 0x7F800000u) return f.nan_code;          // NaN of either sign (D14)
   if (mag == 0x7F800000u) return sign | f.max_code;  // ±Inf -> ±max
 
   // |x| = sig * 2^lsb_exp exactly (fp32 subnormals included, D6).
@@ -54,7 +54,7 @@ uint32_t EncodeMinifloat(float x, const Minifloat& f) {
   // The grid step there is 2^(binade - mbits): drop `shift` low bits of sig
   // and round to nearest, ties to even. shift >= 20 for every format.
   const int shift = (binade - f.mbits) - lsb_exp;
-  uint32_t n = 0;  // |x| rounds to n * 2^(binade - mbits)
+  uint32_t n = 0;     // |x| rounds to n * 2^(binade - mbits)
   if (shift <= 24) {  // otherwise sig < 2^24 <= half a step: rounds to 0
     n = sig >> shift;
     const uint32_t rem = sig & ((1u << shift) - 1);
@@ -76,10 +76,9 @@ float DecodeFiniteMinifloat(uint32_t code, const Minifloat& f) {
   const uint32_t mag = code & ((1u << (f.ebits + f.mbits)) - 1);
   const int exp_field = static_cast<int>(mag >> f.mbits);
   const int mant = static_cast<int>(mag & ((1u << f.mbits) - 1));
-  const float v = exp_field == 0
-                      ? std::ldexp(static_cast<float>(mant), 1 - f.bias - f.mbits)
-                      : std::ldexp(static_cast<float>((1 << f.mbits) + mant),
-                                   exp_field - f.bias - f.mbits);
+  const float v = exp_field == 0 ? std::ldexp(static_cast<float>(mant), 1 - f.bias - f.mbits)
+                                 : std::ldexp(static_cast<float>((1 << f.mbits) + mant),
+                                              exp_field - f.bias - f.mbits);
   return (code >> (f.ebits + f.mbits)) & 1 ? -v : v;
 }
 

@@ -31,8 +31,8 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 // value = (-1)^s * 2^(e - bias) * (1 + m / 2^mbits), or 2^(1 - bias) * m /
 // 2^mbits for e == 0: the textbook definition, evaluated in double.
 double FieldValue(int s, int e, int m, int mbits, int bias) {
-  const double mag = e == 0 ? std::ldexp(m, 1 - bias - mbits)
-                            : std::ldexp((1 << mbits) + m, e - bias - mbits);
+  const double mag =
+      e == 0 ? std::ldexp(m, 1 - bias - mbits) : std::ldexp((1 << mbits) + m, e - bias - mbits);
   return s ? -mag : mag;
 }
 
@@ -152,14 +152,14 @@ TEST(E5M2, SaturatesInfinityAndNaNIsCanonical) {
   EXPECT_EQ(EncodeE5M2(57344.0f), 0x7B);
   EXPECT_EQ(EncodeE5M2(61440.0f), 0x7B);  // tie 57344/65536 -> sat
   EXPECT_EQ(EncodeE5M2(1e30f), 0x7B);
-  EXPECT_EQ(EncodeE5M2(kInf), 0x7B);   // satfinite: Inf -> max, never 0x7C
+  EXPECT_EQ(EncodeE5M2(kInf), 0x7B);  // satfinite: Inf -> max, never 0x7C
   EXPECT_EQ(EncodeE5M2(-kInf), 0xFB);
-  EXPECT_EQ(EncodeE5M2(kNaN), 0x7F);   // D14
+  EXPECT_EQ(EncodeE5M2(kNaN), 0x7F);  // D14
   EXPECT_EQ(EncodeE5M2(-kNaN), 0x7F);
   EXPECT_EQ(EncodeE5M2(-0.0f), 0x80);
-  EXPECT_EQ(EncodeE5M2(std::ldexp(1.0f, -17)), 0x00);   // half min subnormal
+  EXPECT_EQ(EncodeE5M2(std::ldexp(1.0f, -17)), 0x00);  // half min subnormal
   EXPECT_EQ(EncodeE5M2(-std::ldexp(1.0f, -17)), 0x80);
-  EXPECT_EQ(EncodeE5M2(std::ldexp(3.0f, -17)), 0x02);   // tie 1/2: even
+  EXPECT_EQ(EncodeE5M2(std::ldexp(3.0f, -17)), 0x02);  // tie 1/2: even
 }
 
 TEST(Fp8, DispatchAndMax) {
@@ -215,11 +215,11 @@ TEST(E2M1, SaturationNaNAndSignedZero) {
   EXPECT_EQ(EncodeE2M1(kInf), 0x7);
   EXPECT_EQ(EncodeE2M1(-kInf), 0xF);
   EXPECT_EQ(EncodeE2M1(-7.0f), 0xF);
-  EXPECT_EQ(EncodeE2M1(kNaN), 0x7);   // NaN -> +6 (D14)
+  EXPECT_EQ(EncodeE2M1(kNaN), 0x7);  // NaN -> +6 (D14)
   EXPECT_EQ(EncodeE2M1(-kNaN), 0x7);
   EXPECT_EQ(EncodeE2M1(0.0f), 0x0);
-  EXPECT_EQ(EncodeE2M1(-0.0f), 0x8);   // D7
-  EXPECT_EQ(EncodeE2M1(-0.1f), 0x8);   // rounds to zero, keeps the sign
+  EXPECT_EQ(EncodeE2M1(-0.0f), 0x8);  // D7
+  EXPECT_EQ(EncodeE2M1(-0.1f), 0x8);  // rounds to zero, keeps the sign
   EXPECT_EQ(EncodeE2M1(-0.25f), 0x8);
   EXPECT_EQ(EncodeE2M1(F(0x80000001)), 0x8);
 }
@@ -228,8 +228,7 @@ TEST(E2M1, SaturationNaNAndSignedZero) {
 
 TEST(E8M0, DecodesAll256Codes) {
   for (int e = 0; e < 255; ++e) {
-    EXPECT_EQ(DecodeE8M0(static_cast<uint8_t>(e)),
-              static_cast<float>(std::ldexp(1.0, e - 127)))
+    EXPECT_EQ(DecodeE8M0(static_cast<uint8_t>(e)), static_cast<float>(std::ldexp(1.0, e - 127)))
         << e;
   }
   EXPECT_TRUE(std::isnan(DecodeE8M0(0xFF)));
@@ -253,11 +252,11 @@ TEST(E8M0, FromScaledAmaxIsCeilingOfLog2) {
     }
   }
   EXPECT_EQ(E8M0FromScaledAmax(1.0f), 127);
-  EXPECT_EQ(E8M0FromScaledAmax(1.0f / 448), 119);      // 2^-8 >= 1/448 > 2^-9
-  EXPECT_EQ(E8M0FromScaledAmax(F(0x00400000)), 0);      // 2^-127 exactly
+  EXPECT_EQ(E8M0FromScaledAmax(1.0f / 448), 119);   // 2^-8 >= 1/448 > 2^-9
+  EXPECT_EQ(E8M0FromScaledAmax(F(0x00400000)), 0);  // 2^-127 exactly
   EXPECT_EQ(E8M0FromScaledAmax(F(0x00400001)), 1);
   EXPECT_EQ(E8M0FromScaledAmax(F(0x00000001)), 0);
-  EXPECT_EQ(E8M0FromScaledAmax(FLT_MAX), 254);          // clamped
+  EXPECT_EQ(E8M0FromScaledAmax(FLT_MAX), 254);  // clamped
   EXPECT_EQ(E8M0FromScaledAmax(0.0f), 0);
   EXPECT_EQ(E8M0FromScaledAmax(kInf), 0xFE);
   EXPECT_EQ(E8M0FromScaledAmax(kNaN), 0xFF);
@@ -288,7 +287,7 @@ TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(EncodeBf16(F(0x00008000)), 0x0000);  // subnormal tie to even
   EXPECT_EQ(EncodeBf16(F(0x00018000)), 0x0002);
   EXPECT_EQ(EncodeBf16(F(0x00008001)), 0x0001);
-  EXPECT_EQ(EncodeBf16(kNaN), 0x7FFF);            // D14
+  EXPECT_EQ(EncodeBf16(kNaN), 0x7FFF);  // D14
   EXPECT_EQ(EncodeBf16(-kNaN), 0x7FFF);
   EXPECT_EQ(EncodeBf16(F(0x7F800001)), 0x7FFF);
 }

@@ -55,8 +55,7 @@ absl::StatusOr<Layout> RowwiseLayout(const QuantSpec& spec, int64_t rows, int64_
       l.scale_elem_bytes = 4;
       return l;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown format ", static_cast<int>(spec.format)));
+  return absl::InvalidArgumentError(absl::StrCat("unknown format ", static_cast<int>(spec.format)));
 }
 
 constexpr std::array<std::pair<Format, absl::string_view>, 8> kFormatNames = {{
@@ -89,14 +88,14 @@ QuantSpec DefaultQuantSpec(Format format) {
   return spec;
 }
 
-absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction,
-                                     int64_t rows, int64_t cols) {
+absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction, int64_t rows,
+                                     int64_t cols) {
   // The element bound keeps every byte count (at most 4 per element plus
   // small paddings) far from int64 overflow.
   constexpr int64_t kMaxElements = int64_t{1} << 48;
   if (rows < 1 || cols < 1 || rows > kMaxElements / cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad shape [", rows, ", ", cols, "]: need M, K >= 1 and M*K <= 2^48"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad shape [", rows, ", ", cols, "]: need M, K >= 1 and M*K <= 2^48"));
   }
   if (direction == Direction::kRowwise) return RowwiseLayout(spec, rows, cols);
   if (direction != Direction::kColumnwise) {
@@ -154,8 +153,7 @@ absl::string_view DirectionName(Direction direction) {
 bool NeedsGlobalAmax(Format format) {
   // Per-tensor FP8 shares one scale and NVFP4 one global A across all pieces
   // of a tensor; every other format's scales are local to a block.
-  return format == Format::kFp8Delayed || format == Format::kFp8Current ||
-         format == Format::kNvfp4;
+  return format == Format::kFp8Delayed || format == Format::kFp8Current || format == Format::kNvfp4;
 }
 
 }  // namespace paramd

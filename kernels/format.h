@@ -106,15 +106,15 @@ struct Layout {
 // InvalidArgument for M or K < 1, M*K > 2^48, or an unknown format or
 // direction. Identity copies keep [M][K] in both directions; see
 // FORMATS.md §1-§6 for the others.
-absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction,
-                                     int64_t rows, int64_t cols);
+absl::StatusOr<Layout> ComputeLayout(const QuantSpec& spec, Direction direction, int64_t rows,
+                                     int64_t cols);
 
 // One published direction of one tensor (or of one shard of it).
 struct QuantizedTensor {
   Format format = Format::kIdentityBf16;
   Direction direction = Direction::kRowwise;
-  int64_t rows = 0;  // logical M of the source
-  int64_t cols = 0;  // logical K of the source
+  int64_t rows = 0;             // logical M of the source
+  int64_t cols = 0;             // logical K of the source
   std::vector<uint8_t> data;    // Layout::data_bytes()
   std::vector<uint8_t> scales;  // Layout::scale_bytes()
   // Per-tensor FP8: rcp(scale). 1 for other formats.

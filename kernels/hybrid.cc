@@ -20,8 +20,8 @@ QuantSpec WithSource(QuantSpec spec, SourceDtype dtype) {
 
 absl::Status CheckShape(absl::Span<const float> master, int64_t rows, int64_t cols) {
   if (rows < 1 || cols < 1 || static_cast<int64_t>(master.size()) != rows * cols) {
-    return absl::InvalidArgumentError(absl::StrCat("master has ", master.size(),
-                                                   " values for shape [", rows, ", ", cols, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("master has ", master.size(), " values for shape [", rows, ", ", cols, "]"));
   }
   return absl::OkStatus();
 }
@@ -37,8 +37,8 @@ absl::StatusOr<std::vector<float>> DequantizedRowwise(const std::vector<float>& 
   const QuantSpec row_spec = WithSource(spec.rowwise, spec.source_dtype);
   QuantizedTensor temporary;
   if (rowwise == nullptr) {
-    ASSIGN_OR_RETURN(temporary, Quantize(source, rows, cols, row_spec, Direction::kRowwise,
-                                         rowwise_scaling));
+    ASSIGN_OR_RETURN(temporary,
+                     Quantize(source, rows, cols, row_spec, Direction::kRowwise, rowwise_scaling));
     rowwise = &temporary;
   }
   ASSIGN_OR_RETURN(std::vector<float> values, Dequantize(*rowwise, row_spec));

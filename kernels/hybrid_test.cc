@@ -32,8 +32,8 @@ HybridSpec Make(Format row, Format col, ColumnwiseSource source) {
 
 // The scalings a daemon computes: rowwise from the source, columnwise from
 // what the columnwise quantizer reads.
-absl::StatusOr<HybridScaling> ScalingsFor(const std::vector<float>& master, int64_t m,
-                                          int64_t k, const HybridSpec& spec) {
+absl::StatusOr<HybridScaling> ScalingsFor(const std::vector<float>& master, int64_t m, int64_t k,
+                                          const HybridSpec& spec) {
   HybridScaling s;
   s.rowwise = ScalingFromAmax(spec.rowwise, Amax(RoundToSource(master, spec.source_dtype)));
   auto col = ColumnwiseSourceValues(master, m, k, spec, s.rowwise);
@@ -49,8 +49,8 @@ absl::StatusOr<HybridScaling> ScalingsFor(const std::vector<float>& master, int6
 // Dequantized: 128 * RN(1/448) = 0x3E924925 (exact power-of-2 scaling),
 // 448 * RN(1/448) = 1.0; to BF16: 0x3E92 (0.28515625), 1.0 (D2).
 TEST(Hybrid, RowwiseDequantizedHandComputed) {
-  HybridSpec spec = Make(Format::kFp8Current, Format::kIdentityFp32,
-                         ColumnwiseSource::kRowwiseDequantized);
+  HybridSpec spec =
+      Make(Format::kFp8Current, Format::kIdentityFp32, ColumnwiseSource::kRowwiseDequantized);
   const std::vector<float> master = {0.3f, 1.0f};
   ASSERT_OK_AND_ASSIGN(auto scaling, ScalingsFor(master, 1, 2, spec));
   ASSERT_EQ(scaling.rowwise.scale, 448.0f);
@@ -60,8 +60,7 @@ TEST(Hybrid, RowwiseDequantizedHandComputed) {
   EXPECT_EQ(r.rowwise->data, std::vector<uint8_t>({0x70, 0x7E}));
   EXPECT_EQ(r.rowwise->scale_inv, F(0x3B124925));
   EXPECT_EQ(r.columnwise->data, Fp32At(2, {{0, F(0x3E920000)}, {1, 1.0f}}));
-  ASSERT_OK_AND_ASSIGN(auto values,
-                       ColumnwiseSourceValues(master, 1, 2, spec, scaling.rowwise));
+  ASSERT_OK_AND_ASSIGN(auto values, ColumnwiseSourceValues(master, 1, 2, spec, scaling.rowwise));
   EXPECT_EQ(values, std::vector<float>({F(0x3E920000), 1.0f}));
 
   // Rowwise usage off: a temporary rowwise copy still feeds the columnwise
@@ -118,15 +117,15 @@ TEST(Hybrid, EqualsTheSingleDirectionQuantizations) {
         const std::vector<float> src = RoundToSource(master, dtype);
         QuantSpec row_spec = spec.rowwise, col_spec = spec.columnwise;
         row_spec.source_dtype = col_spec.source_dtype = dtype;
-        ASSERT_OK_AND_ASSIGN(auto row, Quantize(src, m, k, row_spec, Direction::kRowwise,
-                                                scaling.rowwise));
+        ASSERT_OK_AND_ASSIGN(auto row,
+                             Quantize(src, m, k, row_spec, Direction::kRowwise, scaling.rowwise));
         std::vector<float> col_src = src;
         if (source == ColumnwiseSource::kRowwiseDequantized) {
           ASSERT_OK_AND_ASSIGN(auto deq, Dequantize(row, row_spec));
           col_src = RoundToSource(deq, dtype);
         }
-        ASSERT_OK_AND_ASSIGN(auto values, ColumnwiseSourceValues(master, m, k, spec,
-                                                                 scaling.rowwise));
+        ASSERT_OK_AND_ASSIGN(auto values,
+                             ColumnwiseSourceValues(master, m, k, spec, scaling.rowwise));
         EXPECT_EQ(values, col_src);
         ASSERT_OK_AND_ASSIGN(auto col, Quantize(col_src, m, k, col_spec, Direction::kColumnwise,
                                                 scaling.columnwise));

@@ -71,8 +71,7 @@ void QuantizeMxfp8Columnwise(const SourceMatrix& src, const QuantSpec& spec,
                              const TensorScaling& /*scaling*/, QuantizedTensor& q) {
   Quantize(src, spec, Direction::kColumnwise, q);
 }
-void DequantizeMxfp8Columnwise(const EncodedView& v, const QuantSpec& spec,
-                               MatrixRowsOut& out) {
+void DequantizeMxfp8Columnwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out) {
   Dequantize(v, spec, Direction::kColumnwise, out);
 }
 

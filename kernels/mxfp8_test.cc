@@ -47,8 +47,16 @@ TEST(Mxfp8, RowwiseHandComputed) {
   //   3 -> ~2^-125 -> 0x00; -1 -> -0 -> 0x80.
   const QuantSpec spec = DefaultQuantSpec(Format::kMxfp8);
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(TwoByForty(), 2, 40, spec, Direction::kRowwise, {}));
-  EXPECT_EQ(q.data, BytesAt(80, {{0, 0x78}, {1, 0xF0}, {2, 0x6A}, {32, 0x7E}, {33, 0x3A},
-                                 {34, 0xF8}, {35, 0x7F}, {40, 0x80}, {72, 0x7E}, {74, 0x80}}));
+  EXPECT_EQ(q.data, BytesAt(80, {{0, 0x78},
+                                 {1, 0xF0},
+                                 {2, 0x6A},
+                                 {32, 0x7E},
+                                 {33, 0x3A},
+                                 {34, 0xF8},
+                                 {35, 0x7F},
+                                 {40, 0x80},
+                                 {72, 0x7E},
+                                 {74, 0x80}}));
   // Compact scale [roundup(2,128)=128][roundup(2,4)=4], padding 0 (D8).
   EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x77}, {1, 0x81}, {4, 0x00}, {5, 0xFE}}));
   EXPECT_EQ(q.scale_inv, 1.0f);
@@ -69,11 +77,20 @@ TEST(Mxfp8, ColumnwiseHandComputed) {
   const QuantSpec spec = DefaultQuantSpec(Format::kMxfp8);
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(TwoByForty(), 2, 40, spec, Direction::kColumnwise, {}));
   // Data stays [M][K] (not transposed).
-  EXPECT_EQ(q.data, BytesAt(80, {{0, 0x78}, {1, 0xF8}, {2, 0x7A}, {33, 0x7A}, {34, 0xF8},
-                                 {35, 0x7F}, {40, 0x80}, {72, 0x7E}, {73, 0x74}, {74, 0xA8}}));
+  EXPECT_EQ(q.data, BytesAt(80, {{0, 0x78},
+                                 {1, 0xF8},
+                                 {2, 0x7A},
+                                 {33, 0x7A},
+                                 {34, 0xF8},
+                                 {35, 0x7F},
+                                 {40, 0x80},
+                                 {72, 0x7E},
+                                 {73, 0x74},
+                                 {74, 0xA8}}));
   // Compact scale [roundup(1,4)=4][roundup(40,128)=128], entry [i/32][j].
-  EXPECT_EQ(q.scales, BytesAt(4 * 128, {{0, 0x77}, {1, 0x76}, {2, 0x75}, {32, 0xFE},
-                                        {33, 0x79}, {34, 0x81}}));
+  EXPECT_EQ(
+      q.scales,
+      BytesAt(4 * 128, {{0, 0x77}, {1, 0x76}, {2, 0x75}, {32, 0xFE}, {33, 0x79}, {34, 0x81}}));
 }
 
 TEST(Mxfp8, DequantizeIsValueTimesPowerOfTwo) {
@@ -111,8 +128,10 @@ TEST(Mxfp8, TwoDimensionalTilesShareOneScale) {
   w[3 * 40 + 35] = 448.0f;
   w[33 * 40 + 2] = 0.5f;
   w[39 * 40 + 39] = -0.0f;
-  const auto data = BytesAt(1600, {{5 * 40 + 7, 0x78}, {31 * 40 + 31, 0x68},
-                                   {3 * 40 + 35, 0x7E}, {33 * 40 + 2, 0x78},
+  const auto data = BytesAt(1600, {{5 * 40 + 7, 0x78},
+                                   {31 * 40 + 31, 0x68},
+                                   {3 * 40 + 35, 0x7E},
+                                   {33 * 40 + 2, 0x78},
                                    {39 * 40 + 39, 0x80}});
   QuantSpec spec = DefaultQuantSpec(Format::kMxfp8);
   spec.two_d = true;

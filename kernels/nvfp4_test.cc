@@ -66,10 +66,17 @@ TEST(Nvfp4, RowwiseOneDimensionalHandComputed) {
   ASSERT_OK_AND_ASSIGN(auto q, Quantize(ThreeByThirtyThree(), 3, 33, spec, Direction::kRowwise,
                                         TensorScaling{1.0f, 6.0f}));
   // Data [3][17]; byte 16 of each row holds column 32 alone (high nibble 0).
-  EXPECT_EQ(q.data, BytesAt(51, {{0, 0xD7}, {1, 0x03}, {2, 0x0A}, {8, 0x47}, {9, 0x09},
-                                 {16, 0x0F},                  // row 0
-                                 {17 + 0, 0x08}, {17 + 8, 0x07},  // row 1
-                                 {34 + 0, 0x70}, {34 + 1, 0x04}, {34 + 16, 0x01}}));
+  EXPECT_EQ(q.data, BytesAt(51, {{0, 0xD7},
+                                 {1, 0x03},
+                                 {2, 0x0A},
+                                 {8, 0x47},
+                                 {9, 0x09},
+                                 {16, 0x0F},  // row 0
+                                 {17 + 0, 0x08},
+                                 {17 + 8, 0x07},  // row 1
+                                 {34 + 0, 0x70},
+                                 {34 + 1, 0x04},
+                                 {34 + 16, 0x01}}));
   // Scale [roundup(3,128)=128][roundup(ceil(33/16)=3,4)=4], entry [i][j/16].
   EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x7E}, {1, 0x76}, {2, 0x66}, {5, 0x57}, {8, 0x69}}));
   EXPECT_EQ(q.amax, 6.0f);  // A, not S_enc
@@ -93,15 +100,31 @@ TEST(Nvfp4, ColumnwiseOneDimensionalHandComputed) {
   //      -> ~5.97 -> 6 (7)
   //  j32 {-0.75,0,1e-39}: sd 0x66 enc 8 -> F, 0, 0
   const QuantSpec spec = OneD();
-  ASSERT_OK_AND_ASSIGN(auto q, Quantize(ThreeByThirtyThree(), 3, 33, spec,
-                                        Direction::kColumnwise, TensorScaling{1.0f, 6.0f}));
-  EXPECT_EQ(q.data, BytesAt(66, {{0, 0x87}, {2, 0x0F}, {3, 0x04}, {4, 0x07}, {5, 0x03},
-                                 {6, 0x07}, {8, 0x0F}, {32, 0x17}, {34, 0x07}, {36, 0x0F},
-                                 {38, 0x07}, {64, 0x0F}}));
+  ASSERT_OK_AND_ASSIGN(auto q, Quantize(ThreeByThirtyThree(), 3, 33, spec, Direction::kColumnwise,
+                                        TensorScaling{1.0f, 6.0f}));
+  EXPECT_EQ(q.data, BytesAt(66, {{0, 0x87},
+                                 {2, 0x0F},
+                                 {3, 0x04},
+                                 {4, 0x07},
+                                 {5, 0x03},
+                                 {6, 0x07},
+                                 {8, 0x0F},
+                                 {32, 0x17},
+                                 {34, 0x07},
+                                 {36, 0x0F},
+                                 {38, 0x07},
+                                 {64, 0x0F}}));
   // Scale [roundup(33,128)=128][roundup(ceil(3/16)=1,4)=4], entry [j][i/16].
-  EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x7E}, {4, 0x76}, {8, 0x6D}, {12, 0x57},
-                                        {16, 0x67}, {64, 0x76}, {68, 0x69}, {72, 0x5B},
-                                        {76, 0x4F}, {128, 0x66}}));
+  EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x7E},
+                                        {4, 0x76},
+                                        {8, 0x6D},
+                                        {12, 0x57},
+                                        {16, 0x67},
+                                        {64, 0x76},
+                                        {68, 0x69},
+                                        {72, 0x5B},
+                                        {76, 0x4F},
+                                        {128, 0x66}}));
   EXPECT_EQ(q.amax, 6.0f);
 }
 
@@ -141,13 +164,19 @@ TEST(Nvfp4, TwoDimensionalTilesAndNibbleTranspose) {
   ASSERT_OK_AND_ASSIGN(auto row, Quantize(w, 20, 18, spec, Direction::kRowwise, scaling));
   ASSERT_OK_AND_ASSIGN(auto col, Quantize(w, 20, 18, spec, Direction::kColumnwise, scaling));
   // Rowwise data [20][9]: byte (i, j/2), odd j in the high nibble.
-  EXPECT_EQ(row.data, BytesAt(180, {{2 * 9 + 1, 0x70}, {15 * 9 + 7, 0xB0}, {0 * 9 + 8, 0x70},
-                                    {10 * 9 + 8, 0x04}, {19 * 9 + 0, 0x08},
+  EXPECT_EQ(row.data, BytesAt(180, {{2 * 9 + 1, 0x70},
+                                    {15 * 9 + 7, 0xB0},
+                                    {0 * 9 + 8, 0x70},
+                                    {10 * 9 + 8, 0x04},
+                                    {19 * 9 + 0, 0x08},
                                     {16 * 9 + 8, 0x07}}));
   // Columnwise data [18][10]: byte (j, i/2), odd i in the high nibble.
-  EXPECT_EQ(col.data, BytesAt(180, {{3 * 10 + 1, 0x07}, {15 * 10 + 7, 0xB0},
-                                    {17 * 10 + 0, 0x07}, {16 * 10 + 5, 0x04},
-                                    {0 * 10 + 9, 0x80}, {16 * 10 + 8, 0x07}}));
+  EXPECT_EQ(col.data, BytesAt(180, {{3 * 10 + 1, 0x07},
+                                    {15 * 10 + 7, 0xB0},
+                                    {17 * 10 + 0, 0x07},
+                                    {16 * 10 + 5, 0x04},
+                                    {0 * 10 + 9, 0x80},
+                                    {16 * 10 + 8, 0x07}}));
   // The tile byte goes into every row of the tile: rowwise [128][4] entry
   // [i][j/16]; columnwise [128][4] entry [j][i/16].
   std::vector<uint8_t> rs(128 * 4, 0), cs(128 * 4, 0);
@@ -170,8 +199,8 @@ TEST(Nvfp4, BlockFactorIsTheRoundedProductSEncTimesRcp6) {
   std::vector<float> w(17, 0.0f);
   w[0] = 6.0f;
   w[16] = testing::F(0x40B92492);
-  ASSERT_OK_AND_ASSIGN(auto q, Quantize(w, 1, 17, OneD(), Direction::kRowwise,
-                                        TensorScaling{1.0f, 6.0f}));
+  ASSERT_OK_AND_ASSIGN(auto q,
+                       Quantize(w, 1, 17, OneD(), Direction::kRowwise, TensorScaling{1.0f, 6.0f}));
   EXPECT_EQ(q.scales, BytesAt(128 * 4, {{0, 0x7E}, {1, 0x7E}}));
   EXPECT_EQ(q.data, BytesAt(9, {{0, 0x07}, {8, 0x07}}));
 }
@@ -182,16 +211,16 @@ TEST(Nvfp4, GlobalAmaxEdgeCases) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   // A = Inf -> S_enc = 1 (D4), S_dec = 1, factor RCP6: block amax Inf ->
   // sd = E4M3(Inf) = 448 (0x7E), enc = RN(1/448): Inf -> 6 (7); 1 -> 0.0022 -> 0.
-  ASSERT_OK_AND_ASSIGN(auto a, Quantize({inf, 1.0f}, 1, 2, spec, Direction::kRowwise,
-                                        TensorScaling{1.0f, inf}));
+  ASSERT_OK_AND_ASSIGN(
+      auto a, Quantize({inf, 1.0f}, 1, 2, spec, Direction::kRowwise, TensorScaling{1.0f, inf}));
   EXPECT_EQ(a.data, std::vector<uint8_t>({0x07}));
   EXPECT_EQ(a.scales, BytesAt(128 * 4, {{0, 0x7E}}));
   EXPECT_EQ(a.amax, inf);
   // A = NaN -> S_enc = 1: block amax 1 (NaN ignored) -> sd = E4M3(RCP6 =
   // 0.16667): step 2^-6, 10.67 -> 11 -> 0.171875 (e=4, m=3) 0x23; enc =
   // 1/0.171875 = 5.82: 1 -> 5.82 -> 6 (7); NaN -> +6 (7, D14).
-  ASSERT_OK_AND_ASSIGN(auto n, Quantize({1.0f, nan}, 1, 2, spec, Direction::kRowwise,
-                                        TensorScaling{1.0f, nan}));
+  ASSERT_OK_AND_ASSIGN(
+      auto n, Quantize({1.0f, nan}, 1, 2, spec, Direction::kRowwise, TensorScaling{1.0f, nan}));
   EXPECT_EQ(n.data, std::vector<uint8_t>({0x77}));
   EXPECT_EQ(n.scales, BytesAt(128 * 4, {{0, 0x23}}));
   // A = 0 (all-zero tensor) -> S_enc = 1; every sd is 0, data keeps -0 as 8.

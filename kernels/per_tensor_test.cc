@@ -26,7 +26,7 @@ const float kNaN = std::numeric_limits<float>::quiet_NaN();
 //   0.001 -> 0.128: step 2^-6, 8.192 -> 8 -> 0.125, e=4, m=0 -> 0x20
 //   NaN   ->                                          -> 0x7F (D14)
 //   1.5*2^-16 -> 1.5*2^-9: tie between subnormals 1 and 2 -> 2 -> 0x02
-const std::vector<float> kW = {1.0f, -2.0f, 3.5f, 0.01f,
+const std::vector<float> kW = {1.0f,  -2.0f,  3.5f, 0.01f,
                                -0.0f, 0.001f, kNaN, std::ldexp(1.5f, -16)};
 const std::vector<uint8_t> kRowwise = {0x70, 0xF8, 0x7E, 0x3A, 0x80, 0x20, 0x7F, 0x02};
 // [K][M] byte transpose (D13).
@@ -59,8 +59,8 @@ TEST(PerTensorFp8, DequantizeIsValueTimesScaleInv) {  // D15
     ASSERT_OK_AND_ASSIGN(auto q, Quantize(kW, 2, 4, spec, d, scaling));
     ASSERT_OK_AND_ASSIGN(auto x, Dequantize(q, spec));
     // Values in [M][K] order whatever the direction.
-    const std::vector<float> want = {1.0f, -2.0f, 3.5f, 1.25f / 128, -0.0f, 0.125f / 128,
-                                     0.0f /*NaN*/, std::ldexp(1.0f, -15)};
+    const std::vector<float> want = {1.0f,  -2.0f,        3.5f,         1.25f / 128,
+                                     -0.0f, 0.125f / 128, 0.0f /*NaN*/, std::ldexp(1.0f, -15)};
     ASSERT_EQ(x.size(), 8u);
     for (int i = 0; i < 8; ++i) {
       if (i == 6) {
@@ -95,8 +95,8 @@ TEST(PerTensorFp8, E5M2) {
   QuantSpec spec = DefaultQuantSpec(Format::kFp8Current);
   spec.fp8_type = Fp8Type::kE5M2;
   const TensorScaling scaling = ScalingFromAmax(spec, 1.0f);
-  ASSERT_OK_AND_ASSIGN(auto q, Quantize({1.0f, -0.5f, -1e30f}, 1, 3, spec,
-                                        Direction::kRowwise, scaling));
+  ASSERT_OK_AND_ASSIGN(auto q,
+                       Quantize({1.0f, -0.5f, -1e30f}, 1, 3, spec, Direction::kRowwise, scaling));
   EXPECT_EQ(q.data, std::vector<uint8_t>({0x7B, 0xF7, 0xFB}));
   EXPECT_EQ(q.scale_inv, F(0x37924925));
   ASSERT_OK_AND_ASSIGN(auto x, Dequantize(q, spec));

@@ -22,8 +22,7 @@ using internal::EncodedView;
 using internal::SourceMatrix;
 
 struct FormatImpl {
-  void (*quantize)(const SourceMatrix&, const QuantSpec&, const TensorScaling&,
-                   QuantizedTensor&);
+  void (*quantize)(const SourceMatrix&, const QuantSpec&, const TensorScaling&, QuantizedTensor&);
   void (*dequantize)(const EncodedView&, const QuantSpec&, internal::MatrixRowsOut&);
 };
 
@@ -34,20 +33,17 @@ absl::StatusOr<FormatImpl> ImplFor(Format format, Direction direction) {
       return FormatImpl{internal::QuantizeIdentityRowwise, internal::DequantizeIdentityRowwise};
     case Format::kFp8Delayed:
     case Format::kFp8Current:
-      return FormatImpl{internal::QuantizePerTensorRowwise,
-                        internal::DequantizePerTensorRowwise};
+      return FormatImpl{internal::QuantizePerTensorRowwise, internal::DequantizePerTensorRowwise};
     case Format::kMxfp8:
       if (direction == Direction::kColumnwise) {
-        return FormatImpl{internal::QuantizeMxfp8Columnwise,
-                          internal::DequantizeMxfp8Columnwise};
+        return FormatImpl{internal::QuantizeMxfp8Columnwise, internal::DequantizeMxfp8Columnwise};
       }
       return FormatImpl{internal::QuantizeMxfp8Rowwise, internal::DequantizeMxfp8Rowwise};
     case Format::kNvfp4:
       return FormatImpl{internal::QuantizeNvfp4Rowwise, internal::DequantizeNvfp4Rowwise};
     case Format::kFp8Block128x128:
     case Format::kFp8Block1x128:
-      return FormatImpl{internal::QuantizeBlockwiseRowwise,
-                        internal::DequantizeBlockwiseRowwise};
+      return FormatImpl{internal::QuantizeBlockwiseRowwise, internal::DequantizeBlockwiseRowwise};
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown format ", static_cast<int>(format)));
 }
@@ -60,15 +56,14 @@ bool FromTranspose(Format format, Direction direction) {
 
 }  // namespace
 
-absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t rows,
-                                         int64_t cols, const QuantSpec& spec,
-                                         Direction direction, const TensorScaling& scaling) {
+absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t rows, int64_t cols,
+                                         const QuantSpec& spec, Direction direction,
+                                         const TensorScaling& scaling) {
   ASSIGN_OR_RETURN(const Layout layout, ComputeLayout(spec, direction, rows, cols));
   ASSIGN_OR_RETURN(const FormatImpl impl, ImplFor(spec.format, direction));
   if (static_cast<int64_t>(source.size()) != rows * cols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source has ", source.size(), " values, shape [", rows, ", ", cols, "] needs ",
-        rows * cols));
+    return absl::InvalidArgumentError(absl::StrCat("source has ", source.size(), " values, shape [",
+                                                   rows, ", ", cols, "] needs ", rows * cols));
   }
   QuantizedTensor q;
   q.format = spec.format;
@@ -86,17 +81,17 @@ absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t
 
 absl::StatusOr<std::vector<float>> Dequantize(const QuantizedTensor& q, const QuantSpec& spec) {
   if (q.format != spec.format) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor is ", FormatName(q.format),
-                                                   ", spec is ", FormatName(spec.format)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor is ", FormatName(q.format), ", spec is ", FormatName(spec.format)));
   }
   ASSIGN_OR_RETURN(const Layout layout, ComputeLayout(spec, q.direction, q.rows, q.cols));
   ASSIGN_OR_RETURN(const FormatImpl impl, ImplFor(spec.format, q.direction));
   if (static_cast<int64_t>(q.data.size()) != layout.data_bytes() ||
       static_cast<int64_t>(q.scales.size()) != layout.scale_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        FormatName(q.format), " ", DirectionName(q.direction), " [", q.rows, ", ", q.cols,
-        "] needs ", layout.data_bytes(), " data and ", layout.scale_bytes(),
-        " scale bytes, got ", q.data.size(), " and ", q.scales.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(FormatName(q.format), " ", DirectionName(q.direction), " [", q.rows, ", ",
+                     q.cols, "] needs ", layout.data_bytes(), " data and ", layout.scale_bytes(),
+                     " scale bytes, got ", q.data.size(), " and ", q.scales.size()));
   }
   std::vector<float> out(q.rows * q.cols);
   internal::MatrixRowsOut rows_out(out.data(), q.rows, q.cols,

@@ -25,18 +25,18 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {Format::kIdentityBf16, false}, {Format::kIdentityFp32, false},
-    {Format::kFp8Delayed, false},   {Format::kFp8Current, false},
-    {Format::kMxfp8, false},        {Format::kMxfp8, true},
-    {Format::kNvfp4, false},        {Format::kNvfp4, true},
+    {Format::kIdentityBf16, false},    {Format::kIdentityFp32, false},
+    {Format::kFp8Delayed, false},      {Format::kFp8Current, false},
+    {Format::kMxfp8, false},           {Format::kMxfp8, true},
+    {Format::kNvfp4, false},           {Format::kNvfp4, true},
     {Format::kFp8Block128x128, false}, {Format::kFp8Block1x128, false},
 };
 
 struct Shape {
   int64_t m, k;
 };
-const Shape kShapes[] = {{1, 1},   {1, 7},    {7, 1},    {1, 300}, {300, 1},  {37, 131},
-                         {33, 17}, {16, 16},  {32, 32},  {31, 33}, {128, 128}, {129, 257}};
+const Shape kShapes[] = {{1, 1},   {1, 7},   {7, 1},   {1, 300}, {300, 1},   {37, 131},
+                         {33, 17}, {16, 16}, {32, 32}, {31, 33}, {128, 128}, {129, 257}};
 
 std::string CaseName(const Case& c) {
   return std::string(FormatName(c.format)) + (c.two_d ? "_2d" : "");
@@ -328,14 +328,14 @@ TEST_P(QuantizeTest, InfinitySaturatesOrPassesThrough) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFormats, QuantizeTest,
-    ::testing::Combine(::testing::ValuesIn(kCases), ::testing::ValuesIn(kShapes)),
-    [](const ::testing::TestParamInfo<std::tuple<Case, Shape>>& info) {
-      const Shape s = std::get<1>(info.param);
-      return CaseName(std::get<0>(info.param)) + "_" + std::to_string(s.m) + "x" +
-             std::to_string(s.k);
-    });
+INSTANTIATE_TEST_SUITE_P(AllFormats, QuantizeTest,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::ValuesIn(kShapes)),
+                         [](const ::testing::TestParamInfo<std::tuple<Case, Shape>>& info) {
+                           const Shape s = std::get<1>(info.param);
+                           return CaseName(std::get<0>(info.param)) + "_" + std::to_string(s.m) +
+                                  "x" + std::to_string(s.k);
+                         });
 
 TEST(Quantize, RejectsBadArguments) {
   const QuantSpec spec = DefaultQuantSpec(Format::kMxfp8);
@@ -368,8 +368,8 @@ TEST(Quantize, IdentityBytesHandComputed) {
     ASSERT_OK_AND_ASSIGN(auto b, Quantize(x, 3, 1, DefaultQuantSpec(Format::kIdentityBf16), d, {}));
     EXPECT_EQ(b.data, std::vector<uint8_t>({0x80, 0x3F, 0x9A, 0xBE, 0xFF, 0x7F}));
     EXPECT_TRUE(b.scales.empty());
-    ASSERT_OK_AND_ASSIGN(auto f, Quantize({1.0f, -2.0f}, 1, 2,
-                                          DefaultQuantSpec(Format::kIdentityFp32), d, {}));
+    ASSERT_OK_AND_ASSIGN(
+        auto f, Quantize({1.0f, -2.0f}, 1, 2, DefaultQuantSpec(Format::kIdentityFp32), d, {}));
     EXPECT_EQ(f.data, std::vector<uint8_t>({0, 0, 0x80, 0x3F, 0, 0, 0, 0xC0}));
   }
 }

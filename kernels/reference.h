@@ -31,8 +31,8 @@ float DecodeE4M3(uint8_t code);
 float DecodeE5M2(uint8_t code);
 uint8_t EncodeFp8(float x, Fp8Type type);
 float DecodeFp8(uint8_t code, Fp8Type type);
-float Fp8Max(Fp8Type type);  // 448 or 57344
-uint8_t EncodeE2M1(float x);  // 4-bit code in the low nibble; NaN -> 0x7, -0 -> 0x8
+float Fp8Max(Fp8Type type);      // 448 or 57344
+uint8_t EncodeE2M1(float x);     // 4-bit code in the low nibble; NaN -> 0x7, -0 -> 0x8
 float DecodeE2M1(uint8_t code);  // reads the low nibble only
 float DecodeE8M0(uint8_t code);  // 2^(e-127); 0xFF -> NaN
 // §3 e8m0(v), TE ceiling rule: the smallest e with 2^(e-127) >= v, clamped
@@ -74,9 +74,9 @@ TensorScaling ScalingFromAmax(const QuantSpec& spec, float global_amax);
 // NVFP4, else 0. spec.fp8_type selects E4M3/E5M2 for every FP8 format;
 // spec.source_dtype only matters to blockwise FP8 (§5 inf_value).
 // InvalidArgument: bad shape, source.size() != rows*cols, unknown format.
-absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t rows,
-                                         int64_t cols, const QuantSpec& spec,
-                                         Direction direction, const TensorScaling& scaling);
+absl::StatusOr<QuantizedTensor> Quantize(absl::Span<const float> source, int64_t rows, int64_t cols,
+                                         const QuantSpec& spec, Direction direction,
+                                         const TensorScaling& scaling);
 // Back to FP32 [rows][cols] in W's order whatever the direction (D15:
 // value(q) * scale_inv in one rounding; MXFP8 value(q) * 2^(e-127); NVFP4
 // e2m1(q) * ((value(sd) * A) * RN(1/2688)), D4). Each element uses the scale

@@ -34,11 +34,11 @@ inline float FloatFromBits(uint32_t b) {
 
 // FORMATS.md §0 constants, by bit pattern so that no compiler rounding is
 // involved.
-inline float Rcp448() { return FloatFromBits(0x3B124925u); }     // RN(1/448)
-inline float Rcp57344() { return FloatFromBits(0x37924925u); }   // RN(1/57344)
-inline float Rcp6() { return FloatFromBits(0x3E2AAAABu); }       // RN(1/6)
-inline float Rcp2688() { return FloatFromBits(0x39C30C31u); }    // RN(1/2688)
-inline float Bf16Max() { return FloatFromBits(0x7F7F0000u); }    // largest finite BF16
+inline float Rcp448() { return FloatFromBits(0x3B124925u); }    // RN(1/448)
+inline float Rcp57344() { return FloatFromBits(0x37924925u); }  // RN(1/57344)
+inline float Rcp6() { return FloatFromBits(0x3E2AAAABu); }      // RN(1/6)
+inline float Rcp2688() { return FloatFromBits(0x39C30C31u); }   // RN(1/2688)
+inline float Bf16Max() { return FloatFromBits(0x7F7F0000u); }   // largest finite BF16
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -132,8 +132,8 @@ void DecodeFp8Blocks(const uint8_t* codes, const BlockGrid& grid, const std::vec
 void EncodeFp4Blocks(const MatrixRows& src, const BlockGrid& grid, const std::vector<float>& enc,
                      uint8_t* out);
 // out[i][j] = DecodeE2M1(nibble(i,j)) * dec[block(i,j)].
-void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
-                     const std::vector<float>& dec, MatrixRowsOut& out);
+void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid, const std::vector<float>& dec,
+                     MatrixRowsOut& out);
 
 // Compact byte scales (MXFP8, NVFP4). Entry (r, c) of a buffer with row
 // stride `scale_cols` describes the entry_rows x entry_cols elements from
@@ -142,8 +142,7 @@ void DecodeFp4Blocks(const uint8_t* packed, const BlockGrid& grid,
 // the block holding its elements, so a 2D tile's byte repeats over every
 // entry inside the tile (§3, §4); padding entries are left alone.
 void StoreScaleBytes(const std::vector<uint8_t>& block_bytes, const BlockGrid& grid,
-                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols,
-                     uint8_t* scales);
+                     int64_t entry_rows, int64_t entry_cols, int64_t scale_cols, uint8_t* scales);
 // The valid entries back, one per block of `entries` (the matrix cut into
 // entry_rows x entry_cols blocks), each entry's own byte.
 std::vector<uint8_t> LoadScaleBytes(const uint8_t* scales, const BlockGrid& entries,
@@ -191,8 +190,7 @@ void QuantizeMxfp8Rowwise(const SourceMatrix& src, const QuantSpec& spec,
 void DequantizeMxfp8Rowwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out);
 void QuantizeMxfp8Columnwise(const SourceMatrix& src, const QuantSpec& spec,
                              const TensorScaling& scaling, QuantizedTensor& q);
-void DequantizeMxfp8Columnwise(const EncodedView& v, const QuantSpec& spec,
-                               MatrixRowsOut& out);
+void DequantizeMxfp8Columnwise(const EncodedView& v, const QuantSpec& spec, MatrixRowsOut& out);
 // nvfp4.cc
 void QuantizeNvfp4Rowwise(const SourceMatrix& src, const QuantSpec& spec,
                           const TensorScaling& scaling, QuantizedTensor& q);

@@ -73,8 +73,7 @@ TensorScaling ScalingFromAmax(const QuantSpec& spec, float global_amax) {
   TensorScaling t;
   t.global_amax = global_amax;
   if (spec.format == Format::kFp8Current) {
-    t.scale = ComputeScale(global_amax, Fp8Max(spec.fp8_type), spec.pow2_scales, spec.eps,
-                           FLT_MAX);
+    t.scale = ComputeScale(global_amax, Fp8Max(spec.fp8_type), spec.pow2_scales, spec.eps, FLT_MAX);
   }
   return t;
 }

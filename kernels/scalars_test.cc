@@ -38,8 +38,8 @@ TEST(RoundToSource, Bf16IsRneFp32IsCopy) {
   const std::vector<float> bf16 = RoundToSource(master, SourceDtype::kBf16);
   EXPECT_EQ(bf16[0], F(0x3E9A0000));  // 0.3 = 0x3E99999A rounds up
   EXPECT_EQ(bf16[1], 1.0f);
-  EXPECT_EQ(bf16[2], 1.0f);            // tie to even
-  EXPECT_EQ(bf16[3], F(0x3F820000));   // tie, odd -> up
+  EXPECT_EQ(bf16[2], 1.0f);           // tie to even
+  EXPECT_EQ(bf16[3], F(0x3F820000));  // tie, odd -> up
   EXPECT_TRUE(std::isnan(bf16[4]));
   const std::vector<float> fp32 = RoundToSource(master, SourceDtype::kFp32);
   EXPECT_EQ(fp32[0], 0.3f);
@@ -109,26 +109,26 @@ TEST(DelayedScaling, TwentyStepsWithHistoryOfThree) {
     float a, h1, h2, scale;
   };
   const Row trace[20] = {
-      {2, 0, 2, 224},         // sel 2
-      {4, 2, 4, 112},         // sel 4
-      {1, 4, 1, 112},         // sel max(2,4,1) = 4
-      {0, 4, 1, 112},         // D9: no roll, scale kept
-      {0.5, 1, 0.5, 112},     // sel max(4,1,.5) = 4
-      {0.5, 0.5, 0.5, 448},   // sel max(1,.5,.5) = 1
-      {0.5, 0.5, 0.5, 896},   // sel 0.5
-      {8, 0.5, 8, 56},        // sel 8
-      {0, 0.5, 8, 56},        // D9
-      {1, 8, 1, 56},          // sel max(.5,8,1) = 8
-      {1, 1, 1, 56},          // sel max(8,1,1) = 8
-      {1, 1, 1, 448},         // sel 1
-      {kInf, 1, kInf, 448},   // sel Inf: not finite, scale kept
-      {2, kInf, 2, 448},      // sel Inf
-      {2, 2, 2, 448},         // sel Inf (slot 1 still counts)
-      {2, 2, 2, 224},         // sel 2
-      {tiny, 2, tiny, 224},   // sel 2
-      {tiny, tiny, tiny, 224},                 // sel 2
-      {tiny, tiny, tiny, FLT_MAX},             // sel tiny: 448/tiny = Inf -> FLT_MAX
-      {3, tiny, 3, F(0x43155555)},             // sel 3: RN(448/3) = 149.33333
+      {2, 0, 2, 224},               // sel 2
+      {4, 2, 4, 112},               // sel 4
+      {1, 4, 1, 112},               // sel max(2,4,1) = 4
+      {0, 4, 1, 112},               // D9: no roll, scale kept
+      {0.5, 1, 0.5, 112},           // sel max(4,1,.5) = 4
+      {0.5, 0.5, 0.5, 448},         // sel max(1,.5,.5) = 1
+      {0.5, 0.5, 0.5, 896},         // sel 0.5
+      {8, 0.5, 8, 56},              // sel 8
+      {0, 0.5, 8, 56},              // D9
+      {1, 8, 1, 56},                // sel max(.5,8,1) = 8
+      {1, 1, 1, 56},                // sel max(8,1,1) = 8
+      {1, 1, 1, 448},               // sel 1
+      {kInf, 1, kInf, 448},         // sel Inf: not finite, scale kept
+      {2, kInf, 2, 448},            // sel Inf
+      {2, 2, 2, 448},               // sel Inf (slot 1 still counts)
+      {2, 2, 2, 224},               // sel 2
+      {tiny, 2, tiny, 224},         // sel 2
+      {tiny, tiny, tiny, 224},      // sel 2
+      {tiny, tiny, tiny, FLT_MAX},  // sel tiny: 448/tiny = Inf -> FLT_MAX
+      {3, tiny, 3, F(0x43155555)},  // sel 3: RN(448/3) = 149.33333
   };
   for (int t = 0; t < 20; ++t) {
     Step(s, trace[t].a, spec);

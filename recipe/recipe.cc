@@ -291,8 +291,8 @@ absl::Status CheckRuleOptimizer(const recipe::RuleOptimizer& o, const Context& c
                                                o.lr_multiplier()));
   }
   if (o.has_weight_decay() && !(o.weight_decay() >= 0 && std::isfinite(o.weight_decay()))) {
-    return ctx.Error("optimizer", absl::StrCat("weight_decay must be finite and >= 0, got ",
-                                               o.weight_decay()));
+    return ctx.Error("optimizer",
+                     absl::StrCat("weight_decay must be finite and >= 0, got ", o.weight_decay()));
   }
   return absl::OkStatus();
 }
@@ -320,9 +320,9 @@ absl::StatusOr<Parts> BuildParts(const recipe::Recipe& proto, absl::string_view 
     rule.line = ctx.line();
     if (r.pattern().empty()) return ctx.Error("pattern", "is missing or empty");
     if (r.pattern().size() > Recipe::kMaxPatternBytes) {
-      return ctx.Error("pattern", absl::StrCat("is ", r.pattern().size(),
-                                               " bytes long; the limit is ",
-                                               Recipe::kMaxPatternBytes));
+      return ctx.Error("pattern",
+                       absl::StrCat("is ", r.pattern().size(), " bytes long; the limit is ",
+                                    Recipe::kMaxPatternBytes));
     }
     RE2::Options re2_options;
     re2_options.set_log_errors(false);

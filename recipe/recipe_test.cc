@@ -18,16 +18,25 @@ TEST(Recipe, FirstMatchingRuleWinsElseDefault) {
     rule {
       name: "attn"
       pattern: ".*attn.*"
-      spec { rowwise { format: MXFP8 } columnwise { format: MXFP8 } }
+      spec {
+        rowwise { format: MXFP8 }
+        columnwise { format: MXFP8 }
+      }
     }
     rule {
       pattern: ".*weight"
-      spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } }
+      spec {
+        rowwise { format: FP8_CURRENT }
+        columnwise { format: FP8_CURRENT }
+      }
     }
     rule {
       name: "never reached for weights"
       pattern: "layer\\..*"
-      spec { rowwise { format: NVFP4 } columnwise { format: NVFP4 } }
+      spec {
+        rowwise { format: NVFP4 }
+        columnwise { format: NVFP4 }
+      }
     }
   )pb");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -61,7 +70,10 @@ TEST(Recipe, FirstMatchingRuleWinsElseDefault) {
 }
 
 TEST(Recipe, PatternsMatchTheWholeName) {
-  auto r = Recipe::Parse(R"pb(rule { pattern: "weight" spec { rowwise { format: MXFP8 } } })pb");
+  auto r = Recipe::Parse(R"pb(rule {
+                                pattern: "weight"
+                                spec { rowwise { format: MXFP8 } }
+                              })pb");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->Resolve("weight").rule, 0);
   EXPECT_EQ(r->Resolve("a.weight").rule, -1);
@@ -76,8 +88,14 @@ TEST(Recipe, RulesInheritFromDefaultSpecPerItem) {
       source_dtype: FP32
       columnwise_source: ROWWISE_DEQUANTIZED
     }
-    rule { pattern: "a" spec { rowwise { format: MXFP8 } } }
-    rule { pattern: "b" spec { columnwise_usage: false source_dtype: BF16 } }
+    rule {
+      pattern: "a"
+      spec { rowwise { format: MXFP8 } }
+    }
+    rule {
+      pattern: "b"
+      spec { columnwise_usage: false source_dtype: BF16 }
+    }
     rule { pattern: "c" }
   )pb");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -109,7 +127,13 @@ TEST(Recipe, UnsetFieldsTakeDefaultQuantSpecAndSetOnesApply) {
     rule {
       pattern: "x"
       spec {
-        rowwise { format: FP8_DELAYED fp8_type: E5M2 amax_history_len: 16 amax_algo: MOST_RECENT margin: 1 }
+        rowwise {
+          format: FP8_DELAYED
+          fp8_type: E5M2
+          amax_history_len: 16
+          amax_algo: MOST_RECENT
+          margin: 1
+        }
         columnwise { format: FP8_BLOCK_1X128 }
       }
     }
@@ -157,7 +181,7 @@ struct Bad {
   // "recipe:L:C", 1-based: semantic errors point at the field name, syntax
   // errors at the token where the parser noticed.
   std::string position;
-  std::string message;   // substring after the position
+  std::string message;  // substring after the position
 };
 
 std::vector<Bad> BadRecipes() {
@@ -209,11 +233,11 @@ std::vector<Bad> BadRecipes() {
        "  name: \"mlp\"\n"
        "  pattern: \".**mlp.*\\\\.weight\"\n"
        "}\n",
-       "recipe:3:3", "rule[0] \"mlp\".pattern: \".**mlp.*\\\\.weight\" is not a valid RE2 regex: "
-                     "bad repetition operator: **"},
-      {"backreference",
-       "rule { pattern: \"(a)\\\\1\" }\n",
-       "recipe:1:8", "is not a valid RE2 regex"},
+       "recipe:3:3",
+       "rule[0] \"mlp\".pattern: \".**mlp.*\\\\.weight\" is not a valid RE2 regex: "
+       "bad repetition operator: **"},
+      {"backreference", "rule { pattern: \"(a)\\\\1\" }\n", "recipe:1:8",
+       "is not a valid RE2 regex"},
       {"empty pattern",
        "rule {\n"
        "  name: \"no pattern\"\n"
@@ -231,9 +255,8 @@ std::vector<Bad> BadRecipes() {
        "  }\n"
        "}\n",
        "recipe:6:7", "rule[0].spec.rowwise.amax_history_len: must be in [1, 1048576], got 0"},
-      {"margin < 0",
-       "default_spec { rowwise { format: FP8_DELAYED margin: -2 } }\n",
-       "recipe:1:46", "default_spec.rowwise.margin: must be in [0, 64], got -2"},
+      {"margin < 0", "default_spec { rowwise { format: FP8_DELAYED margin: -2 } }\n", "recipe:1:46",
+       "default_spec.rowwise.margin: must be in [0, 64], got -2"},
       {"eps < 0",
        "default_spec {\n"
        "  columnwise { format: FP8_BLOCK_128X128 eps: -0.5 }\n"
@@ -290,8 +313,8 @@ TEST(Recipe, MalformedRecipesAreRefusedWithLineAndColumn) {
 }
 
 TEST(Recipe, SourceNameAndProtoWithoutLines) {
-  auto r = Recipe::Parse("default_spec { rowwise { format: FP8_DELAYED margin: -1 } }",
-                         "my.textproto");
+  auto r =
+      Recipe::Parse("default_spec { rowwise { format: FP8_DELAYED margin: -1 } }", "my.textproto");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message().rfind("my.textproto:1:", 0), 0u) << r.status();
 
@@ -302,8 +325,7 @@ TEST(Recipe, SourceNameAndProtoWithoutLines) {
   EXPECT_EQ(from_proto.status().message().rfind("rpc: rule[0].pattern: \"(\" is not a valid", 0),
             0u)
       << from_proto.status();
-  EXPECT_EQ(Recipe::Load("/no/such/recipe.textproto").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Recipe::Load("/no/such/recipe.textproto").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(Recipe, BuiltinRecipe) {
@@ -313,8 +335,7 @@ TEST(Recipe, BuiltinRecipe) {
             Format::kIdentityBf16);
   EXPECT_EQ(r.SpecFor("model.embed_tokens.weight").rowwise.format, Format::kIdentityBf16);
   EXPECT_EQ(r.SpecFor("model.layers.0.mlp.up_proj.weight").rowwise.format, Format::kFp8Current);
-  EXPECT_EQ(r.SpecFor("model.layers.0.mlp.up_proj.weight").columnwise.format,
-            Format::kFp8Current);
+  EXPECT_EQ(r.SpecFor("model.layers.0.mlp.up_proj.weight").columnwise.format, Format::kFp8Current);
   EXPECT_EQ(r.SpecFor("something_else").rowwise.format, Format::kIdentityBf16);
 }
 
@@ -355,8 +376,14 @@ TEST(Recipe, LongNamesResolveQuicklyWithoutRecursion) {
 
 TEST(Recipe, PatternsThatBacktrackExponentiallyInOtherEnginesAreFast) {
   absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(
-    rule { pattern: "(a*)*b" spec { rowwise { format: MXFP8 } } }
-    rule { pattern: "(a|aa)+c" spec { rowwise { format: NVFP4 } } }
+    rule {
+      pattern: "(a*)*b"
+      spec { rowwise { format: MXFP8 } }
+    }
+    rule {
+      pattern: "(a|aa)+c"
+      spec { rowwise { format: NVFP4 } }
+    }
   )pb");
   ASSERT_TRUE(r.ok()) << r.status();
   const absl::Time start = absl::Now();
@@ -366,8 +393,10 @@ TEST(Recipe, PatternsThatBacktrackExponentiallyInOtherEnginesAreFast) {
 }
 
 TEST(Recipe, MatchIsFullNotPartial) {
-  absl::StatusOr<Recipe> r =
-      Recipe::Parse(R"pb(rule { pattern: "mlp" spec { rowwise { format: MXFP8 } } })pb");
+  absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(rule {
+                                                  pattern: "mlp"
+                                                  spec { rowwise { format: MXFP8 } }
+                                                })pb");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->SpecFor("mlp").rowwise.format, Format::kMxfp8);
   EXPECT_EQ(r->SpecFor("layers.0.mlp").rowwise.format, Format::kIdentityBf16);

@@ -23,9 +23,8 @@ absl::StatusOr<std::unique_ptr<AtomicFile>> AtomicFile::Create(const std::string
   absl::StatusOr<UniqueFile> temp =
       CreateUniqueFile(DirectoryOf(path), absl::StrCat(name, ".tmp-"), mode);
   if (!temp.ok()) {
-    return absl::Status(temp.status().code(),
-                        absl::StrCat("cannot create a temporary file for '", path,
-                                     "': ", temp.status().message()));
+    return absl::Status(temp.status().code(), absl::StrCat("cannot create a temporary file for '",
+                                                           path, "': ", temp.status().message()));
   }
   return std::unique_ptr<AtomicFile>(new AtomicFile(path, std::move(temp->path), temp->fd));
 }

@@ -278,7 +278,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path,
   if (header_len > kMaxHeaderBytes) {
     return Bad(path, "",
                absl::StrCat("not a safetensors file: its header length field exceeds the limit "
-                            "of ", kMaxHeaderBytes, " bytes"));
+                            "of ",
+                            kMaxHeaderBytes, " bytes"));
   }
   if (header_len < 2) {
     return Bad(path, "", "not a safetensors file: its header length is too small for JSON");

@@ -461,7 +461,9 @@ TEST(Malformed, TruncationsAndByteFlipsNeverCrash) {
         ++accepted;
         for (const TensorInfo& t : file->tensors()) EXPECT_TRUE(file->ReadTensor(t.name).ok());
       }
-      if (i >= data_offset) { EXPECT_TRUE(file.ok()) << "data byte " << i; }
+      if (i >= data_offset) {
+        EXPECT_TRUE(file.ok()) << "data byte " << i;
+      }
     }
   }
   EXPECT_GE(accepted, 3 * static_cast<int>(good.size() - data_offset));

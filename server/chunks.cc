@@ -39,8 +39,8 @@ absl::StatusOr<ModelView> MakeModelView(const rpc::Manifest& manifest, int rank,
     d.rows = t.rows();
     d.cols = t.cols();
     if (d.name.empty() || d.rows < 1 || d.cols < 1) {
-      return absl::InvalidArgumentError(absl::StrCat("manifest tensor ", i, " (", d.name,
-                                                     "): bad name or shape"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("manifest tensor ", i, " (", d.name, "): bad name or shape"));
     }
     ASSIGN_OR_RETURN(d.spec, HybridSpecFromProto(t.spec()));
     if (t.has_optimizer()) d.optimizer = TensorOptimizerFromProto(t.optimizer());
@@ -91,17 +91,17 @@ absl::Status ChunkAssembler::Add(const rpc::GradientChunk& c) {
     const StagedPiece& p = pieces_.back();
     if (p.tensor != t || p.row_begin != c.row_begin() || p.row_end != c.row_end() ||
         open_dtype_ != c.dtype() || c.offset() != open_received_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "piece ", view_->tensors[p.tensor].name, " rows [", p.row_begin, ", ", p.row_end,
-          ") is incomplete: expected its chunk at offset ", open_received_, ", got ", where,
-          " offset ", c.offset()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("piece ", view_->tensors[p.tensor].name, " rows [", p.row_begin, ", ",
+                       p.row_end, ") is incomplete: expected its chunk at offset ", open_received_,
+                       ", got ", where, " offset ", c.offset()));
     }
   } else {
     const int shard = view_->FindShard(t, c.row_begin(), c.row_end());
     if (shard < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, " are not held by daemon rank ", view_->rank,
-          " (wrong daemon or a row range spanning shards; re-read the manifest)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, " are not held by daemon rank ", view_->rank,
+                       " (wrong daemon or a row range spanning shards; re-read the manifest)"));
     }
     if (c.offset() != 0) {
       return absl::InvalidArgumentError(

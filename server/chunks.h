@@ -27,7 +27,7 @@ struct ModelView {
   int64_t generation = 0;  // changes with every load
   int rank = -1;
   std::vector<TensorDef> tensors;
-  std::vector<ShardDef> shards;  // sorted by (tensor, row_begin), as ShardSet
+  std::vector<ShardDef> shards;      // sorted by (tensor, row_begin), as ShardSet
   std::map<std::string, int> index;  // tensor name -> index
   rpc::Manifest manifest;
   // manifest.optimizer_config, if the coordinator sent one.

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "gtest/gtest.h"
 #include "format/convert.h"
+#include "gtest/gtest.h"
 
 namespace paramd {
 namespace {
@@ -71,9 +71,8 @@ TEST(ChunksTest, AssemblesChunkedPieces) {
   ASSERT_TRUE(a.Add(Chunk("b", 0, 1, Fp32({1.0f, 2.0f}))).ok());
   EXPECT_FALSE(a.Close().ok());  // incomplete piece
   ASSERT_TRUE(a.Add(Chunk("b", 0, 1, Fp32({3.0f}), 8)).ok());
-  ASSERT_TRUE(a.Add(Chunk("b", 1, 2, std::string("\x80\x3F\x00\x40\x40\xC0", 6), 0,
-                          rpc::DTYPE_BF16))
-                  .ok());
+  ASSERT_TRUE(
+      a.Add(Chunk("b", 1, 2, std::string("\x80\x3F\x00\x40\x40\xC0", 6), 0, rpc::DTYPE_BF16)).ok());
   ASSERT_TRUE(a.Close().ok());
   ASSERT_EQ(a.pieces().size(), 2u);
   EXPECT_EQ(a.pieces()[0].values, (std::vector<float>{1, 2, 3}));
@@ -99,13 +98,11 @@ TEST(ChunksTest, RefusesBadChunksWithTheRightCode) {
        absl::StatusCode::kFailedPrecondition},
       {"spans shards", Chunk("a", 100, 140, ""), absl::StatusCode::kFailedPrecondition},
       {"first offset not 0", Chunk("b", 0, 1, Fp32({1}), 4), absl::StatusCode::kInvalidArgument},
-      {"too many bytes", Chunk("b", 0, 1, Fp32({1, 2, 3, 4})),
-       absl::StatusCode::kInvalidArgument},
+      {"too many bytes", Chunk("b", 0, 1, Fp32({1, 2, 3, 4})), absl::StatusCode::kInvalidArgument},
       {"split element", Chunk("b", 0, 1, "abc"), absl::StatusCode::kInvalidArgument},
       {"NaN gradient", Chunk("b", 0, 1, Fp32({1, std::nanf(""), 3})),
        absl::StatusCode::kInvalidArgument},
-      {"Inf gradient",
-       Chunk("b", 0, 1, Fp32({1, std::numeric_limits<float>::infinity(), 3})),
+      {"Inf gradient", Chunk("b", 0, 1, Fp32({1, std::numeric_limits<float>::infinity(), 3})),
        absl::StatusCode::kInvalidArgument},
   };
   for (const Case& c : cases) {
@@ -120,8 +117,7 @@ TEST(ChunksTest, RefusesOutOfOrderAndOverlap) {
     ChunkAssembler a(&v, false);
     ASSERT_TRUE(a.Add(Chunk("b", 0, 1, Fp32({1}))).ok());
     // Another piece before the first is complete.
-    EXPECT_EQ(a.Add(Chunk("b", 1, 2, Fp32({1, 2, 3}))).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(a.Add(Chunk("b", 1, 2, Fp32({1, 2, 3}))).code(), absl::StatusCode::kInvalidArgument);
   }
   {
     ChunkAssembler a(&v, false);
@@ -131,8 +127,7 @@ TEST(ChunksTest, RefusesOutOfOrderAndOverlap) {
   {
     ChunkAssembler a(&v, false);
     ASSERT_TRUE(a.Add(Chunk("b", 0, 2, Fp32({1, 2, 3, 4, 5, 6}))).ok());
-    EXPECT_EQ(a.Add(Chunk("b", 1, 2, Fp32({1, 2, 3}))).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(a.Add(Chunk("b", 1, 2, Fp32({1, 2, 3}))).code(), absl::StatusCode::kInvalidArgument);
   }
 }
 

@@ -121,8 +121,8 @@ absl::Status ApplyConfigText(const std::string& text, const std::string& path) {
   // flags keep their values until everything is known good).
   for (const Setting& s : settings) {
     if (!absl::flags_internal::PrivateHandleAccessor::ValidateInputValue(*s.flag, s.value)) {
-      errors.push_back(absl::StrCat(s.location, "bad value \"", s.value, "\" for --",
-                                    s.flag->Name()));
+      errors.push_back(
+          absl::StrCat(s.location, "bad value \"", s.value, "\" for --", s.flag->Name()));
     }
   }
   if (!errors.empty()) return absl::InvalidArgumentError(absl::StrJoin(errors, "\n"));

@@ -28,11 +28,11 @@ class ConfigTest : public ::testing::Test {
 
 TEST_F(ConfigTest, SetsTheNamedFlagsAndGenericOnes) {
   ASSERT_TRUE(ApplyConfigText(R"pb(
-    role: "coordinator"
-    daemons: 4
-    lr: 0.25
-    flag { name: "extra_knob" value: "true" }
-  )pb",
+                                role: "coordinator"
+                                daemons: 4
+                                lr: 0.25
+                                flag { name: "extra_knob" value: "true" }
+                              )pb",
                               "c.textproto")
                   .ok());
   EXPECT_EQ(absl::GetFlag(FLAGS_role), "coordinator");
@@ -67,8 +67,7 @@ TEST_F(ConfigTest, ValuesOutsideAFlagsChoicesAreRefusedWithTheirLine) {
                                 "c.textproto:2:4: role must be one of coordinator, daemon, both; "
                                 "got \"boss\""))
       << s;
-  EXPECT_TRUE(absl::StrContains(s.message(), "c.textproto:3:1: data_plane must be one of"))
-      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "c.textproto:3:1: data_plane must be one of")) << s;
   EXPECT_EQ(absl::GetFlag(FLAGS_daemons), 1) << "nothing applied";
 }
 
@@ -77,7 +76,8 @@ TEST_F(ConfigTest, GenericFlagsAreCheckedByNameAndType) {
   EXPECT_TRUE(absl::StrContains(s.message(), "c.textproto:1:1: hybrid-paramd has no flag --nope"))
       << s;
   s = ApplyConfigText("\n\nflag { name: \"extra_knob\" value: \"maybe\" }\n", "c.textproto");
-  EXPECT_TRUE(absl::StrContains(s.message(), "c.textproto:3:1: bad value \"maybe\" for --extra_knob"))
+  EXPECT_TRUE(
+      absl::StrContains(s.message(), "c.textproto:3:1: bad value \"maybe\" for --extra_knob"))
       << s;
   // A field of the schema whose flag this binary lacks.
   s = ApplyConfigText("optimizer: \"sgd\"\n", "c.textproto");

@@ -105,9 +105,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Done(grpc::CallbackServerContext* c
   return reactor;
 }
 
-std::vector<std::shared_ptr<rpc::Daemon::Stub>> Coordinator::Impl::StubsLocked() {
-  return stubs_;
-}
+std::vector<std::shared_ptr<rpc::Daemon::Stub>> Coordinator::Impl::StubsLocked() { return stubs_; }
 
 grpc::ServerUnaryReactor* Coordinator::Impl::GetStatus(grpc::CallbackServerContext* context,
                                                        const rpc::GetStatusRequest* request,
@@ -200,9 +198,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(CoordinatorOpti
     ASSIGN_OR_RETURN(restored, ReadStateFile(options.state_file));
     if (restored && restored->expected_daemons() != options.expected_daemons) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "--state_file=", options.state_file, " is of a cluster of ",
-          restored->expected_daemons(), " daemons, this coordinator expects ",
-          options.expected_daemons, " (--daemons)"));
+          "--state_file=", options.state_file, " is of a cluster of ", restored->expected_daemons(),
+          " daemons, this coordinator expects ", options.expected_daemons, " (--daemons)"));
     }
   }
   return std::unique_ptr<Coordinator>(

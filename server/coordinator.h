@@ -12,8 +12,9 @@
 // model, CoordinatorOptions::model_path) builds the manifest and sends each
 // daemon LoadShards; version 0 is committed when every daemon has published
 // it. A Load that arrives before every daemon has joined waits for the
-// joins (CoordinatorOptions::load_join_wait) instead of being refused. Steps are driven by the trainers' pushes (each daemon steps on its
-// own when all expected pushers have pushed) or by the admin Step RPC.
+// joins (CoordinatorOptions::load_join_wait) instead of being refused. Steps are driven by the
+// trainers' pushes (each daemon steps on its own when all expected pushers have pushed) or by the
+// admin Step RPC.
 //
 // Membership (server/membership.h): a daemon keeps its rank by heartbeats;
 // one silent for longer than the lease is DOWN, and a process started with
@@ -39,15 +40,15 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/format.h"
 #include "proto/paramd.pb.h"
-#include "server/request_checks.h"
 #include "server/optimizer.h"
+#include "server/request_checks.h"
 #include "sharding/plan.h"
 
 namespace paramd {
 
 // The HybridSpec of a tensor (name, shape as in the model file): a recipe.
-using SpecResolver = std::function<absl::StatusOr<HybridSpec>(
-    const std::string& name, absl::Span<const int64_t> shape)>;
+using SpecResolver = std::function<absl::StatusOr<HybridSpec>(const std::string& name,
+                                                              absl::Span<const int64_t> shape)>;
 // A tensor's optimizer overrides (the recipe rule that gives its spec).
 using OptimizerResolver = std::function<TensorOptimizer(const std::string& name)>;
 // What recipe text (LoadRequest.recipe_text) gives: specs, optimizer

@@ -75,8 +75,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
     optimizer_ = options_.optimizer;
     if (restored) Restore(*restored);
     if (!options_.state_file.empty()) {
-      state_writer_ = std::make_unique<StateWriter>(options_.state_file,
-                                                    [this] { return CurrentState(); });
+      state_writer_ =
+          std::make_unique<StateWriter>(options_.state_file, [this] { return CurrentState(); });
       state_writer_->MarkDirty();
     }
     lease_thread_ = std::thread([this] { LeaseLoop(); });
@@ -279,8 +279,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // Thread of a load after a failed recovery: waits for a recovery attempt
   // in flight, rebuilds the daemons' data-plane world (a recovery without
   // a model: every DOWN-replacing rank is live again), then FanOutLoad.
-  void RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request,
-                       int64_t checkpoint_version, LoadDone done);
+  void RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request, int64_t checkpoint_version,
+                       LoadDone done);
   // A validated load (`manifest` built from `request`): becomes the
   // coordinator's model, every daemon loads its shards, `done` answers.
   void FanOutLoad(const rpc::Manifest& manifest, const rpc::LoadRequest& request,
@@ -310,22 +310,22 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // Recovery (server/recovery.h): one at a time, on its own thread.
   std::thread recovery_thread_ ABSL_GUARDED_BY(mu_);
   bool recovering_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // recoveries completed
-  rpc::RecoveryStatus recovery_ ABSL_GUARDED_BY(mu_);  // the last one
+  int64_t recovery_epoch_ ABSL_GUARDED_BY(mu_) = 0;                 // recoveries completed
+  rpc::RecoveryStatus recovery_ ABSL_GUARDED_BY(mu_);               // the last one
   absl::Time lost_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // first lease expiry
   absl::Time last_recovery_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The last recovery error logged at ERROR: a retry failing the same way
   // logs at debug only.
   std::string recovery_error_logged_ ABSL_GUARDED_BY(mu_);
   std::thread rebuild_thread_for_load_ ABSL_GUARDED_BY(mu_);  // RebuildThenLoad
-  DaemonTable table_ ABSL_GUARDED_BY(mu_);  // daemon ranks, leases
+  DaemonTable table_ ABSL_GUARDED_BY(mu_);                    // daemon ranks, leases
   // By rank; replaced when a daemon (re)joins. Shared with calls in flight.
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // By rank: the member secret the rank's daemon gave at Join (what the
   // coordinator's calls to it present).
   std::vector<std::string> member_secrets_ ABSL_GUARDED_BY(mu_);
-  int64_t daemons_lost_ ABSL_GUARDED_BY(mu_) = 0;  // leases that expired
-  std::vector<rpc::Member> others_ ABSL_GUARDED_BY(mu_);   // trainers, observers
+  int64_t daemons_lost_ ABSL_GUARDED_BY(mu_) = 0;         // leases that expired
+  std::vector<rpc::Member> others_ ABSL_GUARDED_BY(mu_);  // trainers, observers
   int next_member_ ABSL_GUARDED_BY(mu_) = 0;
   int next_trainer_rank_ ABSL_GUARDED_BY(mu_) = 0;
   rpc::Manifest manifest_ ABSL_GUARDED_BY(mu_);

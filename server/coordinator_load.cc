@@ -28,9 +28,9 @@
 #include "common/grpc_status.h"
 #include "common/names.h"
 #include "common/status_macros.h"
+#include "format/convert.h"
 #include "grpcpp/alarm.h"
 #include "safetensors/safetensors.h"
-#include "format/convert.h"
 #include "server/fan_out.h"
 #include "server/frozen_data.h"
 #include "server/optimizer_config.h"
@@ -80,8 +80,8 @@ std::string LoadSourceForMessage(const rpc::LoadRequest& request, int64_t checkp
 
 struct Coordinator::Impl::LoadJoinWait {
   rpc::LoadRequest request;
-  LoadDone done;      // called once, by the call that settles the wait
-  absl::Time since;   // when the Load arrived
+  LoadDone done;     // called once, by the call that settles the wait
+  absl::Time since;  // when the Load arrived
   absl::Time give_up;
   grpc::Alarm alarm;  // TryLoadJoinWait at give_up
   absl::Mutex mu;
@@ -94,8 +94,8 @@ struct Coordinator::Impl::LoadJoinWait {
 grpc::ServerUnaryReactor* Coordinator::Impl::Load(grpc::CallbackServerContext* context,
                                                   const rpc::LoadRequest* request,
                                                   rpc::LoadResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Coordinator/Load");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Coordinator/Load");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -205,8 +205,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerCon
     return auth::RefusedUnary(context, s);
   }
   absl::MutexLock lock(&mu_);
-  *response->mutable_manifest() =
-      ManifestLocked(/*with_pieces=*/true, request->with_frozen_data());
+  *response->mutable_manifest() = ManifestLocked(/*with_pieces=*/true, request->with_frozen_data());
   return Done(context, absl::OkStatus());
 }
 
@@ -257,8 +256,7 @@ absl::StatusOr<std::vector<rpc::TensorDecl>> Coordinator::Impl::LoadTensors(
       tensors.push_back(std::move(d));
     }
     // Sizes first: nothing over --max_frozen_bytes is read.
-    RETURN_IF_ERROR(
-        CheckFrozenTensors(*frozen, tensors, options_.limits, /*check_data=*/false));
+    RETURN_IF_ERROR(CheckFrozenTensors(*frozen, tensors, options_.limits, /*check_data=*/false));
     for (int i = 0; i < frozen->size(); ++i) {
       std::string* data = frozen->Mutable(i)->mutable_data();
       data->resize(static_cast<size_t>(frozen_infos[i]->num_elements) *
@@ -273,8 +271,9 @@ absl::StatusOr<std::vector<rpc::TensorDecl>> Coordinator::Impl::LoadTensors(
   }
   if (tensors.empty()) {
     return absl::InvalidArgumentError(
-        frozen->empty() ? "Load: no tensors"
-                        : "Load: no floating-point tensors (only frozen buffers: nothing to train)");
+        frozen->empty()
+            ? "Load: no tensors"
+            : "Load: no floating-point tensors (only frozen buffers: nothing to train)");
   }
   RETURN_IF_ERROR(CheckTensorDecls(tensors, options_.limits));
   RETURN_IF_ERROR(CheckFrozenTensors(*frozen, tensors, options_.limits));
@@ -298,9 +297,8 @@ Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
     *d.mutable_shape() = t.shape();
     rpc::HybridSpec proto;
     if (!proto.ParseFromString(t.spec())) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", version, ": tensor ", QuoteForMessage(t.name()),
-                       " has a bad spec"));
+      return absl::DataLossError(absl::StrCat("checkpoint ", version, ": tensor ",
+                                              QuoteForMessage(t.name()), " has a bad spec"));
     }
     ASSIGN_OR_RETURN(HybridSpec spec, HybridSpecFromProto(proto));
     out.emplace_back(std::move(d), spec);
@@ -394,8 +392,8 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     }
     HybridSpec spec;
     if (resolver) {
-      ASSIGN_OR_RETURN(spec, resolver(d.name(), std::vector<int64_t>(d.shape().begin(),
-                                                                       d.shape().end())));
+      ASSIGN_OR_RETURN(
+          spec, resolver(d.name(), std::vector<int64_t>(d.shape().begin(), d.shape().end())));
     }
     rpc::TensorInfo* t = manifest.add_tensors();
     t->set_name(d.name());
@@ -406,7 +404,8 @@ absl::StatusOr<rpc::Manifest> Coordinator::Impl::BuildManifest(const rpc::LoadRe
     t->set_index(static_cast<int>(i));
     *t->mutable_optimizer() = TensorOptimizerToProto(
         optimizer_resolver ? optimizer_resolver(d.name()) : TensorOptimizer(), optimizer);
-    ASSIGN_OR_RETURN(sharding::ManifestTensor e, sharding::ManifestEntry(d.name(), rows, cols, spec));
+    ASSIGN_OR_RETURN(sharding::ManifestTensor e,
+                     sharding::ManifestEntry(d.name(), rows, cols, spec));
     entries.push_back(std::move(e));
   }
   ASSIGN_OR_RETURN(sharding::ShardPlan plan,
@@ -488,11 +487,11 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
     if (!table_.all_joined()) {
       s = absl::UnavailableError(absl::StrCat("waiting for daemons: ", table_.joined(), " of ",
                                               options_.expected_daemons, " joined"));
-    } else if (absl::Status ready = table_.CheckAllReady(
-                   "a load", absl::Now(),
-                   // After a recovery found nothing to recover from, a load
-                   // is the way out: it gives the replacements their state.
-                   /*state_needed=*/!recovery_.needs_load());
+    } else if (absl::Status ready =
+                   table_.CheckAllReady("a load", absl::Now(),
+                                        // After a recovery found nothing to recover from, a load
+                                        // is the way out: it gives the replacements their state.
+                                        /*state_needed=*/!recovery_.needs_load());
                !ready.ok()) {
       s = ready;
     } else if (loading_) {
@@ -511,11 +510,11 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
     // running model is untouched either way.
     absl::MutexLock lock(&mu_);
     if (committed_ >= 0) {
-      manifest = absl::FailedPreconditionError(absl::StrCat(
-          "the cluster already holds a model (", manifest_.tensors_size(),
-          " tensors, committed version ", committed_,
-          "); loading another discards it and its training state: set force "
-          "(hpctl load --force) to replace it"));
+      manifest = absl::FailedPreconditionError(
+          absl::StrCat("the cluster already holds a model (", manifest_.tensors_size(),
+                       " tensors, committed version ", committed_,
+                       "); loading another discards it and its training state: set force "
+                       "(hpctl load --force) to replace it"));
     }
   }
   if (!manifest.ok()) {
@@ -586,10 +585,10 @@ void Coordinator::Impl::RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest
     recovery_.set_committed_before(committed_);
     recovery_.set_rewound_to_version(first);
     recovery_.set_versions_lost(std::max<int64_t>(0, committed_ - first));
-    recovery_.set_source(request.checkpoint_path().empty()
-                             ? absl::StrCat("load of ", LoadSourceForMessage(request, first))
-                             : absl::StrCat("checkpoint ", QuoteForMessage(request.checkpoint_path()),
-                                            " v", first));
+    recovery_.set_source(
+        request.checkpoint_path().empty()
+            ? absl::StrCat("load of ", LoadSourceForMessage(request, first))
+            : absl::StrCat("checkpoint ", QuoteForMessage(request.checkpoint_path()), " v", first));
     recovery_.set_state("data plane rebuilt; loading");
     LogInfo(kTag, absl::StrCat("recovery ", plan.epoch,
                                ": data plane rebuilt for the load that replaces the lost state"));
@@ -597,9 +596,8 @@ void Coordinator::Impl::RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest
   FanOutLoad(manifest, request, checkpoint_version, std::move(done));
 }
 
-void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
-                                   const rpc::LoadRequest& request, int64_t checkpoint_version,
-                                   LoadDone done) {
+void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest, const rpc::LoadRequest& request,
+                                   int64_t checkpoint_version, LoadDone done) {
   std::vector<std::shared_ptr<rpc::Daemon::Stub>> stubs;
   {
     absl::MutexLock lock(&mu_);
@@ -611,8 +609,8 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
     stubs = StubsLocked();
   }
   LogInfo(kTag, absl::StrCat("loading ", manifest.tensors_size(), " tensors in ",
-                             manifest.pieces_size(), " pieces on ", stubs.size(),
-                             " daemons from ", LoadSourceForMessage(request, checkpoint_version)));
+                             manifest.pieces_size(), " pieces on ", stubs.size(), " daemons from ",
+                             LoadSourceForMessage(request, checkpoint_version)));
   const absl::Time load_start = absl::Now();
   FanOut<rpc::LoadShardsRequest, rpc::LoadShardsResponse>(
       stubs, options_.load_timeout,
@@ -630,8 +628,8 @@ void Coordinator::Impl::FanOutLoad(const rpc::Manifest& manifest,
       },
       [this, load_start, done = std::move(done)](auto& calls) {
         absl::Status s = FirstError(calls, "LoadShards");
-        const std::string took = absl::FormatDuration(
-            absl::Trunc(absl::Now() - load_start, absl::Milliseconds(1)));
+        const std::string took =
+            absl::FormatDuration(absl::Trunc(absl::Now() - load_start, absl::Milliseconds(1)));
         if (s.ok()) {
           LogInfo(kTag, absl::StrCat("load done in ", took, " on ", calls.size(), " daemons"));
         } else {

@@ -51,8 +51,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
     LogAt(absl::IsUnavailable(member.status()) ? LogLevel::kDebug : LogLevel::kWarning, kTag,
           absl::StrCat("join refused: ", rpc::Role_Name(request->role()), " at ",
                        QuoteForMessage(request->address()), " (", QuoteForMessage(request->name()),
-                       "): ",
-                       member.status().ToString()));
+                       "): ", member.status().ToString()));
     return Done(context, member.status());
   }
   if (!request->wait_for_world()) {
@@ -70,10 +69,10 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
     absl::MutexLock lock(&mu_);
     table_.JoinWaitBegan(member->rank(), request->incarnation());
   }
-  auto end_wait = [this, holds_lease, rank = member->rank(),
-                   incarnation = request->incarnation()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (holds_lease) table_.JoinWaitEnded(rank, incarnation, absl::Now());
-  };
+  auto end_wait = [this, holds_lease, rank = member->rank(), incarnation = request->incarnation()]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                        if (holds_lease) table_.JoinWaitEnded(rank, incarnation, absl::Now());
+                      };
   return StartWaitingUnary(
       &world_waiters_,
       [this, m = *member, response, end_wait]() -> std::optional<grpc::Status> {
@@ -96,8 +95,8 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Join(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* Coordinator::Impl::Leave(grpc::CallbackServerContext* context,
                                                    const rpc::LeaveRequest* request,
                                                    rpc::LeaveResponse* /*response*/) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Coordinator/Leave");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Coordinator/Leave");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -106,8 +105,8 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Leave(grpc::CallbackServerContext* 
     return m.member_id() == request->member_id();
   });
   if (it == others_.end()) {
-    return Done(context, absl::NotFoundError(absl::StrCat(
-                             "no trainer/observer ", QuoteForMessage(request->member_id()))));
+    return Done(context, absl::NotFoundError(absl::StrCat("no trainer/observer ",
+                                                          QuoteForMessage(request->member_id()))));
   }
   LogInfo(kTag, absl::StrCat(it->role() == rpc::ROLE_TRAINER ? "trainer " : "observer ",
                              it->member_id(), " (", QuoteForMessage(it->name()), ") left"));
@@ -165,11 +164,11 @@ void Coordinator::Impl::LeaseLoop() {
       }
       for (int r : expired) {
         ++daemons_lost_;
-        LogWarning(kTag, absl::StrCat("daemon ", table_.Name(r), " is DOWN: ",
-                               table_.slot(r).member.down_reason(),
-                               "; steps needing it are refused until a replacement joins "
-                               "(hybrid-paramd --role=daemon --rank=",
-                               r, ")"));
+        LogWarning(kTag, absl::StrCat("daemon ", table_.Name(r),
+                                      " is DOWN: ", table_.slot(r).member.down_reason(),
+                                      "; steps needing it are refused until a replacement joins "
+                                      "(hybrid-paramd --role=daemon --rank=",
+                                      r, ")"));
       }
     }
     if (!expired.empty()) {
@@ -220,9 +219,9 @@ absl::Status Coordinator::Impl::CheckOpenDaemonJoinLocked(const rpc::JoinRequest
           CRYPTO_memcmp(known.data(), request.member_secret().data(), known.size()) == 0) {
         return absl::OkStatus();
       }
-      return absl::UnauthenticatedError(absl::StrCat(
-          "a Join as daemon rank ", rank, " (", slot.member.member_id(),
-          ") again needs that daemon's member secret"));
+      return absl::UnauthenticatedError(absl::StrCat("a Join as daemon rank ", rank, " (",
+                                                     slot.member.member_id(),
+                                                     ") again needs that daemon's member secret"));
     }
   }
   // A new process: the rank it would take, in DaemonTable::ChooseRank's
@@ -247,7 +246,8 @@ absl::Status Coordinator::Impl::CheckOpenDaemonJoinLocked(const rpc::JoinRequest
   }
   if (taken < 0) return absl::OkStatus();
   return absl::UnauthenticatedError(absl::StrCat(
-      "daemon ", table_.Name(taken), " has joined before: a daemon taking its rank must "
+      "daemon ", table_.Name(taken),
+      " has joined before: a daemon taking its rank must "
       "present the cluster secret, which this coordinator generated and handed only to the "
       "rank's first daemon. Start the replacement with --cluster_secret_file=FILE, FILE being "
       "the file the coordinator writes with --cluster_secret_out (docs/SECURITY.md, "
@@ -293,16 +293,14 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
         StateChangedLocked();  // a restart takes this daemon back
         if (j.replaced) {
           start_recovery = true;
-          Log(kTag, absl::StrCat("daemon rank ", rank, " replaced by ",
-                                 QuoteForMessage(request.address()), " (",
-                                 QuoteForMessage(request.name()), ")",
-                                 table_.slot(rank).needs_state
-                                     ? "; it needs the rank's state"
-                                     : ""));
+          Log(kTag, absl::StrCat(
+                        "daemon rank ", rank, " replaced by ", QuoteForMessage(request.address()),
+                        " (", QuoteForMessage(request.name()), ")",
+                        table_.slot(rank).needs_state ? "; it needs the rank's state" : ""));
         } else {
           Log(kTag, absl::StrCat("daemon rank ", rank, " joined from ",
-                                 QuoteForMessage(request.address()), " (",
-                                 joined_before + 1, "/", options_.expected_daemons, ")"));
+                                 QuoteForMessage(request.address()), " (", joined_before + 1, "/",
+                                 options_.expected_daemons, ")"));
         }
         break;
       }
@@ -330,10 +328,10 @@ absl::StatusOr<rpc::Member> Coordinator::Impl::AddMember(const rpc::JoinRequest&
         m.set_name(request.name());
         others_.push_back(m);
         StateChangedLocked();
-        LogInfo(kTag, absl::StrCat(trainer ? "trainer " : "observer ", m.member_id(),
-                                   trainer ? absl::StrCat(" rank ", m.rank()) : "", " (",
-                                   QuoteForMessage(m.name()), m.pusher() ? ", pusher" : "",
-                                   ") joined"));
+        LogInfo(kTag,
+                absl::StrCat(trainer ? "trainer " : "observer ", m.member_id(),
+                             trainer ? absl::StrCat(" rank ", m.rank()) : "", " (",
+                             QuoteForMessage(m.name()), m.pusher() ? ", pusher" : "", ") joined"));
         result = m;
         break;
       }

@@ -70,17 +70,16 @@ void Coordinator::Impl::Recover(int64_t epoch) {
     // restored from (server/model_generation.h): another model's newer
     // checkpoint in the same store is never restored in its place.
     const rpc::Manifest& served = plan.snapshot_manifest;
-    RecoveryCheckpointChoice choice = ChooseRecoveryCheckpoint(
-        CheckpointsForRecovery(options_.checkpoint_root, served), served);
+    RecoveryCheckpointChoice choice =
+        ChooseRecoveryCheckpoint(CheckpointsForRecovery(options_.checkpoint_root, served), served);
     plan.disk_refused = choice.refused;
     if (choice.chosen) {
       plan.disk_version = choice.chosen->version;
       plan.checkpoint_path = choice.chosen->path;
-      plan.disk_manifest = [this, checkpoint = *choice.chosen, addresses = plan.addresses,
-                            generation = served.model_generation(),
-                            restored_from = served.restored_from(),
-                            loaded_from = served.loaded_from()](
-                               int64_t* version) -> absl::StatusOr<rpc::Manifest> {
+      plan.disk_manifest =
+          [this, checkpoint = *choice.chosen, addresses = plan.addresses,
+           generation = served.model_generation(), restored_from = served.restored_from(),
+           loaded_from = served.loaded_from()](int64_t* version) -> absl::StatusOr<rpc::Manifest> {
         rpc::LoadRequest request;
         request.set_checkpoint_path(checkpoint.path);
         request.set_checkpoint_version(checkpoint.version);
@@ -123,11 +122,11 @@ void Coordinator::Impl::Recover(int64_t epoch) {
       recovery_.set_state("done");
       StateChangedLocked();
       lost_at_ = absl::InfinitePast();
-      Log(kTag, absl::StrFormat(
-                    "recovery %d done: rank %d replaced, every daemon rewound to version %d "
-                    "(committed was %d: %d versions lost) from %s, %.2f s after the loss",
-                    epoch, replaced, committed_, committed_before,
-                    recovery_.versions_lost(), result->source, recovery_.seconds()));
+      Log(kTag,
+          absl::StrFormat("recovery %d done: rank %d replaced, every daemon rewound to version %d "
+                          "(committed was %d: %d versions lost) from %s, %.2f s after the loss",
+                          epoch, replaced, committed_, committed_before, recovery_.versions_lost(),
+                          result->source, recovery_.seconds()));
     }
   }
   version_waiters_.WakeAll();
@@ -148,12 +147,12 @@ void Coordinator::Impl::RecoveryFailedLocked(const absl::Status& status) {
     return;
   }
   recovery_error_logged_ = error;
-  LogError(kTag, needs_load ? absl::StrCat(
-                                  "recovery failed: ", error,
-                                  "; the cluster cannot serve until the lost state is replaced: "
-                                  "load the model again (hpctl load MODEL --force) or restore a "
-                                  "checkpoint (a Load with checkpoint_path and force)")
-                            : absl::StrCat("recovery failed (retrying every 2 s): ", error));
+  LogError(kTag, needs_load
+                     ? absl::StrCat("recovery failed: ", error,
+                                    "; the cluster cannot serve until the lost state is replaced: "
+                                    "load the model again (hpctl load MODEL --force) or restore a "
+                                    "checkpoint (a Load with checkpoint_path and force)")
+                     : absl::StrCat("recovery failed (retrying every 2 s): ", error));
 }
 
 void Coordinator::Impl::AdoptRecoveredWorldLocked(const RecoveryResult& result, int64_t epoch) {
@@ -233,15 +232,14 @@ void Coordinator::Impl::Restore(const rpc::CoordinatorState& state) {
         slot.member.address(),
         {options_.tls, std::make_shared<auth::BearerToken>(member_secrets_[r])}));
   }
-  Log(kTag, absl::StrCat("restarted from ", options_.state_file, ": ", table_.joined(), " of ",
-                         table_.size(), " daemons, ",
-                         manifest_.tensors_size() > 0
-                             ? absl::StrCat(manifest_.tensors_size(),
-                                            " tensors at committed version ", committed_, " (",
-                                            DescribeGeneration(manifest_), ")")
-                             : std::string("no model"),
-                         ", recovery epoch ", recovery_epoch_,
-                         "; asking the daemons what they publish"));
+  Log(kTag,
+      absl::StrCat("restarted from ", options_.state_file, ": ", table_.joined(), " of ",
+                   table_.size(), " daemons, ",
+                   manifest_.tensors_size() > 0
+                       ? absl::StrCat(manifest_.tensors_size(), " tensors at committed version ",
+                                      committed_, " (", DescribeGeneration(manifest_), ")")
+                       : std::string("no model"),
+                   ", recovery epoch ", recovery_epoch_, "; asking the daemons what they publish"));
   // The state file's model wins over a startup load: loading --model or
   // --restore_from over it would replace the model the cluster serves
   // (another generation) behind the operator's back.
@@ -249,13 +247,13 @@ void Coordinator::Impl::Restore(const rpc::CoordinatorState& state) {
     absl::MutexLock startup(&startup_mu_);
     startup_load_started_ = true;
     if (!options_.restore_from.empty() || !options_.model_path.empty()) {
-      Log(kTag, absl::StrCat(
-                    options_.restore_from.empty() ? absl::StrCat("--model=", options_.model_path)
-                                                  : absl::StrCat("--restore_from=",
-                                                                 options_.restore_from),
-                    " is not loaded: the cluster serves the state file's model (",
-                    DescribeGeneration(manifest_),
-                    "); replace it with hpctl load --force, or start without --state_file"));
+      Log(kTag,
+          absl::StrCat(options_.restore_from.empty()
+                           ? absl::StrCat("--model=", options_.model_path)
+                           : absl::StrCat("--restore_from=", options_.restore_from),
+                       " is not loaded: the cluster serves the state file's model (",
+                       DescribeGeneration(manifest_),
+                       "); replace it with hpctl load --force, or start without --state_file"));
     }
   }
 }

@@ -33,9 +33,8 @@ absl::StatusOr<std::optional<rpc::CoordinatorState>> ReadStateFile(const std::st
     return absl::DataLossError(absl::StrCat("state file ", path, " does not parse"));
   }
   if (state.format() != kFormat) {
-    return absl::FailedPreconditionError(absl::StrCat("state file ", path, " has format ",
-                                                      state.format(), ", this build reads ",
-                                                      kFormat));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state file ", path, " has format ", state.format(), ", this build reads ", kFormat));
   }
   return std::optional<rpc::CoordinatorState>(std::move(state));
 }
@@ -84,9 +83,8 @@ void StateWriter::MarkDirty() {
 absl::Status StateWriter::Flush() {
   absl::MutexLock lock(&mu_);
   const int64_t want = marked_;
-  auto done = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return written_ >= want || stop_;
-  };
+  auto done = [this, want]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return written_ >= want || stop_; };
   mu_.Await(absl::Condition(&done));
   return last_;
 }
@@ -97,16 +95,16 @@ void StateWriter::Run() {
     bool last;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || marked_ > written_;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || marked_ > written_; };
       mu_.Await(absl::Condition(&ready));
       if (marked_ == written_) return;  // stopping, nothing new
       mark = marked_;
       last = stop_;
     }
     const absl::Status s = WriteStateFile(path_, make_state_());
-    if (!s.ok()) LogError("coordinator", absl::StrCat("writing the state file failed: ", s.ToString()));
+    if (!s.ok())
+      LogError("coordinator", absl::StrCat("writing the state file failed: ", s.ToString()));
     std::vector<std::function<void()>> ready;
     {
       absl::MutexLock lock(&mu_);

@@ -27,9 +27,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

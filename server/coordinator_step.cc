@@ -26,8 +26,8 @@ using coordinator_internal::kTag;
 grpc::ServerUnaryReactor* Coordinator::Impl::Step(grpc::CallbackServerContext* context,
                                                   const rpc::StepRequest* request,
                                                   rpc::StepResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Coordinator/Step");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Coordinator/Step");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -43,8 +43,8 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Step(grpc::CallbackServerContext* c
                   absl::FailedPreconditionError(absl::StrCat(
                       "step from version ", from, " but the committed version is ", committed_)));
     }
-    absl::Status ready = table_.CheckAllReady(absl::StrCat("step from version ", from),
-                                              absl::Now());
+    absl::Status ready =
+        table_.CheckAllReady(absl::StrCat("step from version ", from), absl::Now());
     if (!ready.ok()) return Done(context, ready);
     stubs = StubsLocked();
   }
@@ -72,15 +72,14 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Step(grpc::CallbackServerContext* c
       });
   const bool wait = request->wait();
   return StartWaitingUnary(
-      &version_waiters_,
-      [this, state, wait, from, response]() -> std::optional<grpc::Status> {
+      &version_waiters_, [this, state, wait, from, response]() -> std::optional<grpc::Status> {
         absl::MutexLock lock(&mu_);
         if (shut_down_) return Unavailable("coordinator shutting down");
         if (!state->done) {
           // A daemon that died (or stopped) mid-step never answers: its
           // lease ends the wait.
-          absl::Status ready = table_.CheckAllReady(
-              absl::StrCat("step from version ", from), absl::Now());
+          absl::Status ready =
+              table_.CheckAllReady(absl::StrCat("step from version ", from), absl::Now());
           if (!ready.ok()) return ToGrpcStatus(ready);
           return std::nullopt;
         }
@@ -128,8 +127,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::ReportVersion(grpc::CallbackServerC
       return finish(absl::OkStatus());
     }
     if (version < 0) {
-      return finish(
-          absl::InvalidArgumentError(absl::StrCat("ReportVersion of version ", version)));
+      return finish(absl::InvalidArgumentError(absl::StrCat("ReportVersion of version ", version)));
     }
     if (version == table_.slot(rank).published) {
       response->set_committed_version(committed_);
@@ -139,38 +137,38 @@ grpc::ServerUnaryReactor* Coordinator::Impl::ReportVersion(grpc::CallbackServerC
   }
   confirm->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.daemon_call_timeout));
   stub->async()->GetStats(
-        &confirm->context, &confirm->request, &confirm->response,
-        [this, confirm, stub, finish, rank, version, seconds = request->step_seconds(),
-         epoch = request->recovery_epoch(), response](grpc::Status s) {
-          bool advanced = false;
-          absl::Status result;
-          {
-            absl::MutexLock lock(&mu_);
-            const rpc::DaemonStats& stats = confirm->response.stats();
-            if (!s.ok()) {
-              result = absl::UnavailableError(absl::StrCat(
-                  "cannot confirm version ", version, " with daemon rank ", rank, ": ",
-                  s.error_message()));
-            } else if (stats.rank() != rank || stats.published_version() < version ||
-                       // Backwards (a rewind): only to what it publishes now.
-                       (version < table_.slot(rank).published &&
-                        stats.published_version() != version)) {
-              result = absl::FailedPreconditionError(absl::StrCat(
-                  "daemon rank ", rank, " has not published version ", version,
-                  " (it publishes ", stats.published_version(), "); report refused"));
-            } else if (epoch >= recovery_epoch_) {
-              table_.slot(rank).published = version;
-              table_.slot(rank).last_step_seconds = seconds;
-              if (!recovering_) advanced = RecomputeCommittedLocked();
-            }
-            response->set_committed_version(committed_);
+      &confirm->context, &confirm->request, &confirm->response,
+      [this, confirm, stub, finish, rank, version, seconds = request->step_seconds(),
+       epoch = request->recovery_epoch(), response](grpc::Status s) {
+        bool advanced = false;
+        absl::Status result;
+        {
+          absl::MutexLock lock(&mu_);
+          const rpc::DaemonStats& stats = confirm->response.stats();
+          if (!s.ok()) {
+            result = absl::UnavailableError(absl::StrCat("cannot confirm version ", version,
+                                                         " with daemon rank ", rank, ": ",
+                                                         s.error_message()));
+          } else if (stats.rank() != rank || stats.published_version() < version ||
+                     // Backwards (a rewind): only to what it publishes now.
+                     (version < table_.slot(rank).published &&
+                      stats.published_version() != version)) {
+            result = absl::FailedPreconditionError(
+                absl::StrCat("daemon rank ", rank, " has not published version ", version,
+                             " (it publishes ", stats.published_version(), "); report refused"));
+          } else if (epoch >= recovery_epoch_) {
+            table_.slot(rank).published = version;
+            table_.slot(rank).last_step_seconds = seconds;
+            if (!recovering_) advanced = RecomputeCommittedLocked();
           }
-          if (advanced) {
-            version_waiters_.WakeAll();
-            if (options_.on_commit) options_.on_commit(committed_version());
-          }
-          finish(result);
-        });
+          response->set_committed_version(committed_);
+        }
+        if (advanced) {
+          version_waiters_.WakeAll();
+          if (options_.on_commit) options_.on_commit(committed_version());
+        }
+        finish(result);
+      });
   return reactor;  // finished by the confirmation's callback
 }
 

@@ -157,9 +157,10 @@ ipc::IpcServiceOptions Daemon::Impl::IpcOptions(const DaemonOptions& options) {
 
 absl::Status Daemon::Impl::CheckNotReplacedLocked() const {
   if (!replaced_) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "this daemon (rank ", rank_, ") was replaced by another process after its lease expired; "
-      "ask the coordinator for the current daemons"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("this daemon (rank ", rank_,
+                   ") was replaced by another process after its lease expired; "
+                   "ask the coordinator for the current daemons"));
 }
 
 void Daemon::Impl::OnHeartbeatVerdict(const rpc::HeartbeatRequest& request,
@@ -168,12 +169,12 @@ void Daemon::Impl::OnHeartbeatVerdict(const rpc::HeartbeatRequest& request,
   if (verdict == rpc::HEARTBEAT_REPLACED && !replaced_) {
     replaced_ = true;
     LogWarning(kTag, absl::StrCat("rank ", request.rank(),
-                           " was taken by another daemon (this one missed its lease); "
-                           "refusing fetches and pushes from now on"));
+                                  " was taken by another daemon (this one missed its lease); "
+                                  "refusing fetches and pushes from now on"));
   } else if (verdict == rpc::HEARTBEAT_UNKNOWN && !unknown_logged_) {
     unknown_logged_ = true;
     LogWarning(kTag, absl::StrCat("the coordinator does not know rank ", request.rank(), " (",
-                           request.member_id(), ")"));
+                                  request.member_id(), ")"));
   }
 }
 
@@ -203,8 +204,9 @@ namespace {
 auth::ProbeNames CoordinatorProbeNames() {
   auth::ProbeNames names;
   names.ca = "this daemon's --tls_ca";
-  names.give_ca = "start the daemon with --tls_cert, --tls_key and the --tls_ca that signed "
-                  "the coordinator's certificate";
+  names.give_ca =
+      "start the daemon with --tls_cert, --tls_key and the --tls_ca that signed "
+      "the coordinator's certificate";
   names.server_name = "this daemon's --tls_server_name";
   return names;
 }
@@ -260,18 +262,16 @@ void Daemon::Impl::JoinLoopBody() {
                                                        absl::Seconds(2), CoordinatorProbeNames());
         if (!probe.ok() && !absl::IsUnavailable(probe)) {
           absl::MutexLock lock(&mu_);
-          join_error_ = absl::StrCat("the coordinator at ", coordinator_address_, ": ",
-                                     probe.message());
+          join_error_ =
+              absl::StrCat("the coordinator at ", coordinator_address_, ": ", probe.message());
           LogError(kTag, join_error_);
           return;
         }
-        Log(kTag, absl::StrCat("waiting for the coordinator at ", coordinator_address_,
-                               " (not reachable yet",
-                               probe.ok() ? "" : absl::StrCat(": ", probe.message()),
-                               "; retrying, giving up in ",
-                               absl::FormatDuration(absl::Trunc(give_up - absl::Now(),
-                                                                absl::Seconds(1))),
-                               ")"));
+        Log(kTag,
+            absl::StrCat(
+                "waiting for the coordinator at ", coordinator_address_, " (not reachable yet",
+                probe.ok() ? "" : absl::StrCat(": ", probe.message()), "; retrying, giving up in ",
+                absl::FormatDuration(absl::Trunc(give_up - absl::Now(), absl::Seconds(1))), ")"));
         next_waiting_log = absl::Now() + absl::Seconds(5);
       }
       continue;
@@ -304,10 +304,10 @@ void Daemon::Impl::JoinLoopBody() {
       rank_ = response.rank();
       member_id_ = response.member_id();
       recovering_ = true;
-      Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
-                             response.data_plane().num_daemons(),
-                             ", replacing a daemon that went down; waiting for the "
-                             "coordinator's recovery"));
+      Log(kTag,
+          absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
+                       ", replacing a daemon that went down; waiting for the "
+                       "coordinator's recovery"));
       return;
     }
     if (s.ok()) {
@@ -328,11 +328,11 @@ void Daemon::Impl::JoinLoopBody() {
         Log(kTag, o.ok() ? absl::StrCat("coordinator's optimizer: ", DescribeOptimizer(*o))
                          : absl::StrCat("coordinator's optimizer config: ", o.status().ToString()));
       }
-      Log(kTag, absl::StrCat("joined as daemon rank ", rank_, " of ",
-                             response.data_plane().num_daemons(), "; backend ",
-                             backend_ == gpu_backend::DaemonBackend::kGpu ? "gpu" : "cpu",
-                             backend_auto_ ? " (--backend=auto)" : "",
-                             all_reduce.ok() ? "" : absl::StrCat("; data plane: ", join_error_)));
+      Log(kTag,
+          absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
+                       "; backend ", backend_ == gpu_backend::DaemonBackend::kGpu ? "gpu" : "cpu",
+                       backend_auto_ ? " (--backend=auto)" : "",
+                       all_reduce.ok() ? "" : absl::StrCat("; data plane: ", join_error_)));
       return;
     }
     const grpc::StatusCode code = s.error_code();
@@ -351,8 +351,8 @@ void Daemon::Impl::JoinLoopBody() {
     absl::SleepFor(absl::Milliseconds(100));
   }
   absl::MutexLock lock(&mu_);
-  join_error_ = absl::StrCat("could not join the coordinator at ", coordinator_address_,
-                             " within ", absl::FormatDuration(options_.join_timeout));
+  join_error_ = absl::StrCat("could not join the coordinator at ", coordinator_address_, " within ",
+                             absl::FormatDuration(options_.join_timeout));
   LogError(kTag, join_error_);
 }
 

@@ -139,8 +139,8 @@ struct PieceHealth {
   Format format = Format::kIdentityBf16;
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  float amax = 0.0f;   // the amax the cast used (per-tensor FP8, NVFP4 global)
-  float scale = 1.0f;  // per-tensor FP8 multiplier (1 for other formats)
+  float amax = 0.0f;                // the amax the cast used (per-tensor FP8, NVFP4 global)
+  float scale = 1.0f;               // per-tensor FP8 multiplier (1 for other formats)
   std::optional<CodeCounts> codes;  // server/fp8_health.h
 };
 
@@ -196,8 +196,7 @@ class Daemon {
   using StableStateFn =
       std::function<absl::Status(const ShardSet& shards, const PublishedVersion& latest,
                                  const PublishedVersion* previous, int64_t model_generation)>;
-  absl::Status WithStableState(const StableStateFn& fn,
-                               absl::Duration timeout = absl::Minutes(10));
+  absl::Status WithStableState(const StableStateFn& fn, absl::Duration timeout = absl::Minutes(10));
 
   class Impl;
 

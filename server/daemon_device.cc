@@ -199,9 +199,9 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   c->closed = true;
   c->channel->Shutdown();
   Log(kTag, absl::StrCat("device channel ", id, " (", c->trainer, ") closed: ", reason));
-  c->reactor->Close(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 absl::StrCat("device channel closed: ", reason)),
-                    reason);
+  c->reactor->Close(
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, absl::StrCat("device channel closed: ", reason)),
+      reason);
   c->reactor->Unref();
   c->reactor = nullptr;
   // The last reference may be dropped here on the channel's own worker:
@@ -213,9 +213,10 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   reaper_.Post([c = std::move(c)] {});
 }
 
-std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
-    const rpc::FetchDeviceRequest& request, absl::Time deadline,
-    rpc::FetchDeviceResponse* response, std::shared_ptr<DeviceFetchCall> call) {
+std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDeviceRequest& request,
+                                                           absl::Time deadline,
+                                                           rpc::FetchDeviceResponse* response,
+                                                           std::shared_ptr<DeviceFetchCall> call) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
   auto it = channels_.find(request.channel());
@@ -223,8 +224,8 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
     return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
                                             " is unknown or closed; open a new one"));
   }
-  RETURN_IF_ERROR(CheckDeviceChannelSecret(request.channel_secret(), it->second->secret,
-                                           request.channel()));
+  RETURN_IF_ERROR(
+      CheckDeviceChannelSecret(request.channel_secret(), it->second->secret, request.channel()));
   if (request.tensors().empty()) {
     return absl::InvalidArgumentError("FetchDevice without tensors");
   }
@@ -245,9 +246,9 @@ std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
   } else if (previous_ && version == previous_->version) {
     resolved = previous_->version;
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        "version ", version, " was dropped; this daemon holds versions ",
-        previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
+    return absl::NotFoundError(
+        absl::StrCat("version ", version, " was dropped; this daemon holds versions ",
+                     previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
   }
   if (shards_ == nullptr || shards_->name() != "gpu") {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -333,9 +334,9 @@ void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t ge
       if (view_ != nullptr && view_->generation == generation) {
         // A running step rewrites overwriting_version_'s slot: refused even
         // though previous_ still names it until the step publishes.
-        const bool held = (latest_ && latest_->version == version) ||
-                          (previous_ && previous_->version == version &&
-                           version != overwriting_version_);
+        const bool held =
+            (latest_ && latest_->version == version) ||
+            (previous_ && previous_->version == version && version != overwriting_version_);
         streamed = !held && in_flight && in_flight_version_ == version;
         if (held || streamed) {
           backend = shards_.get();
@@ -377,7 +378,7 @@ void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t ge
     return;
   }
   LogWarning(kTag, absl::StrCat("device fetch of version ", version, " on channel ", c->id, " (",
-                         c->trainer, ") failed: ", s.ToString()));
+                                c->trainer, ") failed: ", s.ToString()));
   CloseDeviceChannel(c->id, absl::StrCat("device fetch failed: ", s.ToString()));
 }
 
@@ -389,13 +390,13 @@ absl::Status Daemon::Impl::AwaitStepOf(int64_t version, int64_t generation, bool
            in_flight_version_ != version;
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the step producing version ", version, " did not finish before the deadline"));
+    return absl::DeadlineExceededError(absl::StrCat("the step producing version ", version,
+                                                    " did not finish before the deadline"));
   }
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
   if (view_ == nullptr || view_->generation != generation) {
-    return absl::AbortedError(absl::StrCat("the model was reloaded while version ", version,
-                                           " was being stepped"));
+    return absl::AbortedError(
+        absl::StrCat("the model was reloaded while version ", version, " was being stepped"));
   }
   if (latest_ && latest_->version >= version) {
     // Published: what was sent is that version. Not sent: it is held no
@@ -404,17 +405,16 @@ absl::Status Daemon::Impl::AwaitStepOf(int64_t version, int64_t generation, bool
                 : absl::NotFoundError(
                       absl::StrCat("version ", version, " was dropped before its send"));
   }
-  return absl::AbortedError(absl::StrCat(
-      "the step producing version ", version, " failed (", last_step_error_.ToString(), ")",
-      sent ? ": the bytes sent are not a published version" : ""));
+  return absl::AbortedError(
+      absl::StrCat("the step producing version ", version, " failed (", last_step_error_.ToString(),
+                   ")", sent ? ": the bytes sent are not a published version" : ""));
 }
 
 namespace {
 
 // A device transfer's bound: the call's deadline, or `fallback` from now
 // when the call has none.
-absl::Time DeviceCallDeadline(const grpc::CallbackServerContext* context,
-                              absl::Duration fallback) {
+absl::Time DeviceCallDeadline(const grpc::CallbackServerContext* context, absl::Duration fallback) {
   const auto grpc_deadline = context->deadline();
   if (grpc_deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
     return absl::FromChrono(grpc_deadline);
@@ -427,8 +427,8 @@ absl::Time DeviceCallDeadline(const grpc::CallbackServerContext* context,
 grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext* context,
                                                     const rpc::FetchDeviceRequest* request,
                                                     rpc::FetchDeviceResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/FetchDevice");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/FetchDevice");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -438,20 +438,20 @@ grpc::ServerUnaryReactor* Daemon::Impl::FetchDevice(grpc::CallbackServerContext*
   // version streamed while stepped), reported through `call`.
   std::shared_ptr<DeviceFetchCall> call =
       request->reply_after_send() ? std::make_shared<DeviceFetchCall>() : nullptr;
-  return StartWaitingUnary(
-      &publish_waiters_,
-      [this, request, response, deadline, call,
-       queued = false]() mutable -> std::optional<grpc::Status> {
-        if (!queued) {
-          std::optional<absl::Status> s = StartDeviceFetch(*request, deadline, response, call);
-          if (!s.has_value()) return std::nullopt;
-          if (!s->ok() || call == nullptr) return ToGrpcStatus(*s);
-          queued = true;
-        }
-        absl::MutexLock lock(&call->mu);
-        if (!call->result.has_value()) return std::nullopt;
-        return ToGrpcStatus(*call->result);
-      });
+  return StartWaitingUnary(&publish_waiters_,
+                           [this, request, response, deadline, call,
+                            queued = false]() mutable -> std::optional<grpc::Status> {
+                             if (!queued) {
+                               std::optional<absl::Status> s =
+                                   StartDeviceFetch(*request, deadline, response, call);
+                               if (!s.has_value()) return std::nullopt;
+                               if (!s->ok() || call == nullptr) return ToGrpcStatus(*s);
+                               queued = true;
+                             }
+                             absl::MutexLock lock(&call->mu);
+                             if (!call->result.has_value()) return std::nullopt;
+                             return ToGrpcStatus(*call->result);
+                           });
 }
 
 // ---- Device push (PushGradientsDevice; daemon_push_test) ----
@@ -497,13 +497,14 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
     const std::string where = absl::StrCat("tensor ", def.name, " rows [", b, ", ", e, ")");
     const int shard = view.FindShard(t, b, e);
     if (shard < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where, " are not held by daemon rank ", view.rank,
-          " (wrong daemon or a row range spanning shards; re-read the manifest)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, " are not held by daemon rank ", view.rank,
+                       " (wrong daemon or a row range spanning shards; re-read the manifest)"));
     }
     for (const Rows& r : seen) {
       if (r.tensor == t && r.begin < e && b < r.end) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " overlap rows already in this push"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " overlap rows already in this push"));
       }
     }
     seen.push_back({t, b, e});
@@ -516,10 +517,10 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
     push->bytes += piece.count * (bf16 ? 2 : 4);
   }
   if (shards_ == nullptr || shards_->name() != "gpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device push needs a daemon with --backend=gpu (this model runs on the ",
-        shards_ ? std::string(shards_->name()) : "no",
-        " backend); push over the host stream (PushGradients) instead"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("device push needs a daemon with --backend=gpu (this model runs on the ",
+                     shards_ ? std::string(shards_->name()) : "no",
+                     " backend); push over the host stream (PushGradients) instead"));
   }
   channel->reset();
   if (push->pieces.empty()) return absl::OkStatus();
@@ -528,8 +529,8 @@ absl::Status Daemon::Impl::CheckDevicePush(const rpc::PushGradientsDeviceRequest
     return absl::NotFoundError(absl::StrCat("device channel ", request.channel(),
                                             " is unknown or closed; open a new one"));
   }
-  RETURN_IF_ERROR(CheckDeviceChannelSecret(request.channel_secret(), it->second->secret,
-                                           request.channel()));
+  RETURN_IF_ERROR(
+      CheckDeviceChannelSecret(request.channel_secret(), it->second->secret, request.channel()));
   *channel = it->second;
   return absl::OkStatus();
 }
@@ -570,8 +571,7 @@ void Daemon::Impl::ServeDevicePush(ChannelState* c, const DevicePush& push,
     } else {
       s = absl::Status(staged.status().code(),
                        absl::StrCat("device push of version ", push.version, " by ", push.pusher,
-                                    " failed, nothing applied: ",
-                                    staged.status().message()));
+                                    " failed, nothing applied: ", staged.status().message()));
       LogWarning(kTag, absl::StrCat(s.message(), " on channel ", c->id, " (", c->trainer, ")"));
       // A transfer failure may leave the channel's NCCL world broken: the
       // trainer opens a new one. INVALID_ARGUMENT (non-finite values) came

@@ -38,9 +38,9 @@ absl::StatusOr<Daemon::Impl::FetchTarget> Daemon::Impl::ResolveFetch(int64_t ver
   } else if (previous_ && version == previous_->version) {
     t.version = previous_;
   } else {
-    return absl::NotFoundError(absl::StrCat(
-        "version ", version, " was dropped; this daemon holds versions ",
-        previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
+    return absl::NotFoundError(
+        absl::StrCat("version ", version, " was dropped; this daemon holds versions ",
+                     previous_ ? absl::StrCat(previous_->version, " and ") : "", latest_->version));
   }
   return t;
 }
@@ -134,9 +134,9 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
       if (!parked_ && !daemon_->Park(client_, request_.as_ready())) {
         UnregisterLocked();
         started_ = true;
-        FinishLocked(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
-            "too many fetches of unpublished versions waiting from ", client_,
-            " (--max_parked_fetches_per_client)"))));
+        FinishLocked(ToGrpcStatus(absl::ResourceExhaustedError(
+            absl::StrCat("too many fetches of unpublished versions waiting from ", client_,
+                         " (--max_parked_fetches_per_client)"))));
         return;
       }
       parked_ = true;
@@ -310,7 +310,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
 
   Daemon::Impl* const daemon_;
   const rpc::FetchRequest request_;
-  const std::string client_;  // the client's host, for the parked-fetch limit
+  const std::string client_;                  // the client's host, for the parked-fetch limit
   bool parked_ ABSL_GUARDED_BY(mu_) = false;  // counted by Daemon::Impl::Park
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const PublishedVersion> version_ ABSL_GUARDED_BY(mu_);
@@ -339,8 +339,8 @@ std::string ClientHost(const std::string& peer) {
 
 grpc::ServerWriteReactor<rpc::FetchResponse>* Daemon::Impl::Fetch(
     grpc::CallbackServerContext* context, const rpc::FetchRequest* request) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/Fetch");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/Fetch");
       !s.ok()) {
     return auth::RefusedWriter<rpc::FetchResponse>(s);
   }

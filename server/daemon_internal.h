@@ -39,10 +39,10 @@
 #include "absl/time/time.h"
 #include "auth/security.h"
 #include "common/telemetry.h"
+#include "format/convert.h"
 #include "proto/paramd.grpc.pb.h"
 #include "server/async_util.h"
 #include "server/chunks.h"
-#include "format/convert.h"
 #include "server/daemon.h"
 #include "server/data_plane.h"
 #include "server/device_channel.h"
@@ -52,8 +52,8 @@
 #include "server/serial_worker.h"
 #include "server/shard_backend.h"
 #include "server/snapshot.h"
-#include "server/version_reporter.h"
 #include "server/step_pipeline.h"
+#include "server/version_reporter.h"
 
 namespace paramd {
 namespace daemon_internal {
@@ -126,8 +126,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   grpc::ServerReadReactor<rpc::PushWeightsRequest>* PushWeights(
       grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) override;
   grpc::ServerWriteReactor<rpc::DeviceChannelEvent>* OpenDeviceChannel(
-      grpc::CallbackServerContext* context,
-      const rpc::OpenDeviceChannelRequest* request) override;
+      grpc::CallbackServerContext* context, const rpc::OpenDeviceChannelRequest* request) override;
   grpc::ServerUnaryReactor* FetchDevice(grpc::CallbackServerContext* context,
                                         const rpc::FetchDeviceRequest* request,
                                         rpc::FetchDeviceResponse* response) override;
@@ -389,7 +388,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::string address_ ABSL_GUARDED_BY(mu_);
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
-  const std::string incarnation_;  // JoinRequest.incarnation
+  const std::string incarnation_;               // JoinRequest.incarnation
   bool replaced_ ABSL_GUARDED_BY(mu_) = false;  // another process holds our rank
   bool unknown_logged_ ABSL_GUARDED_BY(mu_) = false;
   std::string join_error_ ABSL_GUARDED_BY(mu_);
@@ -495,8 +494,8 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
                                std::shared_ptr<ChannelState>* channel);
   // On the channel's worker: receive into staging, then add and count under
   // the push rules; finishes `reactor`.
-  void ServeDevicePush(ChannelState* c, const DevicePush& push, rpc::PushGradientsResponse* response,
-                       grpc::ServerUnaryReactor* reactor);
+  void ServeDevicePush(ChannelState* c, const DevicePush& push,
+                       rpc::PushGradientsResponse* response, grpc::ServerUnaryReactor* reactor);
   // Adds staged (may be null: no pieces) and counts the pusher, if the push
   // rules still allow it (another push or a step may have come between).
   absl::Status CommitDevicePush(ChannelState* c, const DevicePush& push,

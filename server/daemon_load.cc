@@ -51,8 +51,8 @@ absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef&
   const int64_t n = shard.rows() * def.cols;
   const int elem = safetensors::DtypeSize(info->dtype);
   std::vector<uint8_t> bytes(n * elem);
-  RETURN_IF_ERROR(file.ReadTensorBytes(*info, shard.row_begin * def.cols * elem,
-                                       absl::MakeSpan(bytes)));
+  RETURN_IF_ERROR(
+      file.ReadTensorBytes(*info, shard.row_begin * def.cols * elem, absl::MakeSpan(bytes)));
   return safetensors::DecodeToFloat(info->dtype, bytes, out);
 }
 
@@ -61,8 +61,8 @@ absl::Status ReadRows(const safetensors::SafetensorsFile& file, const TensorDef&
 grpc::ServerUnaryReactor* Daemon::Impl::LoadShards(grpc::CallbackServerContext* context,
                                                    const rpc::LoadShardsRequest* request,
                                                    rpc::LoadShardsResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/LoadShards");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/LoadShards");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -95,25 +95,23 @@ grpc::ServerUnaryReactor* Daemon::Impl::LoadShards(grpc::CallbackServerContext* 
     *out = *std::move(resolved);
   }
   source.checkpoint_version = request->checkpoint_version();
-  worker_.Post([this, shared_view, source, pushers = request->expected_pushers(), reactor,
-                response] {
-    // The coordinator may send this as soon as it has registered our Join,
-    // before the join thread has seen the reply and opened the data plane.
-    const absl::Status joined = AwaitJoined(shared_view->rank);
-    if (joined.ok()) snapshots_->DropAll();  // of the model this load replaces
-    absl::StatusOr<int64_t> v = joined.ok() ? LoadOnWorker(shared_view, source, pushers)
-                                            : absl::StatusOr<int64_t>(joined);
-    if (v.ok()) response->set_published_version(*v);
-    reactor->Finish(ToGrpcStatus(v.status()));
-  });
+  worker_.Post(
+      [this, shared_view, source, pushers = request->expected_pushers(), reactor, response] {
+        // The coordinator may send this as soon as it has registered our Join,
+        // before the join thread has seen the reply and opened the data plane.
+        const absl::Status joined = AwaitJoined(shared_view->rank);
+        if (joined.ok()) snapshots_->DropAll();  // of the model this load replaces
+        absl::StatusOr<int64_t> v = joined.ok() ? LoadOnWorker(shared_view, source, pushers)
+                                                : absl::StatusOr<int64_t>(joined);
+        if (v.ok()) response->set_published_version(*v);
+        reactor->Finish(ToGrpcStatus(v.status()));
+      });
   return reactor;
 }
 
 absl::Status Daemon::Impl::AwaitJoined(int rank) {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shut_down_ || join_done_;
-  };
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shut_down_ || join_done_; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&done), options_.step_timeout)) {
     return absl::UnavailableError("daemon has not finished joining");
   }
@@ -161,29 +159,29 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(std::shared_ptr<const ModelVi
     if (source.snapshot != nullptr) {
       ASSIGN_OR_RETURN(next_delayed, RestoreSnapshot(*source.snapshot, *shards->host_state()));
     } else {
-      ASSIGN_OR_RETURN(next_delayed, RestoreShardSet(source.checkpoint_path,
-                                                     source.checkpoint_version,
-                                                     *shards->host_state()));
+      ASSIGN_OR_RETURN(next_delayed,
+                       RestoreShardSet(source.checkpoint_path, source.checkpoint_version,
+                                       *shards->host_state()));
     }
   } else if (from_file) {
     ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
-                     safetensors::SafetensorsFile::Open(
-                         source.safetensors_path, options_.limits.max_tensor_name_bytes));
+                     safetensors::SafetensorsFile::Open(source.safetensors_path,
+                                                        options_.limits.max_tensor_name_bytes));
     absl::Time next_progress = absl::Now() + absl::Seconds(5);
     for (size_t i = 0; i < shards->shards().size(); ++i) {
       const ShardDef& d = shards->shards()[i];
       RETURN_IF_ERROR(ReadRows(file, view->tensors[d.tensor], d, shards->load_master(i)));
       if (absl::Now() >= next_progress) {  // a large model: say how far it is
-        LogInfo(kTag, absl::StrCat("rank ", view->rank, ": read ", i + 1, " of ",
-                                   shards->shards().size(), " shards of ",
-                                   source.safetensors_path));
+        LogInfo(kTag,
+                absl::StrCat("rank ", view->rank, ": read ", i + 1, " of ", shards->shards().size(),
+                             " shards of ", source.safetensors_path));
         next_progress = absl::Now() + absl::Seconds(5);
       }
     }
   }
-  const int64_t first_version =
-      source.snapshot != nullptr ? source.snapshot->header.version()
-                                 : (restore ? source.checkpoint_version : 0);
+  const int64_t first_version = source.snapshot != nullptr
+                                    ? source.snapshot->header.version()
+                                    : (restore ? source.checkpoint_version : 0);
   {
     absl::WriterMutexLock device_lock(&device_mu_);  // frees the old backend
     absl::MutexLock lock(&mu_);
@@ -210,10 +208,10 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(std::shared_ptr<const ModelVi
     stepping_ = true;
     stepping_from_ = first_version - 1;
   }
-  Log(kTag, absl::StrCat("rank ", view->rank, " (", shards_->name(), " backend): ",
-                         restore ? "restored " : "loaded ",
-                         view->shards.size(), " shards of ", view->tensors.size(),
-                         " tensors", restore ? absl::StrCat(" at version ", first_version) : ""));
+  Log(kTag, absl::StrCat("rank ", view->rank, " (", shards_->name(),
+                         " backend): ", restore ? "restored " : "loaded ", view->shards.size(),
+                         " shards of ", view->tensors.size(), " tensors",
+                         restore ? absl::StrCat(" at version ", first_version) : ""));
   snapshots_->SetModel(view->rank, DaemonAddresses(view->manifest),
                        ShardLayoutHash(view->tensors, view->shards),
                        view->manifest.model_generation());

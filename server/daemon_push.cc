@@ -141,10 +141,10 @@ absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
     return absl::OkStatus();
   }
   if (it->second == identity) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "pusher_id ", QuoteForMessage(pusher),
-      " belongs to another token: each trainer token pushes under its own pusher ids "
-      "(its JoinResponse.member_id); nothing was applied"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("pusher_id ", QuoteForMessage(pusher),
+                   " belongs to another token: each trainer token pushes under its own pusher ids "
+                   "(its JoinResponse.member_id); nothing was applied"));
 }
 
 absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& pusher) {
@@ -162,12 +162,12 @@ absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& p
   const int64_t current = latest_->version;
   if (version == current && pushers_.count(pusher) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("pusher ", QuoteForMessage(pusher),
-                                                 " already pushed gradients for version ",
-                                                 version, " to this daemon"));
+                                                 " already pushed gradients for version ", version,
+                                                 " to this daemon"));
   }
   if (version < current) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stale push for version ", version, ": this daemon is at version ", current));
+    return absl::FailedPreconditionError(
+        absl::StrCat("stale push for version ", version, ": this daemon is at version ", current));
   }
   if (version > current) {
     return absl::OutOfRangeError(absl::StrCat("push for future version ", version,
@@ -179,9 +179,9 @@ absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& p
         "version ", version, " is being stepped; push for version ", version + 1, " later"));
   }
   if (static_cast<int64_t>(pushers_.size()) >= options_.limits.max_pushers_per_version) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "version ", version, " already has ", pushers_.size(),
-        " pushers on this daemon: the limit (--max_pushers_per_version)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("version ", version, " already has ", pushers_.size(),
+                     " pushers on this daemon: the limit (--max_pushers_per_version)"));
   }
   if (expected_pushers_ > 0 && static_cast<int>(pushers_.size()) >= expected_pushers_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -209,8 +209,7 @@ absl::Status Daemon::Impl::CommitWeights(const ModelView& view, std::vector<Stag
     absl::Span<float> m = shards_->load_master(p.shard);
     const ShardDef& shard = shards_->shards()[p.shard];
     const int64_t cols = view.tensors[p.tensor].cols;
-    std::copy(p.values.begin(), p.values.end(),
-              m.begin() + (p.row_begin - shard.row_begin) * cols);
+    std::copy(p.values.begin(), p.values.end(), m.begin() + (p.row_begin - shard.row_begin) * cols);
     std::vector<bool>& loaded = rows_loaded_[p.shard];
     for (int64_t r = p.row_begin; r < p.row_end; ++r) {
       if (!loaded[r - shard.row_begin]) {
@@ -251,8 +250,7 @@ absl::Status CheckStreamEnd(int64_t total_bytes, int64_t carried, absl::string_v
 template <class Request, class Response>
 class ChunkStreamReactor : public grpc::ServerReadReactor<Request> {
  public:
-  ChunkStreamReactor(Daemon::Impl* daemon, grpc::CallbackServerContext* context,
-                     Response* response)
+  ChunkStreamReactor(Daemon::Impl* daemon, grpc::CallbackServerContext* context, Response* response)
       : daemon_(daemon), context_(context), response_(response) {}
 
   void OnReadDone(bool ok) override {
@@ -310,9 +308,9 @@ class PushReactor
       RETURN_IF_ERROR(daemon_->ClaimPusher(pusher_, *context_, /*bind=*/false));
       ASSIGN_OR_RETURN(view_, daemon_->BeginPush(version_, pusher_));
       // non_finite: SKIP_STEP takes NaN/Inf; the step then skips.
-      assembler_.emplace(view_.get(), view_->optimizer.has_value() &&
-                                          view_->optimizer->non_finite ==
-                                              NonFinitePolicy::kSkipStep);
+      assembler_.emplace(view_.get(),
+                         view_->optimizer.has_value() &&
+                             view_->optimizer->non_finite == NonFinitePolicy::kSkipStep);
       ASSIGN_OR_RETURN(live_, daemon_->OpenPipelinedPush(version_, pusher_));
     } else if ((request.version() != 0 && request.version() != version_) ||
                (!request.pusher_id().empty() && request.pusher_id() != pusher_)) {
@@ -357,7 +355,8 @@ class PushReactor
 
  public:
   ~PushReactor() override {
-    if (live_.stream != nullptr) live_.pipeline->Close(live_.stream, std::move(assembler_->pieces()));
+    if (live_.stream != nullptr)
+      live_.pipeline->Close(live_.stream, std::move(assembler_->pieces()));
   }
 };
 
@@ -418,8 +417,8 @@ grpc::ServerReadReactor<rpc::PushGradientsRequest>* Daemon::Impl::PushGradients(
 
 grpc::ServerReadReactor<rpc::PushWeightsRequest>* Daemon::Impl::PushWeights(
     grpc::CallbackServerContext* context, rpc::PushWeightsResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/PushWeights");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/PushWeights");
       !s.ok()) {
     return auth::RefusedReader<rpc::PushWeightsRequest>(s);
   }

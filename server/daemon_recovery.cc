@@ -86,8 +86,8 @@ grpc::ServerUnaryReactor* Daemon::Impl::PrepareRecovery(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* context,
                                                 const rpc::RecoverRequest* request,
                                                 rpc::RecoverResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/Recover");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/Recover");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -104,8 +104,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
     absl::StatusOr<ModelView> v;
     {
       absl::MutexLock lock(&mu_);
-      v = MakeModelView(request->load().manifest(), request->load().daemon_rank(),
-                        ++generation_);
+      v = MakeModelView(request->load().manifest(), request->load().daemon_rank(), ++generation_);
     }
     if (!v.ok()) {
       reactor->Finish(ToGrpcStatus(v.status()));
@@ -137,9 +136,8 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
   }
   if (data_plane_) data_plane_->Shutdown();
   pending_plane_.reset();  // claimed by a Recover of an attempt the coordinator gave up on
-  ASSIGN_OR_RETURN(pending_plane_,
-                   DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(),
-                                         options_.step_timeout));
+  ASSIGN_OR_RETURN(pending_plane_, DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(),
+                                                         options_.step_timeout));
   pending_epoch_ = epoch;
   pending_claimed_ = false;
   Log(kTag, absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ",
@@ -154,8 +152,8 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
   {
     absl::MutexLock lock(&plane_mu_);
     if (pending_plane_ == nullptr || pending_epoch_ != request.epoch()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
     }
     // A Recover of an attempt that a later PrepareRecovery replaced names
     // an endpoint this daemon has closed.
@@ -238,8 +236,8 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
 
 grpc::ServerReadReactor<rpc::SnapshotChunk>* Daemon::Impl::PutSnapshot(
     grpc::CallbackServerContext* context, rpc::PutSnapshotResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/PutSnapshot");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/PutSnapshot");
       !s.ok()) {
     return auth::RefusedReader<rpc::SnapshotChunk>(s);
   }
@@ -248,8 +246,8 @@ grpc::ServerReadReactor<rpc::SnapshotChunk>* Daemon::Impl::PutSnapshot(
 
 grpc::ServerWriteReactor<rpc::SnapshotChunk>* Daemon::Impl::GetSnapshot(
     grpc::CallbackServerContext* context, const rpc::GetSnapshotRequest* request) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/GetSnapshot");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/GetSnapshot");
       !s.ok()) {
     return auth::RefusedWriter<rpc::SnapshotChunk>(s);
   }
@@ -291,9 +289,9 @@ absl::Status Daemon::Impl::WithStableState(const Daemon::StableStateFn& fn,
   }
   const ShardSet* host = shards_->host_state();
   if (host == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        "checkpoints and exports are not supported by the ", shards_->name(),
-        " daemon backend (run the daemons with --backend=cpu)"));
+    return absl::UnimplementedError(
+        absl::StrCat("checkpoints and exports are not supported by the ", shards_->name(),
+                     " daemon backend (run the daemons with --backend=cpu)"));
   }
   // gpu backend: the published bytes of both versions on the host.
   if (HostBytesFn bytes = shards_->host_bytes()) {

@@ -17,8 +17,8 @@ namespace paramd {
 grpc::ServerUnaryReactor* Daemon::Impl::GetStats(grpc::CallbackServerContext* context,
                                                  const rpc::GetStatsRequest* request,
                                                  rpc::GetStatsResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/GetStats");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/GetStats");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -45,8 +45,7 @@ std::vector<PieceHealth> Daemon::Impl::PublishedHealth(int64_t max_samples) cons
   for (const PublishedPiece& p : latest->pieces) {
     if (p.tensor < 0 || p.tensor >= static_cast<int>(view->tensors.size())) continue;
     const TensorDef& t = view->tensors[p.tensor];
-    const QuantSpec& spec =
-        p.direction == Direction::kRowwise ? t.spec.rowwise : t.spec.columnwise;
+    const QuantSpec& spec = p.direction == Direction::kRowwise ? t.spec.rowwise : t.spec.columnwise;
     PieceHealth h;
     h.tensor = t.name;
     h.direction = p.direction;
@@ -101,8 +100,8 @@ void Daemon::Impl::FillStats(bool include_shards, rpc::DaemonStats* stats) const
   snapshots_->FillStats(stats);
   if (!include_shards || !latest_ || !view_) return;
   for (const PublishedPiece& p : latest_->pieces) {
-    if (stats->shards_size() == 0 || stats->shards().rbegin()->tensor() !=
-                                         view_->tensors[p.tensor].name ||
+    if (stats->shards_size() == 0 ||
+        stats->shards().rbegin()->tensor() != view_->tensors[p.tensor].name ||
         stats->shards().rbegin()->row_begin() != p.row_begin) {
       rpc::ShardStats* s = stats->add_shards();
       s->set_tensor(view_->tensors[p.tensor].name);

@@ -28,8 +28,8 @@ using daemon_internal::kTag;
 grpc::ServerUnaryReactor* Daemon::Impl::Step(grpc::CallbackServerContext* context,
                                              const rpc::DaemonStepRequest* request,
                                              rpc::DaemonStepResponse* response) {
-  if (grpc::Status s = auth::Authorize(options_.authenticator.get(), *context,
-                                       "/paramd.rpc.Daemon/Step");
+  if (grpc::Status s =
+          auth::Authorize(options_.authenticator.get(), *context, "/paramd.rpc.Daemon/Step");
       !s.ok()) {
     return auth::RefusedUnary(context, s);
   }
@@ -48,22 +48,21 @@ grpc::ServerUnaryReactor* Daemon::Impl::Step(grpc::CallbackServerContext* contex
       return reactor;
     }
   }
-  return StartWaitingUnary(&publish_waiters_,
-                           [this, from, response]() -> std::optional<grpc::Status> {
-                             absl::MutexLock lock(&mu_);
-                             if (latest_ && latest_->version > from) {
-                               response->set_published_version(latest_->version);
-                               return grpc::Status::OK;
-                             }
-                             if (shut_down_) {
-                               return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                   "daemon shutting down");
-                             }
-                             if (!stepping_ && failed_step_from_ == from) {
-                               return ToGrpcStatus(last_step_error_);
-                             }
-                             return std::nullopt;
-                           });
+  return StartWaitingUnary(
+      &publish_waiters_, [this, from, response]() -> std::optional<grpc::Status> {
+        absl::MutexLock lock(&mu_);
+        if (latest_ && latest_->version > from) {
+          response->set_published_version(latest_->version);
+          return grpc::Status::OK;
+        }
+        if (shut_down_) {
+          return grpc::Status(grpc::StatusCode::UNAVAILABLE, "daemon shutting down");
+        }
+        if (!stepping_ && failed_step_from_ == from) {
+          return ToGrpcStatus(last_step_error_);
+        }
+        return std::nullopt;
+      });
 }
 
 grpc::ServerUnaryReactor* Daemon::Impl::SetOptimizer(grpc::CallbackServerContext* context,
@@ -115,9 +114,8 @@ absl::Status Daemon::Impl::StartAdminStepLocked(int64_t from) {
   if (stepping_ && stepping_from_ == from) return absl::OkStatus();  // already running
   if (from < latest_->version) return absl::OkStatus();  // already done: reported at once
   if (from > latest_->version) {
-    return absl::OutOfRangeError(absl::StrCat("step from version ", from,
-                                              ": this daemon is at version ",
-                                              latest_->version));
+    return absl::OutOfRangeError(
+        absl::StrCat("step from version ", from, ": this daemon is at version ", latest_->version));
   }
   if (stepping_) return absl::FailedPreconditionError("another step is running");
   stepping_ = true;
@@ -219,7 +217,8 @@ void Daemon::Impl::RunStep(int64_t from, bool apply_optimizer, bool update_delay
   OfferIpcVersions(retire.first, shards);
   publish_waiters_.WakeAll();
   if (!result.ok()) {
-    LogError(kTag, absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
+    LogError(kTag,
+             absl::StrCat("step from version ", from, " failed: ", result.status().ToString()));
     return;
   }
   ReportVersion(from + 1, seconds);
@@ -285,8 +284,8 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> Daemon::Impl::StepPipeli
     }
     // Waiting for a pusher that has not begun is the usual case; anything
     // else (a failed push, queued work) is worth a line.
-    const std::string line = absl::StrCat("step from version ", from, ": ",
-                                          result.status().message(), "; ", next);
+    const std::string line =
+        absl::StrCat("step from version ", from, ": ", result.status().message(), "; ", next);
     if (!absl::StrContains(line, "not begun")) {
       LogInfo(kTag, line);
     } else {

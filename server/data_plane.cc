@@ -31,8 +31,7 @@ absl::StatusOr<AllReduceMaxFn> DaemonDataPlane::Connect(const rpc::DataPlane& da
                                                         int rank) {
   const int n = data_plane.num_daemons();
   if (rank < 0 || rank >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("daemon rank ", rank, " outside [0, ", n, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("daemon rank ", rank, " outside [0, ", n, ")"));
   }
   if (n == 1) return AllReduceMaxFn([](absl::Span<float>) { return absl::OkStatus(); });
   if (data_plane.transport() != transport_name_) {
@@ -72,9 +71,9 @@ absl::Status DaemonDataPlane::AwaitPeers(absl::Time deadline) {
       if (s.ok()) break;
       if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;
       if (absl::Now() + kRetry >= deadline) {
-        return absl::UnavailableError(absl::StrCat(
-            "data-plane peer rank ", peer, " at ", peer_addresses_[peer],
-            " did not answer before the deadline: ", s.message()));
+        return absl::UnavailableError(
+            absl::StrCat("data-plane peer rank ", peer, " at ", peer_addresses_[peer],
+                         " did not answer before the deadline: ", s.message()));
       }
       absl::SleepFor(kRetry);
     }

@@ -20,9 +20,9 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener) {
   return true;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
-    const std::string& listen_address, const std::string& advertise_host,
-    const std::string& secret) {
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(const std::string& listen_address,
+                                                                 const std::string& advertise_host,
+                                                                 const std::string& secret) {
   if (!Opener()) {
     return absl::FailedPreconditionError(
         "device fetch needs hybrid-paramd built with --config=cuda and --backend=gpu");

@@ -133,9 +133,9 @@ bool RegisterDeviceChannelOpener(DeviceChannelOpener opener);
 
 // A new channel endpoint. FAILED_PRECONDITION when this binary has no
 // implementation (built without --config=cuda); the opener's status else.
-absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(
-    const std::string& listen_address, const std::string& advertise_host,
-    const std::string& secret);
+absl::StatusOr<std::unique_ptr<DeviceChannel>> OpenDeviceChannel(const std::string& listen_address,
+                                                                 const std::string& advertise_host,
+                                                                 const std::string& secret);
 
 // OK if `presented` (FetchDeviceRequest / PushGradientsDeviceRequest
 // .channel_secret) is `expected`, the secret of channel `channel`

@@ -41,8 +41,8 @@ using DaemonCalls = std::vector<std::unique_ptr<DaemonCall<Request, Response>>>;
 template <class Request, class Response>
 void FanOut(const std::vector<std::shared_ptr<rpc::Daemon::Stub>>& stubs, absl::Duration timeout,
             std::function<void(int rank, Request*)> make_request,
-            std::function<void(rpc::Daemon::Stub*, grpc::ClientContext*, const Request*,
-                               Response*, std::function<void(grpc::Status)>)>
+            std::function<void(rpc::Daemon::Stub*, grpc::ClientContext*, const Request*, Response*,
+                               std::function<void(grpc::Status)>)>
                 call,
             std::function<void(DaemonCalls<Request, Response>&)> done) {
   struct State {

@@ -20,8 +20,7 @@ double RowSumSq(const float* row, int64_t cols) {
   return lane[0];
 }
 
-GradNormSlots MakeGradNormSlots(const std::vector<int64_t>& rows,
-                                const std::vector<bool>& frozen) {
+GradNormSlots MakeGradNormSlots(const std::vector<int64_t>& rows, const std::vector<bool>& frozen) {
   GradNormSlots s;
   for (size_t t = 0; t < rows.size(); ++t) {
     s.slot_begin.push_back(s.num_slots);

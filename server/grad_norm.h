@@ -44,8 +44,7 @@ struct GradNormSlots {
   int64_t num_slots = 0;
 };
 // `rows[t]` and `frozen[t]` per manifest tensor.
-GradNormSlots MakeGradNormSlots(const std::vector<int64_t>& rows,
-                                const std::vector<bool>& frozen);
+GradNormSlots MakeGradNormSlots(const std::vector<int64_t>& rows, const std::vector<bool>& frozen);
 
 // The slot's float64 as 4 exact floats (16 bits each, low first) and back.
 void EncodeGradNormSlot(double value, float* out4);

@@ -38,7 +38,8 @@ void LeaseKeeper::Run() {
     const grpc::Status s = coordinator_->Heartbeat(&context, *request, &response);
     // An unreachable coordinator is not a verdict: the daemon keeps serving
     // and keeps trying (a restarted coordinator answers UNKNOWN).
-    if (s.ok() && response.verdict() != rpc::HEARTBEAT_OK) on_verdict_(*request, response.verdict());
+    if (s.ok() && response.verdict() != rpc::HEARTBEAT_OK)
+      on_verdict_(*request, response.verdict());
   }
 }
 

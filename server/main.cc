@@ -5,31 +5,34 @@
 //   hybrid-paramd --role=coordinator --daemons=2 --listen=0.0.0.0:7070
 //                 --tls_cert=server.pem --tls_key=server.key --tls_ca=ca.pem
 //                 --auth_token_file=tokens
-//   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071 (same TLS/token flags)
+//   hybrid-paramd --role=daemon --coordinator=host0:7070 --listen=0.0.0.0:7071 (same TLS/token
+//   flags)
 //
 // Flags live here only; the libraries take Options structs.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <set>
 #include <iostream>
-#include <algorithm>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
-#include "absl/strings/strip.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "auth/security.h"
+#include "checkpoint/service.h"
 #include "common/address.h"
 #include "common/cli.h"
 #include "common/file_util.h"
@@ -38,8 +41,6 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
-#include "auth/security.h"
-#include "checkpoint/service.h"
 #include "server/async_util.h"
 #include "server/checkpointing.h"
 #include "server/config.h"
@@ -200,7 +201,8 @@ ABSL_FLAG(bool, checkpoint_group_readable, false,
 ABSL_FLAG(std::string, log_format, "text",
           "log lines on stderr: text (date, level, role, rank, pid, component: message) | json "
           "(one JSON object per line, same fields)");
-ABSL_FLAG(std::string, log_level, "info", "least severe level logged: debug | info | warning | error");
+ABSL_FLAG(std::string, log_level, "info",
+          "least severe level logged: debug | info | warning | error");
 ABSL_FLAG(int32_t, v, 0, "verbose logging: show debug messages of verbosity <= N (implies debug)");
 ABSL_FLAG(int32_t, log_every_versions, 100,
           "coordinator: log every Nth committed version at INFO (the others at --v=1)");
@@ -256,14 +258,14 @@ absl::Status Run() {
   options.run_daemon = role != "coordinator";
   options.listen = absl::GetFlag(FLAGS_listen);
   options.insecure_listen_anywhere = absl::GetFlag(FLAGS_insecure_listen_anywhere);
-  ASSIGN_OR_RETURN(options.tls, auth::LoadTls({
-                                    .cert = absl::GetFlag(FLAGS_tls_cert),
-                                    .key = absl::GetFlag(FLAGS_tls_key),
-                                    .ca = absl::GetFlag(FLAGS_tls_ca),
-                                    .require_client_cert =
-                                        absl::GetFlag(FLAGS_tls_require_client_cert),
-                                    .server_name = absl::GetFlag(FLAGS_tls_server_name),
-                                }));
+  ASSIGN_OR_RETURN(options.tls,
+                   auth::LoadTls({
+                       .cert = absl::GetFlag(FLAGS_tls_cert),
+                       .key = absl::GetFlag(FLAGS_tls_key),
+                       .ca = absl::GetFlag(FLAGS_tls_ca),
+                       .require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert),
+                       .server_name = absl::GetFlag(FLAGS_tls_server_name),
+                   }));
   if (options.tls.enabled() && options.tls.cert_pem.empty()) {
     return absl::InvalidArgumentError(
         "--tls_ca without --tls_cert/--tls_key: a TLS server needs its own certificate");
@@ -274,9 +276,9 @@ absl::Status Run() {
   }
   options.authenticator = std::make_shared<auth::Authenticator>(tokens);
   if (!absl::GetFlag(FLAGS_cluster_secret_file).empty()) {
-    ASSIGN_OR_RETURN(options.cluster_secret,
-                     auth::LoadClientToken(absl::GetFlag(FLAGS_cluster_secret_file),
-                                           auth::Role::kCluster));
+    ASSIGN_OR_RETURN(
+        options.cluster_secret,
+        auth::LoadClientToken(absl::GetFlag(FLAGS_cluster_secret_file), auth::Role::kCluster));
   } else {
     for (const auth::TokenEntry& t : tokens) {
       if (t.role == auth::Role::kCluster) {
@@ -289,17 +291,14 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         "--cluster_secret_out is the coordinator's (it writes the coordinator's cluster secret)");
   }
-  RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_data_plane_listen).empty()
-                                               ? "127.0.0.1:0"
-                                               : absl::GetFlag(FLAGS_data_plane_listen),
-                                           options.tls.enabled(),
-                                           options.insecure_listen_anywhere,
-                                           "--data_plane_listen"));
+  RETURN_IF_ERROR(auth::CheckListenAddress(
+      absl::GetFlag(FLAGS_data_plane_listen).empty() ? "127.0.0.1:0"
+                                                     : absl::GetFlag(FLAGS_data_plane_listen),
+      options.tls.enabled(), options.insecure_listen_anywhere, "--data_plane_listen"));
   RETURN_IF_ERROR(auth::CheckListenAddress(absl::GetFlag(FLAGS_device_channel_listen).empty()
                                                ? "127.0.0.1:0"
                                                : absl::GetFlag(FLAGS_device_channel_listen),
-                                           options.tls.enabled(),
-                                           options.insecure_listen_anywhere,
+                                           options.tls.enabled(), options.insecure_listen_anywhere,
                                            "--device_channel_listen"));
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   if (role == "daemon") options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
@@ -364,7 +363,8 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_heartbeat_interval_ms) < 1 || absl::GetFlag(FLAGS_daemon_lease_ms) < 1) {
     return absl::InvalidArgumentError("--heartbeat_interval_ms and --daemon_lease_ms must be >= 1");
   }
-  options.daemon.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  options.daemon.heartbeat_interval =
+      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
 
   RequestLimits limits;
   limits.max_tensor_name_bytes = absl::GetFlag(FLAGS_max_tensor_name_bytes);
@@ -383,8 +383,8 @@ absl::Status Run() {
     const int64_t fits = absl::GetFlag(FLAGS_max_message_bytes) / 2;
     if (limits.max_frozen_bytes == -1) limits.max_frozen_bytes = std::min<int64_t>(16 << 20, fits);
     if (limits.max_frozen_bytes < 0 || limits.max_frozen_bytes > fits) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--max_frozen_bytes must be in [0, --max_message_bytes / 2 = ", fits, "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--max_frozen_bytes must be in [0, --max_message_bytes / 2 = ", fits, "]"));
     }
   }
   if (!absl::GetFlag(FLAGS_model_root).empty()) {
@@ -442,9 +442,9 @@ absl::Status Run() {
     c.optimizer = options.daemon.optimizer;
     c.optimizer_explicit = pins.ByteSizeLong() > 0;
     if (recipe->optimizer().has_value() && optimizer_file) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the recipe ", absl::GetFlag(FLAGS_recipe), " has an optimizer section and --optimizer=",
-          optimizer_flag, " gives another; keep one"));
+      return absl::InvalidArgumentError(absl::StrCat("the recipe ", absl::GetFlag(FLAGS_recipe),
+                                                     " has an optimizer section and --optimizer=",
+                                                     optimizer_flag, " gives another; keep one"));
     }
     if (recipe->optimizer().has_value()) {
       absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(*recipe->optimizer());
@@ -580,9 +580,8 @@ absl::Status Run() {
   std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (metrics_listen.empty() && absl::GetFlag(FLAGS_metrics_port) != 0) {
     if (absl::GetFlag(FLAGS_metrics_port) < 0 || absl::GetFlag(FLAGS_metrics_port) > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics_port must be in [0, 65535], got ",
-                       absl::GetFlag(FLAGS_metrics_port)));
+      return absl::InvalidArgumentError(absl::StrCat("--metrics_port must be in [0, 65535], got ",
+                                                     absl::GetFlag(FLAGS_metrics_port)));
     }
     metrics_listen = absl::StrCat("0.0.0.0:", absl::GetFlag(FLAGS_metrics_port));
   }
@@ -591,9 +590,9 @@ absl::Status Run() {
     metrics_options.listen = metrics_listen;
     metrics_options.role = role;
     ASSIGN_OR_RETURN(metrics, MetricsExporter::Start(metrics_options, server.get()));
-    Log("hybrid-paramd", absl::StrCat("metrics on http://", metrics_listen.substr(
-                                          0, metrics_listen.rfind(':')),
-                                      ":", metrics->port(), "/metrics"));
+    Log("hybrid-paramd",
+        absl::StrCat("metrics on http://", metrics_listen.substr(0, metrics_listen.rfind(':')), ":",
+                     metrics->port(), "/metrics"));
   }
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
     // Readable by all (it holds a port number, no secret), never through a
@@ -656,10 +655,9 @@ int main(int argc, char** argv) {
       visible = absl::StrSplit(env, ',');
     }
     if (!visible.empty() && gpu >= static_cast<int>(visible.size())) {
-      paramd::LogError("hybrid-paramd",
-                       absl::StrCat("--gpu=", gpu, " but CUDA_VISIBLE_DEVICES=",
-                                    std::getenv("CUDA_VISIBLE_DEVICES"), " has ", visible.size(),
-                                    " devices"));
+      paramd::LogError("hybrid-paramd", absl::StrCat("--gpu=", gpu, " but CUDA_VISIBLE_DEVICES=",
+                                                     std::getenv("CUDA_VISIBLE_DEVICES"), " has ",
+                                                     visible.size(), " devices"));
       return 1;
     }
     const std::string device = visible.empty() ? std::to_string(gpu) : visible[gpu];

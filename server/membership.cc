@@ -32,13 +32,12 @@ std::string DaemonTable::Name(int rank) const {
                   : absl::StrCat("rank ", rank);
 }
 
-absl::StatusOr<int> DaemonTable::ChooseRank(const rpc::JoinRequest& request,
-                                            absl::Time now) const {
+absl::StatusOr<int> DaemonTable::ChooseRank(const rpc::JoinRequest& request, absl::Time now) const {
   if (request.has_rank()) {
     const int r = request.rank();
     if (r < 0 || r >= size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--rank=", r, " is outside [0, ", size(), ") (the coordinator's --daemons)"));
+      return absl::InvalidArgumentError(absl::StrCat("--rank=", r, " is outside [0, ", size(),
+                                                     ") (the coordinator's --daemons)"));
     }
     const DaemonSlot& s = slots_[r];
     if (s.joined && s.member.state() != rpc::MEMBER_STATE_DOWN &&
@@ -97,11 +96,11 @@ absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& re
   // for daemons that send none, the same member id).
   for (DaemonSlot& s : slots_) {
     if (!s.joined) continue;
-    const bool same = !request.incarnation().empty()
-                          ? s.member.incarnation() == request.incarnation()
-                          : (!request.member_id().empty() &&
-                             s.member.member_id() == request.member_id()) ||
-                                s.member.address() == request.address();
+    const bool same =
+        !request.incarnation().empty()
+            ? s.member.incarnation() == request.incarnation()
+            : (!request.member_id().empty() && s.member.member_id() == request.member_id()) ||
+                  s.member.address() == request.address();
     if (same) {
       s.member.set_name(request.name());
       result.member = s.member;
@@ -119,9 +118,8 @@ absl::StatusOr<DaemonTable::Joined> DaemonTable::Join(const rpc::JoinRequest& re
   s.member.set_member_id(result.replaced ? absl::StrCat("daemon-", *rank, "-", holder)
                                          : absl::StrCat("daemon-", *rank));
   s.member.set_address(request.address());
-  s.member.set_data_plane_address(request.data_plane_address().empty()
-                                      ? request.address()
-                                      : request.data_plane_address());
+  s.member.set_data_plane_address(
+      request.data_plane_address().empty() ? request.address() : request.data_plane_address());
   s.member.set_name(request.name());
   s.member.set_incarnation(request.incarnation());
   s.member.set_pipelined_step(request.pipelined_step());
@@ -157,8 +155,8 @@ void DaemonTable::JoinWaitEnded(int rank, absl::string_view incarnation, absl::T
   }
 }
 
-rpc::HeartbeatVerdict DaemonTable::Heartbeat(const rpc::HeartbeatRequest& request,
-                                             absl::Time now, bool* revived) {
+rpc::HeartbeatVerdict DaemonTable::Heartbeat(const rpc::HeartbeatRequest& request, absl::Time now,
+                                             bool* revived) {
   *revived = false;
   const int r = request.rank();
   if (r < 0 || r >= size() || !slots_[r].joined) return rpc::HEARTBEAT_UNKNOWN;

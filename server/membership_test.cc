@@ -7,8 +7,7 @@ namespace {
 
 const absl::Duration kLease = absl::Milliseconds(1500);
 
-rpc::JoinRequest Daemon(const std::string& address, const std::string& incarnation,
-                        int rank = -1) {
+rpc::JoinRequest Daemon(const std::string& address, const std::string& incarnation, int rank = -1) {
   rpc::JoinRequest r;
   r.set_role(rpc::ROLE_DAEMON);
   r.set_address(address);

@@ -15,12 +15,12 @@
 #include "absl/time/time.h"
 #include "auth/security.h"
 #include "common/build_info.h"
+#include "common/status_macros.h"
 #include "common/telemetry.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
-#include "common/status_macros.h"
 #include "server/process_metrics.h"
 
 namespace paramd {
@@ -62,12 +62,14 @@ prometheus::MetricFamily Counter(std::string name, std::string help, double valu
 
 // The standard process_* series (server/process_metrics.h).
 void AppendProcessMetrics(const ProcessStats& p, std::vector<prometheus::MetricFamily>* out) {
-  out->push_back(Counter("process_cpu_seconds_total", "Total user and system CPU time spent in "
-                         "seconds", p.cpu_seconds));
-  out->push_back(Gauge("process_resident_memory_bytes", "Resident memory size in bytes",
-                       p.resident_bytes));
-  out->push_back(Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes",
-                       p.virtual_bytes));
+  out->push_back(Counter("process_cpu_seconds_total",
+                         "Total user and system CPU time spent in "
+                         "seconds",
+                         p.cpu_seconds));
+  out->push_back(
+      Gauge("process_resident_memory_bytes", "Resident memory size in bytes", p.resident_bytes));
+  out->push_back(
+      Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes", p.virtual_bytes));
   out->push_back(Gauge("process_open_fds", "Number of open file descriptors", p.open_fds));
   out->push_back(Gauge("process_max_fds", "Maximum number of open file descriptors", p.max_fds));
   out->push_back(Gauge("process_start_time_seconds",
@@ -156,12 +158,10 @@ class Collector : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out = telemetry::Registry()->Collect();
     const BuildInfo& build = GetBuildInfo();
-    out.push_back(Family("paramd_build_info", "Version, git commit and compilation mode (1)",
-                         MetricType::Gauge,
-                         {Metric(MetricType::Gauge, 1,
-                                 {{"version", build.version},
-                                  {"commit", build.commit},
-                                  {"mode", build.mode}})}));
+    out.push_back(Family(
+        "paramd_build_info", "Version, git commit and compilation mode (1)", MetricType::Gauge,
+        {Metric(MetricType::Gauge, 1,
+                {{"version", build.version}, {"commit", build.commit}, {"mode", build.mode}})}));
     const absl::StatusOr<ProcessStats> process = ReadProcessStats();
     const ProcessStats p = process.ok() ? *process : ProcessStats{};
     if (process.ok()) AppendProcessMetrics(p, &out);
@@ -173,7 +173,7 @@ class Collector : public prometheus::Collectable {
       // checkpoint was ever taken: before the first, the process's age.
       const double now = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
       const double last = telemetry::LastCheckpointUnixSeconds();
-      const double since = last > 0                    ? last
+      const double since = last > 0                   ? last
                            : p.start_time_seconds > 0 ? p.start_time_seconds
                                                       : started_;
       out.push_back(Gauge("paramd_checkpoint_age_seconds",
@@ -183,8 +183,8 @@ class Collector : public prometheus::Collectable {
       AppendRecoveryMetrics(c->recovery(), &out);
       out.push_back(Gauge("paramd_committed_version", "Committed model version (-1: none)",
                           static_cast<double>(c->committed_version())));
-      out.push_back(Gauge("paramd_daemons_joined", "Daemons that have joined",
-                          c->joined_daemons()));
+      out.push_back(
+          Gauge("paramd_daemons_joined", "Daemons that have joined", c->joined_daemons()));
       out.push_back(Gauge("paramd_daemons_expected", "Daemons the world is waiting for",
                           c->expected_daemons()));
       // Membership: one series per joined rank (1 = heartbeats within the
@@ -210,12 +210,12 @@ class Collector : public prometheus::Collectable {
       out.push_back(Gauge("paramd_daemon_rank", "Daemon rank (-1: not joined)", s.rank()));
       out.push_back(Gauge("paramd_published_version", "Latest version published here",
                           static_cast<double>(s.published_version())));
-      out.push_back(Counter("paramd_steps_total", "Optimizer steps applied",
-                            static_cast<double>(s.steps())));
-      out.push_back(Gauge("paramd_last_step_seconds", "Wall time of the last step",
-                          s.last_step_seconds()));
-      out.push_back(Gauge("paramd_optimizer_lr", "Base lr (schedule) of the last optimizer step",
-                          s.lr()));
+      out.push_back(
+          Counter("paramd_steps_total", "Optimizer steps applied", static_cast<double>(s.steps())));
+      out.push_back(
+          Gauge("paramd_last_step_seconds", "Wall time of the last step", s.last_step_seconds()));
+      out.push_back(
+          Gauge("paramd_optimizer_lr", "Base lr (schedule) of the last optimizer step", s.lr()));
       out.push_back(Gauge("paramd_grad_norm",
                           "Global gradient norm of the last step (-1: not computed)",
                           s.grad_norm()));
@@ -350,8 +350,8 @@ absl::StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
         &callbacks);
   } catch (const std::exception& e) {
     start_errors = nullptr;
-    return absl::UnavailableError(absl::StrCat("metrics endpoint on ", listen, ": ",
-                                               errors.empty() ? e.what() : errors));
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint on ", listen, ": ", errors.empty() ? e.what() : errors));
   }
   start_errors = nullptr;
   const std::vector<int> ports = impl->exposer->GetListeningPorts();

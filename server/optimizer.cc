@@ -45,8 +45,8 @@ absl::Status ValidateOptimizerOptions(const OptimizerOptions& o) {
         s.decay_steps));
   }
   if (!(s.min_lr >= 0 && s.min_lr <= o.lr)) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer: schedule.min_lr ", s.min_lr,
-                                                   " must be in [0, lr = ", o.lr, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: schedule.min_lr ", s.min_lr, " must be in [0, lr = ", o.lr, "]"));
   }
   return absl::OkStatus();
 }
@@ -97,8 +97,7 @@ void ApplyOptimizer(const OptimizerOptions& o, int64_t step, absl::Span<float> w
 }
 
 void ApplyOptimizerStep(const OptimizerOptions& o, const StepHyper& h, int64_t step,
-                        absl::Span<float> w, absl::Span<const float> grad,
-                        OptimizerState& state) {
+                        absl::Span<float> w, absl::Span<const float> grad, OptimizerState& state) {
   const size_t n = w.size();
   // The clip factor is one float multiply per element, as the device
   // kernels apply it (identity at 1, so it is skipped there).

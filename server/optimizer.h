@@ -75,12 +75,12 @@ struct OptimizerOptions {
 struct TensorOptimizer {
   float lr_multiplier = 1.0f;
   std::optional<float> weight_decay;  // unset: the config's
-  bool frozen = false;  // never updated; left out of the gradient norm
+  bool frozen = false;                // never updated; left out of the gradient norm
 };
 
 // The per-tensor numbers of one optimizer step.
 struct StepHyper {
-  double lr = 1e-3;           // schedule * lr_multiplier, float64
+  double lr = 1e-3;  // schedule * lr_multiplier, float64
   float weight_decay = 0.0f;
   // Multiplies every gradient element before the update (float multiply;
   // the clip factor). Identity at 1.
@@ -92,8 +92,8 @@ double ScheduledLr(const OptimizerOptions& options, int64_t step);
 
 // The hyperparameters of tensor `t` at step `step` with clip factor
 // `grad_scale`.
-StepHyper TensorStepHyper(const OptimizerOptions& options, const TensorOptimizer& t,
-                          int64_t step, float grad_scale);
+StepHyper TensorStepHyper(const OptimizerOptions& options, const TensorOptimizer& t, int64_t step,
+                          float grad_scale);
 
 // The clip factor of a global gradient norm^2 `sum_sq`: min(1, max_grad_norm
 // / (sqrt(sum_sq) + 1e-6)) in float64 rounded to float; 1 without clipping

@@ -20,7 +20,8 @@ class FirstError : public google::protobuf::io::ErrorCollector {
   explicit FirstError(absl::string_view source) : source_(source) {}
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrFormat("%s:%d:%d: %s", source_, line + 1, column + 1, message);
+    if (first_.empty())
+      first_ = absl::StrFormat("%s:%d:%d: %s", source_, line + 1, column + 1, message);
   }
   void AddWarning(int, google::protobuf::io::ColumnNumber, const std::string&) override {}
   const std::string& first() const { return first_; }
@@ -114,8 +115,7 @@ recipe::OptimizerConfig OptimizerToProto(const OptimizerOptions& o) {
   s->set_decay_steps(o.schedule.decay_steps);
   s->set_min_lr(o.schedule.min_lr);
   p.set_max_grad_norm(o.max_grad_norm);
-  p.set_non_finite(o.non_finite == NonFinitePolicy::kSkipStep ? recipe::SKIP_STEP
-                                                              : recipe::REFUSE);
+  p.set_non_finite(o.non_finite == NonFinitePolicy::kSkipStep ? recipe::SKIP_STEP : recipe::REFUSE);
   return p;
 }
 
@@ -145,8 +145,8 @@ absl::Status CheckOptimizerFlags(const recipe::OptimizerConfig& f, const Optimiz
   auto refuse = [](absl::string_view flag, const std::string& mine, absl::string_view field,
                    const std::string& theirs) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "flag --", flag, "=", mine, " disagrees with the coordinator's optimizer config (",
-        field, ": ", theirs, "); drop the flag or change the coordinator's config"));
+        "flag --", flag, "=", mine, " disagrees with the coordinator's optimizer config (", field,
+        ": ", theirs, "); drop the flag or change the coordinator's config"));
   };
   if (f.kind() != recipe::OPTIMIZER_KIND_UNSPECIFIED) {
     const OptimizerKind k = f.kind() == recipe::SGD ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
@@ -221,8 +221,8 @@ std::string DescribeOptimizer(const OptimizerOptions& o) {
     absl::StrAppend(&out, " momentum=", G(o.momentum));
   }
   absl::StrAppend(&out, " wd=", G(o.weight_decay), " schedule=", DescribeSchedule(o.schedule),
-                  " clip=", o.max_grad_norm > 0 ? G(o.max_grad_norm) : "off",
-                  " non_finite=", o.non_finite == NonFinitePolicy::kSkipStep ? "skip_step" : "refuse");
+                  " clip=", o.max_grad_norm > 0 ? G(o.max_grad_norm) : "off", " non_finite=",
+                  o.non_finite == NonFinitePolicy::kSkipStep ? "skip_step" : "refuse");
   return out;
 }
 

@@ -8,14 +8,16 @@ namespace paramd {
 namespace {
 
 TEST(OptimizerConfigTest, ParsesTextAndFillsDefaults) {
-  absl::StatusOr<OptimizerOptions> o = ParseOptimizerConfig(R"pb(
-    kind: SGD
-    lr: 0.5
-    momentum: 0.9
-    schedule { warmup_steps: 10 decay: COSINE decay_steps: 90 min_lr: 0.05 }
-    max_grad_norm: 1.0
-    non_finite: SKIP_STEP
-  )pb", "opt.textproto");
+  absl::StatusOr<OptimizerOptions> o = ParseOptimizerConfig(
+      R"pb(
+        kind: SGD
+        lr: 0.5
+        momentum: 0.9
+        schedule { warmup_steps: 10 decay: COSINE decay_steps: 90 min_lr: 0.05 }
+        max_grad_norm: 1.0
+        non_finite: SKIP_STEP
+      )pb",
+      "opt.textproto");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->kind, OptimizerKind::kSgd);
   EXPECT_EQ(o->lr, 0.5f);
@@ -38,12 +40,12 @@ TEST(OptimizerConfigTest, RefusesBadConfigsNamingTheField) {
     const char* text;
     const char* want;
   };
-  for (const Bad& b : {Bad{"lr: -1", "lr"}, Bad{"beta1: 1.5", "beta1"},
-                       Bad{"schedule { decay: LINEAR }", "decay_steps"},
-                       Bad{"lr: 0.1 schedule { decay: COSINE decay_steps: 5 min_lr: 1 }", "min_lr"},
-                       Bad{"max_grad_norm: -2", "max_grad_norm"},
-                       Bad{"schedule { warmup_steps: -3 }", "warmup_steps"},
-                       Bad{"lr: 0.1 bogus: 3", "bogus"}}) {
+  for (const Bad& b :
+       {Bad{"lr: -1", "lr"}, Bad{"beta1: 1.5", "beta1"},
+        Bad{"schedule { decay: LINEAR }", "decay_steps"},
+        Bad{"lr: 0.1 schedule { decay: COSINE decay_steps: 5 min_lr: 1 }", "min_lr"},
+        Bad{"max_grad_norm: -2", "max_grad_norm"},
+        Bad{"schedule { warmup_steps: -3 }", "warmup_steps"}, Bad{"lr: 0.1 bogus: 3", "bogus"}}) {
     absl::StatusOr<OptimizerOptions> o = ParseOptimizerConfig(b.text, "f.textproto");
     ASSERT_FALSE(o.ok()) << b.text;
     EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);

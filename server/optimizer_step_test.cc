@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "server/optimizer.h"
-#include "server/shard_set.h"
 #include "server/optimizer_test_model.h"
+#include "server/shard_set.h"
 #include "server/thread_all_reduce.h"
 
 namespace paramd {
@@ -221,8 +221,7 @@ TEST_P(OptimizerStepTest, MatchesFloat64ReferenceAndOneVsThreeDaemons) {
   const std::vector<TensorDef> model = Model();
   const auto init = Random(model, 1, 0.5f);
   World single(model, OptimizerTestLayout(1), o, init);
-  World three(model, {ThreeDaemonShards(0), ThreeDaemonShards(1), ThreeDaemonShards(2)}, o,
-              init);
+  World three(model, {ThreeDaemonShards(0), ThreeDaemonShards(1), ThreeDaemonShards(2)}, o, init);
   Reference ref{o, model, {}, {}, {}};
   for (const auto& x : init) {
     ref.w.emplace_back(x.begin(), x.end());
@@ -288,8 +287,7 @@ TEST(OptimizerSkipStepTest, NanSkipsTheStepOnEveryDaemon) {
   o.non_finite = NonFinitePolicy::kSkipStep;
   const std::vector<TensorDef> model = Model();
   const auto init = Random(model, 1, 0.5f);
-  World three(model, {ThreeDaemonShards(0), ThreeDaemonShards(1), ThreeDaemonShards(2)}, o,
-              init);
+  World three(model, {ThreeDaemonShards(0), ThreeDaemonShards(1), ThreeDaemonShards(2)}, o, init);
   Reference ref{o, model, {}, {}, {}};
   for (const auto& x : init) {
     ref.w.emplace_back(x.begin(), x.end());

@@ -59,8 +59,8 @@ absl::StatusOr<ProcessStats> ParseProcStat(absl::string_view stat, double ticks_
     return n - 3 < static_cast<int>(f.size()) && absl::SimpleAtod(f[n - 3], out);
   };
   double utime = 0, stime = 0, start_ticks = 0, vsize = 0, rss_pages = 0;
-  if (!field(14, &utime) || !field(15, &stime) || !field(22, &start_ticks) ||
-      !field(23, &vsize) || !field(24, &rss_pages)) {
+  if (!field(14, &utime) || !field(15, &stime) || !field(22, &start_ticks) || !field(23, &vsize) ||
+      !field(24, &rss_pages)) {
     return absl::InvalidArgumentError(
         absl::StrCat("a /proc/<pid>/stat line with ", f.size() + 2, " fields, want >= 24"));
   }

@@ -31,9 +31,8 @@ TEST(ProcessMetricsTest, ParsesAStatLineWhoseCommandHasSpacesAndParentheses) {
 TEST(ProcessMetricsTest, RefusesWhatIsNotAStatLine) {
   EXPECT_FALSE(ParseProcStat("", 100, 4096, 0).ok());
   EXPECT_FALSE(ParseProcStat("12 (x) S 1 2 3", 100, 4096, 0).ok());
-  EXPECT_FALSE(ParseProcStat("12 (x) S 1 2 3 4 5 6 7 8 9 10 u s 0 0 0 0 0 0 st vs rss", 100,
-                             4096, 0)
-                   .ok());
+  EXPECT_FALSE(
+      ParseProcStat("12 (x) S 1 2 3 4 5 6 7 8 9 10 u s 0 0 0 0 0 0 st vs rss", 100, 4096, 0).ok());
 }
 
 TEST(ProcessMetricsTest, ReadsThisProcess) {

@@ -27,8 +27,8 @@ class PushPipeline::Stream {
   int64_t version = -1;
   State state = State::kOpen;
   std::vector<Piece> delivered;
-  int last_tensor = -1;      // tensor of the newest piece (complete or not)
-  bool last_open = false;    // the newest piece is still filling
+  int last_tensor = -1;            // tensor of the newest piece (complete or not)
+  bool last_open = false;          // the newest piece is still filling
   std::vector<StagedPiece> owned;  // the staged pieces once the stream ended
 };
 
@@ -49,9 +49,9 @@ absl::StatusOr<std::shared_ptr<PushPipeline::Stream>> PushPipeline::Open(
   }
   for (const auto& s : streams_) {
     if (s->pusher == pusher && s->state == Stream::State::kOpen) {
-      return absl::UnavailableError(absl::StrCat(
-          "pusher ", pusher, " is still streaming a push for version ", version,
-          " to this daemon (pipelined step); retry once that stream has ended"));
+      return absl::UnavailableError(
+          absl::StrCat("pusher ", pusher, " is still streaming a push for version ", version,
+                       " to this daemon (pipelined step); retry once that stream has ended"));
     }
   }
   auto s = std::make_shared<Stream>();
@@ -69,10 +69,10 @@ absl::Status PushPipeline::Progress(Stream& stream, const std::vector<StagedPiec
   for (size_t k = stream.delivered.size(); k < pieces.size(); ++k) {
     const StagedPiece& p = pieces[k];
     if (p.tensor < stream.last_tensor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipelined push: a piece of tensor ", tensors_[p.tensor].name,
-          " after one of a later tensor (", tensors_[stream.last_tensor].name,
-          "); send the pieces in manifest order. Nothing applied"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipelined push: a piece of tensor ", tensors_[p.tensor].name,
+                       " after one of a later tensor (", tensors_[stream.last_tensor].name,
+                       "); send the pieces in manifest order. Nothing applied"));
     }
     stream.last_tensor = p.tensor;
     if (k >= complete) break;
@@ -185,8 +185,9 @@ bool PushPipeline::WaitLocked(absl::Time give_up) {
 absl::Status PushPipeline::UsedFailedLocked() const {
   for (const auto& s : used_) {
     if (s->state == Stream::State::kFailed) {
-      return StepAbandonedError(absl::StrCat("the push of ", QuoteForMessage(s->pusher), " for version ",
-                                             s->version, " failed after the step used it"));
+      return StepAbandonedError(absl::StrCat("the push of ", QuoteForMessage(s->pusher),
+                                             " for version ", s->version,
+                                             " failed after the step used it"));
     }
   }
   return absl::OkStatus();
@@ -278,8 +279,7 @@ absl::Status PushPipeline::AwaitCommit(absl::Time give_up, const std::function<b
     if (all) return absl::OkStatus();
     if (yield && yield()) return StepAbandonedError("the daemon's worker has other work");
     if (!WaitLocked(give_up)) {
-      return absl::DeadlineExceededError(
-          "pipelined step: the pushes it used did not end in time");
+      return absl::DeadlineExceededError("pipelined step: the pushes it used did not end in time");
     }
   }
 }

@@ -90,8 +90,8 @@ class PushPipeline {
   // true while waiting (the worker has other work); no push is streaming
   // and the bucket cannot become ready (the step waits for the next push to
   // begin); DEADLINE_EXCEEDED (not abandoned) at `give_up`.
-  absl::Status AwaitBucket(const StepBucket& bucket, BucketGradients* gradients,
-                           absl::Time give_up, const std::function<bool()>& yield);
+  absl::Status AwaitBucket(const StepBucket& bucket, BucketGradients* gradients, absl::Time give_up,
+                           const std::function<bool()>& yield);
   // PipelinedStepHooks::check_bucket: the abandon error if a push the
   // attempt used has failed meanwhile.
   absl::Status CheckUsed() const;

@@ -137,8 +137,7 @@ int64_t NewestCompleteSnapshot(const std::vector<std::vector<rpc::SnapshotHeld>>
   return -1;
 }
 
-rpc::Manifest RelocatedManifest(rpc::Manifest manifest,
-                                const std::vector<std::string>& addresses) {
+rpc::Manifest RelocatedManifest(rpc::Manifest manifest, const std::vector<std::string>& addresses) {
   for (rpc::ShardPiece& p : *manifest.mutable_pieces()) {
     if (p.daemon_rank() >= 0 && p.daemon_rank() < static_cast<int>(addresses.size())) {
       p.set_daemon_address(addresses[p.daemon_rank()]);
@@ -202,9 +201,8 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
                      "of it (--checkpoint_dir)",
                      plan.disk_refused.empty() ? "" : absl::StrCat("; ", plan.disk_refused))));
   }
-  absl::StatusOr<std::vector<rpc::RecoverResponse>> recovered = RecoverAll(
-      plan.stubs, plan.recover_timeout,
-      [&](int rank, rpc::RecoverRequest* r) {
+  absl::StatusOr<std::vector<rpc::RecoverResponse>> recovered =
+      RecoverAll(plan.stubs, plan.recover_timeout, [&](int rank, rpc::RecoverRequest* r) {
         r->set_epoch(plan.epoch);
         *r->mutable_data_plane() = world;
         rpc::LoadShardsRequest* load = r->mutable_load();

@@ -60,7 +60,7 @@ struct RecoveryPlan {
 struct RecoveryResult {
   std::vector<std::string> data_plane_addresses;  // the new world, by rank
   int64_t published_version = -1;                 // -1: no model
-  rpc::Manifest manifest;  // what the daemons run now (no tensors: no model)
+  rpc::Manifest manifest;                         // what the daemons run now (no tensors: no model)
   // "snapshot v<N>" / "checkpoint <path> v<N>" / "none (no model loaded)".
   std::string source;
 };

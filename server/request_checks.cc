@@ -93,9 +93,8 @@ absl::Status CheckFrozenTensors(const google::protobuf::RepeatedPtrField<FrozenT
     }
     ASSIGN_OR_RETURN(const int64_t bytes, FrozenTensorBytes(f));
     if (check_data && static_cast<int64_t>(f.data().size()) != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(what, " has ", f.data().size(),
-                                                     " bytes of data; its dtype and shape need ",
-                                                     bytes));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " has ", f.data().size(), " bytes of data; its dtype and shape need ", bytes));
     }
     total = bytes > std::numeric_limits<int64_t>::max() - total
                 ? std::numeric_limits<int64_t>::max()
@@ -172,17 +171,20 @@ absl::Status CheckLoadShardsRequest(const rpc::LoadShardsRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat("LoadShards: tensor ", QuoteForError(t.name(), 256), " listed twice"));
     }
-    if (t.rows() < 1 || t.cols() < 1 || t.rows() > std::numeric_limits<int64_t>::max() / 8 / t.cols()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "LoadShards: tensor ", QuoteForError(t.name(), 256), " has a bad shape"));
+    if (t.rows() < 1 || t.cols() < 1 ||
+        t.rows() > std::numeric_limits<int64_t>::max() / 8 / t.cols()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadShards: tensor ", QuoteForError(t.name(), 256), " has a bad shape"));
     }
   }
   if (limits.memory_budget_bytes > 0) {
     const int64_t need = EstimateDaemonBytes(m, request.daemon_rank());
     if (need > limits.memory_budget_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "LoadShards: the shards need about ", need, " bytes, more than this daemon's memory "
-          "budget of ", limits.memory_budget_bytes, " bytes (--memory_budget_bytes)"));
+      return absl::ResourceExhaustedError(absl::StrCat("LoadShards: the shards need about ", need,
+                                                       " bytes, more than this daemon's memory "
+                                                       "budget of ",
+                                                       limits.memory_budget_bytes,
+                                                       " bytes (--memory_budget_bytes)"));
     }
   }
   return absl::OkStatus();
@@ -227,10 +229,9 @@ int64_t EstimateDaemonBytes(const rpc::Manifest& manifest, int rank) {
     const int64_t rows = p.row_end() - p.row_begin();
     if (rows <= 0 || t.cols() <= 0) continue;
     const int64_t limit = std::numeric_limits<int64_t>::max() / per_element;
-    const int64_t elements =
-        rows > limit / t.cols() ? limit : rows * t.cols();
-    total = SaturatingAdd(total, elements >= limit ? std::numeric_limits<int64_t>::max()
-                                                   : elements * per_element);
+    const int64_t elements = rows > limit / t.cols() ? limit : rows * t.cols();
+    total = SaturatingAdd(
+        total, elements >= limit ? std::numeric_limits<int64_t>::max() : elements * per_element);
   }
   return total;
 }
@@ -242,10 +243,10 @@ absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimit
   for (int rank : ranks) {
     const int64_t need = EstimateDaemonBytes(manifest, rank);
     if (need > limits.memory_budget_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the model needs about ", need, " bytes on daemon rank ", rank,
-          ", more than its memory budget of ", limits.memory_budget_bytes,
-          " bytes (--memory_budget_bytes)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the model needs about ", need, " bytes on daemon rank ", rank,
+                       ", more than its memory budget of ", limits.memory_budget_bytes,
+                       " bytes (--memory_budget_bytes)"));
     }
   }
   return absl::OkStatus();
@@ -253,15 +254,15 @@ absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimit
 
 absl::Status CheckFetchRequest(const rpc::FetchRequest& request, const RequestLimits& limits) {
   if (request.version() < -1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Fetch: version ", request.version(), " (-1 = the latest published, else >= 0)"));
+    return absl::InvalidArgumentError(absl::StrCat("Fetch: version ", request.version(),
+                                                   " (-1 = the latest published, else >= 0)"));
   }
   if (request.max_chunk_bytes() < 0 ||
       (request.max_chunk_bytes() > 0 && request.max_chunk_bytes() < limits.min_chunk_bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Fetch: max_chunk_bytes ", request.max_chunk_bytes(),
-                     " (0 = the server's default, else at least ", limits.min_chunk_bytes,
-                     ": --min_chunk_bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("Fetch: max_chunk_bytes ",
+                                                   request.max_chunk_bytes(),
+                                                   " (0 = the server's default, else at least ",
+                                                   limits.min_chunk_bytes, ": --min_chunk_bytes)"));
   }
   for (const rpc::TensorDirections& t : request.tensors()) {
     for (int d : t.directions()) {

@@ -66,7 +66,8 @@ absl::Status CheckMemoryBudget(const rpc::Manifest& manifest, const RequestLimit
 
 // Declared tensors (LoadRequest.tensors, or the header of the safetensors
 // file a Load names): count, names (unique, CheckTensorName), shapes (0 to
-// max_tensor_dims dimensions, each >= 1, bytes without int64 overflow). InvalidArgument, or ResourceExhausted for too many tensors.
+// max_tensor_dims dimensions, each >= 1, bytes without int64 overflow). InvalidArgument, or
+// ResourceExhausted for too many tensors.
 absl::Status CheckTensorDecls(const std::vector<rpc::TensorDecl>& tensors,
                               const RequestLimits& limits);
 

@@ -6,15 +6,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/daemon_io.h"
-#include "server/shard_set_adapter.h"
 #include "checkpoint/store.h"
 #include "common/status_macros.h"
+#include "server/shard_set_adapter.h"
 
 namespace paramd {
 
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string& path,
-                                                               int64_t version,
-                                                               ShardSet& shards) {
+                                                               int64_t version, ShardSet& shards) {
   ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
                    checkpoint::CheckpointStore::Open(path, /*create=*/false));
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
@@ -33,9 +32,8 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
   RETURN_IF_ERROR(checkpoint::DecodeOptimizerOptions(saved.daemon_blob, &saved_optimizer));
   if (saved_optimizer.kind != shards.optimizer().kind) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", version, " was written with optimizer ",
-        OptimizerName(saved_optimizer.kind), ", this daemon runs ",
-        OptimizerName(shards.optimizer().kind)));
+        "checkpoint ", version, " was written with optimizer ", OptimizerName(saved_optimizer.kind),
+        ", this daemon runs ", OptimizerName(shards.optimizer().kind)));
   }
   const std::vector<std::string> moments = checkpoint::MomentNames(shards.optimizer().kind);
   if (saved.pieces.size() != shards.shards().size()) {

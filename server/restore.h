@@ -8,9 +8,9 @@
 // Republishing the checkpoint's version V must quantize V as the saved run
 // did, then continue with the saved next scale. So RestoreShardSet leaves
 // each delayed direction's scale at the exact scale V was cast with (the
-// saved cast_scale; rcp(saved scale_inv) for older checkpoints), and returns the saved post-update states to put
-// back with ApplyDelayedStates() after the republishing step (which runs
-// with update_delayed = false).
+// saved cast_scale; rcp(saved scale_inv) for older checkpoints), and returns the saved post-update
+// states to put back with ApplyDelayedStates() after the republishing step (which runs with
+// update_delayed = false).
 //
 // Pure host code over the file system; call on the daemon's worker.
 #ifndef PARAMD_SERVER_RESTORE_H_
@@ -37,8 +37,7 @@ struct SavedDelayedState {
 // checkpoint's optimizer kind differs from `shards`'; NOT_FOUND / DATA_LOSS
 // from the reader.
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string& path,
-                                                               int64_t version,
-                                                               ShardSet& shards);
+                                                               int64_t version, ShardSet& shards);
 
 void ApplyDelayedStates(const std::vector<SavedDelayedState>& states, ShardSet& shards);
 

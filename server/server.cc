@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
     return absl::InvalidArgumentError("nothing to run: neither coordinator nor daemon role");
   }
   RETURN_IF_ERROR(auth::CheckListenAddress(options.listen, options.tls.enabled(),
-                                            options.insecure_listen_anywhere));
+                                           options.insecure_listen_anywhere));
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    auth::ServerCredentials(options.tls));
   if (options.authenticator == nullptr) {
@@ -42,8 +42,8 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   }
 
   if (options.add_services) {
-    RETURN_IF_ERROR(options.add_services(s->coordinator_.get(), s->daemon_.get(),
-                                         &options.extra_services));
+    RETURN_IF_ERROR(
+        options.add_services(s->coordinator_.get(), s->daemon_.get(), &options.extra_services));
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -67,9 +67,9 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
   for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options.listen,
-        " (address in use by another process, or not an address of this machine)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen,
+                     " (address in use by another process, or not an address of this machine)"));
   }
   // Not ready until the roles say so (the default service starts SERVING).
   s->UpdateHealth();
@@ -80,15 +80,14 @@ absl::StatusOr<std::unique_ptr<ParamdServer>> ParamdServer::Start(ServerOptions 
                                        ? s->address_
                                        : options.coordinator_address);
   }
-  Log("server", absl::StrCat("serving ", s->coordinator_ ? "coordinator" : "",
-                             s->coordinator_ && s->daemon_ ? "+" : "",
-                             s->daemon_ ? "daemon" : "", " on ", options.listen, " (",
-                             s->address_, "; ", options.tls.enabled() ? "TLS" : "plaintext",
-                             options.tls.require_client_cert ? ", client certificates required"
-                                                             : "",
-                             options.authenticator->tokens_required() ? ", bearer tokens required"
-                                                                      : ", no token file",
-                             ")"));
+  Log("server",
+      absl::StrCat(
+          "serving ", s->coordinator_ ? "coordinator" : "",
+          s->coordinator_ && s->daemon_ ? "+" : "", s->daemon_ ? "daemon" : "", " on ",
+          options.listen, " (", s->address_, "; ", options.tls.enabled() ? "TLS" : "plaintext",
+          options.tls.require_client_cert ? ", client certificates required" : "",
+          options.authenticator->tokens_required() ? ", bearer tokens required" : ", no token file",
+          ")"));
   s->monitor_ = std::thread([p = s.get()] { p->Monitor(); });
   return s;
 }
@@ -98,9 +97,8 @@ ParamdServer::~ParamdServer() { Shutdown(); }
 void ParamdServer::Wait() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
-      +[](ParamdServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-        return s->shut_down_ || !s->fatal_.ok();
-      },
+      +[](ParamdServer* s)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) { return s->shut_down_ || !s->fatal_.ok(); },
       this));
 }
 

@@ -202,8 +202,8 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
     for (int i = 0; i < num_shards; ++i) {
       const TensorOptimizer& t = tensors_[shards_[i].tensor].optimizer;
       if (t.frozen) continue;
-      ApplyOptimizerStep(optimizer_, TensorStepHyper(optimizer_, t, step, report.clip_factor),
-                         step, absl::MakeSpan(masters[i]), grads_[i], opt[i]);
+      ApplyOptimizerStep(optimizer_, TensorStepHyper(optimizer_, t, step, report.clip_factor), step,
+                         absl::MakeSpan(masters[i]), grads_[i], opt[i]);
     }
     report.lr = ScheduledLr(optimizer_, step);
   }
@@ -244,8 +244,8 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
       const ShardDef& d = shards_[i];
       const TensorDef& t = tensors_[d.tensor];
       if (!ColumnwiseNeedsSecondRound(t.spec)) continue;
-      ASSIGN_OR_RETURN(const float a, step_scaling::SecondRoundAmax(t, d, masters[i],
-                                                                     scaling[d.tensor].rowwise));
+      ASSIGN_OR_RETURN(const float a,
+                       step_scaling::SecondRoundAmax(t, d, masters[i], scaling[d.tensor].rowwise));
       amax2[d.tensor] = std::max(amax2[d.tensor], a);
     }
     absl::Status s = all_reduce(absl::MakeSpan(amax2));
@@ -273,8 +273,7 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> ShardSet::Step(
     const TensorDef& t = tensors_[d.tensor];
     RETURN_IF_ERROR(step_scaling::QuantizeShard(
         i, d, t, masters[i], scaling[d.tensor], amax[2 * d.tensor + kRow],
-        amax[2 * d.tensor + kCol],
-        [&] { return &published->pieces.emplace_back(); }));
+        amax[2 * d.tensor + kCol], [&] { return &published->pieces.emplace_back(); }));
     published->tensors[d.tensor].held = true;
   }
 

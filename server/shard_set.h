@@ -93,7 +93,7 @@ struct StepReport {
 // The quantized buffers of one version. Immutable.
 struct PublishedVersion {
   int64_t version = -1;
-  std::vector<PublishedPiece> pieces;  // by (shard, direction)
+  std::vector<PublishedPiece> pieces;      // by (shard, direction)
   std::vector<TensorScalingInfo> tensors;  // by manifest index
   StepReport report;
 };

@@ -38,11 +38,11 @@ std::vector<std::string> MomentNames(OptimizerKind kind) {
 }
 
 std::string EncodeOptimizerOptions(const OptimizerOptions& o) {
-  return absl::StrFormat("kind=%s lr=%08x beta1=%08x beta2=%08x eps=%08x weight_decay=%08x "
-                         "momentum=%08x",
-                         OptimizerName(o.kind), FloatBits(o.lr), FloatBits(o.beta1),
-                         FloatBits(o.beta2), FloatBits(o.eps), FloatBits(o.weight_decay),
-                         FloatBits(o.momentum));
+  return absl::StrFormat(
+      "kind=%s lr=%08x beta1=%08x beta2=%08x eps=%08x weight_decay=%08x "
+      "momentum=%08x",
+      OptimizerName(o.kind), FloatBits(o.lr), FloatBits(o.beta1), FloatBits(o.beta2),
+      FloatBits(o.eps), FloatBits(o.weight_decay), FloatBits(o.momentum));
 }
 
 absl::Status DecodeOptimizerOptions(const std::string& text, OptimizerOptions* options) {
@@ -107,16 +107,16 @@ DaemonStateView MakeDaemonStateView(const ShardSet& set, const PublishedVersion&
     }
     FillDirection(set.delayed_state(shard.tensor, Direction::kRowwise), scaling.rowwise_scale,
                   scaling.rowwise_amax, ts.mutable_rowwise());
-    FillDirection(set.delayed_state(shard.tensor, Direction::kColumnwise),
-                  scaling.columnwise_scale, scaling.columnwise_amax, ts.mutable_columnwise());
+    FillDirection(set.delayed_state(shard.tensor, Direction::kColumnwise), scaling.columnwise_scale,
+                  scaling.columnwise_amax, ts.mutable_columnwise());
   }
   view.daemon_blob = EncodeOptimizerOptions(set.optimizer());
   return view;
 }
 
 absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& published,
-                               ExportValuesKind kind, const std::string& tensor,
-                               int64_t row_begin, int64_t row_end, absl::Span<float> out) {
+                               ExportValuesKind kind, const std::string& tensor, int64_t row_begin,
+                               int64_t row_end, absl::Span<float> out) {
   int t = -1;
   for (size_t i = 0; i < set.tensors().size(); ++i) {
     if (set.tensors()[i].name == tensor) t = static_cast<int>(i);
@@ -130,8 +130,10 @@ absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& publ
   const TensorDef& def = set.tensors()[t];
   const ShardDef& shard = set.shards()[s];
   if (static_cast<int64_t>(out.size()) != (row_end - row_begin) * def.cols) {
-    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(), " values, rows x "
-                                                   "cols is ", (row_end - row_begin) * def.cols));
+    return absl::InvalidArgumentError(absl::StrCat("output holds ", out.size(),
+                                                   " values, rows x "
+                                                   "cols is ",
+                                                   (row_end - row_begin) * def.cols));
   }
   const size_t skip = static_cast<size_t>((row_begin - shard.row_begin) * def.cols);
   if (kind == ExportValuesKind::kMaster) {

@@ -47,8 +47,8 @@ DaemonStateView MakeDaemonStateView(const ShardSet& set, const PublishedVersion&
 // `published`. NotFound if no single shard here holds those rows or the
 // direction is not published.
 absl::Status ReadPublishedRows(const ShardSet& set, const PublishedVersion& published,
-                               ExportValuesKind kind, const std::string& tensor,
-                               int64_t row_begin, int64_t row_end, absl::Span<float> out);
+                               ExportValuesKind kind, const std::string& tensor, int64_t row_begin,
+                               int64_t row_end, absl::Span<float> out);
 
 }  // namespace checkpoint
 }  // namespace paramd

@@ -73,9 +73,10 @@ TEST(ShardSetAdapterTest, CheckpointHoldsTheShardSetExactly) {
       ++rows_sections;
       const int s = section.tensor() == "w" ? 0 : 1;
       std::vector<float> got((section.row_end() - section.row_begin()) * section.cols());
-      ASSERT_TRUE(file->get()->ReadRows(section, section.row_begin(), section.row_end(),
-                                        absl::MakeSpan(got))
-                      .ok());
+      ASSERT_TRUE(
+          file->get()
+              ->ReadRows(section, section.row_begin(), section.row_end(), absl::MakeSpan(got))
+              .ok());
       absl::Span<const float> want;
       if (section.name() == "master") want = set->master(s);
       if (section.name() == moments[0]) want = set->optimizer_state(s).m;
@@ -119,8 +120,8 @@ TEST(ShardSetAdapterTest, ReadPublishedRowsDequantizesTheDirection) {
                   .ok());
   EXPECT_TRUE(SameBytes(out, set->master(0).subspan((100 - 64) * 48, out.size())));
   for (ExportValuesKind kind : {ExportValuesKind::kRowwise, ExportValuesKind::kColumnwise}) {
-    ASSERT_TRUE(ReadPublishedRows(*set, **published, kind, "w", 100, 150, absl::MakeSpan(out))
-                    .ok());
+    ASSERT_TRUE(
+        ReadPublishedRows(*set, **published, kind, "w", 100, 150, absl::MakeSpan(out)).ok());
     const Direction d =
         kind == ExportValuesKind::kRowwise ? Direction::kRowwise : Direction::kColumnwise;
     const PublishedPiece* piece = nullptr;
@@ -129,14 +130,14 @@ TEST(ShardSetAdapterTest, ReadPublishedRowsDequantizesTheDirection) {
     }
     ASSERT_NE(piece, nullptr);
     const TensorDef& def = set->tensors()[0];
-    auto all = ref::Dequantize(piece->q, d == Direction::kRowwise ? def.spec.rowwise
-                                                                  : def.spec.columnwise);
+    auto all = ref::Dequantize(piece->q,
+                               d == Direction::kRowwise ? def.spec.rowwise : def.spec.columnwise);
     ASSERT_TRUE(all.ok());
     EXPECT_TRUE(SameBytes(out, absl::MakeConstSpan(*all).subspan((100 - 64) * 48, out.size())));
     EXPECT_FALSE(SameBytes(out, set->master(0).subspan((100 - 64) * 48, out.size())));
   }
-  EXPECT_TRUE(absl::IsNotFound(ReadPublishedRows(*set, **published, ExportValuesKind::kMaster,
-                                                 "w", 0, 10, absl::MakeSpan(out))));
+  EXPECT_TRUE(absl::IsNotFound(ReadPublishedRows(*set, **published, ExportValuesKind::kMaster, "w",
+                                                 0, 10, absl::MakeSpan(out))));
   EXPECT_TRUE(absl::IsNotFound(ReadPublishedRows(*set, **published, ExportValuesKind::kMaster,
                                                  "nope", 0, 1, absl::MakeSpan(out))));
 }

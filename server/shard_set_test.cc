@@ -53,8 +53,8 @@ struct TwoDaemons {
     for (size_t i = 0; i < ga.size(); ++i) ga[i] += g[i];
     for (size_t i = 0; i < gb.size(); ++i) gb[i] += g[ga.size() + i];
   }
-  std::pair<std::shared_ptr<const PublishedVersion>, std::shared_ptr<const PublishedVersion>>
-  Step(int64_t version, bool optimizer) {
+  std::pair<std::shared_ptr<const PublishedVersion>, std::shared_ptr<const PublishedVersion>> Step(
+      int64_t version, bool optimizer) {
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> ra, rb;
     std::thread t([&] { rb = b->Step(version, optimizer, reduce.Member()); });
     ra = a->Step(version, optimizer, reduce.Member());
@@ -92,7 +92,9 @@ void ExpectAssembledEqualsReference(const PublishedVersion& va, const PublishedV
     EXPECT_EQ(assembled->data, expected->data);
     EXPECT_EQ(assembled->scales, expected->scales);
     EXPECT_EQ(assembled->scale_inv, expected->scale_inv);
-    if (NeedsGlobalAmax(qs.format)) { EXPECT_EQ(assembled->amax, expected->amax); }
+    if (NeedsGlobalAmax(qs.format)) {
+      EXPECT_EQ(assembled->amax, expected->amax);
+    }
   }
 }
 
@@ -100,9 +102,8 @@ class SplitTensorTest : public ::testing::TestWithParam<std::tuple<Format, Forma
 
 TEST_P(SplitTensorTest, PiecesAssembleToWholeTensorReference) {
   const auto [row, col, dequantized] = GetParam();
-  const HybridSpec spec = Spec(row, col,
-                               dequantized ? ColumnwiseSource::kRowwiseDequantized
-                                           : ColumnwiseSource::kOriginal);
+  const HybridSpec spec = Spec(
+      row, col, dequantized ? ColumnwiseSource::kRowwiseDequantized : ColumnwiseSource::kOriginal);
   const TensorDef def{"w", 256, 96, spec};
   // Daemon B's half has the larger values: its amax is the global one.
   std::vector<float> w = RandomValues(def.rows * def.cols, 7);
@@ -118,21 +119,20 @@ TEST_P(SplitTensorTest, PiecesAssembleToWholeTensorReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, SplitTensorTest,
-    ::testing::Values(
-        std::make_tuple(Format::kFp8Current, Format::kFp8Current, false),
-        std::make_tuple(Format::kFp8Delayed, Format::kFp8Delayed, false),
-        std::make_tuple(Format::kMxfp8, Format::kMxfp8, false),
-        std::make_tuple(Format::kNvfp4, Format::kNvfp4, false),
-        std::make_tuple(Format::kFp8Block128x128, Format::kFp8Block128x128, false),
-        std::make_tuple(Format::kFp8Block1x128, Format::kFp8Block1x128, false),
-        std::make_tuple(Format::kIdentityBf16, Format::kIdentityFp32, false),
-        std::make_tuple(Format::kFp8Current, Format::kMxfp8, false),
-        // rowwise_dequantized: block-local rowwise (one all-reduce round) and
-        // global rowwise (a second round for the columnwise amax).
-        std::make_tuple(Format::kMxfp8, Format::kFp8Current, true),
-        std::make_tuple(Format::kFp8Delayed, Format::kNvfp4, true),
-        std::make_tuple(Format::kFp8Current, Format::kNvfp4, true),
-        std::make_tuple(Format::kNvfp4, Format::kFp8Current, true)));
+    ::testing::Values(std::make_tuple(Format::kFp8Current, Format::kFp8Current, false),
+                      std::make_tuple(Format::kFp8Delayed, Format::kFp8Delayed, false),
+                      std::make_tuple(Format::kMxfp8, Format::kMxfp8, false),
+                      std::make_tuple(Format::kNvfp4, Format::kNvfp4, false),
+                      std::make_tuple(Format::kFp8Block128x128, Format::kFp8Block128x128, false),
+                      std::make_tuple(Format::kFp8Block1x128, Format::kFp8Block1x128, false),
+                      std::make_tuple(Format::kIdentityBf16, Format::kIdentityFp32, false),
+                      std::make_tuple(Format::kFp8Current, Format::kMxfp8, false),
+                      // rowwise_dequantized: block-local rowwise (one all-reduce round) and
+                      // global rowwise (a second round for the columnwise amax).
+                      std::make_tuple(Format::kMxfp8, Format::kFp8Current, true),
+                      std::make_tuple(Format::kFp8Delayed, Format::kNvfp4, true),
+                      std::make_tuple(Format::kFp8Current, Format::kNvfp4, true),
+                      std::make_tuple(Format::kNvfp4, Format::kFp8Current, true)));
 
 TEST(ShardSetTest, DelayedScalingOverTenStepsMatchesReference) {
   HybridSpec spec = Spec(Format::kFp8Delayed, Format::kFp8Delayed);
@@ -155,8 +155,7 @@ TEST(ShardSetTest, DelayedScalingOverTenStepsMatchesReference) {
       for (size_t i = 0; i < w.size(); ++i) w[i] -= opt.lr * g[i];  // SGD, exact
     }
     auto [va, vb] = d.Step(v, /*optimizer=*/v > 0);
-    absl::StatusOr<ref::HybridResult> whole =
-        ReferencePublish(w, def.rows, def.cols, spec, state);
+    absl::StatusOr<ref::HybridResult> whole = ReferencePublish(w, def.rows, def.cols, spec, state);
     ASSERT_TRUE(whole.ok());
     ExpectAssembledEqualsReference(*va, *vb, spec, *whole);
     EXPECT_EQ(d.a->delayed_state(0, Direction::kRowwise).scale, state.rowwise.scale);

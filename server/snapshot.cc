@@ -15,8 +15,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
-#include "common/status_macros.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "server/optimizer_config.h"
 #include "server/serial_worker.h"
 
@@ -79,8 +79,8 @@ class Assembler {
   absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> Finish() {
     if (snapshot_ == nullptr) return absl::DataLossError("empty snapshot stream");
     if (missing_ != 0) {
-      return absl::DataLossError(absl::StrCat("snapshot stream ended with ", missing_,
-                                              " values missing"));
+      return absl::DataLossError(
+          absl::StrCat("snapshot stream ended with ", missing_, " values missing"));
     }
     return std::shared_ptr<const DaemonSnapshot>(std::move(snapshot_));
   }
@@ -215,8 +215,7 @@ uint64_t ShardLayoutHash(const std::vector<TensorDef>& tensors,
   std::string key;
   for (const ShardDef& d : shards) {
     const TensorDef& t = tensors[d.tensor];
-    absl::StrAppend(&key, t.name, ":", t.rows, "x", t.cols, "[", d.row_begin, ",", d.row_end,
-                    ");");
+    absl::StrAppend(&key, t.name, ":", t.rows, "x", t.cols, "[", d.row_begin, ",", d.row_end, ");");
   }
   return XXH3_64bits(key.data(), key.size());  // the same in every process
 }
@@ -241,8 +240,8 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnaps
     absl::Span<float> m = shards.master(static_cast<int>(i));
     const auto& a = snapshot.arrays[i];
     if (a[0].size() != m.size()) {
-      return absl::DataLossError(absl::StrCat("snapshot shard ", i, " has ", a[0].size(),
-                                              " values, want ", m.size()));
+      return absl::DataLossError(
+          absl::StrCat("snapshot shard ", i, " has ", a[0].size(), " values, want ", m.size()));
     }
     std::copy(a[0].begin(), a[0].end(), m.begin());
     OptimizerState state;
@@ -286,8 +285,8 @@ SnapshotKeeper::~SnapshotKeeper() {
   sender_.reset();  // the queued sends return at once now
 }
 
-void SnapshotKeeper::SetModel(int rank, std::vector<std::string> addresses,
-                              uint64_t layout_hash, int64_t model_generation) {
+void SnapshotKeeper::SetModel(int rank, std::vector<std::string> addresses, uint64_t layout_hash,
+                              int64_t model_generation) {
   std::shared_ptr<const DaemonSnapshot> resend;
   {
     absl::MutexLock lock(&mu_);
@@ -347,8 +346,8 @@ void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion&
   }
   absl::StatusOr<CapturedState> captured = backend.CaptureState();
   if (!captured.ok()) {
-    LogWarning(kTag, absl::StrCat("no snapshot of version ", version, ": ",
-                                  captured.status().ToString()));
+    LogWarning(
+        kTag, absl::StrCat("no snapshot of version ", version, ": ", captured.status().ToString()));
     return;
   }
   rpc::SnapshotHeader& h = pending->snapshot->header;
@@ -394,8 +393,7 @@ void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
   pending->capture.reset();  // a gpu capture's spare is free again
   if (copied.ok() && s.arrays.size() != static_cast<size_t>(s.header.shards_size())) {
     copied = absl::InternalError(absl::StrCat("the capture copied ", s.arrays.size(),
-                                              " shards, the header has ",
-                                              s.header.shards_size()));
+                                              " shards, the header has ", s.header.shards_size()));
   }
   if (!copied.ok()) {
     LogWarning(kTag, absl::StrCat("snapshot of version ", s.header.version(),
@@ -406,8 +404,8 @@ void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
   for (size_t i = 0; i < s.arrays.size(); ++i) {
     auto& a = s.arrays[i];
     if (a[1].empty() && !a[2].empty()) a[1].assign(a[2].size(), 0.0f);  // never: m before v
-    s.header.mutable_shards(static_cast<int>(i))->set_moments(a[2].empty() ? (a[1].empty() ? 0 : 1)
-                                                                           : 2);
+    s.header.mutable_shards(static_cast<int>(i))
+        ->set_moments(a[2].empty() ? (a[1].empty() ? 0 : 1) : 2);
   }
   s.header.set_bytes(ArrayBytes(s));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -419,11 +417,10 @@ void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
     last_copy_seconds_ = seconds;
   }
   pending->done.Notify();
-  LogInfo(kTag, absl::StrCat("rank ", s.header.rank(), ": snapshot of version ",
-                             s.header.version(), " (", s.header.bytes() >> 20, " MiB, ",
-                             capture_kind(), ") copied in ",
-                             absl::FormatDuration(absl::Trunc(absl::Seconds(seconds),
-                                                              absl::Milliseconds(1)))));
+  LogInfo(kTag, absl::StrCat("rank ", s.header.rank(), ": snapshot of version ", s.header.version(),
+                             " (", s.header.bytes() >> 20, " MiB, ", capture_kind(), ") copied in ",
+                             absl::FormatDuration(
+                                 absl::Trunc(absl::Seconds(seconds), absl::Milliseconds(1)))));
   sender_->Post([this, done] { Send(done); });
 }
 
@@ -496,16 +493,15 @@ void SnapshotKeeper::Send(std::shared_ptr<const DaemonSnapshot> snapshot) {
     sending_ = nullptr;
   }
   if (!s.ok()) {
-    LogWarning(kTag, absl::StrCat("sending snapshot of version ", snapshot->header.version(),
-                                  " to the buddy daemon at ", address,
-                                  " failed: ", s.error_message()));
+    LogWarning(kTag,
+               absl::StrCat("sending snapshot of version ", snapshot->header.version(),
+                            " to the buddy daemon at ", address, " failed: ", s.error_message()));
     return;
   }
-  LogInfo(kTag, absl::StrCat("rank ", snapshot->header.rank(), ": snapshot of version ",
-                             snapshot->header.version(), " sent to the buddy at ", address,
-                             " in ",
-                             absl::FormatDuration(absl::Trunc(absl::Now() - start,
-                                                              absl::Milliseconds(1)))));
+  LogInfo(kTag, absl::StrCat(
+                    "rank ", snapshot->header.rank(), ": snapshot of version ",
+                    snapshot->header.version(), " sent to the buddy at ", address, " in ",
+                    absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))));
 }
 
 void SnapshotKeeper::TrimLocked() {

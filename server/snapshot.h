@@ -156,13 +156,13 @@ class SnapshotKeeper {
   std::shared_ptr<const DaemonSnapshot> Find(int rank, int64_t version,
                                              int64_t model_generation) const;
   // Reads it from the daemon at `address` (Daemon.GetSnapshot). Blocking.
-  absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> Fetch(const std::string& address,
-                                                              int rank, int64_t version,
+  absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> Fetch(const std::string& address, int rank,
+                                                              int64_t version,
                                                               int64_t model_generation);
 
   // ---- RPC bodies (authorized by the caller) ----
   grpc::ServerReadReactor<rpc::SnapshotChunk>* StartPut(grpc::CallbackServerContext* context,
-                                                         rpc::PutSnapshotResponse* response);
+                                                        rpc::PutSnapshotResponse* response);
   grpc::ServerWriteReactor<rpc::SnapshotChunk>* StartGet(const rpc::GetSnapshotRequest& request);
 
   // DaemonStats snapshot_* fields.
@@ -190,7 +190,7 @@ class SnapshotKeeper {
   int rank_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<std::string> addresses_ ABSL_GUARDED_BY(mu_);
   uint64_t layout_hash_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t model_generation_ ABSL_GUARDED_BY(mu_) = 0;  // SetModel's
+  int64_t model_generation_ ABSL_GUARDED_BY(mu_) = 0;                           // SetModel's
   std::deque<std::shared_ptr<const DaemonSnapshot>> own_ ABSL_GUARDED_BY(mu_);  // oldest first
   // The arrays of the last own snapshot that TrimLocked dropped while
   // nothing else held it; the next snapshot's copy writes into them (the
@@ -199,15 +199,15 @@ class SnapshotKeeper {
   std::vector<std::array<std::vector<float>, 3>> recycled_ ABSL_GUARDED_BY(mu_);
   std::map<int, std::deque<std::shared_ptr<const DaemonSnapshot>>> buddy_ ABSL_GUARDED_BY(mu_);
   bool frozen_ ABSL_GUARDED_BY(mu_) = false;  // between HoldForRecovery and AfterRecovery
-  std::shared_ptr<Pending> copying_ ABSL_GUARDED_BY(mu_);  // copy in progress
+  std::shared_ptr<Pending> copying_ ABSL_GUARDED_BY(mu_);        // copy in progress
   grpc::ClientContext* sending_ ABSL_GUARDED_BY(mu_) = nullptr;  // send in progress
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // The last snapshot's figures (DaemonStats).
   double last_block_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   double last_copy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   std::string capture_kind_ ABSL_GUARDED_BY(mu_);  // StateCapture::kind
-  std::unique_ptr<SerialWorker> thread_;  // copies
-  std::unique_ptr<SerialWorker> sender_;  // buddy sends (a slow one never holds up a copy)
+  std::unique_ptr<SerialWorker> thread_;           // copies
+  std::unique_ptr<SerialWorker> sender_;           // buddy sends (a slow one never holds up a copy)
 };
 
 }  // namespace paramd

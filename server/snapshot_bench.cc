@@ -28,7 +28,8 @@ namespace {
 int Main() {
   const int64_t cols = 4096;
   const int64_t rows_per_tensor = 4096;
-  const int64_t tensors = std::max<int64_t>(1, absl::GetFlag(FLAGS_params) / (cols * rows_per_tensor));
+  const int64_t tensors =
+      std::max<int64_t>(1, absl::GetFlag(FLAGS_params) / (cols * rows_per_tensor));
   std::vector<TensorDef> defs;
   std::vector<ShardDef> shards;
   for (int64_t t = 0; t < tensors; ++t) {
@@ -76,11 +77,11 @@ int Main() {
     const double wait = absl::ToDoubleSeconds(absl::Now() - w0);
     rpc::DaemonStats stats;
     keeper.FillStats(&stats);
-    std::printf("run %d: step %.3f s; snapshot capture %.4f s + next step's wait %.3f s = "
-                "blocking %.3f s; copy %.3f s (%.2f GB/s)\n",
-                run, step, capture, wait, stats.snapshot_block_seconds(),
-                stats.snapshot_copy_seconds(),
-                stats.snapshot_bytes() / 1e9 / std::max(1e-9, stats.snapshot_copy_seconds()));
+    std::printf(
+        "run %d: step %.3f s; snapshot capture %.4f s + next step's wait %.3f s = "
+        "blocking %.3f s; copy %.3f s (%.2f GB/s)\n",
+        run, step, capture, wait, stats.snapshot_block_seconds(), stats.snapshot_copy_seconds(),
+        stats.snapshot_bytes() / 1e9 / std::max(1e-9, stats.snapshot_copy_seconds()));
   }
   return 0;
 }

@@ -309,7 +309,7 @@ TEST(SnapshotTest, SnapshotsCopiedIntoReusedMemoryHoldTheirOwnVersion) {
     v = Step(*live, from);
     want[from + 1] = LiveArrays(*live);
     keeper.AfterPublish(*live, *v);
-    keeper.BeforeChange();  // the copy is done
+    keeper.BeforeChange();                            // the copy is done
     if (from + 1 == 3) held3 = keeper.Find(0, 3, 1);  // still held when 3 falls out
   }
   EXPECT_EQ(keeper.Find(0, 3, 1), nullptr);

@@ -73,7 +73,8 @@ absl::Status Run() {
                        ShardSet::Create(tensors, shards, OptimizerOptions()));
       for (size_t i = 0; i < set->shards().size(); ++i) {
         absl::Span<float> m = set->master(i);
-        for (size_t j = 0; j < m.size(); ++j) m[j] = 0.01f * static_cast<float>((j * 7919) % 201 - 100);
+        for (size_t j = 0; j < m.size(); ++j)
+          m[j] = 0.01f * static_cast<float>((j * 7919) % 201 - 100);
       }
       sets.push_back(std::move(set));
     }
@@ -86,8 +87,8 @@ absl::Status Run() {
       std::vector<std::thread> threads;
       for (int d = 0; d < n; ++d) {
         threads.emplace_back([&, d] {
-          absl::Span<float> g = sets[d]->shards().empty() ? absl::Span<float>()
-                                                          : sets[d]->gradient(0);
+          absl::Span<float> g =
+              sets[d]->shards().empty() ? absl::Span<float>() : sets[d]->gradient(0);
           for (size_t j = 0; j < g.size(); ++j) g[j] = 1e-3f * static_cast<float>(j % 17);
           Transport* t = world[d].get();
           const absl::Time start = absl::Now();
@@ -110,10 +111,11 @@ absl::Status Run() {
     }
     std::sort(ms.begin(), ms.end());
     const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / ms.size();
-    std::printf("daemons=%d params=%lld published_bytes_per_version=%lld step_ms median=%.2f "
-                "mean=%.2f min=%.2f max=%.2f (%d steps)\n",
-                n, static_cast<long long>(params), static_cast<long long>(published_bytes),
-                ms[ms.size() / 2], mean, ms.front(), ms.back(), iters);
+    std::printf(
+        "daemons=%d params=%lld published_bytes_per_version=%lld step_ms median=%.2f "
+        "mean=%.2f min=%.2f max=%.2f (%d steps)\n",
+        n, static_cast<long long>(params), static_cast<long long>(published_bytes),
+        ms[ms.size() / 2], mean, ms.front(), ms.back(), iters);
   }
   return absl::OkStatus();
 }

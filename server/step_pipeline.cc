@@ -98,8 +98,8 @@ class PipelinedStepper {
  public:
   static absl::StatusOr<std::shared_ptr<const PublishedVersion>> Run(
       ShardSet& set, int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
-      bool update_delayed, const std::vector<StepBucket>& buckets,
-      const PipelinedStepHooks& hooks, std::shared_ptr<PublishedVersion> out) {
+      bool update_delayed, const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
+      std::shared_ptr<PublishedVersion> out) {
     const std::vector<TensorDef>& tensors = set.tensors_;
     const std::vector<ShardDef>& shards = set.shards_;
     const int num_tensors = static_cast<int>(tensors.size());
@@ -174,8 +174,7 @@ class PipelinedStepper {
       RETURN_IF_ERROR(sum_sq.status());
       report.grad_norm = std::sqrt(*sum_sq);
       report.clip_factor = ClipFactor(set.optimizer_, *sum_sq);
-      skip = !std::isfinite(*sum_sq) &&
-             set.optimizer_.non_finite == NonFinitePolicy::kSkipStep;
+      skip = !std::isfinite(*sum_sq) && set.optimizer_.non_finite == NonFinitePolicy::kSkipStep;
     }
     const int64_t step = set.optimizer_steps_ + 1;
 
@@ -232,8 +231,8 @@ class PipelinedStepper {
           const ShardDef& d = shards[i];
           const TensorDef& t = tensors[d.tensor];
           if (!ColumnwiseNeedsSecondRound(t.spec)) continue;
-          ASSIGN_OR_RETURN(const float a, step_scaling::SecondRoundAmax(
-                                              t, d, masters[i], scaling[d.tensor].rowwise));
+          ASSIGN_OR_RETURN(const float a, step_scaling::SecondRoundAmax(t, d, masters[i],
+                                                                        scaling[d.tensor].rowwise));
           amax2[d.tensor - first] = std::max(amax2[d.tensor - first], a);
         }
         RETURN_IF_ERROR(ReduceWithAbandon(all_reduce, amax2, absl::OkStatus(), "amax (round 2)"));
@@ -272,7 +271,7 @@ class PipelinedStepper {
     }
 
     // 6. Commit barrier: every daemon commits, or none.
-    const absl::Status local = !pending.ok()        ? pending
+    const absl::Status local = !pending.ok()         ? pending
                                : hooks.before_commit ? hooks.before_commit()
                                                      : absl::OkStatus();
     std::vector<float> none;

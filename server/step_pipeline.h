@@ -61,7 +61,7 @@ namespace paramd {
 constexpr int64_t kDefaultStepBucketElements = int64_t{1} << 22;
 
 struct StepBucket {
-  int tensor_begin = 0;     // manifest tensors [tensor_begin, tensor_end)
+  int tensor_begin = 0;  // manifest tensors [tensor_begin, tensor_end)
   int tensor_end = 0;
   std::vector<int> shards;  // this daemon's shards of them (ShardSet order)
   int piece_begin = 0;      // their pieces in PublishedVersion::pieces

@@ -187,8 +187,8 @@ void RunAndCompare(Clusters& c, int steps, int64_t bucket_elements, bool hand_ov
 // Every format pair and both columnwise sources, 1 and 3 daemons, one
 // bucket per tensor and one bucket for all: bytes and state equal Step's.
 using FormatPair = std::tuple<Format, Format, bool>;
-class PipelineFormatsTest
-    : public ::testing::TestWithParam<std::tuple<FormatPair, int, int64_t>> {};
+class PipelineFormatsTest : public ::testing::TestWithParam<std::tuple<FormatPair, int, int64_t>> {
+};
 
 TEST_P(PipelineFormatsTest, BytesEqualTheWholeVersionStep) {
   const auto [formats, daemons, bucket] = GetParam();
@@ -241,7 +241,8 @@ TEST(PipelineTest, ClippingWaitsForTheNormAndEqualsStep) {
 TEST(PipelineTest, ClippingAwaitsEveryBucketBeforeAnyIsReady) {
   OptimizerOptions opt;
   opt.max_grad_norm = 1.0f;
-  std::vector<TensorDef> tensors = OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
+  std::vector<TensorDef> tensors =
+      OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
   std::unique_ptr<ShardSet> s = *ShardSet::Create(tensors, OptimizerTestLayout(1)[0], opt);
   const auto buckets = PlanStepBuckets(*s, 0);
   ASSERT_EQ(buckets.size(), tensors.size());
@@ -254,19 +255,20 @@ TEST(PipelineTest, ClippingAwaitsEveryBucketBeforeAnyIsReady) {
   hooks.on_bucket_ready = [&](int b) { events.push_back(absl::StrCat("ready ", b)); };
   auto identity = [](absl::Span<float>) { return absl::OkStatus(); };
   ASSERT_TRUE(RunPipelinedStep(*s, 1, true, identity, true, buckets, hooks, nullptr).ok());
-  EXPECT_EQ(events, (std::vector<std::string>{"await 0", "await 1", "await 2", "await 3",
-                                              "ready 0", "ready 1", "ready 2", "ready 3"}));
+  EXPECT_EQ(events, (std::vector<std::string>{"await 0", "await 1", "await 2", "await 3", "ready 0",
+                                              "ready 1", "ready 2", "ready 3"}));
   // Without clipping each bucket is ready before the next is awaited.
   OptimizerOptions plain;
   s = *ShardSet::Create(tensors, OptimizerTestLayout(1)[0], plain);
   events.clear();
   ASSERT_TRUE(RunPipelinedStep(*s, 1, true, identity, true, buckets, hooks, nullptr).ok());
-  EXPECT_EQ(events, (std::vector<std::string>{"await 0", "ready 0", "await 1", "ready 1",
-                                              "await 2", "ready 2", "await 3", "ready 3"}));
+  EXPECT_EQ(events, (std::vector<std::string>{"await 0", "ready 0", "await 1", "ready 1", "await 2",
+                                              "ready 2", "await 3", "ready 3"}));
 }
 
 TEST(PipelineTest, BucketsFollowTheManifest) {
-  std::vector<TensorDef> tensors = OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
+  std::vector<TensorDef> tensors =
+      OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
   // 384x40 = 15360, 1x40, 256x300 = 76800, 130x8 = 1040.
   std::unique_ptr<ShardSet> s = *ShardSet::Create(tensors, OptimizerTestLayout(3)[1], {});
   std::vector<StepBucket> b = PlanStepBuckets(*s, 20000);
@@ -299,8 +301,10 @@ void AbandonAndRecover(int failing, int at) {
   Clusters::Scatter(c.reference, c.Random(1, 1.0f), master);
   Clusters::Scatter(c.pipelined, c.Random(1, 1.0f), master);
   for (int d = 0; d < 3; ++d) {
-    ASSERT_TRUE(c.pipelined[d]->Step(0, false, [](absl::Span<float>) { return absl::OkStatus(); }).ok());
-    ASSERT_TRUE(c.reference[d]->Step(0, false, [](absl::Span<float>) { return absl::OkStatus(); }).ok());
+    ASSERT_TRUE(
+        c.pipelined[d]->Step(0, false, [](absl::Span<float>) { return absl::OkStatus(); }).ok());
+    ASSERT_TRUE(
+        c.reference[d]->Step(0, false, [](absl::Span<float>) { return absl::OkStatus(); }).ok());
   }
   const auto grads = c.Random(50, 0.1f);
   Clusters::Scatter(c.reference, grads, gradient);
@@ -317,8 +321,8 @@ void AbandonAndRecover(int failing, int at) {
     hooks.before_commit = [&, d]() {
       return d == failing && at < 0 ? absl::CancelledError("push failed") : absl::OkStatus();
     };
-    return RunPipelinedStep(s, 1, true, c.pipelined_reduce->Member(), true,
-                            PlanStepBuckets(s, 0), hooks, nullptr);
+    return RunPipelinedStep(s, 1, true, c.pipelined_reduce->Member(), true, PlanStepBuckets(s, 0),
+                            hooks, nullptr);
   });
   const int buckets_ready = at < 0 ? 4 : at;
   for (int d = 0; d < 3; ++d) {
@@ -334,9 +338,8 @@ void AbandonAndRecover(int failing, int at) {
     EXPECT_EQ(c.pipelined[d]->optimizer_steps(), 0);
   }
   // Retried (the same gradients are still accumulated): equal to Step.
-  std::vector<StepResult> ref = OnEveryDaemon(3, [&](int d) {
-    return c.reference[d]->Step(1, true, c.reference_reduce->Member());
-  });
+  std::vector<StepResult> ref = OnEveryDaemon(
+      3, [&](int d) { return c.reference[d]->Step(1, true, c.reference_reduce->Member()); });
   std::vector<StepResult> got = OnEveryDaemon(3, [&](int d) {
     return RunPipelinedStep(*c.pipelined[d], 1, true, c.pipelined_reduce->Member(), true,
                             PlanStepBuckets(*c.pipelined[d], 0), {}, nullptr);
@@ -368,9 +371,8 @@ TEST(PipelineTest, AnEarlyAbandonLeavesWithoutAnAllReduce) {
   auto gradient = [](ShardSet& s, int i) { return s.gradient(i); };
   Clusters::Scatter(c.reference, grads, gradient);
   Clusters::Scatter(c.pipelined, grads, gradient);
-  std::vector<StepResult> ref = OnEveryDaemon(3, [&](int d) {
-    return c.reference[d]->Step(2, true, c.reference_reduce->Member());
-  });
+  std::vector<StepResult> ref = OnEveryDaemon(
+      3, [&](int d) { return c.reference[d]->Step(2, true, c.reference_reduce->Member()); });
   int left = 0;
   std::vector<StepResult> got = OnEveryDaemon(3, [&](int d) {
     ShardSet& s = *c.pipelined[d];
@@ -421,8 +423,8 @@ TEST(PipelineTest, AFailedAllReduceCommitsNothing) {
   std::vector<int> ready;
   PipelinedStepHooks hooks;
   hooks.on_bucket_ready = [&](int b) { ready.push_back(b); };
-  StepResult r = RunPipelinedStep(*s, 1, true, fails_third, true, PlanStepBuckets(*s, 0), hooks,
-                                  nullptr);
+  StepResult r =
+      RunPipelinedStep(*s, 1, true, fails_third, true, PlanStepBuckets(*s, 0), hooks, nullptr);
   ASSERT_TRUE(absl::IsAborted(r.status())) << r.status();
   EXPECT_FALSE(IsStepAbandoned(r.status()));
   EXPECT_EQ(ready, std::vector<int>({0, 1}));

@@ -42,8 +42,7 @@ inline bool ColumnwiseNeedsReduce(const HybridSpec& s) {
 // The columnwise amax can only be taken after the rowwise scale is global:
 // rowwise_dequantized from a current-scaling or NVFP4 rowwise copy.
 inline bool ColumnwiseNeedsSecondRound(const HybridSpec& s) {
-  return ColumnwiseNeedsReduce(s) &&
-         s.columnwise_source == ColumnwiseSource::kRowwiseDequantized &&
+  return ColumnwiseNeedsReduce(s) && s.columnwise_source == ColumnwiseSource::kRowwiseDequantized &&
          NeedsGlobalAmax(s.rowwise.format) && !IsDelayed(s.rowwise);
 }
 
@@ -76,8 +75,7 @@ absl::Status AddPartialAmaxes(const TensorDef& t, const ShardDef& d, absl::Span<
 // Second round (ColumnwiseNeedsSecondRound): the shard's columnwise amax
 // from the global rowwise scaling.
 absl::StatusOr<float> SecondRoundAmax(const TensorDef& t, const ShardDef& d,
-                                      absl::Span<const float> master,
-                                      const TensorScaling& rowwise);
+                                      absl::Span<const float> master, const TensorScaling& rowwise);
 
 // Quantizes shard `shard` (`d` of tensor `t`) with the tensor's global
 // scaling and global amaxes; each published direction (rowwise first) goes

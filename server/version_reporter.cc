@@ -35,9 +35,8 @@ void VersionReporter::Stop() {
 
 bool VersionReporter::WaitIdle(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queued_.has_value() && !sending_;
-  };
+  auto idle = [this]()
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queued_.has_value() && !sending_; };
   return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
 }
 
@@ -47,9 +46,8 @@ void VersionReporter::Run() {
     absl::Time queued_at;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || queued_.has_value();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queued_.has_value(); };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       request = std::move(*queued_);
@@ -64,9 +62,8 @@ void VersionReporter::Run() {
       absl::MutexLock lock(&mu_);
       if (s.ok() || stop_ || queued_.has_value() || absl::Now() - queued_at >= give_up_) break;
       // Sleeps the backoff unless a newer request or Stop comes first.
-      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || queued_.has_value();
-      };
+      auto wake = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || queued_.has_value(); };
       if (mu_.AwaitWithTimeout(absl::Condition(&wake), backoff)) break;
       backoff = std::min(backoff * 2, absl::Seconds(1));
     }

@@ -32,9 +32,10 @@ class VersionReporter {
   // One call (blocking, with its own deadline).
   using SendFn = std::function<grpc::Status(const rpc::ReportVersionRequest&)>;
   // `on_failure`: called (on the reporter's thread) for each failed call.
-  VersionReporter(SendFn send, std::function<void(const rpc::ReportVersionRequest&,
-                                                  const grpc::Status&)> on_failure,
-                  absl::Duration give_up = absl::Seconds(30));
+  VersionReporter(
+      SendFn send,
+      std::function<void(const rpc::ReportVersionRequest&, const grpc::Status&)> on_failure,
+      absl::Duration give_up = absl::Seconds(30));
   ~VersionReporter();
   VersionReporter(const VersionReporter&) = delete;
   VersionReporter& operator=(const VersionReporter&) = delete;

@@ -40,10 +40,9 @@ struct FakeCoordinator {
 TEST(VersionReporterTest, ReportsNeverBlockAndOnlyTheNewestIsSentWhenTheCoordinatorIsBack) {
   FakeCoordinator c;
   std::atomic<int> failures{0};
-  VersionReporter reporter([&](const rpc::ReportVersionRequest& r) { return c.Call(r); },
-                           [&](const rpc::ReportVersionRequest&, const grpc::Status&) {
-                             ++failures;
-                           });
+  VersionReporter reporter(
+      [&](const rpc::ReportVersionRequest& r) { return c.Call(r); },
+      [&](const rpc::ReportVersionRequest&, const grpc::Status&) { ++failures; });
   const absl::Time start = absl::Now();
   for (int64_t v = 1; v <= 50; ++v) {
     reporter.Report(Request(v));

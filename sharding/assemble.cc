@@ -38,8 +38,8 @@ ScaleAxis ScaleAxisOf(Format format, Direction direction) {
 
 // Bytes that `rows` elements of W take along M in one row of a transposed
 // data buffer (FP4 packs two per byte).
-absl::StatusOr<int64_t> TransposedRowBytes(const QuantSpec& spec, Direction direction,
-                                           int64_t rows, int64_t cols) {
+absl::StatusOr<int64_t> TransposedRowBytes(const QuantSpec& spec, Direction direction, int64_t rows,
+                                           int64_t cols) {
   if (rows == 0) return 0;
   ASSIGN_OR_RETURN(Layout l, ComputeLayout(spec, direction, rows, cols));
   return l.data_row_bytes;
@@ -95,19 +95,18 @@ int64_t RequiredRowAlignment(const QuantSpec& spec, Direction direction) {
   }
 }
 
-absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direction,
-                                          int64_t rows, int64_t cols, int64_t row_begin,
-                                          int64_t row_end) {
+absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direction, int64_t rows,
+                                          int64_t cols, int64_t row_begin, int64_t row_end) {
   if (row_begin < 0 || row_end <= row_begin || row_end > rows) {
-    return absl::InvalidArgumentError(absl::StrCat("rows [", row_begin, ", ", row_end,
-                                                   ") are not a piece of ", rows, " rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows [", row_begin, ", ", row_end, ") are not a piece of ", rows, " rows"));
   }
   const int64_t align = RequiredRowAlignment(spec, direction);
   if (row_begin % align != 0 || (row_end % align != 0 && row_end != rows)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "piece rows [", row_begin, ", ", row_end, "): ", FormatName(spec.format), " ",
-        DirectionName(direction), " pieces must start and end at multiples of ", align,
-        " (or at the last row)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("piece rows [", row_begin, ", ", row_end, "): ", FormatName(spec.format), " ",
+                     DirectionName(direction), " pieces must start and end at multiples of ", align,
+                     " (or at the last row)"));
   }
   const int64_t m = row_end - row_begin;
   PiecePlacement pl;
@@ -117,8 +116,12 @@ absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direc
   if (pl.full.transposed) {
     // [K][M-ish]: each of the K rows gets the piece's run at the piece's offset.
     ASSIGN_OR_RETURN(int64_t offset, TransposedRowBytes(spec, direction, row_begin, cols));
-    pl.data = Copy2D{0, pl.piece.data_row_bytes, offset, pl.full.data_row_bytes,
-                     pl.piece.data_row_bytes, pl.full.data_rows};
+    pl.data = Copy2D{0,
+                     pl.piece.data_row_bytes,
+                     offset,
+                     pl.full.data_row_bytes,
+                     pl.piece.data_row_bytes,
+                     pl.full.data_rows};
   } else {
     pl.data = Copy2D{0, 0, row_begin * pl.full.data_row_bytes, 0, pl.piece.data_bytes(), 1};
   }
@@ -132,7 +135,7 @@ absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direc
     const int64_t row_bytes = pl.full.scale_cols * eb;
     pl.scales = Copy2D{0, 0, first * row_bytes, 0, valid * row_bytes, 1};
   } else if (axis.kind == ScaleAxis::kCols && pl.full.scale_bytes() > 0) {
-    pl.scales = Copy2D{0, pl.piece.scale_cols * eb, first * eb, pl.full.scale_cols * eb,
+    pl.scales = Copy2D{0,          pl.piece.scale_cols * eb, first * eb, pl.full.scale_cols * eb,
                        valid * eb, pl.full.scale_rows};
   }
   // The layouts must agree with the table above (guards against a format
@@ -141,8 +144,9 @@ absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direc
       axis.kind == ScaleAxis::kNone ||
       (axis.kind == ScaleAxis::kRows ? pl.piece.scale_cols == pl.full.scale_cols
                                      : pl.piece.scale_rows == pl.full.scale_rows);
-  if (!k_extent_ok || pl.data.full_offset + (pl.data.height - 1) * pl.data.full_pitch +
-                              pl.data.width > pl.full.data_bytes()) {
+  if (!k_extent_ok ||
+      pl.data.full_offset + (pl.data.height - 1) * pl.data.full_pitch + pl.data.width >
+          pl.full.data_bytes()) {
     return absl::InternalError(absl::StrCat("layout of ", FormatName(spec.format), " ",
                                             DirectionName(direction), " not understood"));
   }
@@ -152,8 +156,8 @@ absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direc
 absl::Status CopyPieceIn(const PiecePlacement& placement, absl::Span<const uint8_t> piece_data,
                          absl::Span<const uint8_t> piece_scales, absl::Span<uint8_t> full_data,
                          absl::Span<uint8_t> full_scales) {
-  RETURN_IF_ERROR(CheckBuffers(placement, piece_data.size(), piece_scales.size(),
-                               full_data.size(), full_scales.size()));
+  RETURN_IF_ERROR(CheckBuffers(placement, piece_data.size(), piece_scales.size(), full_data.size(),
+                               full_scales.size()));
   Run(placement.data, piece_data.data(), full_data.data(), /*into_full=*/true);
   Run(placement.scales, piece_scales.data(), full_scales.data(), /*into_full=*/true);
   return absl::OkStatus();
@@ -162,8 +166,8 @@ absl::Status CopyPieceIn(const PiecePlacement& placement, absl::Span<const uint8
 absl::Status CopyPieceOut(const PiecePlacement& placement, absl::Span<const uint8_t> full_data,
                           absl::Span<const uint8_t> full_scales, absl::Span<uint8_t> piece_data,
                           absl::Span<uint8_t> piece_scales) {
-  RETURN_IF_ERROR(CheckBuffers(placement, piece_data.size(), piece_scales.size(),
-                               full_data.size(), full_scales.size()));
+  RETURN_IF_ERROR(CheckBuffers(placement, piece_data.size(), piece_scales.size(), full_data.size(),
+                               full_scales.size()));
   Run(placement.data, full_data.data(), piece_data.data(), /*into_full=*/false);
   Run(placement.scales, full_scales.data(), piece_scales.data(), /*into_full=*/false);
   return absl::OkStatus();
@@ -182,10 +186,10 @@ absl::StatusOr<QuantizedTensor> Assemble(const QuantSpec& spec,
   for (size_t i = 0; i < pieces.size(); ++i) {
     const QuantizedTensor& p = pieces[i];
     if (p.format != spec.format || p.direction != first.direction || p.cols != first.cols) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "piece ", i, " is ", FormatName(p.format), " ", DirectionName(p.direction), " with ",
-          p.cols, " columns; expected ", FormatName(spec.format), " ",
-          DirectionName(first.direction), " with ", first.cols));
+      return absl::InvalidArgumentError(
+          absl::StrCat("piece ", i, " is ", FormatName(p.format), " ", DirectionName(p.direction),
+                       " with ", p.cols, " columns; expected ", FormatName(spec.format), " ",
+                       DirectionName(first.direction), " with ", first.cols));
     }
     if (!SameBits(p.scale_inv, first.scale_inv) ||
         (spec.format == Format::kNvfp4 && !SameBits(p.amax, first.amax))) {
@@ -206,8 +210,8 @@ absl::StatusOr<QuantizedTensor> Assemble(const QuantSpec& spec,
     const QuantizedTensor& p = pieces[i];
     ASSIGN_OR_RETURN(PiecePlacement pl,
                      PlacePiece(spec, full.direction, full.rows, full.cols, row, row + p.rows));
-    absl::Status s = CopyPieceIn(pl, p.data, p.scales, absl::MakeSpan(full.data),
-                                 absl::MakeSpan(full.scales));
+    absl::Status s =
+        CopyPieceIn(pl, p.data, p.scales, absl::MakeSpan(full.data), absl::MakeSpan(full.scales));
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("piece ", i, ": ", s.message()));
     row += p.rows;
   }
@@ -220,8 +224,8 @@ absl::StatusOr<QuantizedTensor> Split(const QuantSpec& spec, const QuantizedTens
     return absl::InvalidArgumentError(absl::StrCat("tensor is ", FormatName(full.format),
                                                    ", spec says ", FormatName(spec.format)));
   }
-  ASSIGN_OR_RETURN(PiecePlacement pl, PlacePiece(spec, full.direction, full.rows, full.cols,
-                                                 row_begin, row_end));
+  ASSIGN_OR_RETURN(PiecePlacement pl,
+                   PlacePiece(spec, full.direction, full.rows, full.cols, row_begin, row_end));
   QuantizedTensor piece;
   piece.format = full.format;
   piece.direction = full.direction;

@@ -78,9 +78,8 @@ int64_t RequiredRowAlignment(const QuantSpec& spec, Direction direction);
 // The mapping of one piece. InvalidArgument for a bad shape, an empty or
 // out-of-range row range, or a row_begin (or a row_end other than `rows`)
 // that is not a multiple of RequiredRowAlignment().
-absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direction,
-                                          int64_t rows, int64_t cols, int64_t row_begin,
-                                          int64_t row_end);
+absl::StatusOr<PiecePlacement> PlacePiece(const QuantSpec& spec, Direction direction, int64_t rows,
+                                          int64_t cols, int64_t row_begin, int64_t row_end);
 
 // Copies a piece's data and scale bytes into the whole tensor's buffers.
 // Writes only the piece's bytes: the caller zero-fills the full scale buffer

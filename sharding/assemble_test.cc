@@ -28,9 +28,9 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 std::vector<Variant> Variants() {
   std::vector<Variant> v;
-  for (Format f : {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed,
-                   Format::kFp8Current, Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128,
-                   Format::kFp8Block1x128}) {
+  for (Format f :
+       {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed, Format::kFp8Current,
+        Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128, Format::kFp8Block1x128}) {
     v.push_back({std::string(FormatName(f)), DefaultQuantSpec(f)});
   }
   Variant mx2d{"mxfp8_2d", DefaultQuantSpec(Format::kMxfp8)};
@@ -130,8 +130,8 @@ TEST_P(AssembleTest, AssembledPiecesEqualWholeTensorQuantization) {
       for (size_t i = 0; i + 1 < bounds.size(); ++i) {
         const int64_t r0 = bounds[i], r1 = bounds[i + 1];
         absl::StatusOr<QuantizedTensor> piece = ref::Quantize(
-            absl::MakeConstSpan(source).subspan(r0 * shape.cols, (r1 - r0) * shape.cols),
-            r1 - r0, shape.cols, spec, dir, scaling);
+            absl::MakeConstSpan(source).subspan(r0 * shape.cols, (r1 - r0) * shape.cols), r1 - r0,
+            shape.cols, spec, dir, scaling);
         ASSERT_TRUE(piece.ok()) << piece.status();
         // The inverse: the whole tensor's bytes of these rows are the piece.
         absl::StatusOr<QuantizedTensor> split = Split(spec, *whole, r0, r1);
@@ -156,14 +156,14 @@ TEST_P(AssembleTest, AssembledPiecesEqualWholeTensorQuantization) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFormats, AssembleTest,
-    ::testing::Combine(::testing::ValuesIn(Variants()),
-                       ::testing::Values(Direction::kRowwise, Direction::kColumnwise)),
-    [](const ::testing::TestParamInfo<AssembleTest::ParamType>& info) {
-      return absl::StrCat(std::get<0>(info.param).name, "_",
-                          DirectionName(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(AllFormats, AssembleTest,
+                         ::testing::Combine(::testing::ValuesIn(Variants()),
+                                            ::testing::Values(Direction::kRowwise,
+                                                              Direction::kColumnwise)),
+                         [](const ::testing::TestParamInfo<AssembleTest::ParamType>& info) {
+                           return absl::StrCat(std::get<0>(info.param).name, "_",
+                                               DirectionName(std::get<1>(info.param)));
+                         });
 
 TEST(PlacePieceTest, TransposedFp8IsAColumnBlock) {
   // W[4, 3] per-tensor FP8 columnwise is [3][4]; rows [2, 4) are bytes 2..3
@@ -208,9 +208,8 @@ TEST(PlacePieceTest, RejectsMisalignedAndOutOfRangePieces) {
   EXPECT_EQ(PlacePiece(block, Direction::kRowwise, 300, 8, 128, 128).status().code(),
             absl::StatusCode::kInvalidArgument);
   // 1x128 rowwise blocks run along K: any row boundary is fine.
-  EXPECT_TRUE(PlacePiece(DefaultQuantSpec(Format::kFp8Block1x128), Direction::kRowwise, 300, 8,
-                         7, 9)
-                  .ok());
+  EXPECT_TRUE(
+      PlacePiece(DefaultQuantSpec(Format::kFp8Block1x128), Direction::kRowwise, 300, 8, 7, 9).ok());
   EXPECT_EQ(RequiredRowAlignment(DefaultQuantSpec(Format::kNvfp4), Direction::kRowwise), 16);
 }
 

@@ -21,8 +21,7 @@ absl::StatusOr<ManifestTensor> ManifestEntry(std::string name, int64_t rows, int
     published += l.data_bytes() + l.scale_bytes();
   }
   if (spec.columnwise_usage) {
-    ASSIGN_OR_RETURN(Layout l,
-                     ComputeLayout(spec.columnwise, Direction::kColumnwise, rows, cols));
+    ASSIGN_OR_RETURN(Layout l, ComputeLayout(spec.columnwise, Direction::kColumnwise, rows, cols));
     published += l.data_bytes() + l.scale_bytes();
   }
   const double elements = static_cast<double>(rows) * static_cast<double>(cols);

@@ -45,8 +45,7 @@ class CostModel {
   int64_t total() const { return base_.back(); }
 
   bool Splittable(size_t t) const {
-    return tensors_[t].rows > options_.row_alignment &&
-           TensorCost(t) >= options_.min_split_bytes;
+    return tensors_[t].rows > options_.row_alignment && TensorCost(t) >= options_.min_split_bytes;
   }
 
   int64_t Position(const Cut& c) const {
@@ -130,8 +129,8 @@ absl::Status ValidateInputs(absl::Span<const ManifestTensor> tensors, int num_da
           absl::StrCat("tensor '", m.name, "' has shape [", m.rows, ", ", m.cols, "]"));
     }
     if (!std::isfinite(m.bytes_per_element) || m.bytes_per_element <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", m.name, "' has bytes_per_element ", m.bytes_per_element));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", m.name, "' has bytes_per_element ", m.bytes_per_element));
     }
     // Keep every cost well inside int64 and exactly representable in double.
     if (static_cast<double>(m.rows) * static_cast<double>(m.cols) * m.bytes_per_element > 0x1p52 ||
@@ -213,8 +212,8 @@ std::string ShardPlan::DebugString() const {
   return out;
 }
 
-absl::StatusOr<ShardPlan> MakeShardPlan(absl::Span<const ManifestTensor> tensors,
-                                        int num_daemons, const PlanOptions& options) {
+absl::StatusOr<ShardPlan> MakeShardPlan(absl::Span<const ManifestTensor> tensors, int num_daemons,
+                                        const PlanOptions& options) {
   if (absl::Status s = ValidateInputs(tensors, num_daemons, options); !s.ok()) return s;
   ShardPlan plan;
   plan.tensors.assign(tensors.begin(), tensors.end());
@@ -286,8 +285,8 @@ absl::Status ValidateShardPlan(const ShardPlan& plan) {
 
 absl::StatusOr<std::vector<ReshardStep>> MapPieces(const ShardPlan& from, const ShardPlan& to) {
   if (from.tensors.size() != to.tensors.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("plans have ", from.tensors.size(), " and ",
-                                                   to.tensors.size(), " tensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plans have ", from.tensors.size(), " and ", to.tensors.size(), " tensors"));
   }
   absl::flat_hash_map<std::string, int> from_index;
   for (size_t t = 0; t < from.tensors.size(); ++t) from_index[from.tensors[t].name] = t;
@@ -302,9 +301,9 @@ absl::StatusOr<std::vector<ReshardStep>> MapPieces(const ShardPlan& from, const 
     }
     const ManifestTensor& old = from.tensors[it->second];
     if (old.rows != m.rows || old.cols != m.cols) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor '", m.name, "' changed shape from [", old.rows, ", ", old.cols,
-                       "] to [", m.rows, ", ", m.cols, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", m.name, "' changed shape from [",
+                                                     old.rows, ", ", old.cols, "] to [", m.rows,
+                                                     ", ", m.cols, "]"));
     }
     // Both piece lists cover [0, rows) in order: merge them.
     int j = from.first_piece[it->second];
@@ -316,8 +315,8 @@ absl::StatusOr<std::vector<ReshardStep>> MapPieces(const ShardPlan& from, const 
       for (int k = j; k < from.first_piece[it->second + 1]; ++k) {
         const Piece& op = from.pieces[k];
         if (op.row_begin >= np.row_end) break;
-        step.sources.push_back(PieceSource{k, std::max(op.row_begin, np.row_begin),
-                                           std::min(op.row_end, np.row_end)});
+        step.sources.push_back(
+            PieceSource{k, std::max(op.row_begin, np.row_begin), std::min(op.row_end, np.row_end)});
       }
       steps.push_back(std::move(step));
     }

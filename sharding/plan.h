@@ -107,8 +107,8 @@ struct ShardPlan {
 // Builds the plan. InvalidArgument for num_daemons < 1, an empty or
 // duplicate name, rows or cols < 1, bytes_per_element not finite and > 0,
 // row_alignment not a positive multiple of 128, or min_split_bytes < 0.
-absl::StatusOr<ShardPlan> MakeShardPlan(absl::Span<const ManifestTensor> tensors,
-                                        int num_daemons, const PlanOptions& options = {});
+absl::StatusOr<ShardPlan> MakeShardPlan(absl::Span<const ManifestTensor> tensors, int num_daemons,
+                                        const PlanOptions& options = {});
 
 // Checks the invariants of a plan (coverage, order, alignment, daemon
 // range). OK for every plan MakeShardPlan returns; useful after a plan was

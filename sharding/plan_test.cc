@@ -32,10 +32,17 @@ PlanOptions SplitEverything() {
 // transformer-ish block.
 std::vector<ManifestTensor> OddManifest() {
   return {
-      T("embed", 3000, 64, 2.0),    T("bias_1xN", 1, 4096),      T("vec_Nx1", 4096, 1),
-      T("one", 1, 1),               T("qkv", 384, 96),           T("proj", 129, 17, 0.5625),
-      T("mlp_up", 1024, 40, 1.03125), T("mlp_down", 40, 1024),   T("exact128", 128, 128),
-      T("prime", 1021, 13, 16.0),   T("tail", 257, 3),
+      T("embed", 3000, 64, 2.0),
+      T("bias_1xN", 1, 4096),
+      T("vec_Nx1", 4096, 1),
+      T("one", 1, 1),
+      T("qkv", 384, 96),
+      T("proj", 129, 17, 0.5625),
+      T("mlp_up", 1024, 40, 1.03125),
+      T("mlp_down", 40, 1024),
+      T("exact128", 128, 128),
+      T("prime", 1021, 13, 16.0),
+      T("tail", 257, 3),
   };
 }
 
@@ -142,9 +149,8 @@ TEST(ShardPlanTest, GoldenPlan) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   // 1683 -> cut at a:128 (1280, distance 403) vs a:256 (2560, 877): 1280.
   // 3366 -> candidates a:end=3000, b:end=3050, c:128=4330: 3050 (b whole).
-  EXPECT_THAT(plan->pieces,
-              ElementsAre(Piece{0, 0, 128, 0}, Piece{0, 128, 300, 1}, Piece{1, 0, 5, 1},
-                          Piece{2, 0, 200, 2}));
+  EXPECT_THAT(plan->pieces, ElementsAre(Piece{0, 0, 128, 0}, Piece{0, 128, 300, 1},
+                                        Piece{1, 0, 5, 1}, Piece{2, 0, 200, 2}));
   EXPECT_THAT(plan->DaemonCosts(), ElementsAre(1280, 1770, 2000));
 }
 
@@ -152,8 +158,8 @@ TEST(ShardPlanTest, SmallTensorsStayWhole) {
   PlanOptions o;
   o.min_split_bytes = 1 << 20;
   // 4096 x 1 x 4 bytes = 16 KiB: below the threshold. 1 x N cannot split.
-  absl::StatusOr<ShardPlan> plan = MakeShardPlan(
-      {T("vec", 4096, 1), T("row", 1, 1 << 20), T("big", 4096, 1024)}, 8, o);
+  absl::StatusOr<ShardPlan> plan =
+      MakeShardPlan({T("vec", 4096, 1), T("row", 1, 1 << 20), T("big", 4096, 1024)}, 8, o);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->PiecesOf(0).size(), 1u);
   EXPECT_EQ(plan->PiecesOf(1).size(), 1u);
@@ -164,8 +170,8 @@ TEST(ShardPlanTest, SmallTensorsStayWhole) {
 }
 
 TEST(ShardPlanTest, ExactCoverBalanceAndAlignmentForAllDaemonCounts) {
-  std::vector<std::vector<ManifestTensor>> manifests = {OddManifest(), RandomManifest(1, 40),
-                                                        RandomManifest(2, 7), {T("one", 1, 1)}};
+  std::vector<std::vector<ManifestTensor>> manifests = {
+      OddManifest(), RandomManifest(1, 40), RandomManifest(2, 7), {T("one", 1, 1)}};
   std::vector<PlanOptions> options(3);
   options[0].min_split_bytes = 0;
   options[1].min_split_bytes = 64 << 10;

@@ -38,8 +38,8 @@ namespace testing {
 namespace {
 
 const std::vector<TestTensor>& Model() {
-  static const auto* model = new std::vector<TestTensor>{
-      {"w", {64, 32}, RandomValues(64 * 32, 11)}, {"b", {40}, RandomValues(40, 12)}};
+  static const auto* model = new std::vector<TestTensor>{{"w", {64, 32}, RandomValues(64 * 32, 11)},
+                                                         {"b", {40}, RandomValues(40, 12)}};
   return *model;
 }
 
@@ -72,16 +72,16 @@ TEST(StrangerTest, ClusterInternalRpcsNeedTheClusterSecret) {
     report.set_member_id("daemon-0");
     report.set_daemon_rank(0);
     report.set_published_version(57);
-    grpc::Status s = CallRaw(coordinator, "/paramd.rpc.Coordinator/ReportVersion", report,
-                             absl::Seconds(5));
+    grpc::Status s =
+        CallRaw(coordinator, "/paramd.rpc.Coordinator/ReportVersion", report, absl::Seconds(5));
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
     EXPECT_TRUE(absl::StrContains(s.error_message(), "cluster-internal")) << s.error_message();
     report.set_member_id("daemon-1");
     report.set_daemon_rank(1);
-    EXPECT_EQ(CallRaw(coordinator, "/paramd.rpc.Coordinator/ReportVersion", report,
-                      absl::Seconds(5))
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        CallRaw(coordinator, "/paramd.rpc.Coordinator/ReportVersion", report, absl::Seconds(5))
+            .error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
     rpc::HeartbeatRequest beat;  // would keep a dead daemon's lease alive
     beat.set_member_id("daemon-0");
     beat.set_rank(0);
@@ -97,21 +97,20 @@ TEST(StrangerTest, ClusterInternalRpcsNeedTheClusterSecret) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
     join.set_address("127.0.0.1:1");
     join.set_member_id("daemon-1");
-    EXPECT_EQ(CallRaw(coordinator, "/paramd.rpc.Coordinator/Join", join, absl::Seconds(5))
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        CallRaw(coordinator, "/paramd.rpc.Coordinator/Join", join, absl::Seconds(5)).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
   }
   for (grpc::Channel* daemon : {plain_daemon->get(), forged_daemon->get()}) {
     rpc::LoadShardsRequest wipe;  // D4: an empty manifest wiped the model
     wipe.set_daemon_rank(0);
-    grpc::Status s =
-        CallRaw(daemon, "/paramd.rpc.Daemon/LoadShards", wipe, absl::Seconds(5));
+    grpc::Status s = CallRaw(daemon, "/paramd.rpc.Daemon/LoadShards", wipe, absl::Seconds(5));
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
     rpc::LoadShardsRequest open_file = wipe;
     open_file.set_safetensors_path("/etc/passwd");
-    EXPECT_EQ(CallRaw(daemon, "/paramd.rpc.Daemon/LoadShards", open_file, absl::Seconds(5))
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        CallRaw(daemon, "/paramd.rpc.Daemon/LoadShards", open_file, absl::Seconds(5)).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
     rpc::DaemonStepRequest step;
     step.set_version(0);
     EXPECT_EQ(CallRaw(daemon, "/paramd.rpc.Daemon/Step", step, absl::Seconds(5)).error_code(),
@@ -120,10 +119,10 @@ TEST(StrangerTest, ClusterInternalRpcsNeedTheClusterSecret) {
     write.set_dir("x");
     write.set_version(0);
     write.set_world_size(2);
-    EXPECT_EQ(CallRaw(daemon, "/paramd.checkpoint.CheckpointDaemon/WriteShard", write,
-                      absl::Seconds(5))
-                  .error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        CallRaw(daemon, "/paramd.checkpoint.CheckpointDaemon/WriteShard", write, absl::Seconds(5))
+            .error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
   }
 
   // Nothing changed: same committed version, same model, no step.
@@ -209,8 +208,7 @@ TEST(StrangerTest, TakingALostDaemonsRankNeedsTheClusterSecret) {
     rpc::JoinResponse reply;
     const grpc::Status s = rpc::Coordinator::NewStub(*stranger)->Join(&context, join, &reply);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
-    EXPECT_TRUE(absl::StrContains(s.error_message(), "--cluster_secret_file"))
-        << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "--cluster_secret_file")) << s.error_message();
     EXPECT_TRUE(reply.cluster_secret().empty());
     // Nothing changed: the rank is still the lost daemon's.
     const rpc::Member now = DaemonMember(*coordinator, rank);
@@ -243,8 +241,7 @@ TEST(StrangerTest, TakingALostDaemonsRankNeedsTheClusterSecret) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(replaced.state(), rpc::MEMBER_STATE_ALIVE) << cluster.Logs();
-  EXPECT_EQ(replaced.address(),
-            absl::StrCat("127.0.0.1:", cluster.daemon_port(*replacement)));
+  EXPECT_EQ(replaced.address(), absl::StrCat("127.0.0.1:", cluster.daemon_port(*replacement)));
 }
 
 // ---------------------------------------------------------------------------
@@ -384,14 +381,14 @@ TEST_F(TlsTokenTest, EachRoleIsAllowedExactlyItsRpcs) {
   }
   EXPECT_GE(probed, 24);  // 10 Coordinator + 9 Daemon + 5 checkpoint methods
   // The rows that matter most, spelled out.
-  EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Coordinator/Load")->roles.contains(
-      auth::Role::kTrainer));
-  EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Daemon/PushGradients")->roles.contains(
-      auth::Role::kOperator));
-  EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Daemon/LoadShards")->roles.contains(
-      auth::Role::kOperator));
-  EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Coordinator/ReportVersion")->roles.contains(
-      auth::Role::kOperator));
+  EXPECT_FALSE(
+      auth::FindPolicy("/paramd.rpc.Coordinator/Load")->roles.contains(auth::Role::kTrainer));
+  EXPECT_FALSE(
+      auth::FindPolicy("/paramd.rpc.Daemon/PushGradients")->roles.contains(auth::Role::kOperator));
+  EXPECT_FALSE(
+      auth::FindPolicy("/paramd.rpc.Daemon/LoadShards")->roles.contains(auth::Role::kOperator));
+  EXPECT_FALSE(auth::FindPolicy("/paramd.rpc.Coordinator/ReportVersion")
+                   ->roles.contains(auth::Role::kOperator));
 }
 
 TEST_F(TlsTokenTest, JoinAsPusherNeedsTrainerAndAsDaemonNeedsCluster) {
@@ -416,8 +413,7 @@ TEST_F(TlsTokenTest, JoinAsPusherNeedsTrainerAndAsDaemonNeedsCluster) {
   // Allowed, and then refused for what it is: the world is complete.
   EXPECT_EQ(join(kClusterToken, rpc::ROLE_DAEMON, false).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(join("", rpc::ROLE_OBSERVER, false).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(join("", rpc::ROLE_OBSERVER, false).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_F(TlsTokenTest, MissingOrUnknownTokenIsUnauthenticated) {
@@ -447,13 +443,15 @@ TEST_F(TlsTokenTest, InsecureClientsAndForeignCasAreRefused) {
     ASSERT_TRUE(plain.ok());
     grpc::Status s = CallRaw(plain->get(), "/paramd.rpc.Coordinator/GetManifest",
                              rpc::GetManifestRequest(), absl::Seconds(3));
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << address << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << address << ": " << s.error_message();
     // A client that trusts another CA does not accept the server.
     auto foreign = Channel(address, kOperatorToken, certs_, "", "other-ca");
     ASSERT_TRUE(foreign.ok());
     s = CallRaw(foreign->get(), "/paramd.rpc.Coordinator/GetManifest", rpc::GetManifestRequest(),
                 absl::Seconds(3));
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << address << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << address << ": " << s.error_message();
   }
   // Health checking stays open (no token), over TLS.
   auto tls = Channel(cluster_->coordinator_address(), "", certs_);
@@ -634,9 +632,9 @@ TEST(ListenTest, PlaintextOnANonLoopbackAddressIsAStartupError) {
   EXPECT_EQ(refused.exit_code, 1) << refused.out;
   EXPECT_TRUE(absl::StrContains(refused.out, "--insecure_listen_anywhere")) << refused.out;
   EXPECT_TRUE(absl::StrContains(refused.out, "loopback")) << refused.out;
-  ProgramRun data_plane = RunProgram(
-      {"server/hybrid-paramd", "--listen=127.0.0.1:0", "--data_plane_listen=0.0.0.0:0"},
-      dir->path(), absl::Seconds(20));
+  ProgramRun data_plane =
+      RunProgram({"server/hybrid-paramd", "--listen=127.0.0.1:0", "--data_plane_listen=0.0.0.0:0"},
+                 dir->path(), absl::Seconds(20));
   EXPECT_EQ(data_plane.exit_code, 1) << data_plane.out;
   EXPECT_TRUE(absl::StrContains(data_plane.out, "--data_plane_listen")) << data_plane.out;
   // Device channels are plaintext too: the same rule.
@@ -656,13 +654,13 @@ TEST(ListenTest, PlaintextOnANonLoopbackAddressIsAStartupError) {
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   ASSERT_EQ(chmod(tokens->c_str(), 0644), 0);
   for (const std::string flag : {"--auth_token_file=", "--cluster_secret_file="}) {
-    ProgramRun open_file = RunProgram(
-        {"server/hybrid-paramd", "--listen=127.0.0.1:0", flag + *tokens}, dir->path(),
-        absl::Seconds(20));
+    ProgramRun open_file =
+        RunProgram({"server/hybrid-paramd", "--listen=127.0.0.1:0", flag + *tokens}, dir->path(),
+                   absl::Seconds(20));
     EXPECT_EQ(open_file.exit_code, 1) << open_file.out;
-    EXPECT_TRUE(absl::StrContains(open_file.out, absl::StrCat("permissions 0644 for ", *tokens,
-                                                              " are too open; chmod 600 ",
-                                                              *tokens)))
+    EXPECT_TRUE(absl::StrContains(
+        open_file.out,
+        absl::StrCat("permissions 0644 for ", *tokens, " are too open; chmod 600 ", *tokens)))
         << open_file.out;
   }
   // --insecure_listen_anywhere: it binds (a single-node process that serves).

@@ -27,8 +27,7 @@ TEST(CApiIpc, NullAndForeignHandlesAreInvalidArgument) {
   EXPECT_EQ(ipc, nullptr);
   int64_t v = 0;
   size_t n = 0;
-  EXPECT_EQ(hpd_ipc_acquire(nullptr, -1, nullptr, nullptr, 0, &v, &n, &st),
-            HPD_INVALID_ARGUMENT);
+  EXPECT_EQ(hpd_ipc_acquire(nullptr, -1, nullptr, nullptr, 0, &v, &n, &st), HPD_INVALID_ARGUMENT);
   int junk = 0;
   hpd_ipc* foreign = reinterpret_cast<hpd_ipc*>(&junk);
   hpd_ipc_view view;

@@ -25,11 +25,17 @@ namespace {
 constexpr char kRecipe[] = R"pb(
   rule {
     pattern: "w"
-    spec { rowwise { format: MXFP8 } columnwise { format: FP8_CURRENT } }
+    spec {
+      rowwise { format: MXFP8 }
+      columnwise { format: FP8_CURRENT }
+    }
   }
   rule {
     pattern: "b"
-    spec { rowwise { format: IDENTITY_FP32 } columnwise_usage: false }
+    spec {
+      rowwise { format: IDENTITY_FP32 }
+      columnwise_usage: false
+    }
   }
 )pb";
 
@@ -60,10 +66,10 @@ class CApiTest : public ::testing::Test {
       std::vector<float> wv(64 * 96), bv(8);
       for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.01f * static_cast<float>(i % 37) - 0.1f;
       for (size_t i = 0; i < bv.size(); ++i) bv[i] = static_cast<float>(i);
-      ASSERT_TRUE((*w)->WriteTensor("w", {reinterpret_cast<uint8_t*>(wv.data()), wv.size() * 4})
-                      .ok());
-      ASSERT_TRUE((*w)->WriteTensor("b", {reinterpret_cast<uint8_t*>(bv.data()), bv.size() * 4})
-                      .ok());
+      ASSERT_TRUE(
+          (*w)->WriteTensor("w", {reinterpret_cast<uint8_t*>(wv.data()), wv.size() * 4}).ok());
+      ASSERT_TRUE(
+          (*w)->WriteTensor("b", {reinterpret_cast<uint8_t*>(bv.data()), bv.size() * 4}).ok());
       ASSERT_TRUE((*w)->Finish().ok());
     }
     address_ = cluster_->coordinator_address();
@@ -297,8 +303,7 @@ TEST_F(CApiTest, ManifestAndItsErrors) {
 TEST_F(CApiTest, FetchEqualsClientAndRefusesBadTargets) {
   std::vector<uint8_t> data(64 * 96), scales(128 * 4), col(64 * 96);
   hpd_fetch_target t[2] = {
-      {"w", HPD_ROWWISE, data.data(), data.size(), scales.data(), scales.size(), nullptr,
-       nullptr},
+      {"w", HPD_ROWWISE, data.data(), data.size(), scales.data(), scales.size(), nullptr, nullptr},
       {"w", HPD_COLUMNWISE, col.data(), col.size(), nullptr, 0, nullptr, nullptr}};
   hpd_fetch_output out[2];
   hpd_fetch_stats stats;
@@ -307,12 +312,12 @@ TEST_F(CApiTest, FetchEqualsClientAndRefusesBadTargets) {
   EXPECT_EQ(stats.rowwise_bytes, 64 * 96 + 128 * 4);
   EXPECT_EQ(stats.columnwise_bytes, 64 * 96);
   EXPECT_EQ(stats.rowwise_bf16_bytes, 64 * 96 * 2);
-  auto c = client::Client::Connect({.coordinator_address = address_,
-                                    .role = client::ClientOptions::Role::kObserver});
+  auto c = client::Client::Connect(
+      {.coordinator_address = address_, .role = client::ClientOptions::Role::kObserver});
   ASSERT_TRUE(c.ok()) << c.status();
-  auto want = (*c)->Fetch(0, client::AllTargets((*c)->manifest(),
-                                                {Direction::kRowwise, Direction::kColumnwise},
-                                                {"w"}));
+  auto want = (*c)->Fetch(
+      0,
+      client::AllTargets((*c)->manifest(), {Direction::kRowwise, Direction::kColumnwise}, {"w"}));
   ASSERT_TRUE(want.ok()) << want.status();
   ASSERT_EQ(want->tensors.size(), 2u);
   EXPECT_TRUE(want->tensors[0].value.data == data);
@@ -349,8 +354,7 @@ TEST_F(CApiTest, FetchEqualsClientAndRefusesBadTargets) {
   EXPECT_EQ(hpd_fetch(admin_, 0, nullptr, 1, 0, out, nullptr, &st_), HPD_INVALID_ARGUMENT);
   EXPECT_EQ(hpd_fetch(admin_, 9, t, 1, 300, out, nullptr, &st_), HPD_DEADLINE_EXCEEDED);
   if (!hpd_has_cuda()) {
-    EXPECT_EQ(hpd_fetch_device(admin_, 0, t, 1, 0, nullptr, 0, nullptr, &st_),
-              HPD_UNIMPLEMENTED);
+    EXPECT_EQ(hpd_fetch_device(admin_, 0, t, 1, 0, nullptr, 0, nullptr, &st_), HPD_UNIMPLEMENTED);
     EXPECT_NE(std::strstr(st_.message, "--config=cuda"), nullptr) << st_.message;
   }
 }

@@ -105,10 +105,11 @@ TestClusterOptions Options(const std::string& checkpoint_dir, const std::string&
 
 TEST(CheckpointDelayedScaleTest, RestoreRepublishesWithTheExactCastScale) {
   const Model model = MakeModel();
-  std::printf("amax %.9g (0x%08x): scale %.9g (0x%08x), rcp(rcp(scale)) 0x%08x; %d sensitive "
-              "values\n",
-              model.amax, Bits(model.amax), model.scale, Bits(model.scale),
-              Bits(RoundTripped(model.scale)), model.sensitive);
+  std::printf(
+      "amax %.9g (0x%08x): scale %.9g (0x%08x), rcp(rcp(scale)) 0x%08x; %d sensitive "
+      "values\n",
+      model.amax, Bits(model.amax), model.scale, Bits(model.scale), Bits(RoundTripped(model.scale)),
+      model.sensitive);
   ASSERT_NE(Bits(RoundTripped(model.scale)), Bits(model.scale));
   ASSERT_GT(model.sensitive, 4);
   // The reference casts with the two scales differ (else this test could
@@ -118,8 +119,8 @@ TEST(CheckpointDelayedScaleTest, RestoreRepublishesWithTheExactCastScale) {
   spec.rowwise.source_dtype = SourceDtype::kFp32;
   for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
     auto exact = ref::Quantize(model.values, kRows, kCols, spec.rowwise, d, {model.scale, 0});
-    auto off = ref::Quantize(model.values, kRows, kCols, spec.rowwise, d,
-                             {RoundTripped(model.scale), 0});
+    auto off =
+        ref::Quantize(model.values, kRows, kCols, spec.rowwise, d, {RoundTripped(model.scale), 0});
     ASSERT_TRUE(exact.ok() && off.ok());
     ASSERT_NE(exact->data, off->data) << DirectionName(d);
   }
@@ -147,8 +148,8 @@ TEST(CheckpointDelayedScaleTest, RestoreRepublishesWithTheExactCastScale) {
       ASSERT_TRUE(q->data == want->data) << "v1 before the checkpoint, " << DirectionName(d);
       v1[static_cast<int>(d)] = *std::move(q);
     }
-    auto stub = checkpoint::CheckpointCoordinator::NewStub(grpc::CreateChannel(
-        a.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
+    auto stub = checkpoint::CheckpointCoordinator::NewStub(
+        grpc::CreateChannel(a.cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     SetDeadline(context, absl::Seconds(30));
     checkpoint::CheckpointRequest request;

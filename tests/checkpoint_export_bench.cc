@@ -128,8 +128,7 @@ int Main(int argc, char** argv) {
   hpctl({"step"}, &seconds);  // version 1, with AdamW moments
   std::printf("hpctl step (AdamW, zero gradient): %.1f s\n\n", seconds);
   std::printf("| phase | MB | s | MB/s |\n|---|---:|---:|---:|\n");
-  Row("load from safetensors (hpctl-style Load RPC: read, first publish)", master_mb,
-      load_seconds);
+  Row("load from safetensors (hpctl-style Load RPC: read, first publish)", master_mb, load_seconds);
   for (int run = 0; run < args.runs; ++run) {
     std::filesystem::remove_all(root);
     ::sync();  // earlier writes (model file, exports) are not flushed during the checkpoint

@@ -53,13 +53,17 @@ class Cluster {
 
   void StartDaemon(int rank) {
     const std::string port_file = absl::StrCat(dir_, "/daemon", rank, ".", ++starts_, ".port");
-    std::vector<std::string> argv = {kBinary, "--role=daemon", absl::StrCat("--rank=", rank),
-                                     absl::StrCat("--world=", kWorld), "--root=" + root_,
+    std::vector<std::string> argv = {kBinary,
+                                     "--role=daemon",
+                                     absl::StrCat("--rank=", rank),
+                                     absl::StrCat("--world=", kWorld),
+                                     "--root=" + root_,
                                      "--port_file=" + port_file};
     // Restart on the same port: the coordinator knows daemons by address.
     argv.push_back(ports_[rank] > 0 ? absl::StrCat("--listen=127.0.0.1:", ports_[rank])
                                     : "--listen=127.0.0.1:0");
-    auto index = children_.Start({absl::StrCat("daemon ", rank), argv, dir_ + "/log", dir_ + "/log"});
+    auto index =
+        children_.Start({absl::StrCat("daemon ", rank), argv, dir_ + "/log", dir_ + "/log"});
     ASSERT_TRUE(index.ok()) << index.status();
     daemon_index_[rank] = *index;
     auto port = demo::WaitForPortFile(port_file, absl::Seconds(20), &children_, *index);
@@ -83,8 +87,8 @@ class Cluster {
     coordinator_index_ = *index;
     auto port = demo::WaitForPortFile(port_file, absl::Seconds(20), &children_, *index);
     ASSERT_TRUE(port.ok()) << port.status();
-    stub_ = CheckpointCoordinator::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+    stub_ = CheckpointCoordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
   }
 
   void Kill(int index) {
@@ -137,7 +141,8 @@ void RunKillTrials(Victim victim) {
   ASSERT_NO_FATAL_FAILURE(cluster.StartCoordinator());
 
   const int trials = EnvInt("CKPT_KILL_TRIALS", 20);
-  const unsigned seed = static_cast<unsigned>(EnvInt("CKPT_KILL_SEED", static_cast<int>(time(nullptr))));
+  const unsigned seed =
+      static_cast<unsigned>(EnvInt("CKPT_KILL_SEED", static_cast<int>(time(nullptr))));
   std::printf("%s: %d trials, seed %u (rerun with CKPT_KILL_SEED=%u)\n",
               victim == Victim::kDaemon ? "kill a daemon" : "kill the coordinator", trials, seed,
               seed);
@@ -147,7 +152,8 @@ void RunKillTrials(Victim victim) {
   auto start = std::chrono::steady_clock::now();
   grpc::Status first = cluster.Checkpoint(1);
   ASSERT_TRUE(first.ok()) << first.error_message();
-  const double cycle = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double cycle =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   auto store = CheckpointStore::Open(cluster.root(), false);
   ASSERT_TRUE(store.ok());
   uint64_t newest = 1;

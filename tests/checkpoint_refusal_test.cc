@@ -125,8 +125,9 @@ TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
   // The optimizer metadata reads as one line each, not a proto dump.
   EXPECT_TRUE(absl::StrContains(intact.out, "\n  optimizer_config: kind: ")) << intact.out;
   EXPECT_FALSE(absl::StrContains(intact.out, "\nlr: ")) << intact.out;
-  EXPECT_TRUE(absl::StrContains(intact.out, "\n  optimizer_tensors: all 2 tensors step with "
-                                            "optimizer_config\n"))
+  EXPECT_TRUE(absl::StrContains(intact.out,
+                                "\n  optimizer_tensors: all 2 tensors step with "
+                                "optimizer_config\n"))
       << intact.out;
   a.reset();
 
@@ -136,15 +137,14 @@ TEST(CheckpointRefusalTest, FlippedByteIsRefusedByTheBinariesNamingTheFile) {
         RawCluster::Start(Options(root, {"--restore_from=" + root}));
     ASSERT_TRUE(c.ok()) << c.status();
     TestCluster& b = (*c)->cluster();
-    ASSERT_TRUE(LogsContain(b, "loading the startup model failed", absl::Seconds(30)))
-        << b.Logs();
+    ASSERT_TRUE(LogsContain(b, "loading the startup model failed", absl::Seconds(30))) << b.Logs();
     const std::string logs = b.Logs();
     EXPECT_TRUE(absl::StrContains(logs, "DATA_LOSS")) << logs;
     EXPECT_TRUE(absl::StrContains(logs, victim)) << logs;
     // A failed startup restore is fatal: the coordinator exits with the
     // reason (and nothing was loaded) instead of serving an empty cluster.
-    ASSERT_TRUE(LogsContain(b, "hybrid-paramd: DATA_LOSS: --restore_from=" + root,
-                            absl::Seconds(10)))
+    ASSERT_TRUE(
+        LogsContain(b, "hybrid-paramd: DATA_LOSS: --restore_from=" + root, absl::Seconds(10)))
         << b.Logs();
     EXPECT_FALSE((*c)->RefreshManifest().ok()) << "the coordinator still serves";
   }
@@ -191,9 +191,9 @@ class ConfinementTest : public ::testing::Test {
         cluster_->cluster().coordinator_address(), grpc::InsecureChannelCredentials()));
     // With the cluster secret: past authentication, so that the refusals
     // below are the daemon's own checks of the directories.
-    daemon_ = checkpoint::CheckpointDaemon::NewStub(auth::CreateChannel(
-        cluster_->manifest().daemons(0).address(),
-        {{}, std::make_shared<auth::BearerToken>(kClusterSecret)}));
+    daemon_ = checkpoint::CheckpointDaemon::NewStub(
+        auth::CreateChannel(cluster_->manifest().daemons(0).address(),
+                            {{}, std::make_shared<auth::BearerToken>(kClusterSecret)}));
     before_ = Tree(outside_);
   }
 
@@ -219,10 +219,18 @@ class ConfinementTest : public ::testing::Test {
 };
 
 TEST_F(ConfinementTest, DirectoriesOutsideTheRootAreRefusedByEveryRpc) {
-  const std::vector<std::string> bad = {"../x",        "../outside", "/etc",  "/tmp",
-                                        "a/../../x",   "..",         "link",  "link/sub",
-                                        "a\\..\\..\\x", std::string("a\0b", 3),
-                                        "a\nE0101 forged", std::string(1 << 20, 'a')};
+  const std::vector<std::string> bad = {"../x",
+                                        "../outside",
+                                        "/etc",
+                                        "/tmp",
+                                        "a/../../x",
+                                        "..",
+                                        "link",
+                                        "link/sub",
+                                        "a\\..\\..\\x",
+                                        std::string("a\0b", 3),
+                                        "a\nE0101 forged",
+                                        std::string(1 << 20, 'a')};
   for (const std::string& d : bad) {
     SCOPED_TRACE("dir '" + d.substr(0, 64) + "'");
     checkpoint::CheckpointRequest create;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint_service.grpc.pb.h"
-#include "common/status_macros.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/server_test_util.h"
 
@@ -38,13 +38,16 @@ constexpr char kRecipe[] = R"pb(
       columnwise_source: ROWWISE_DEQUANTIZED
     }
   }
-  default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: IDENTITY_BF16 } })pb";
+  default_spec {
+    rowwise { format: IDENTITY_FP32 }
+    columnwise { format: IDENTITY_BF16 }
+  })pb";
 
 const std::vector<TestTensor>& Model() {
-  static const auto* model = new std::vector<TestTensor>{
-      {"w1", {520, 200}, RandomValues(520 * 200, 1)},
-      {"w2", {300, 96}, RandomValues(300 * 96, 2)},
-      {"b", {77}, RandomValues(77, 3)}};
+  static const auto* model =
+      new std::vector<TestTensor>{{"w1", {520, 200}, RandomValues(520 * 200, 1)},
+                                  {"w2", {300, 96}, RandomValues(300 * 96, 2)},
+                                  {"b", {77}, RandomValues(77, 3)}};
   return *model;
 }
 

@@ -65,10 +65,10 @@ constexpr char kRecipe[] = R"pb(
 
 // 2.4 MB of masters, 7.1 MB per checkpoint with the AdamW moments.
 const std::vector<TestTensor>& Model() {
-  static const auto* model = new std::vector<TestTensor>{
-      {"w1", {768, 512}, RandomValues(768 * 512, 11)},
-      {"w2", {512, 384}, RandomValues(512 * 384, 12)},
-      {"b", {1000}, RandomValues(1000, 13)}};
+  static const auto* model =
+      new std::vector<TestTensor>{{"w1", {768, 512}, RandomValues(768 * 512, 11)},
+                                  {"w2", {512, 384}, RandomValues(512 * 384, 12)},
+                                  {"b", {1000}, RandomValues(1000, 13)}};
   return *model;
 }
 
@@ -142,9 +142,10 @@ class KillTrials {
 void RunKillTrials(Victim victim) {
   const int trials = EnvInt("CKPT_KILL_TRIALS", 20);
   const unsigned seed = static_cast<unsigned>(EnvInt("CKPT_KILL_SEED", 20261130));
-  std::printf("kill -9 %s of real hybrid-paramd processes during checkpoints: %d trials, seed %u "
-              "(rerun with CKPT_KILL_SEED=%u)\n",
-              victim == Victim::kDaemon ? "a daemon" : "the coordinator", trials, seed, seed);
+  std::printf(
+      "kill -9 %s of real hybrid-paramd processes during checkpoints: %d trials, seed %u "
+      "(rerun with CKPT_KILL_SEED=%u)\n",
+      victim == Victim::kDaemon ? "a daemon" : "the coordinator", trials, seed, seed);
   std::mt19937 rng(seed);
   absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("ckpt_server_kill");
   ASSERT_TRUE(dir.ok());
@@ -181,8 +182,8 @@ void RunKillTrials(Victim victim) {
     ASSERT_TRUE(cluster->WaitForVersion(version + 1).ok()) << cluster->cluster().Logs();
     ASSERT_NO_FATAL_FAILURE(state.CheckOrRecord(*cluster, version + 1, "after a step"));
 
-    const auto delay = std::chrono::duration<double>(
-        std::uniform_real_distribution<double>(0.0, duration)(rng));
+    const auto delay =
+        std::chrono::duration<double>(std::uniform_real_distribution<double>(0.0, duration)(rng));
     const int daemon = static_cast<int>(rng() % 2);
     const std::string address = cluster->cluster().coordinator_address();
     const absl::Time call_start = absl::Now();
@@ -211,12 +212,12 @@ void RunKillTrials(Victim victim) {
     const uint64_t previous = static_cast<uint64_t>(version);
     const uint64_t attempted = previous + 1;
     const bool complete = std::find(listed.begin(), listed.end(), attempted) != listed.end();
-    std::printf("trial %2d: v%llu, killed %s after %.3f s: rpc %s after %.3f s; listed [%s]\n",
-                trial, static_cast<unsigned long long>(attempted),
-                victim == Victim::kDaemon ? absl::StrCat("daemon ", daemon).c_str()
-                                          : "the coordinator",
-                delay.count(), status.ok() ? "OK" : status.error_message().substr(0, 60).c_str(),
-                rpc_seconds, absl::StrJoin(listed, ", ").c_str());
+    std::printf(
+        "trial %2d: v%llu, killed %s after %.3f s: rpc %s after %.3f s; listed [%s]\n", trial,
+        static_cast<unsigned long long>(attempted),
+        victim == Victim::kDaemon ? absl::StrCat("daemon ", daemon).c_str() : "the coordinator",
+        delay.count(), status.ok() ? "OK" : status.error_message().substr(0, 60).c_str(),
+        rpc_seconds, absl::StrJoin(listed, ", ").c_str());
     SCOPED_TRACE(absl::StrCat("trial ", trial, " (seed ", seed, "), v", attempted, " killed after ",
                               delay.count(), " s"));
     ASSERT_TRUE(std::find(listed.begin(), listed.end(), previous) != listed.end())
@@ -254,8 +255,8 @@ void RunKillTrials(Victim victim) {
   ASSERT_TRUE(cluster->PushAll(version, "trainer", Gradient(version)).ok());
   ASSERT_TRUE(cluster->WaitForVersion(version + 1).ok());
   ASSERT_NO_FATAL_FAILURE(state.CheckOrRecord(*cluster, version + 1, "after the last restore"));
-  std::printf("%d of %d checkpoints interrupted by the kill, %d completed before it\n",
-              interrupted, trials, restored_newer);
+  std::printf("%d of %d checkpoints interrupted by the kill, %d completed before it\n", interrupted,
+              trials, restored_newer);
   EXPECT_GT(interrupted, 0) << "no kill landed inside a checkpoint";
 }
 

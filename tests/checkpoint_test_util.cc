@@ -81,20 +81,20 @@ absl::StatusOr<std::vector<float>> ExportMasters(RawCluster& cluster, int64_t ve
     std::string bytes;
     checkpoint::ExportRowsChunk chunk;
     while (reader->Read(&chunk)) bytes += chunk.data();
-    RETURN_IF_ERROR(FromGrpcStatus(reader->Finish(), absl::StrCat("ExportRows of ", tensor,
-                                                                  " from ",
-                                                                  piece.daemon_address())));
+    RETURN_IF_ERROR(
+        FromGrpcStatus(reader->Finish(),
+                       absl::StrCat("ExportRows of ", tensor, " from ", piece.daemon_address())));
     const size_t want = static_cast<size_t>((piece.row_end() - piece.row_begin()) * info.cols());
     if (bytes.size() != want * 4) {
-      return absl::InternalError(absl::StrCat("ExportRows of ", tensor, ": ", bytes.size(),
-                                              " bytes, want ", want * 4));
+      return absl::InternalError(
+          absl::StrCat("ExportRows of ", tensor, ": ", bytes.size(), " bytes, want ", want * 4));
     }
     std::memcpy(out.data() + piece.row_begin() * info.cols(), bytes.data(), bytes.size());
     covered += piece.row_end() - piece.row_begin();
   }
   if (covered != info.rows()) {
-    return absl::InternalError(absl::StrCat(tensor, ": pieces cover ", covered, " of ",
-                                            info.rows(), " rows"));
+    return absl::InternalError(
+        absl::StrCat(tensor, ": pieces cover ", covered, " of ", info.rows(), " rows"));
   }
   return out;
 }

@@ -2,10 +2,10 @@
 //
 // Helpers for the multi-process checkpoint / export tests against real
 // hybrid-paramd processes (tests/server_test_util.h's RawCluster): the
-// CheckpointCoordinator RPC, a restore (Load of a checkpoint), FP32 masters read back through the daemons'
-// ExportRows, a byte snapshot of a version (masters and every published
-// copy) to compare a restored cluster with, SIGKILL of the cluster's
-// coordinator process, and running a program (hpctl, python3) to its end.
+// CheckpointCoordinator RPC, a restore (Load of a checkpoint), FP32 masters read back through the
+// daemons' ExportRows, a byte snapshot of a version (masters and every published copy) to compare a
+// restored cluster with, SIGKILL of the cluster's coordinator process, and running a program
+// (hpctl, python3) to its end.
 //
 // Not thread-safe, except Checkpoint(), which may run on another thread
 // (it uses its own channel).
@@ -39,8 +39,7 @@ grpc::Status Checkpoint(RawCluster& cluster, int64_t version);
 // `path` (a restore), retried while UNAVAILABLE (daemons still joining),
 // then RefreshManifest. The version it republished. `force`: over a
 // loaded model.
-absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path,
-                                bool force = false);
+absl::StatusOr<int64_t> Restore(RawCluster& cluster, const std::string& path, bool force = false);
 
 // The FP32 masters of `tensor` at `version` (the daemons' current version),
 // read through every daemon's ExportRows (EXPORT_DTYPE_FP32, master values)

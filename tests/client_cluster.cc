@@ -15,8 +15,7 @@
 namespace paramd {
 namespace testing {
 
-absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
-    const TestClusterOptions& options) {
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const TestClusterOptions& options) {
   return Start(options, nullptr);
 }
 
@@ -37,15 +36,17 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
   const std::string d = c->dir();
   auto log = [&](const std::string& name) { return d + "/" + name + ".log"; };
   std::vector<std::string> coordinator_argv = {
-      server, "--role=coordinator", "--listen=127.0.0.1:0",
-      "--port_file=" + d + "/coordinator.port", absl::StrCat("--daemons=", options.daemons),
+      server,
+      "--role=coordinator",
+      "--listen=127.0.0.1:0",
+      "--port_file=" + d + "/coordinator.port",
+      absl::StrCat("--daemons=", options.daemons),
       absl::StrCat("--expected_pushers=", options.expected_pushers)};
   // The config is the coordinator's; the daemons' same flags are checked
   // against it at join.
   std::vector<std::string> optimizer_flags;
   if (options.optimizer_flags) {
-    optimizer_flags = {"--optimizer=" + options.optimizer,
-                       absl::StrFormat("--lr=%.9g", options.lr),
+    optimizer_flags = {"--optimizer=" + options.optimizer, absl::StrFormat("--lr=%.9g", options.lr),
                        absl::StrFormat("--momentum=%.9g", options.momentum)};
   }
   coordinator_argv.insert(coordinator_argv.end(), optimizer_flags.begin(), optimizer_flags.end());
@@ -78,9 +79,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(
                                        log("coordinator"), log("coordinator")}));
   c->coordinator_ = coordinator;
   c->names_.push_back("coordinator");
-  ASSIGN_OR_RETURN(const int port, demo::WaitForPortFile(d + "/coordinator.port",
-                                                         absl::Seconds(20), &c->children_,
-                                                         coordinator));
+  ASSIGN_OR_RETURN(const int port, demo::WaitForPortFile(d + "/coordinator.port", absl::Seconds(20),
+                                                         &c->children_, coordinator));
   c->coordinator_address_ = absl::StrCat("127.0.0.1:", port);
   c->options_ = options;
   for (int i = 0; i < options.daemons; ++i) {
@@ -101,9 +101,7 @@ absl::StatusOr<int> TestCluster::SpawnDaemon(const std::vector<std::string>& ext
   const int i = static_cast<int>(daemons_.size());
   const std::string name = absl::StrCat("daemon", i);
   const std::string d = dir();
-  std::vector<std::string> argv = {"server/hybrid-paramd",
-                                   "--role=daemon",
-                                   "--listen=127.0.0.1:0",
+  std::vector<std::string> argv = {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
                                    "--port_file=" + d + "/" + name + ".port",
                                    "--coordinator=" + coordinator_address_};
   if (options_.optimizer_flags) {
@@ -171,9 +169,8 @@ std::vector<std::string> TestCluster::Exited() {
   for (size_t i = 0; i < names_.size(); ++i) {
     const std::optional<int> status = children_.Poll(static_cast<int>(i));
     if (!status) continue;
-    out.push_back(WIFSIGNALED(*status)
-                      ? absl::StrCat(names_[i], ": signal ", WTERMSIG(*status))
-                      : absl::StrCat(names_[i], ": exit ", WEXITSTATUS(*status)));
+    out.push_back(WIFSIGNALED(*status) ? absl::StrCat(names_[i], ": signal ", WTERMSIG(*status))
+                                       : absl::StrCat(names_[i], ": exit ", WEXITSTATUS(*status)));
   }
   return out;
 }

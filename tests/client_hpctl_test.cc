@@ -79,9 +79,8 @@ class HpctlTest : public ::testing::Test {
   HpctlRun Hpctl(std::vector<std::string> args) {
     args.insert(args.begin(), "hpctl/hpctl");
     args.push_back("--address=" + cluster_->coordinator_address());
-    if (std::none_of(args.begin(), args.end(), [](const std::string& a) {
-          return absl::StartsWith(a, "--timeout=");
-        })) {
+    if (std::none_of(args.begin(), args.end(),
+                     [](const std::string& a) { return absl::StartsWith(a, "--timeout="); })) {
       args.push_back("--timeout=20");
     }
     const std::string log = absl::StrCat(dir_, "/hpctl", ++runs_, ".out");
@@ -190,7 +189,7 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   ASSERT_NE(data, nullptr);
   EXPECT_EQ(data->dtype, safetensors::Dtype::kF8E4M3);
   EXPECT_EQ(data->shape, (std::vector<int64_t>{256, 384}));  // [K][M]
-  EXPECT_EQ(file->Find("w.weight.scales"), nullptr);  // per-tensor: no scale buffer
+  EXPECT_EQ(file->Find("w.weight.scales"), nullptr);         // per-tensor: no scale buffer
   const safetensors::TensorInfo* scale_inv = file->Find("w.weight.scale_inv");
   ASSERT_NE(scale_inv, nullptr);
   EXPECT_EQ(scale_inv->dtype, safetensors::Dtype::kF32);
@@ -254,7 +253,8 @@ TEST_F(HpctlTest, FetchWritesTheAssembledLayoutAndDequantizedValues) {
   HpctlRun future = Hpctl({"fetch", "w.weight", "--version=50", "--timeout=1", "--out=" + raw});
   EXPECT_LT(absl::Now() - asked, absl::Seconds(15));
   EXPECT_EQ(future.exit_code, 1) << future.out;
-  EXPECT_TRUE(absl::StrContains(future.out, "version 50 was not committed within 1s")) << future.out;
+  EXPECT_TRUE(absl::StrContains(future.out, "version 50 was not committed within 1s"))
+      << future.out;
   EXPECT_TRUE(absl::StrContains(future.out, "the committed version is 0")) << future.out;
 }
 
@@ -282,20 +282,19 @@ TEST_F(HpctlTest, LoadStreamsAShardedCheckpoint) {
   f16[15] = 0x0001;  // the smallest F16 subnormal
   f_want[15] = std::ldexp(1.0f, -24);
   auto u8 = [](const auto& v) {
-    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v.data()),
-                               v.size() * sizeof(v[0]));
+    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(v[0]));
   };
   {
-    auto w = st::SafetensorsWriter::Create(ckpt + "/model-00001-of-00002.safetensors",
-                                           {{"a.weight", st::Dtype::kF32, {300, 40}},
-                                            {"b.weight", st::Dtype::kBF16, {64, 3}}});
+    auto w = st::SafetensorsWriter::Create(
+        ckpt + "/model-00001-of-00002.safetensors",
+        {{"a.weight", st::Dtype::kF32, {300, 40}}, {"b.weight", st::Dtype::kBF16, {64, 3}}});
     ASSERT_TRUE(w.ok());
     ASSERT_TRUE((*w)->WriteTensor("a.weight", u8(a)).ok());
     ASSERT_TRUE((*w)->WriteTensor("b.weight", u8(b16)).ok());
     ASSERT_TRUE((*w)->Finish().ok());
-    auto w2 = st::SafetensorsWriter::Create(ckpt + "/model-00002-of-00002.safetensors",
-                                            {{"c.bias", st::Dtype::kF32, {7}},
-                                             {"f.weight", st::Dtype::kF16, {4, 4}}});
+    auto w2 = st::SafetensorsWriter::Create(
+        ckpt + "/model-00002-of-00002.safetensors",
+        {{"c.bias", st::Dtype::kF32, {7}}, {"f.weight", st::Dtype::kF16, {4, 4}}});
     ASSERT_TRUE(w2.ok());
     ASSERT_TRUE((*w2)->WriteTensor("c.bias", u8(c)).ok());
     ASSERT_TRUE((*w2)->WriteTensor("f.weight", u8(f16)).ok());
@@ -312,8 +311,8 @@ TEST_F(HpctlTest, LoadStreamsAShardedCheckpoint) {
          "source_dtype: FP32 }";
   HpctlRun run;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    run = Hpctl({"load", ckpt + "/model.safetensors.index.json",
-                 "--recipe=" + dir_ + "/fp32.textproto"});
+    run = Hpctl(
+        {"load", ckpt + "/model.safetensors.index.json", "--recipe=" + dir_ + "/fp32.textproto"});
     if (run.exit_code == 0 || !absl::StrContains(run.out, "UNAVAILABLE")) break;
     absl::SleepFor(absl::Milliseconds(100));
   }
@@ -354,7 +353,8 @@ TEST_F(HpctlTest, LoadOntoAClusterHoldingAModelNeedsForce) {
   HpctlRun refused = Hpctl({"load", model});
   EXPECT_EQ(refused.exit_code, 1) << refused.out;
   EXPECT_TRUE(absl::StrContains(refused.out, "FAILED_PRECONDITION")) << refused.out;
-  EXPECT_TRUE(absl::StrContains(refused.out, "already holds a model (2 tensors, committed version 1)"))
+  EXPECT_TRUE(
+      absl::StrContains(refused.out, "already holds a model (2 tensors, committed version 1)"))
       << refused.out;
   EXPECT_TRUE(absl::StrContains(refused.out, "--force")) << refused.out;
   // Not only hpctl: a library client is refused the same way.
@@ -420,9 +420,9 @@ TEST_F(HpctlTest, ExportIntoANonEmptyDirectoryNeedsOverwrite) {
   ASSERT_EQ(again.exit_code, 0) << again.out << cluster_->Logs();
   EXPECT_TRUE(absl::StrContains(again.out, "removed 3 file(s) of the older export")) << again.out;
   // One shard now; the older second shard is gone, config.json kept.
-  EXPECT_EQ(DirNames(out), (std::vector<std::string>{"config.json",
-                                                     "model-00001-of-00001.safetensors",
-                                                     "model.safetensors.index.json"}));
+  EXPECT_EQ(DirNames(out),
+            (std::vector<std::string>{"config.json", "model-00001-of-00001.safetensors",
+                                      "model.safetensors.index.json"}));
   EXPECT_EQ(ModeOf(out + "/model-00001-of-00001.safetensors"), 0640u);
   EXPECT_EQ(ModeOf(out + "/model.safetensors.index.json"), 0640u);
   std::ifstream index_file(out + "/model.safetensors.index.json");
@@ -513,7 +513,8 @@ TEST(HpctlNoCluster, UnusableAddressesFailFastWithTheReason) {
       {{"load", model, "--address=127.0.0.1:1"}, "Connection refused"},
       {{"load", "/etc/passwd", "--address=127.0.0.1:1"}, "not a safetensors file"},
       {{"checkpoint", "list", "--address=127.0.0.1:1"}, "Connection refused"},
-      {{"status", "--address=no-such-host.invalid:7070"}, "cannot resolve host 'no-such-host.invalid'"},
+      {{"status", "--address=no-such-host.invalid:7070"},
+       "cannot resolve host 'no-such-host.invalid'"},
       {{"step", "--address=127.0.0.1"}, "has no port"},
   };
   for (const Case& c : cases) {
@@ -534,8 +535,8 @@ TEST(HpctlNoCluster, ModelFilesFollowTheServersTensorNameLimit) {
   auto dir = demo::TempDir::Create("hpctl_names");
   ASSERT_TRUE(dir.ok());
   const std::string name(2000, 'n');
-  const std::string header = absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[2],)",
-                                          R"("data_offsets":[0,8]}})");
+  const std::string header =
+      absl::StrCat(R"({")", name, R"(":{"dtype":"F32","shape":[2],)", R"("data_offsets":[0,8]}})");
   const std::string file = dir->path() + "/long.safetensors";
   {
     std::ofstream out(file, std::ios::binary);
@@ -563,7 +564,8 @@ TEST(HpctlNoCluster, ModelFilesFollowTheServersTensorNameLimit) {
   EXPECT_EQ(run.exit_code, 0) << run.out;
   run = HpctlAlone({"load", ckpt, "--max_tensor_name_bytes=4096", "--address=127.0.0.1:1"}, &took);
   EXPECT_EQ(run.exit_code, 1) << run.out;
-  EXPECT_TRUE(absl::StrContains(run.out, "Connection refused")) << "got past the index: " << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "Connection refused"))
+      << "got past the index: " << run.out;
   run = HpctlAlone({"inspect", file, "--max_tensor_name_bytes=0"}, &took);
   EXPECT_EQ(run.exit_code, 2) << run.out;
   EXPECT_TRUE(absl::StrContains(run.out, "at least 1")) << run.out;

@@ -138,8 +138,8 @@ class ClientTest : public ::testing::Test {
     absl::StatusOr<int64_t> version;
     do {
       version = trainer_a_->Load(model_path_, kRecipe, absl::Seconds(30));
-    } while (version.status().code() == absl::StatusCode::kUnavailable &&
-             absl::Now() < deadline && (absl::SleepFor(absl::Milliseconds(50)), true));
+    } while (version.status().code() == absl::StatusCode::kUnavailable && absl::Now() < deadline &&
+             (absl::SleepFor(absl::Milliseconds(50)), true));
     ASSERT_TRUE(version.ok()) << version.status() << cluster_->Logs();
     ASSERT_EQ(*version, 0);
     ASSERT_TRUE(trainer_b_->RefreshManifest().ok());
@@ -165,8 +165,7 @@ class ClientTest : public ::testing::Test {
 
   // Every (tensor, direction) fetched at `version` equals whole-tensor
   // quantization of `masters` (same order as model_).
-  void ExpectMatchesReference(int64_t version,
-                              const std::vector<std::vector<float>>& masters) {
+  void ExpectMatchesReference(int64_t version, const std::vector<std::vector<float>>& masters) {
     const client::Manifest m = trainer_a_->manifest();
     auto fetched = trainer_a_->Fetch(
         version, client::AllTargets(m, {Direction::kRowwise, Direction::kColumnwise}));
@@ -178,13 +177,11 @@ class ClientTest : public ::testing::Test {
       while (model_[index].name != t.tensor) ++index;
       const ref::HybridResult expected =
           Expected(masters[index], meta->rows, meta->cols, meta->spec);
-      const QuantizedTensor& want = t.value.direction == Direction::kRowwise
-                                        ? *expected.rowwise
-                                        : *expected.columnwise;
-      const std::string what =
-          absl::StrCat(t.tensor, " ", DirectionName(t.value.direction), " (",
-                       FormatName(t.value.format), ", ", meta->pieces.size(), " pieces) v",
-                       version);
+      const QuantizedTensor& want =
+          t.value.direction == Direction::kRowwise ? *expected.rowwise : *expected.columnwise;
+      const std::string what = absl::StrCat(t.tensor, " ", DirectionName(t.value.direction), " (",
+                                            FormatName(t.value.format), ", ", meta->pieces.size(),
+                                            " pieces) v", version);
       EXPECT_EQ(t.value.format, want.format) << what;
       EXPECT_EQ(t.value.rows, meta->rows) << what;
       EXPECT_EQ(t.value.cols, meta->cols) << what;
@@ -284,8 +281,7 @@ TEST_F(ClientTest, GradientsFromTwoPushersAreSummedOnceAndRoutedByRows) {
   EXPECT_EQ(trainer_b_->PushGradients(0, push_b).status().code(),
             absl::StatusCode::kFailedPrecondition);
   // One from the future, too (retry after WaitForVersion).
-  EXPECT_EQ(trainer_b_->PushGradients(5, push_b).status().code(),
-            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(trainer_b_->PushGradients(5, push_b).status().code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(ClientTest, RowwiseOnlyFetchMovesOnlyRowwiseBytes) {
@@ -311,10 +307,10 @@ TEST_F(ClientTest, RowwiseOnlyFetchMovesOnlyRowwiseBytes) {
   ASSERT_TRUE(after.ok());
   int64_t served_row = 0, served_col = 0;
   for (int i = 0; i < after->daemons_size(); ++i) {
-    served_row += after->daemons(i).bytes_served_rowwise() -
-                  before->daemons(i).bytes_served_rowwise();
-    served_col += after->daemons(i).bytes_served_columnwise() -
-                  before->daemons(i).bytes_served_columnwise();
+    served_row +=
+        after->daemons(i).bytes_served_rowwise() - before->daemons(i).bytes_served_rowwise();
+    served_col +=
+        after->daemons(i).bytes_served_columnwise() - before->daemons(i).bytes_served_columnwise();
   }
   EXPECT_EQ(served_col, 0);
   EXPECT_GE(served_row, layout_bytes);
@@ -372,9 +368,9 @@ TEST_F(ClientTest, BadRequestsAreRefusedAndTheClusterKeepsServing) {
 
 TEST_F(ClientTest, UnpublishedVersionIsDeadlineExceeded) {
   const absl::Time start = absl::Now();
-  auto fetched = trainer_a_->Fetch(
-      3, client::AllTargets(trainer_a_->manifest(), {Direction::kRowwise}),
-      absl::Milliseconds(500));
+  auto fetched =
+      trainer_a_->Fetch(3, client::AllTargets(trainer_a_->manifest(), {Direction::kRowwise}),
+                        absl::Milliseconds(500));
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDeadlineExceeded) << fetched.status();
   EXPECT_TRUE(absl::StrContains(fetched.status().message(), "version 3 not published by then"))
@@ -403,15 +399,15 @@ TEST_F(ClientTest, DeadDaemonIsUnavailableWithinTheDeadline) {
   ASSERT_GE(dead_process, 0);
   cluster_->KillDaemon(dead_process);
   const absl::Time start = absl::Now();
-  auto fetched = trainer_a_->Fetch(0, client::AllTargets(m, {Direction::kRowwise}),
-                                   absl::Seconds(10));
+  auto fetched =
+      trainer_a_->Fetch(0, client::AllTargets(m, {Direction::kRowwise}), absl::Seconds(10));
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kUnavailable) << fetched.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   // Same for an unpublished version: no waiting on the live daemon until
   // the deadline once the dead one has failed the call.
   const absl::Time start2 = absl::Now();
-  auto future = trainer_a_->Fetch(1, client::AllTargets(m, {Direction::kRowwise}),
-                                  absl::Seconds(10));
+  auto future =
+      trainer_a_->Fetch(1, client::AllTargets(m, {Direction::kRowwise}), absl::Seconds(10));
   EXPECT_EQ(future.status().code(), absl::StatusCode::kUnavailable) << future.status();
   EXPECT_LT(absl::Now() - start2, absl::Seconds(5));
   std::vector<float> g(64);

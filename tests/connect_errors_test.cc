@@ -132,16 +132,15 @@ TEST_F(ConnectErrorsTest, HpctlNamesTlsMistakesAtOnce) {
   const std::string plain = plain_->coordinator_address();
   ExpectFailsAtOnce(Hpctl({"status", "--address=" + tls}),
                     tls + " speaks TLS, but this client speaks plaintext: give --tls_ca");
-  ExpectFailsAtOnce(Hpctl({"status", "--address=" + tls}, {"HPCTL_TLS_CA=" + Ca("other-ca")}),
-                    "TLS handshake with " + tls +
-                        " failed: the server's certificate is not signed by HPCTL_TLS_CA=" +
-                        Ca("other-ca"));
   ExpectFailsAtOnce(
-      Hpctl({"checkpoint", "list", "--address=" + plain, "--tls_ca=" + Ca()}),
-      plain + " speaks plaintext, but a TLS CA was given (--tls_ca=" + Ca() + ")");
-  ExpectFailsAtOnce(Hpctl({"status", "--address=" + tls, "--tls_ca=" + Ca(),
-                           "--tls_server_name=paramd.example"}),
-                    "the server's certificate is not issued for paramd.example");
+      Hpctl({"status", "--address=" + tls}, {"HPCTL_TLS_CA=" + Ca("other-ca")}),
+      "TLS handshake with " + tls +
+          " failed: the server's certificate is not signed by HPCTL_TLS_CA=" + Ca("other-ca"));
+  ExpectFailsAtOnce(Hpctl({"checkpoint", "list", "--address=" + plain, "--tls_ca=" + Ca()}),
+                    plain + " speaks plaintext, but a TLS CA was given (--tls_ca=" + Ca() + ")");
+  ExpectFailsAtOnce(
+      Hpctl({"status", "--address=" + tls, "--tls_ca=" + Ca(), "--tls_server_name=paramd.example"}),
+      "the server's certificate is not issued for paramd.example");
 }
 
 TEST_F(ConnectErrorsTest, ClientNamesTlsMistakesAtOnce) {
@@ -161,18 +160,19 @@ TEST_F(ConnectErrorsTest, ClientNamesTlsMistakesAtOnce) {
 // hpctl at a refused port says so at once (the client library waits for a
 // coordinator that may start later, and says so after its timeout).
 TEST_F(ConnectErrorsTest, RefusedPortIsNamedAtOnce) {
-  ExpectFailsAtOnce(Hpctl({"status", "--address=127.0.0.1:1"}),
-                    "cannot reach the coordinator at 127.0.0.1:1 (127.0.0.1:1: Connection refused)");
+  ExpectFailsAtOnce(
+      Hpctl({"status", "--address=127.0.0.1:1"}),
+      "cannot reach the coordinator at 127.0.0.1:1 (127.0.0.1:1: Connection refused)");
 }
 
 TEST_F(ConnectErrorsTest, ADaemonsAddressNamesItsCoordinator) {
   for (TestCluster* c : {plain_, tls_}) {
     std::vector<std::string> args = {"status", "--address=" + DaemonAddress(*c)};
     if (c == tls_) args.push_back("--tls_ca=" + Ca());
-    ExpectFailsAtOnce(Hpctl(args),
-                      DaemonAddress(*c) + " is a hybrid-paramd daemon (rank 0), not the "
-                                          "coordinator; its coordinator is at " +
-                          c->coordinator_address());
+    ExpectFailsAtOnce(Hpctl(args), DaemonAddress(*c) +
+                                       " is a hybrid-paramd daemon (rank 0), not the "
+                                       "coordinator; its coordinator is at " +
+                                       c->coordinator_address());
     ExpectRefusedAtOnce(DaemonAddress(*c), c == tls_ ? Ca() : "",
                         "its coordinator is at " + c->coordinator_address());
   }
@@ -189,8 +189,10 @@ TEST_F(ConnectErrorsTest, ADaemonNamesTlsMistakesAtOnce) {
     std::string words;
   };
   const std::vector<Case> cases = {
-      {tls, {}, tls + " speaks TLS, but this client speaks plaintext: start the daemon with "
-                      "--tls_cert, --tls_key and the --tls_ca"},
+      {tls,
+       {},
+       tls + " speaks TLS, but this client speaks plaintext: start the daemon with "
+             "--tls_cert, --tls_key and the --tls_ca"},
       {tls,
        {"--tls_cert=" + *certs_ + "/server.pem", "--tls_key=" + *certs_ + "/server.key",
         "--tls_ca=" + Ca("other-ca")},

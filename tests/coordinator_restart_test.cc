@@ -79,8 +79,7 @@ TEST(CoordinatorRestartTest, KilledCoordinatorComesBackWithNoVersionLost) {
     auto push = [&](int64_t v) -> absl::Status {
       absl::Status pushed = PushGradientsFor(**client, v);
       // A retry of a push that arrived: the daemon already has it.
-      if (!pushed.ok() && !absl::IsAlreadyExists(pushed) &&
-          !absl::IsFailedPrecondition(pushed)) {
+      if (!pushed.ok() && !absl::IsAlreadyExists(pushed) && !absl::IsFailedPrecondition(pushed)) {
         return pushed;
       }
       const absl::Time give_up = absl::Now() + absl::Seconds(30);

@@ -82,8 +82,8 @@ TEST(Demo, KilledDaemonIsReplacedAndTheRunStillEndsOk) {
   args.push_back("--kill_daemon_at_step=6");
   args.push_back("--checkpoint_every=4");
   ChildProcesses children;
-  auto demo = children.Start({"demo", args, TestTmp() + "/demo_kill.out",
-                              TestTmp() + "/demo_kill.out"});
+  auto demo =
+      children.Start({"demo", args, TestTmp() + "/demo_kill.out", TestTmp() + "/demo_kill.out"});
   ASSERT_TRUE(demo.ok()) << demo.status();
   auto status = children.Wait(*demo, absl::Seconds(58));
   std::ifstream out_file(TestTmp() + "/demo_kill.out");
@@ -105,8 +105,7 @@ TEST(Demo, KilledDaemonIsReplacedAndTheRunStillEndsOk) {
   // checkpoint of 8 may not have run).
   const int64_t rewound = r["rewound_to_version"].get<int64_t>();
   EXPECT_TRUE(rewound == 4 || rewound == 8) << r.dump();
-  EXPECT_EQ(r["steps_lost"].get<int64_t>(),
-            r["committed_before"].get<int64_t>() - rewound);
+  EXPECT_EQ(r["steps_lost"].get<int64_t>(), r["committed_before"].get<int64_t>() - rewound);
   EXPECT_EQ(j["losses"].size(), 12u);
 }
 
@@ -118,9 +117,10 @@ TEST(Demo, HelpVersionAndBadFlags) {
     bool ok;
     std::string says;
   };
-  for (const Case& c : std::vector<Case>{{{"deploy/demo", "--help"}, true, "--summary_json"},
-                                         {{"deploy/demo", "--version"}, true, "hybrid-paramd-demo"},
-                                         {{"deploy/demo", "--no_such_flag"}, false, "no_such_flag"}}) {
+  for (const Case& c :
+       std::vector<Case>{{{"deploy/demo", "--help"}, true, "--summary_json"},
+                         {{"deploy/demo", "--version"}, true, "hybrid-paramd-demo"},
+                         {{"deploy/demo", "--no_such_flag"}, false, "no_such_flag"}}) {
     ChildProcesses children;
     const std::string log = TestTmp() + "/demo_cli.out";
     auto demo = children.Start({"demo", c.args, log, log});
@@ -140,8 +140,8 @@ TEST(Demo, TrainsWithinToleranceOfFp32AndReportsItsFigures) {
   const std::string workdir = TestTmp() + "/demo_ok";
   const std::string summary = TestTmp() + "/summary.json";
   ChildProcesses children;
-  auto demo = children.Start({"demo", DemoArgs(workdir, 12, summary), TestTmp() + "/demo.out",
-                              TestTmp() + "/demo.out"});
+  auto demo = children.Start(
+      {"demo", DemoArgs(workdir, 12, summary), TestTmp() + "/demo.out", TestTmp() + "/demo.out"});
   ASSERT_TRUE(demo.ok()) << demo.status();
   auto status = children.Wait(*demo, absl::Seconds(58));
   std::ifstream out_file(TestTmp() + "/demo.out");

@@ -52,16 +52,19 @@ constexpr char kRecipe[] = R"pb(
       columnwise { format: FP8_DELAYED amax_history_len: 4 }
     }
   }
-  default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: IDENTITY_BF16 } })pb";
+  default_spec {
+    rowwise { format: IDENTITY_FP32 }
+    columnwise { format: IDENTITY_BF16 }
+  })pb";
 
 // FP32 bit patterns at the edges of BF16 round-to-nearest-even: ties to
 // even (down and up), just off ties, overflow to Inf, -0, subnormals, NaNs
 // with payloads. (No Inf master: the daemon's SGD step computes
 // w - lr * (g + weight_decay * w), and 0 * Inf is NaN.)
-const uint32_t kSpecialBits[] = {
-    0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000, 0x3F808001, 0x3F807FFF, 0x7F7FFFFF,
-    0x7F7F7FFF, 0xFF7FFFFF, 0x80000000, 0x00000001, 0x00008000, 0x00018000, 0x807FFFFF,
-    0x7FC12345, 0xFFC00001, 0x7F800001, 0x3F800000};
+const uint32_t kSpecialBits[] = {0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000, 0x3F808001,
+                                 0x3F807FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0xFF7FFFFF, 0x80000000,
+                                 0x00000001, 0x00008000, 0x00018000, 0x807FFFFF, 0x7FC12345,
+                                 0xFFC00001, 0x7F800001, 0x3F800000};
 
 const std::vector<TestTensor>& Model() {
   static const auto* model = [] {
@@ -172,7 +175,8 @@ class ExportClusterTest : public ::testing::Test {
       shapes[t.name] = t.shape;
       const std::vector<float>& v = values.at(t.name);
       std::ofstream(masters + "/" + t.name + ".f32", std::ios::binary)
-          .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+          .write(reinterpret_cast<const char*>(v.data()),
+                 static_cast<std::streamsize>(v.size() * 4));
     }
     std::ofstream(masters + "/masters.json") << shapes.dump();
     return RunProgram({python_, "tests/read_safetensors.py", out, "--masters", masters, "--dtype",
@@ -256,7 +260,8 @@ TEST_F(ExportClusterTest, Bf16AndFp32OfTheMastersFromTwoDaemons) {
   const std::string bf16 = dir_ + "/bf16";
   ProgramRun run = Hpctl({"export", "--out", bf16, "--max_shard_size", "60KB"});
   ASSERT_EQ(run.exit_code, 0) << run.out << cluster_->cluster().Logs();
-  EXPECT_TRUE(absl::StrContains(run.out, "exported version 1 (bf16, master): 4 tensors")) << run.out;
+  EXPECT_TRUE(absl::StrContains(run.out, "exported version 1 (bf16, master): 4 tensors"))
+      << run.out;
   // Greedy in manifest order: embed (196608 B, alone), special (512 B),
   // lm_head (76800 B, alone), bias (154 B).
   EXPECT_EQ(CheckExport(bf16, masters_, /*bf16=*/true), 4) << "shards of at most 60 KB";

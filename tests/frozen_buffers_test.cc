@@ -45,8 +45,10 @@ std::vector<Buffer> Buffers() {
   std::vector<uint8_t> mask(12);
   for (int i = 0; i < 12; ++i) mask[i] = i % 3 == 0;
   return {
-      {"rope.table", safetensors::Dtype::kF64, {2, 3}, BytesOf(std::vector<double>{
-                                                           0.1, 0.2, 1e300, -3.5, 0, 1.0 / 3})},
+      {"rope.table",
+       safetensors::Dtype::kF64,
+       {2, 3},
+       BytesOf(std::vector<double>{0.1, 0.2, 1e300, -3.5, 0, 1.0 / 3})},
       {"embed.position_ids", safetensors::Dtype::kI64, {1, 16}, BytesOf(ids)},
       {"bn.num_batches_tracked", safetensors::Dtype::kI64, {}, BytesOf(std::vector<int64_t>{7})},
       {"attn.mask", safetensors::Dtype::kBool, {3, 4}, BytesOf(mask)},
@@ -62,15 +64,15 @@ void WriteModelWithBuffers(const std::string& path, const std::vector<Buffer>& b
   auto writer = safetensors::SafetensorsWriter::Create(path, specs);
   ASSERT_TRUE(writer.ok()) << writer.status();
   for (const Buffer& b : buffers) {
-    ASSERT_TRUE((*writer)
-                    ->WriteTensor(b.name, absl::MakeSpan(reinterpret_cast<const uint8_t*>(
-                                                             b.bytes.data()),
-                                                         b.bytes.size()))
-                    .ok());
+    ASSERT_TRUE(
+        (*writer)
+            ->WriteTensor(b.name, absl::MakeSpan(reinterpret_cast<const uint8_t*>(b.bytes.data()),
+                                                 b.bytes.size()))
+            .ok());
   }
   ASSERT_TRUE((*writer)
-                  ->WriteTensor("w", absl::MakeSpan(reinterpret_cast<const uint8_t*>(w.data()),
-                                                    w.size() * 4))
+                  ->WriteTensor(
+                      "w", absl::MakeSpan(reinterpret_cast<const uint8_t*>(w.data()), w.size() * 4))
                   .ok());
   ASSERT_TRUE((*writer)->Finish().ok());
 }
@@ -169,8 +171,7 @@ TEST_F(FrozenBuffersTest, LoadedCheckpointedRestoredExportedNeverStepped) {
     chunk->set_data(std::string(16 * 4, '\0'));
     const grpc::Status s = cluster.PushRaw(0, {m});
     EXPECT_FALSE(s.ok());
-    EXPECT_NE(s.error_message().find("embed.position_ids"), std::string::npos)
-        << s.error_message();
+    EXPECT_NE(s.error_message().find("embed.position_ids"), std::string::npos) << s.error_message();
   }
   const std::vector<float> g = RandomValues(w.size(), 6, 0.1f);
   ASSERT_TRUE(cluster.PushAll(0, "trainer", {{"w", g}}).ok()) << cluster.cluster().Logs();
@@ -182,8 +183,8 @@ TEST_F(FrozenBuffersTest, LoadedCheckpointedRestoredExportedNeverStepped) {
 
   // A checkpoint keeps them whole on disk, and describes them without bytes.
   checkpoint::CheckpointResponse saved;
-  ASSERT_TRUE(CheckpointVia(cluster.cluster().coordinator_address(), -1, absl::Seconds(30), &saved)
-                  .ok());
+  ASSERT_TRUE(
+      CheckpointVia(cluster.cluster().coordinator_address(), -1, absl::Seconds(30), &saved).ok());
   ASSERT_EQ(saved.version(), 1u);
   absl::StatusOr<checkpoint::CheckpointStore> store =
       checkpoint::CheckpointStore::Open(ckpt_->path(), /*create=*/false);
@@ -232,10 +233,10 @@ TEST_F(FrozenBuffersTest, LoadedCheckpointedRestoredExportedNeverStepped) {
     EXPECT_EQ(info->dtype, b.dtype) << b.name;
     EXPECT_EQ(info->shape, b.shape) << b.name;
     std::string bytes(b.bytes.size(), '\0');
-    ASSERT_TRUE(file->ReadTensorBytes(*info, 0,
-                                      absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()),
-                                                     bytes.size()))
-                    .ok());
+    ASSERT_TRUE(
+        file->ReadTensorBytes(
+                *info, 0, absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()))
+            .ok());
     EXPECT_EQ(bytes, b.bytes) << b.name;
   }
   EXPECT_EQ(file->Find("w")->dtype, safetensors::Dtype::kBF16);
@@ -266,7 +267,9 @@ TEST_F(FrozenBuffersTest, OverTheLimitIsRefusedAndChangesNothing) {
   const uint64_t fingerprint = cluster.manifest().plan_fingerprint();
 
   std::vector<Buffer> big = Buffers();
-  big.push_back({"huge.ids", safetensors::Dtype::kI64, {1024},
+  big.push_back({"huge.ids",
+                 safetensors::Dtype::kI64,
+                 {1024},
                  BytesOf(std::vector<int64_t>(1024, 3))});  // 8 KiB > 4096
   const std::string model = cluster.cluster().dir() + "/big.safetensors";
   WriteModelWithBuffers(model, big, RandomValues(kRows * kCols, 9), kRows, kCols);

@@ -49,7 +49,10 @@ constexpr char kRecipe[] = R"pb(
       columnwise { format: MXFP8 }
     }
   }
-  default_spec { rowwise { format: IDENTITY_BF16 } columnwise { format: IDENTITY_FP32 } })pb";
+  default_spec {
+    rowwise { format: IDENTITY_BF16 }
+    columnwise { format: IDENTITY_FP32 }
+  })pb";
 
 const std::vector<TestTensor>& Model() {
   static const auto* model = new std::vector<TestTensor>{{"a", {200, 160}, RandomValues(32000, 4)},
@@ -120,8 +123,7 @@ TEST_P(GpuBackendCheckpointTest, CheckpointExportRestoreEqualCpuBackend) {
       ASSERT_TRUE(r->PushAll(step, "trainer", Gradient(step)).ok());
       ASSERT_TRUE(r->WaitForVersion(step + 1).ok()) << r->cluster().Logs();
     }
-    const grpc::Status s = CheckpointVia(r->cluster().coordinator_address(), 3,
-                                         absl::Seconds(30));
+    const grpc::Status s = CheckpointVia(r->cluster().coordinator_address(), 3, absl::Seconds(30));
     ASSERT_TRUE(s.ok()) << s.error_message() << r->cluster().Logs();
   }
   // Checkpoint files.
@@ -132,8 +134,8 @@ TEST_P(GpuBackendCheckpointTest, CheckpointExportRestoreEqualCpuBackend) {
   for (const auto& [name, bytes] : want_files) {
     auto it = got_files.find(name);
     ASSERT_NE(it, got_files.end()) << name;
-    EXPECT_TRUE(it->second == bytes) << name << " differs (" << it->second.size() << " vs "
-                                     << bytes.size() << " bytes)";
+    EXPECT_TRUE(it->second == bytes)
+        << name << " differs (" << it->second.size() << " vs " << bytes.size() << " bytes)";
   }
   // Export: masters and every published byte of version 3.
   absl::StatusOr<Snapshot> want3 = TakeSnapshot(cpu, 3);

@@ -28,14 +28,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "format/convert.h"
 #include "gtest/gtest.h"
+#include "ipc/cuda_vmm.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "server/chunks.h"
-#include "format/convert.h"
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/shard_store.h"
-#include "ipc/cuda_vmm.h"
 #include "server/reference_step.h"
 #include "server/shard_backend.h"
 #include "tests/server_test_util.h"
@@ -74,8 +74,7 @@ std::unique_ptr<RawCluster> StartOne(const std::string& backend, const std::stri
 
 // Parameter: (format combo, optimizer). One gpu and one cpu daemon per
 // optimizer, shared by the suite (each Load replaces the model).
-class GpuDaemonBackendTest
-    : public ::testing::TestWithParam<std::tuple<FormatCombo, std::string>> {
+class GpuDaemonBackendTest : public ::testing::TestWithParam<std::tuple<FormatCombo, std::string>> {
  protected:
   static void SetUpTestSuite() {
     for (const char* optimizer : {"adamw", "sgd"}) {
@@ -149,8 +148,7 @@ void ExpectSamePieces(int64_t version, RawCluster& gpu, RawCluster& cpu,
 TEST_P(GpuDaemonBackendTest, FetchedBytesEqualCpuReference) {
   ASSERT_NE(gpu_, nullptr);
   ASSERT_NE(cpu_, nullptr);
-  const std::string recipe =
-      absl::StrCat("default_spec { ", std::get<0>(GetParam()).spec, " }");
+  const std::string recipe = absl::StrCat("default_spec { ", std::get<0>(GetParam()).spec, " }");
   absl::StatusOr<int64_t> g0 = gpu_->Load(model_path_, recipe);
   ASSERT_TRUE(g0.ok()) << g0.status();
   absl::StatusOr<int64_t> c0 = cpu_->Load(model_path_, recipe);
@@ -260,7 +258,10 @@ TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
         columnwise { format: FP8_DELAYED amax_history_len: 4 }
       }
     }
-    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: MXFP8 } })pb";
+    default_spec {
+      rowwise { format: FP8_CURRENT }
+      columnwise { format: MXFP8 }
+    })pb";
   for (RawCluster* r : {&gpu, &cpu}) {
     absl::StatusOr<int64_t> v = r->Load(model, recipe);
     ASSERT_TRUE(v.ok()) << v.status() << r->cluster().Logs();
@@ -318,8 +319,8 @@ TEST(GpuDaemonBackendMemoryTest, ReportsStoreDeviceBytesPerParameter) {
   ASSERT_TRUE(view.ok()) << view.status();
   ShardBackendOptions options;
   options.optimizer.kind = OptimizerKind::kAdamW;
-  absl::StatusOr<std::unique_ptr<ShardBackend>> local = CreateShardBackend(
-      gpu_backend::DaemonBackend::kGpu, view->tensors, view->shards, options);
+  absl::StatusOr<std::unique_ptr<ShardBackend>> local =
+      CreateShardBackend(gpu_backend::DaemonBackend::kGpu, view->tensors, view->shards, options);
   ASSERT_TRUE(local.ok()) << local.status();
   const gpu_backend::GpuShardStore* store = gpu_backend::DeviceStoreOf(local->get());
   ASSERT_NE(store, nullptr);
@@ -352,12 +353,12 @@ TEST(GpuDaemonBackendMemoryTest, ReportsStoreDeviceBytesPerParameter) {
   EXPECT_EQ(loaded->device_bytes(), store->device_bytes());
   EXPECT_DOUBLE_EQ(loaded->device_bytes_per_parameter(), store->bytes_per_parameter());
   EXPECT_LE(loaded->device_bytes(), per_param * parameters + fixed);
-  std::printf("gpu daemon after load: %lld device bytes, %lld parameters, %.3f B/param "
-              "(of which staging %lld B, VMM rounding %lld B of granule %zu)\n",
-              static_cast<long long>(loaded->device_bytes()),
-              static_cast<long long>(loaded->parameters()), loaded->device_bytes_per_parameter(),
-              static_cast<long long>(store->host_staging_bytes()),
-              static_cast<long long>(store->published_padding_bytes()), *granule);
+  std::printf(
+      "gpu daemon after load: %lld device bytes, %lld parameters, %.3f B/param "
+      "(of which staging %lld B, VMM rounding %lld B of granule %zu)\n",
+      static_cast<long long>(loaded->device_bytes()), static_cast<long long>(loaded->parameters()),
+      loaded->device_bytes_per_parameter(), static_cast<long long>(store->host_staging_bytes()),
+      static_cast<long long>(store->published_padding_bytes()), *granule);
 
   // Nothing is allocated at a push or a step.
   std::map<std::string, std::vector<float>> grads;
@@ -410,8 +411,8 @@ TEST(GpuDaemonBackendMemoryTest, QuarterBillionParametersTakeTwentyBytesEach) {
   for (int i = 0; i < kShards; ++i) {
     ASSERT_TRUE((*store)->AccumulateHost(i, 0, g.data(), static_cast<int64_t>(g.size())).ok());
   }
-  absl::Status step = (*store)->Step(1, /*apply_optimizer=*/true, nullptr,
-                                     absl::Now() + absl::Seconds(60));
+  absl::Status step =
+      (*store)->Step(1, /*apply_optimizer=*/true, nullptr, absl::Now() + absl::Seconds(60));
   ASSERT_TRUE(step.ok()) << step;
   EXPECT_EQ((*store)->device_bytes(), created);
   std::printf("gpu store of %lld parameters: %lld device bytes = %.4f B/param after a step\n",
@@ -438,8 +439,8 @@ TEST(GpuHostCopiesTest, RetireWaitsOnlyForCopiesOfTheRetiredVersion) {
   ASSERT_EQ(setenv("PARAMD_GPU_HOST_COPY_DELAY_MS",
                    absl::StrCat(absl::ToInt64Milliseconds(kDelay)).c_str(), 1),
             0);
-  absl::StatusOr<std::unique_ptr<ShardBackend>> created =
-      CreateShardBackend(gpu_backend::DaemonBackend::kGpu, {tensor}, {{0, 0, tensor.rows}}, options);
+  absl::StatusOr<std::unique_ptr<ShardBackend>> created = CreateShardBackend(
+      gpu_backend::DaemonBackend::kGpu, {tensor}, {{0, 0, tensor.rows}}, options);
   unsetenv("PARAMD_GPU_HOST_COPY_DELAY_MS");  // read once, at creation
   ASSERT_TRUE(created.ok()) << created.status();
   ShardBackend& backend = **created;
@@ -498,10 +499,11 @@ TEST(GpuHostCopiesTest, RetireWaitsOnlyForCopiesOfTheRetiredVersion) {
   EXPECT_GE(step4, kDelay - absl::Milliseconds(200))
       << "the step to 4 rewrote version 2's slot while it was being copied";
   EXPECT_TRUE(absl::IsNotFound(host_bytes(v[2]).status()));
-  std::printf("host copy delay %s: step to 2 (retires 0, copy of 1 running) took %s; "
-              "step to 4 (retires 2, copy of 2 running) took %s\n",
-              absl::FormatDuration(kDelay).c_str(), absl::FormatDuration(step2).c_str(),
-              absl::FormatDuration(step4).c_str());
+  std::printf(
+      "host copy delay %s: step to 2 (retires 0, copy of 1 running) took %s; "
+      "step to 4 (retires 2, copy of 2 running) took %s\n",
+      absl::FormatDuration(kDelay).c_str(), absl::FormatDuration(step2).c_str(),
+      absl::FormatDuration(step4).c_str());
 }
 
 }  // namespace

@@ -72,8 +72,8 @@ TEST(GpuRecoveryTest, KilledGpuDaemonIsReplacedFromItsBuddysSnapshot) {
     }
     ASSERT_TRUE((*writer)->Finish().ok());
   }
-  std::printf("model: %d x [%lld, %lld] written in %.1f s\n", tensors,
-              static_cast<long long>(rows), static_cast<long long>(rows), Since(t));
+  std::printf("model: %d x [%lld, %lld] written in %.1f s\n", tensors, static_cast<long long>(rows),
+              static_cast<long long>(rows), Since(t));
 
   ClientOptions co;
   co.coordinator_address = cluster->coordinator_address();
@@ -155,11 +155,12 @@ TEST(GpuRecoveryTest, KilledGpuDaemonIsReplacedFromItsBuddysSnapshot) {
   ASSERT_TRUE(next.ok()) << next.status() << cluster->Logs();
   EXPECT_EQ(*next, 3);
   const double first = Since(killed);
-  std::printf("recovery (gpu, %s): kill to recovered %.3f s, kill to first new version %.3f s "
-              "(rewound to %lld, %lld versions lost)\n",
-              recovery.source().c_str(), recovered, first,
-              static_cast<long long>(recovery.rewound_to_version()),
-              static_cast<long long>(recovery.versions_lost()));
+  std::printf(
+      "recovery (gpu, %s): kill to recovered %.3f s, kill to first new version %.3f s "
+      "(rewound to %lld, %lld versions lost)\n",
+      recovery.source().c_str(), recovered, first,
+      static_cast<long long>(recovery.rewound_to_version()),
+      static_cast<long long>(recovery.versions_lost()));
 }
 
 }  // namespace

@@ -96,9 +96,7 @@ class LostStateCluster {
   }
 
   // The daemon process (index for KillDaemon) holding `rank`; -1 if none.
-  int ProcessOfRank(int rank) {
-    return DaemonProcessOfRank(Status(), *cluster, rank);
-  }
+  int ProcessOfRank(int rank) { return DaemonProcessOfRank(Status(), *cluster, rank); }
 
   // paramd_daemon_up of `rank` in a scrape of the coordinator's /metrics
   // ("" if the scrape has no such series).
@@ -227,8 +225,9 @@ TEST(HealthTruthTest, JsonLogModeWritesOnlyJsonLines) {
   auto c = LostStateCluster::Start({"--log_format=json"});
   ASSERT_NE(c, nullptr);
   // A refused request: a load of a file that is not there.
-  EXPECT_FALSE(c->client->Load(c->cluster->dir() + "/missing.safetensors", "", absl::Seconds(10),
-                               /*replace_model=*/true)
+  EXPECT_FALSE(c->client
+                   ->Load(c->cluster->dir() + "/missing.safetensors", "", absl::Seconds(10),
+                          /*replace_model=*/true)
                    .ok());
   // A lost daemon and its replacement (a failed recovery: nothing to
   // recover from), then a daemon refused at join (its optimizer differs),

@@ -65,17 +65,27 @@ std::string RandomBytes(std::mt19937_64& rng, bool text = false) {
 template <class T>
 T RandomInt(std::mt19937_64& rng) {
   switch (rng() % 6) {
-    case 0: return 0;
-    case 1: return static_cast<T>(-1);
-    case 2: return std::numeric_limits<T>::max();
-    case 3: return std::numeric_limits<T>::min();
-    case 4: return static_cast<T>(rng() % 16);
-    default: return static_cast<T>(rng());
+    case 0:
+      return 0;
+    case 1:
+      return static_cast<T>(-1);
+    case 2:
+      return std::numeric_limits<T>::max();
+    case 3:
+      return std::numeric_limits<T>::min();
+    case 4:
+      return static_cast<T>(rng() % 16);
+    default:
+      return static_cast<T>(rng());
   }
 }
 
 double RandomReal(std::mt19937_64& rng) {
-  static const double kValues[] = {0.0, -1.0, 1e300, -1e-300, std::numeric_limits<double>::quiet_NaN(),
+  static const double kValues[] = {0.0,
+                                   -1.0,
+                                   1e300,
+                                   -1e-300,
+                                   std::numeric_limits<double>::quiet_NaN(),
                                    std::numeric_limits<double>::infinity()};
   return rng() % 2 ? kValues[rng() % 6] : static_cast<double>(static_cast<int64_t>(rng()));
 }
@@ -93,10 +103,12 @@ void Fill(pb::Message* m, std::mt19937_64& rng, int depth = 0) {
       const bool add = f->is_repeated();
       switch (f->cpp_type()) {
         case pb::FieldDescriptor::CPPTYPE_INT32:
-          add ? r->AddInt32(m, f, RandomInt<int32_t>(rng)) : r->SetInt32(m, f, RandomInt<int32_t>(rng));
+          add ? r->AddInt32(m, f, RandomInt<int32_t>(rng))
+              : r->SetInt32(m, f, RandomInt<int32_t>(rng));
           break;
         case pb::FieldDescriptor::CPPTYPE_INT64:
-          add ? r->AddInt64(m, f, RandomInt<int64_t>(rng)) : r->SetInt64(m, f, RandomInt<int64_t>(rng));
+          add ? r->AddInt64(m, f, RandomInt<int64_t>(rng))
+              : r->SetInt64(m, f, RandomInt<int64_t>(rng));
           break;
         case pb::FieldDescriptor::CPPTYPE_UINT32:
           add ? r->AddUInt32(m, f, RandomInt<uint32_t>(rng))
@@ -227,8 +239,7 @@ TEST(HostileClientTest, StrangersChangeNothingAndTheClusterKeepsServing) {
   ASSERT_GE(targets.size(), 24u);
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels;  // by address + identity
   const std::vector<std::string> identities = {"", "unknown-token-0123456789abcdef", kTrainerToken};
-  for (const std::string& address :
-       {cluster.coordinator_address(), daemons[0], daemons[1]}) {
+  for (const std::string& address : {cluster.coordinator_address(), daemons[0], daemons[1]}) {
     for (const std::string& token : identities) {
       absl::StatusOr<std::shared_ptr<grpc::Channel>> c = Channel(address, token);
       ASSERT_TRUE(c.ok());
@@ -273,8 +284,7 @@ TEST(HostileClientTest, StrangersChangeNothingAndTheClusterKeepsServing) {
   b.join();
   std::cerr << "hostile_client_test: " << calls.load() << " hostile calls\n";
   EXPECT_GE(calls.load(), static_cast<int>(targets.size()));
-  EXPECT_TRUE(unexpected.empty()) << "calls not refused:\n"
-                                  << absl::StrJoin(unexpected, "\n");
+  EXPECT_TRUE(unexpected.empty()) << "calls not refused:\n" << absl::StrJoin(unexpected, "\n");
 
   // Nothing crashed, nothing changed, and the cluster still trains.
   EXPECT_TRUE(cluster.Exited().empty()) << cluster.Exited().front() << "\n" << cluster.Logs();

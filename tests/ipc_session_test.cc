@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "common/status_macros.h"
 #include "client/client.h"
 #include "client/ipc/ipc_session.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
-#include "server/ipc/ipc_service.h"
 #include "ipc/pin_page.h"
+#include "server/ipc/ipc_service.h"
 #include "server/server.h"
 #include "tests/server_test_util.h"
 
@@ -84,8 +84,8 @@ class FakeExporter : public ipc::IpcExporter {
                          absl::Span<const ipc::IpcPushPiece> pieces) override {
     for (const ipc::IpcPushPiece& p : pieces) {
       ASSIGN_OR_RETURN(const float* v, Values(session, p));
-      RETURN_IF_ERROR(backend.AccumulateGradient(p.shard, p.offset,
-                                                 absl::MakeConstSpan(v, p.count), false));
+      RETURN_IF_ERROR(
+          backend.AccumulateGradient(p.shard, p.offset, absl::MakeConstSpan(v, p.count), false));
     }
     return absl::OkStatus();
   }
@@ -113,8 +113,8 @@ class FakeExporter : public ipc::IpcExporter {
 };
 
 FakeExporter* g_exporter = nullptr;
-const bool kRegistered = ipc::RegisterIpcExporterFactory(
-    []() -> absl::StatusOr<std::unique_ptr<ipc::IpcExporter>> {
+const bool kRegistered =
+    ipc::RegisterIpcExporterFactory([]() -> absl::StatusOr<std::unique_ptr<ipc::IpcExporter>> {
       auto e = std::make_unique<FakeExporter>();
       g_exporter = e.get();
       return std::unique_ptr<ipc::IpcExporter>(std::move(e));
@@ -124,8 +124,7 @@ const bool kRegistered = ipc::RegisterIpcExporterFactory(
 int GradientFd(const std::vector<float>& values) {
   int fd = memfd_create("grad", MFD_CLOEXEC);
   EXPECT_GE(fd, 0);
-  EXPECT_EQ(write(fd, values.data(), values.size() * 4),
-            static_cast<ssize_t>(values.size() * 4));
+  EXPECT_EQ(write(fd, values.data(), values.size() * 4), static_cast<ssize_t>(values.size() * 4));
   return fd;
 }
 
@@ -135,9 +134,8 @@ class IpcSessionTest : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/ipc_session_test_" + std::to_string(getpid());
     mkdir(dir_.c_str(), 0700);
     initial_ = testing::RandomValues(kRows * kCols, 7);
-    ASSERT_TRUE(testing::WriteModel(dir_ + "/m.safetensors",
-                                    {{"w", {kRows, kCols}, initial_}})
-                    .ok());
+    ASSERT_TRUE(
+        testing::WriteModel(dir_ + "/m.safetensors", {{"w", {kRows, kCols}, initial_}}).ok());
     ServerOptions o;
     o.listen = "127.0.0.1:0";
     o.coordinator.expected_pushers = 1;
@@ -145,8 +143,8 @@ class IpcSessionTest : public ::testing::Test {
     o.coordinator.optimizer.kind = OptimizerKind::kSgd;
     o.coordinator.optimizer.lr = kLr;
     o.coordinator.optimizer_explicit = true;
-    o.coordinator.resolver = [](const std::string&, absl::Span<const int64_t>)
-        -> absl::StatusOr<HybridSpec> {
+    o.coordinator.resolver = [](const std::string&,
+                                absl::Span<const int64_t>) -> absl::StatusOr<HybridSpec> {
       HybridSpec s;
       s.rowwise = DefaultQuantSpec(Format::kIdentityFp32);
       s.columnwise = DefaultQuantSpec(Format::kIdentityFp32);
@@ -195,8 +193,7 @@ class IpcSessionTest : public ::testing::Test {
   }
 
   std::vector<float> FetchRowwise(int64_t version) {
-    absl::StatusOr<client::FetchResult> r =
-        client_->Fetch(version, {{"w", Direction::kRowwise}});
+    absl::StatusOr<client::FetchResult> r = client_->Fetch(version, {{"w", Direction::kRowwise}});
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     const std::vector<uint8_t>& bytes = r->tensors[0].value.data;
@@ -293,7 +290,7 @@ TEST_F(IpcSessionTest, InPlacePushFollowsThePushRules) {
   close(bad_fd);
   EXPECT_EQ(PushIpc(*s, 0, 2).status().code(), absl::StatusCode::kInvalidArgument);  // NaN
   EXPECT_EQ(PushIpc(*s, 0, 3).status().code(), absl::StatusCode::kInvalidArgument);  // no buffer
-  EXPECT_EQ(PushIpc(*s, 5, 1).status().code(), absl::StatusCode::kOutOfRange);      // early
+  EXPECT_EQ(PushIpc(*s, 5, 1).status().code(), absl::StatusCode::kOutOfRange);       // early
   absl::StatusOr<rpc::PushGradientsResponse> ok = PushIpc(*s, 0, 1);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->bytes_received(), kRows * kCols * 4);
@@ -343,9 +340,9 @@ TEST_F(IpcSessionTest, PagePinsHandOverVersionsWithoutAnRpc) {
   ASSERT_TRUE(PushIpc(*s, 1, 1).ok());
   EXPECT_FALSE(client_->WaitForVersion(2, absl::Milliseconds(700)).ok())
       << "the step rewrote a page-pinned version";
-  EXPECT_EQ((*page)->SlotOf(v0), -1);        // withdrawn by the waiting step
-  EXPECT_EQ((*page)->TryPin(0, v0), -1);     // so a second pin of it fails
-  EXPECT_EQ(FetchRowwise(0), initial_);       // still intact
+  EXPECT_EQ((*page)->SlotOf(v0), -1);       // withdrawn by the waiting step
+  EXPECT_EQ((*page)->TryPin(0, v0), -1);    // so a second pin of it fails
+  EXPECT_EQ(FetchRowwise(0), initial_);     // still intact
   const int next = (*page)->TryPin(1, v1);  // the hand-over: pin v1, release v0
   ASSERT_GE(next, 0);
   (*page)->Unpin(held);

@@ -119,8 +119,7 @@ TEST_F(LoadJoinWait, DeadlineRunsOutWithUnavailableNamingTheMissingDaemons) {
   const absl::Duration took = absl::Now() - start;
   // Answered before the deadline (not DEADLINE_EXCEEDED), after waiting.
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "1 of 2 joined"))
-      << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "1 of 2 joined")) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "missing rank 1"))
       << status.error_message();
   EXPECT_GE(took, absl::Seconds(4)) << took;
@@ -193,8 +192,7 @@ TEST_F(LoadJoinWait, WaitIsBoundedWithoutADeadline) {
   const grpc::Status status = stub_->Load(&context, request, &response);
   const absl::Duration took = absl::Now() - start;
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "0 of 1 joined"))
-      << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "0 of 1 joined")) << status.error_message();
   EXPECT_TRUE(absl::StrContains(status.error_message(), "missing rank 0"))
       << status.error_message();
   EXPECT_GE(took, absl::Milliseconds(500)) << took;

@@ -7,8 +7,8 @@
 // changes the lr between steps; the skipped-step count survives a restore.
 #include <cmath>
 #include <cstring>
-#include <iterator>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -52,7 +52,8 @@ const std::vector<TestTensor>& Model() {
 
 std::map<std::string, std::vector<float>> Gradient(int64_t version, float scale = 0.1f) {
   std::map<std::string, std::vector<float>> g;
-  for (const TestTensor& t : Model()) g[t.name] = RandomValues(t.values.size(), 50 + version, scale);
+  for (const TestTensor& t : Model())
+    g[t.name] = RandomValues(t.values.size(), 50 + version, scale);
   return g;
 }
 
@@ -82,8 +83,7 @@ std::vector<uint8_t> Weights(RawCluster& c, int64_t version) {
 std::string RefusedDaemonLog(TestCluster& c, const std::vector<std::string>& flags) {
   demo::ChildProcesses children;
   const std::string log = c.dir() + "/refused.log";
-  std::vector<std::string> argv = {"server/hybrid-paramd", "--role=daemon",
-                                   "--listen=127.0.0.1:0",
+  std::vector<std::string> argv = {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
                                    "--coordinator=" + c.coordinator_address()};
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<int> child = children.Start({"daemon", argv, log, log});
@@ -163,8 +163,8 @@ TEST(OptimizerClusterTest, SkipStepOnNan) {
   absl::StatusOr<demo::TempDir> dir = demo::TempDir::Create("paramd_opt");
   ASSERT_TRUE(dir.ok());
   TestClusterOptions o = Options(2);
-  o.coordinator_flags = {"--optimizer=" + WriteFile(dir->path(), "opt.textproto",
-                                                    "lr: 0.01 non_finite: SKIP_STEP")};
+  o.coordinator_flags = {"--optimizer=" +
+                         WriteFile(dir->path(), "opt.textproto", "lr: 0.01 non_finite: SKIP_STEP")};
   absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
   RawCluster& a = **c;
@@ -252,8 +252,9 @@ TEST(OptimizerClusterTest, RestoreUsesTheCheckpointsConfigOrAnExplicitOverride) 
                     "--address=" + a.cluster().coordinator_address(), "--timeout=20"},
                    dir->path());
     EXPECT_EQ(describe.exit_code, 0) << describe.out;
-    EXPECT_TRUE(absl::StrContains(describe.out, "optimizer_tensors: 1 of 2 tensors with settings "
-                                                "of their own: b (lr x2)\n"))
+    EXPECT_TRUE(absl::StrContains(describe.out,
+                                  "optimizer_tensors: 1 of 2 tensors with settings "
+                                  "of their own: b (lr x2)\n"))
         << describe.out;
   }
   {
@@ -315,9 +316,9 @@ TEST(OptimizerClusterTest, RestoreKeepsTheSkippedStepCount) {
   ASSERT_TRUE(ckpt.ok());
   {
     TestClusterOptions o = Options(2);
-    o.coordinator_flags = {"--optimizer=" + WriteFile(dir->path(), "opt.textproto",
-                                                      "lr: 0.01 non_finite: SKIP_STEP"),
-                           "--checkpoint_dir=" + ckpt->path()};
+    o.coordinator_flags = {
+        "--optimizer=" + WriteFile(dir->path(), "opt.textproto", "lr: 0.01 non_finite: SKIP_STEP"),
+        "--checkpoint_dir=" + ckpt->path()};
     o.daemon_flags = {"--checkpoint_dir=" + ckpt->path()};
     absl::StatusOr<std::unique_ptr<RawCluster>> c = StartLoaded(o);
     ASSERT_TRUE(c.ok()) << c.status();

@@ -51,7 +51,10 @@ struct Times {
 };
 
 constexpr char kRecipe[] = R"pb(
-  default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } })pb";
+  default_spec {
+    rowwise { format: FP8_CURRENT }
+    columnwise { format: FP8_CURRENT }
+  })pb";
 
 struct Bench {
   std::unique_ptr<RawCluster> raw;
@@ -66,9 +69,8 @@ absl::StatusOr<Bench> StartCluster(bool pipelined, const std::string& model_dir)
   options.optimizer = "adamw";
   options.lr = 1e-3;
   if (pipelined) {
-    options.daemon_flags = {"--pipelined_step",
-                            absl::StrCat("--step_bucket_elements=",
-                                         absl::GetFlag(FLAGS_bucket_elements))};
+    options.daemon_flags = {"--pipelined_step", absl::StrCat("--step_bucket_elements=",
+                                                             absl::GetFlag(FLAGS_bucket_elements))};
   }
   Bench b;
   ASSIGN_OR_RETURN(b.raw, RawCluster::Start(options));
@@ -76,8 +78,8 @@ absl::StatusOr<Bench> StartCluster(bool pipelined, const std::string& model_dir)
   std::vector<TestTensor> tensors;
   for (int t = 0; t < absl::GetFlag(FLAGS_tensors); ++t) {
     const int64_t rows = absl::GetFlag(FLAGS_rows), cols = absl::GetFlag(FLAGS_cols);
-    tensors.push_back({absl::StrCat("layers.", t, ".weight"), {rows, cols},
-                       RandomValues(rows * cols, t + 1)});
+    tensors.push_back(
+        {absl::StrCat("layers.", t, ".weight"), {rows, cols}, RandomValues(rows * cols, t + 1)});
   }
   RETURN_IF_ERROR(WriteModel(model, tensors));
   RETURN_IF_ERROR(b.raw->Load(model, kRecipe, absl::Minutes(5)).status());
@@ -85,8 +87,8 @@ absl::StatusOr<Bench> StartCluster(bool pipelined, const std::string& model_dir)
   c.coordinator_address = b.raw->cluster().coordinator_address();
   c.call_timeout = absl::Minutes(2);
   ASSIGN_OR_RETURN(b.trainer, client::Client::Connect(c));
-  b.targets = client::AllTargets(b.trainer->manifest(),
-                                 {Direction::kRowwise, Direction::kColumnwise});
+  b.targets =
+      client::AllTargets(b.trainer->manifest(), {Direction::kRowwise, Direction::kColumnwise});
   (void)model_dir;
   return b;
 }
@@ -130,9 +132,8 @@ absl::Status Run() {
     std::thread pusher([&] { pushed = pip.trainer->PushGradients(v, g).status(); });
     absl::Time first = absl::InfiniteFuture();
     absl::Status fetched = pip.trainer->FetchAsReady(
-        v + 1, pip.targets, [&](int, const client::FetchedTensor&) {
-          first = std::min(first, absl::Now());
-        });
+        v + 1, pip.targets,
+        [&](int, const client::FetchedTensor&) { first = std::min(first, absl::Now()); });
     const absl::Time t1 = absl::Now();
     pusher.join();
     RETURN_IF_ERROR(pushed);
@@ -142,16 +143,15 @@ absl::Status Run() {
     first_tensor.Add(first - t0);
   }
   const int64_t params = n * elements;
-  std::printf("model: %d tensors x [%ld x %ld] = %.1f M parameters, FP8 current row + col, "
-              "%d daemon(s), 1 pusher, %d loops\n",
-              n, static_cast<long>(absl::GetFlag(FLAGS_rows)),
-              static_cast<long>(absl::GetFlag(FLAGS_cols)), params / 1e6,
-              absl::GetFlag(FLAGS_daemons), steps);
+  std::printf(
+      "model: %d tensors x [%ld x %ld] = %.1f M parameters, FP8 current row + col, "
+      "%d daemon(s), 1 pusher, %d loops\n",
+      n, static_cast<long>(absl::GetFlag(FLAGS_rows)), static_cast<long>(absl::GetFlag(FLAGS_cols)),
+      params / 1e6, absl::GetFlag(FLAGS_daemons), steps);
   std::printf("| %-34s | %9s | %9s |\n", "ms", "median", "mean");
   std::printf("|%s|%s|%s|\n", std::string(36, '-').c_str(), std::string(11, '-').c_str(),
               std::string(11, '-').c_str());
-  for (const auto& [name, t] :
-       std::vector<std::pair<std::string, const Times*>>{
+  for (const auto& [name, t] : std::vector<std::pair<std::string, const Times*>>{
            {"push alone", &push},
            {"step alone (push end -> publish)", &step},
            {"fetch alone (v+1 published)", &fetch},

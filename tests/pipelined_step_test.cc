@@ -21,9 +21,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "format/convert.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "format/convert.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -42,8 +42,9 @@ std::string Recipe() {
   for (size_t i = 0; i < combos.size(); ++i) {
     absl::StrAppend(&r, "rule { pattern: \"t", i, "\" spec { ", combos[i].spec, " } }\n");
   }
-  absl::StrAppend(&r, "default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: "
-                      "IDENTITY_FP32 } source_dtype: FP32 }\n");
+  absl::StrAppend(&r,
+                  "default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: "
+                  "IDENTITY_FP32 } source_dtype: FP32 }\n");
   return r;
 }
 
@@ -407,18 +408,19 @@ TEST(PipelinedJoinTest, ADaemonWithAnotherPipelinedStepIsRefusedAtJoin) {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (read((*c)->dir() + "/coordinator.log").find("daemon rank 0 joined") ==
-             std::string::npos &&
+  while (read((*c)->dir() + "/coordinator.log").find("daemon rank 0 joined") == std::string::npos &&
          absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   demo::ChildProcesses children;
   const std::string log = (*c)->dir() + "/refused.log";
-  absl::StatusOr<int> child = children.Start(
-      {"daemon", {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
-                  "--coordinator=" + (*c)->coordinator_address(), "--optimizer=sgd",
-                  "--lr=0.5", "--momentum=0"},
-       log, log});
+  absl::StatusOr<int> child =
+      children.Start({"daemon",
+                      {"server/hybrid-paramd", "--role=daemon", "--listen=127.0.0.1:0",
+                       "--coordinator=" + (*c)->coordinator_address(), "--optimizer=sgd",
+                       "--lr=0.5", "--momentum=0"},
+                      log,
+                      log});
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<int> status = children.Wait(*child, absl::Seconds(30));
   ASSERT_TRUE(status.ok()) << status.status();

@@ -73,8 +73,9 @@ TEST(PushWeightsTest, OnlyAStreamEndedByItsMarkerIsCopied) {
   copts.name = "push_weights_test";
   absl::StatusOr<std::unique_ptr<client::Client>> operator_client = client::Client::Connect(copts);
   ASSERT_TRUE(operator_client.ok()) << operator_client.status();
-  absl::StatusOr<int64_t> declared = (*operator_client)->LoadDeclared(
-      {{"w", {kRows, kCols}}}, kFp32PassthroughRecipe, absl::Seconds(20));
+  absl::StatusOr<int64_t> declared =
+      (*operator_client)
+          ->LoadDeclared({{"w", {kRows, kCols}}}, kFp32PassthroughRecipe, absl::Seconds(20));
   ASSERT_TRUE(declared.ok()) << declared.status() << c.cluster().Logs();
   ASSERT_TRUE(c.RefreshManifest().ok());
   // Daemon `low` holds rows [0, split), daemon `high` [split, kRows).
@@ -106,7 +107,8 @@ TEST(PushWeightsTest, OnlyAStreamEndedByItsMarkerIsCopied) {
   // Half-closed without the marker; a marker with the wrong total.
   Streamed s = Stream(c, low, {first});
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.status.error_message();
-  EXPECT_TRUE(absl::StrContains(s.status.error_message(), "end marker")) << s.status.error_message();
+  EXPECT_TRUE(absl::StrContains(s.status.error_message(), "end marker"))
+      << s.status.error_message();
   s = Stream(c, low, {first, End(first_bytes - 4)});
   EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.status.error_message();
   EXPECT_TRUE(absl::StrContains(s.status.error_message(), "end marker says"))

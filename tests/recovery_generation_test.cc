@@ -86,8 +86,8 @@ class Cluster {
   }
 
   std::unique_ptr<rpc::Coordinator::Stub> Coordinator() {
-    return rpc::Coordinator::NewStub(grpc::CreateChannel(cluster->coordinator_address(),
-                                                         grpc::InsecureChannelCredentials()));
+    return rpc::Coordinator::NewStub(
+        grpc::CreateChannel(cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
   }
 
   // The model generation the coordinator serves (GetManifest).
@@ -127,9 +127,9 @@ class Cluster {
   // Every tensor's published rowwise bytes of `version`, concatenated.
   absl::StatusOr<std::string> Published(int64_t version) {
     RETURN_IF_ERROR(client->RefreshManifest().status());
-    ASSIGN_OR_RETURN(client::FetchResult r,
-                     client->Fetch(version, client::AllTargets(client->manifest(),
-                                                               {Direction::kRowwise})));
+    ASSIGN_OR_RETURN(
+        client::FetchResult r,
+        client->Fetch(version, client::AllTargets(client->manifest(), {Direction::kRowwise})));
     std::string bytes;
     for (const client::FetchedTensor& t : r.tensors) {
       bytes.append(reinterpret_cast<const char*>(t.value.data.data()), t.value.data.size());
@@ -275,10 +275,9 @@ TEST(RecoveryGenerationTest, CheckpointOfAVersionOfTheReplacedModelIsRefused) {
   ASSERT_NE(c, nullptr);
   ASSERT_NO_FATAL_FAILURE(c->CheckpointAThenLoadB());
   checkpoint::CheckpointResponse response;
-  const grpc::Status refused = testing::CheckpointVia(c->cluster->coordinator_address(), 2,
-                                                      absl::Seconds(30), &response);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
-      << refused.error_message();
+  const grpc::Status refused =
+      testing::CheckpointVia(c->cluster->coordinator_address(), 2, absl::Seconds(30), &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
   EXPECT_NE(refused.error_message().find("version 2 is not committed (committed: 0 by model "
                                          "generation 2, loaded from "),
             std::string::npos)
@@ -286,8 +285,8 @@ TEST(RecoveryGenerationTest, CheckpointOfAVersionOfTheReplacedModelIsRefused) {
   EXPECT_NE(refused.error_message().find("b.safetensors"), std::string::npos)
       << refused.error_message();
   // B's own committed version is checkpointed as B's.
-  const grpc::Status own = testing::CheckpointVia(c->cluster->coordinator_address(), -1,
-                                                  absl::Seconds(30), &response);
+  const grpc::Status own =
+      testing::CheckpointVia(c->cluster->coordinator_address(), -1, absl::Seconds(30), &response);
   ASSERT_TRUE(own.ok()) << own.error_message();
   EXPECT_EQ(response.version(), 0u);
 }

@@ -21,22 +21,22 @@
 #include <ctime>
 #include <memory>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "checkpoint/daemon_io.h"
+#include "checkpoint/store.h"
 #include "client/client.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/checkpoint_service.grpc.pb.h"
 #include "proto/paramd.grpc.pb.h"
 #include "proto/transport.grpc.pb.h"
-#include "checkpoint/daemon_io.h"
-#include "checkpoint/store.h"
-#include "proto/checkpoint_service.grpc.pb.h"
 #include "safetensors/safetensors.h"
 #include "tests/client_cluster.h"
 #include "tests/recovery_test_util.h"
@@ -47,12 +47,12 @@ namespace {
 using client::Client;
 using client::ClientOptions;
 using testing::EnvInt;
-using testing::PushGradientsFor;
-using testing::WriteAndLoadModel;
 using testing::kTensors;
+using testing::PushGradientsFor;
 using testing::TestCluster;
 using testing::TestClusterFlags;
 using testing::TestClusterOptions;
+using testing::WriteAndLoadModel;
 
 class MembershipTest : public ::testing::Test {
  protected:
@@ -69,8 +69,7 @@ class MembershipTest : public ::testing::Test {
     auto c = Client::Connect(co);
     ASSERT_TRUE(c.ok()) << c.status();
     client_ = *std::move(c);
-    absl::StatusOr<int64_t> v =
-        WriteAndLoadModel(*client_, cluster_->dir() + "/model.safetensors");
+    absl::StatusOr<int64_t> v = WriteAndLoadModel(*client_, cluster_->dir() + "/model.safetensors");
     ASSERT_TRUE(v.ok()) << v.status() << cluster_->Logs();
     auto stepped = client_->Step(0, /*wait=*/true, absl::Seconds(30));
     ASSERT_TRUE(stepped.ok()) << stepped.status() << cluster_->Logs();
@@ -116,8 +115,8 @@ class MembershipTest : public ::testing::Test {
 
   // A fetch of every tensor piece rank `rank` holds, straight from it.
   grpc::Status FetchFromDaemon(int rank) {
-    auto channel = grpc::CreateChannel(MemberOfRank(rank).address(),
-                                       grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel(MemberOfRank(rank).address(), grpc::InsecureChannelCredentials());
     auto stub = rpc::Daemon::NewStub(channel);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -261,8 +260,8 @@ class RecoveryCluster {
   }
 
   absl::Status Checkpoint() {
-    auto channel = grpc::CreateChannel(cluster->coordinator_address(),
-                                       grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel(cluster->coordinator_address(), grpc::InsecureChannelCredentials());
     auto stub = checkpoint::CheckpointCoordinator::NewStub(channel);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -280,9 +279,7 @@ class RecoveryCluster {
     return s.ok() ? *s : rpc::GetStatusResponse();
   }
 
-  int ProcessOfRank(int rank) {
-    return DaemonProcessOfRank(Status(), *cluster, rank);
-  }
+  int ProcessOfRank(int rank) { return DaemonProcessOfRank(Status(), *cluster, rank); }
 
   std::string ckpt() const { return cluster->dir() + "/ckpt"; }
 
@@ -389,8 +386,7 @@ TEST(RecoveryTest, ReplacementRecoversFromTheNewestCheckpointAndReplaysByteForBy
   ASSERT_TRUE(c->Replace(1).ok());
 
   // The trainer learns of the rewind.
-  absl::StatusOr<client::VersionInfo> info =
-      c->client->WaitForVersionInfo(6, absl::Seconds(30));
+  absl::StatusOr<client::VersionInfo> info = c->client->WaitForVersionInfo(6, absl::Seconds(30));
   ASSERT_TRUE(info.ok()) << info.status() << c->cluster->Logs();
   ASSERT_TRUE(info->rewound_to.has_value()) << c->cluster->Logs();
   EXPECT_EQ(*info->rewound_to, 3);
@@ -433,8 +429,7 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   EXPECT_GT(before.daemons(1).snapshot_bytes(), 0);
   EXPECT_LT(before.daemons(1).snapshot_block_seconds(), 1.0);
   std::printf("snapshot: blocked the worker %.6f s, copy %.6f s, %lld bytes\n",
-              before.daemons(1).snapshot_block_seconds(),
-              before.daemons(1).snapshot_copy_seconds(),
+              before.daemons(1).snapshot_block_seconds(), before.daemons(1).snapshot_copy_seconds(),
               static_cast<long long>(before.daemons(1).snapshot_bytes()));
 
   const absl::Time killed = absl::Now();
@@ -459,9 +454,8 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
 // Every daemon's data-plane endpoint (from the address book an observer's
 // Join gets) refuses a caller without the cluster secret.
 void ExpectDataPlaneClosedToStrangers(const std::string& coordinator_address) {
-  auto coordinator =
-      rpc::Coordinator::NewStub(grpc::CreateChannel(coordinator_address,
-                                                    grpc::InsecureChannelCredentials()));
+  auto coordinator = rpc::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator_address, grpc::InsecureChannelCredentials()));
   rpc::JoinRequest observe;
   observe.set_role(rpc::ROLE_OBSERVER);
   rpc::JoinResponse world;
@@ -567,8 +561,7 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
     std::thread pusher([&] {
       // Pushes and fetches until the kill makes a call fail.
       for (int64_t v = 2; !stop.load(); ++v) {
-        if (!c->client->Fetch(v, client::AllTargets(c->client->manifest(),
-                                                    {Direction::kRowwise}))
+        if (!c->client->Fetch(v, client::AllTargets(c->client->manifest(), {Direction::kRowwise}))
                  .ok()) {
           return;
         }
@@ -587,10 +580,11 @@ TEST(RecoveryTest, KillAtRandomPointsThenReplayMatchesARestoredCluster) {
     const rpc::RecoveryStatus r = c->AwaitRecovery(1);
     ASSERT_EQ(r.epoch(), 1) << c->cluster->Logs();
     const int64_t back = r.rewound_to_version();
-    std::printf("trial %d: rank %d killed after %d ms at version %lld: rewound to %lld from %s, "
-                "%.3f s after the lease expired\n",
-                trial, rank, delay_ms, static_cast<long long>(committed_at_kill),
-                static_cast<long long>(back), r.source().c_str(), r.seconds());
+    std::printf(
+        "trial %d: rank %d killed after %d ms at version %lld: rewound to %lld from %s, "
+        "%.3f s after the lease expired\n",
+        trial, rank, delay_ms, static_cast<long long>(committed_at_kill),
+        static_cast<long long>(back), r.source().c_str(), r.seconds());
     // About one snapshot period (2) lost, plus the step in flight and a
     // copy that the kill cut short.
     EXPECT_GE(back, std::max<int64_t>(2, committed_at_kill - 4));

@@ -47,11 +47,11 @@ void WriteModel(const std::string& path, float offset) {
     for (size_t i = 0; i < v.size(); ++i) {
       v[i] = 0.01f * static_cast<float>((i * 37) % 101) - 0.5f + offset;
     }
-    ASSERT_TRUE((*writer)
-                    ->WriteTensor(spec.name, absl::MakeConstSpan(
-                                                 reinterpret_cast<const uint8_t*>(v.data()),
-                                                 v.size() * 4))
-                    .ok());
+    ASSERT_TRUE(
+        (*writer)
+            ->WriteTensor(spec.name, absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(v.data()),
+                                                         v.size() * 4))
+            .ok());
   }
   ASSERT_TRUE((*writer)->Finish().ok());
 }

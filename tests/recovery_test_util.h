@@ -43,8 +43,7 @@ absl::Status PushGradientsFor(client::Client& client, int64_t version);
 
 // The daemon process of `cluster` (its index for KillDaemon) holding
 // `rank` in `status`; -1 if none.
-int DaemonProcessOfRank(const rpc::GetStatusResponse& status, const TestCluster& cluster,
-                        int rank);
+int DaemonProcessOfRank(const rpc::GetStatusResponse& status, const TestCluster& cluster, int rank);
 
 // The integer in environment variable `name`, else `fallback`.
 int EnvInt(const char* name, int fallback);

@@ -39,8 +39,8 @@ namespace fs = std::filesystem;
 constexpr char kClusterSecret[] = "refused-requests-test-cluster-secret";
 
 const std::vector<TestTensor>& Model() {
-  static const auto* model = new std::vector<TestTensor>{
-      {"w", {24, 16}, RandomValues(24 * 16, 51)}, {"b", {16}, RandomValues(16, 52)}};
+  static const auto* model = new std::vector<TestTensor>{{"w", {24, 16}, RandomValues(24 * 16, 51)},
+                                                         {"b", {16}, RandomValues(16, 52)}};
   return *model;
 }
 
@@ -90,8 +90,8 @@ class RefusedRequestsTest : public ::testing::Test {
       shard_writers_.push_back(checkpoint::CheckpointDaemon::NewStub(member));
       daemons_as_member_.push_back(rpc::Daemon::NewStub(member));
     }
-    coordinator_as_member_ = rpc::Coordinator::NewStub(auth::CreateChannel(
-        address, {{}, std::make_shared<auth::BearerToken>(kClusterSecret)}));
+    coordinator_as_member_ = rpc::Coordinator::NewStub(
+        auth::CreateChannel(address, {{}, std::make_shared<auth::BearerToken>(kClusterSecret)}));
   }
 
   // The cluster's state; see the file comment.

@@ -37,8 +37,10 @@ TEST(ServerCheckpointTest, CheckpointAndExportFromRealDaemons) {
   std::vector<float> w = RandomValues(kRows * kCols, 3);
   const std::string model = cluster.cluster().dir() + "/model.safetensors";
   ASSERT_TRUE(WriteModel(model, {{"w", {kRows, kCols}, w}}).ok());
-  ASSERT_TRUE(cluster.Load(model, "default_spec { rowwise { format: MXFP8 } "
-                                  "columnwise { format: FP8_CURRENT } }")
+  ASSERT_TRUE(cluster
+                  .Load(model,
+                        "default_spec { rowwise { format: MXFP8 } "
+                        "columnwise { format: FP8_CURRENT } }")
                   .ok());
   const std::vector<float> g = RandomValues(w.size(), 4, 0.1f);
   ASSERT_TRUE(cluster.PushAll(0, "trainer", {{"w", g}}).ok());
@@ -77,8 +79,8 @@ TEST(ServerCheckpointTest, CheckpointAndExportFromRealDaemons) {
   // Export the masters (FP32) and the dequantized rowwise copy of each
   // daemon's rows.
   for (const rpc::ShardPiece& piece : cluster.manifest().pieces()) {
-    auto daemon = checkpoint::CheckpointDaemon::NewStub(grpc::CreateChannel(
-        piece.daemon_address(), grpc::InsecureChannelCredentials()));
+    auto daemon = checkpoint::CheckpointDaemon::NewStub(
+        grpc::CreateChannel(piece.daemon_address(), grpc::InsecureChannelCredentials()));
     for (auto values : {checkpoint::EXPORT_VALUES_MASTER, checkpoint::EXPORT_VALUES_ROWWISE}) {
       grpc::ClientContext context;
       SetDeadline(context, absl::Seconds(30));

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "format/convert.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "format/convert.h"
 #include "server/reference_step.h"
 #include "tests/server_test_util.h"
 
@@ -58,7 +58,8 @@ TEST(ServerDelayedTest, TenStepsMatchTheReference) {
     absl::StatusOr<ref::HybridResult> want = ReferencePublish(w, kRows, kCols, spec, state);
     ASSERT_TRUE(want.ok()) << want.status();
     for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
-      const QuantizedTensor& expected = d == Direction::kRowwise ? *want->rowwise : *want->columnwise;
+      const QuantizedTensor& expected =
+          d == Direction::kRowwise ? *want->rowwise : *want->columnwise;
       absl::StatusOr<QuantizedTensor> got = cluster.FetchAssembled(v, "w", d);
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_EQ(got->scale_inv, expected.scale_inv) << DirectionName(d);

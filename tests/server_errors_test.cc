@@ -16,9 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "format/convert.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "format/convert.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -32,7 +32,10 @@ constexpr float kLr = 0.5f;
 constexpr char kRecipe[] = R"pb(
   rule {
     pattern: "r"
-    spec { rowwise { format: FP8_CURRENT } columnwise_usage: false }
+    spec {
+      rowwise { format: FP8_CURRENT }
+      columnwise_usage: false
+    }
   }
   default_spec {
     rowwise { format: IDENTITY_FP32 }
@@ -128,7 +131,9 @@ class ServerErrorsTest : public ::testing::Test {
   static void ExpectValidStep(const Snapshot& before, bool a_pushed = false,
                               Tensors a = Gradients(100)) {
     const Tensors b = Gradients(200);
-    if (!a_pushed) { ASSERT_TRUE(cluster_->PushAll(before.version, "a", a).ok()); }
+    if (!a_pushed) {
+      ASSERT_TRUE(cluster_->PushAll(before.version, "a", a).ok());
+    }
     ASSERT_TRUE(cluster_->PushAll(before.version, "b", b).ok());
     absl::StatusOr<int64_t> v = cluster_->WaitForVersion(before.version + 1);
     ASSERT_TRUE(v.ok()) << v.status();
@@ -173,7 +178,8 @@ TEST_F(ServerErrorsTest, DuplicatePushIsAlreadyExistsAndSummedOnce) {
   const Snapshot before = Snap();
   const Tensors a = Gradients(300);
   ASSERT_TRUE(cluster_->PushAll(before.version, "a", a).ok());
-  const grpc::Status s = cluster_->PushRaw(0, {Message(before.version, "a", "w", 0, split_, a.at("w"))});
+  const grpc::Status s =
+      cluster_->PushRaw(0, {Message(before.version, "a", "w", 0, split_, a.at("w"))});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
   absl::StatusOr<rpc::DaemonStats> stats = cluster_->Stats(0);
   ASSERT_TRUE(stats.ok());
@@ -267,9 +273,9 @@ TEST_F(ServerErrorsTest, NonFiniteGradientIsInvalidArgument) {
   const Snapshot before = Snap();
   Tensors g = Gradients(14);
   g["w"][17] = std::nanf("");
-  EXPECT_EQ(cluster_->PushRaw(0, {Message(before.version, "a", "w", 0, split_, g.at("w"))})
-                .error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      cluster_->PushRaw(0, {Message(before.version, "a", "w", 0, split_, g.at("w"))}).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
   ExpectUnchanged(before);
   ExpectValidStep(before);
 }
@@ -277,9 +283,9 @@ TEST_F(ServerErrorsTest, NonFiniteGradientIsInvalidArgument) {
 TEST_F(ServerErrorsTest, PushWithoutPusherIdIsInvalidArgument) {
   const Snapshot before = Snap();
   const Tensors g = Gradients(15);
-  EXPECT_EQ(cluster_->PushRaw(0, {Message(before.version, "", "w", 0, split_, g.at("w"))})
-                .error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(
+      cluster_->PushRaw(0, {Message(before.version, "", "w", 0, split_, g.at("w"))}).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(cluster_->PushRaw(0, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << "an empty stream names no version";
   ExpectUnchanged(before);
@@ -501,7 +507,6 @@ TEST(ServerDownTest, DeadDaemonIsUnavailableWithinTheDeadline) {
   EXPECT_TRUE(cluster.FetchFrom(0, request, absl::Seconds(5), &got).ok());
   EXPECT_GT(got.plan.pieces_size(), 0);
 }
-
 
 // ---- Loads: a bad model or recipe is refused before anything is replaced ----
 

@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "format/convert.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "format/convert.h"
 #include "server/reference_step.h"
 #include "tests/server_test_util.h"
 
@@ -52,7 +52,8 @@ class ServerFormatsTest : public ::testing::TestWithParam<FormatCombo> {
 
   // Every published direction of every tensor equals the reference of
   // `masters` at `version`; per-tensor numbers agree across pieces.
-  void ExpectVersionMatches(int64_t version, const std::map<std::string, std::vector<float>>& masters,
+  void ExpectVersionMatches(int64_t version,
+                            const std::map<std::string, std::vector<float>>& masters,
                             std::map<std::string, ReferenceTensorState>& states) {
     for (const TestTensor& t : tensors_) {
       SCOPED_TRACE(t.name);
@@ -82,7 +83,9 @@ class ServerFormatsTest : public ::testing::TestWithParam<FormatCombo> {
         for (const QuantizedTensor& p : *pieces) {
           EXPECT_EQ(p.scale_inv, want->scale_inv) << "one global scale";
           const QuantSpec& qs = d == Direction::kRowwise ? spec.rowwise : spec.columnwise;
-          if (NeedsGlobalAmax(qs.format)) { EXPECT_EQ(p.amax, want->amax) << "one global amax"; }
+          if (NeedsGlobalAmax(qs.format)) {
+            EXPECT_EQ(p.amax, want->amax) << "one global amax";
+          }
         }
         absl::StatusOr<QuantizedTensor> got = cluster_->FetchAssembled(version, t.name, d);
         ASSERT_TRUE(got.ok()) << got.status();

@@ -57,8 +57,8 @@ grpc::Status CheckpointNow(const std::string& address) {
 
 // Coordinator.Load of a safetensors file; the committed version.
 absl::StatusOr<int64_t> LoadModel(const std::string& address, const std::string& model) {
-  auto coordinator = rpc::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto coordinator =
+      rpc::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(20));
   rpc::LoadRequest request;
@@ -76,8 +76,8 @@ class ServerOpsTest : public ::testing::Test {
     ASSERT_TRUE(dir.ok());
     dir_.emplace(*std::move(dir));
     model_ = dir_->path() + "/model.safetensors";
-    ASSERT_TRUE(WriteModel(model_, {{"layers.0.mlp.weight", {64, 32}, RandomValues(64 * 32, 3)}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteModel(model_, {{"layers.0.mlp.weight", {64, 32}, RandomValues(64 * 32, 3)}}).ok());
   }
 
   // Starts hybrid-paramd with `flags` (plus --listen=127.0.0.1:0 and a
@@ -121,9 +121,9 @@ class ServerOpsTest : public ::testing::Test {
 TEST_F(ServerOpsTest, MetricsListenServesAScrape) {
   const int metrics_port = FreePort();
   std::string address;
-  const int child =
-      Start("both", {"--model=" + model_, absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
-            &address);
+  const int child = Start(
+      "both", {"--model=" + model_, absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port)},
+      &address);
   ASSERT_FALSE(address.empty());
   ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)))
       << ReadFile(Log("both"));
@@ -147,9 +147,9 @@ TEST_F(ServerOpsTest, MetricsPortIsAnAliasAndABoundPortIsAClearError) {
   EXPECT_TRUE(absl::StrContains(HttpGet(metrics_port, "/metrics"),
                                 "paramd_committed_version{role=\"both\",rank="));
   // The same metrics port again: exit 1 with civetweb's reason.
-  const int second = Start(
-      "second", {absl::StrCat("--metrics_port=", metrics_port), "--insecure_listen_anywhere"},
-      nullptr);
+  const int second =
+      Start("second", {absl::StrCat("--metrics_port=", metrics_port), "--insecure_listen_anywhere"},
+            nullptr);
   EXPECT_EQ(ExitCode(second), 1);
   const std::string log = ReadFile(Log("second"));
   EXPECT_TRUE(absl::StrContains(log, "metrics endpoint on 0.0.0.0:")) << log;
@@ -230,8 +230,8 @@ TEST_F(ServerOpsTest, JoinedButNotLoadedIsNotServing) {
   std::string address;
   Start("both", {}, &address);  // no --model: waits for a Load
   ASSERT_FALSE(address.empty());
-  EXPECT_TRUE(WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING,
-                            absl::Seconds(10)));
+  EXPECT_TRUE(
+      WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING, absl::Seconds(10)));
   EXPECT_EQ(Health(address, "paramd.rpc.Daemon"), HealthStatus::NOT_SERVING);
   EXPECT_EQ(Health(address, ""), HealthStatus::NOT_SERVING);
   absl::StatusOr<int64_t> committed = LoadModel(address, model_);
@@ -241,8 +241,8 @@ TEST_F(ServerOpsTest, JoinedButNotLoadedIsNotServing) {
 }
 
 TEST_F(ServerOpsTest, FailedRestoreExitsNonZeroWithTheReason) {
-  const int child = Start("restore", {"--restore_from=" + dir_->path() + "/no_such_store"},
-                          nullptr);
+  const int child =
+      Start("restore", {"--restore_from=" + dir_->path() + "/no_such_store"}, nullptr);
   EXPECT_EQ(ExitCode(child), 1);
   const std::string log = ReadFile(Log("restore"));
   EXPECT_TRUE(absl::StrContains(log, "hybrid-paramd: ")) << log;
@@ -292,7 +292,8 @@ TEST_F(ServerOpsTest, DaemonBeforeItsCoordinatorSaysItIsWaitingThenJoins) {
          !absl::StrContains(ReadFile(Log("daemon")), "waiting for the coordinator at " + listen)) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_TRUE(absl::StrContains(ReadFile(Log("daemon")), "waiting for the coordinator at " + listen))
+  EXPECT_TRUE(
+      absl::StrContains(ReadFile(Log("daemon")), "waiting for the coordinator at " + listen))
       << ReadFile(Log("daemon"));
   EXPECT_EQ(Health(daemon, "paramd.rpc.Daemon"), HealthStatus::NOT_SERVING);
   std::string coordinator;
@@ -305,8 +306,8 @@ TEST_F(ServerOpsTest, DaemonBeforeItsCoordinatorSaysItIsWaitingThenJoins) {
 
 // Steps `n` versions with admin Steps (--expected_pushers=0).
 void StepVersions(const std::string& address, int n) {
-  auto coordinator = rpc::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto coordinator =
+      rpc::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   for (int v = 0; v < n; ++v) {
     grpc::ClientContext context;
     SetDeadline(context, absl::Seconds(10));
@@ -446,9 +447,8 @@ TEST_F(ServerOpsTest, CheckpointAgeAndProcessMetricsBeforeTheFirstCheckpoint) {
 
 TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
   std::string address;
-  const int child = Start("both",
-                          {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5"},
-                          &address);
+  const int child = Start(
+      "both", {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5"}, &address);
   ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
   StepVersions(address, 12);
   EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
@@ -461,8 +461,8 @@ TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
         << log.substr(line, at - line);
   }
   for (int v : {1, 4, 6, 11, 12}) {
-    EXPECT_FALSE(absl::StrContains(log, absl::StrCat("committed version ", v, "\n")))
-        << v << "\n" << log;
+    EXPECT_FALSE(absl::StrContains(log, absl::StrCat("committed version ", v, "\n"))) << v << "\n"
+                                                                                      << log;
   }
   // Load progress and its end are logged.
   EXPECT_TRUE(absl::StrContains(log, "coordinator: loading 1 tensors")) << log;
@@ -471,17 +471,17 @@ TEST_F(ServerOpsTest, CoordinatorLogsEveryNthVersionAtInfo) {
 
 TEST_F(ServerOpsTest, VerboseLogsEveryVersionAsJsonLines) {
   std::string address;
-  const int child =
-      Start("both",
-            {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5", "--v=1",
-             "--log_format=json"},
-            &address);
+  const int child = Start("both",
+                          {"--model=" + model_, "--expected_pushers=0", "--log_every_versions=5",
+                           "--v=1", "--log_format=json"},
+                          &address);
   ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)));
   StepVersions(address, 3);
   EXPECT_EQ(children_.Stop(child, absl::Seconds(5)), 0);
   const std::string log = ReadFile(Log("both"));
-  EXPECT_TRUE(absl::StrContains(log, "\"level\":\"debug\",\"role\":\"both\",\"rank\":0,"
-                                     "\"pid\":"))
+  EXPECT_TRUE(absl::StrContains(log,
+                                "\"level\":\"debug\",\"role\":\"both\",\"rank\":0,"
+                                "\"pid\":"))
       << log;
   EXPECT_TRUE(absl::StrContains(log, "\"tag\":\"coordinator\",\"msg\":\"committed version 2\"}"))
       << log;
@@ -513,8 +513,8 @@ TEST_F(ServerOpsTest, TheSampleConfigRunsAndTheCommandLineOverridesIt) {
                            "--checkpoint_dir=" + dir_->path() + "/ckpt"},
                           &address);
   ASSERT_FALSE(address.empty()) << ReadFile(Log("sample"));
-  EXPECT_TRUE(WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING,
-                            absl::Seconds(10)))
+  EXPECT_TRUE(
+      WaitForHealth(address, "paramd.rpc.Coordinator", HealthStatus::SERVING, absl::Seconds(10)))
       << ReadFile(Log("sample"));
   absl::StatusOr<int64_t> committed = LoadModel(address, model_);
   ASSERT_TRUE(committed.ok()) << committed.status();
@@ -533,8 +533,8 @@ TEST_F(ServerOpsTest, ConfigValuesApplyUnlessGivenOnTheCommandLine) {
   Start("c", {"--config=" + config, "--log_format=text"}, &address);
   ASSERT_TRUE(WaitForHealth(address, "", HealthStatus::SERVING, absl::Seconds(20)))
       << ReadFile(Log("c"));
-  auto coordinator = rpc::Coordinator::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto coordinator =
+      rpc::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(5));
   rpc::GetManifestResponse response;

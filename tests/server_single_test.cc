@@ -30,11 +30,12 @@ TEST(ServerSingleTest, OneProcessLoadsServesAndSteps) {
   ASSERT_TRUE(WriteModel(model, {{"layers.0.mlp.weight", {300, 64}, w}}).ok());
   demo::ChildProcesses children;
   const std::string port_file = dir->path() + "/port";
-  absl::StatusOr<int> child = children.Start(
-      {"hybrid-paramd",
-       {kServer, "--listen=127.0.0.1:0", "--port_file=" + port_file, "--model=" + model,
-        "--optimizer=sgd", "--lr=1"},
-       dir->path() + "/log", dir->path() + "/log"});
+  absl::StatusOr<int> child =
+      children.Start({"hybrid-paramd",
+                      {kServer, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                       "--model=" + model, "--optimizer=sgd", "--lr=1"},
+                      dir->path() + "/log",
+                      dir->path() + "/log"});
   ASSERT_TRUE(child.ok()) << child.status();
   absl::StatusOr<int> port = demo::WaitForPortFile(port_file, absl::Seconds(20), &children, *child);
   ASSERT_TRUE(port.ok()) << port.status();
@@ -142,9 +143,9 @@ int RunAndWait(const std::vector<std::string>& argv, std::string* output) {
 TEST(ServerSingleTest, HelpListsTheFlags) {
   std::string out;
   EXPECT_EQ(RunAndWait({kServer, "--help"}, &out), 0) << out;
-  for (const char* flag : {"--role", "--listen", "--coordinator", "--recipe", "--model",
-                           "--optimizer", "--expected_pushers", "--data_plane", "--metrics_port",
-                           "--port_file"}) {
+  for (const char* flag :
+       {"--role", "--listen", "--coordinator", "--recipe", "--model", "--optimizer",
+        "--expected_pushers", "--data_plane", "--metrics_port", "--port_file"}) {
     EXPECT_NE(out.find(flag), std::string::npos) << flag;
   }
 }
@@ -157,18 +158,17 @@ TEST(ServerSingleTest, BadFlagsExitWithAMessage) {
   EXPECT_NE(out.find("unknown optimizer"), std::string::npos) << out;
   EXPECT_EQ(RunAndWait({kServer, "--recipe=/no/such/recipe", "--listen=127.0.0.1:0"}, &out), 1);
   // Named by the flag the user gave, not by an internal option.
-  EXPECT_EQ(RunAndWait({kServer, "--role=coordinator", "--daemons=0", "--listen=127.0.0.1:0"},
-                       &out),
-            1);
+  EXPECT_EQ(
+      RunAndWait({kServer, "--role=coordinator", "--daemons=0", "--listen=127.0.0.1:0"}, &out), 1);
   EXPECT_NE(out.find("--daemons must be >= 1, got 0"), std::string::npos) << out;
   EXPECT_EQ(RunAndWait({kServer, "--expected_pushers=-2", "--listen=127.0.0.1:0"}, &out), 1);
   EXPECT_NE(out.find("--expected_pushers must be >= 0"), std::string::npos) << out;
   // A daemon's --coordinator without a port: refused at once, not after
   // minutes of join retries.
   const absl::Time start = absl::Now();
-  EXPECT_EQ(RunAndWait({kServer, "--role=daemon", "--coordinator=node0", "--listen=127.0.0.1:0"},
-                       &out),
-            1);
+  EXPECT_EQ(
+      RunAndWait({kServer, "--role=daemon", "--coordinator=node0", "--listen=127.0.0.1:0"}, &out),
+      1);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_NE(out.find("--coordinator=node0: "), std::string::npos) << out;
   EXPECT_EQ(RunAndWait({kServer, "--advertise_address=node1:port", "--listen=127.0.0.1:0"}, &out),

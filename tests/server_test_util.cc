@@ -16,8 +16,8 @@
 #include "auth/security.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "safetensors/safetensors.h"
 #include "format/convert.h"
+#include "safetensors/safetensors.h"
 #include "sharding/assemble.h"
 
 namespace paramd {
@@ -186,7 +186,8 @@ std::shared_ptr<grpc::Channel> RawCluster::Channel(const std::string& address) c
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auth::ChannelSecurity security;
-  if (!cluster_secret_.empty()) security.token = std::make_shared<auth::BearerToken>(cluster_secret_);
+  if (!cluster_secret_.empty())
+    security.token = std::make_shared<auth::BearerToken>(cluster_secret_);
   return auth::CreateChannel(address, security, args);
 }
 
@@ -194,9 +195,8 @@ absl::Status RawCluster::RefreshManifest() {
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(10));
   rpc::GetManifestResponse response;
-  RETURN_IF_ERROR(
-      FromGrpcStatus(coordinator_->GetManifest(&context, rpc::GetManifestRequest(), &response),
-                     "GetManifest"));
+  RETURN_IF_ERROR(FromGrpcStatus(
+      coordinator_->GetManifest(&context, rpc::GetManifestRequest(), &response), "GetManifest"));
   manifest_ = response.manifest();
   daemons_.clear();
   for (const rpc::DaemonInfo& d : manifest_.daemons()) {
@@ -211,8 +211,8 @@ absl::StatusOr<int64_t> RawCluster::WaitForVersion(int64_t min_version, absl::Du
   rpc::WaitForVersionRequest request;
   request.set_min_version(min_version);
   rpc::WaitForVersionResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(coordinator_->WaitForVersion(&context, request, &response),
-                                 "WaitForVersion"));
+  RETURN_IF_ERROR(
+      FromGrpcStatus(coordinator_->WaitForVersion(&context, request, &response), "WaitForVersion"));
   return response.committed_version();
 }
 
@@ -313,9 +313,9 @@ absl::Status RawCluster::PushAll(int64_t version, const std::string& pusher_id,
   for (const rpc::ShardPiece& p : manifest_.pieces()) {
     auto it = gradients.find(p.tensor());
     if (it == gradients.end()) continue;
-    streams[p.daemon_rank()].push_back(GradientMessage(version, pusher_id, p.tensor(),
-                                                       p.row_begin(), p.row_end(),
-                                                       it->second.data(), tensor(p.tensor()).cols()));
+    streams[p.daemon_rank()].push_back(
+        GradientMessage(version, pusher_id, p.tensor(), p.row_begin(), p.row_end(),
+                        it->second.data(), tensor(p.tensor()).cols()));
   }
   std::vector<grpc::Status> statuses(num_daemons());
   std::vector<std::thread> threads;

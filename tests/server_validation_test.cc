@@ -249,7 +249,6 @@ TEST_F(ServerValidationTest, StreamsWithoutAValidEndMarkerCountNothing) {
   ExpectValidStep(0, before);
 }
 
-
 // ---- D4: LoadShards ----
 
 TEST_F(ServerValidationTest, EmptyOrInvalidManifestLeavesTheModelLoaded) {
@@ -393,7 +392,7 @@ TEST(ModelRootTest, LoadAndLoadShardsReadOnlyBelowTheRoot) {
   const std::string root = base + "/models";
   std::filesystem::create_directories(root);
   TestClusterOptions options = TwoDaemonSgd(kLr);
-    options.cluster_secret = kClusterSecret;
+  options.cluster_secret = kClusterSecret;
   options.coordinator_flags = {"--model_root=" + root};
   options.daemon_flags = {"--model_root=" + root};
   absl::StatusOr<std::unique_ptr<RawCluster>> c = RawCluster::Start(options);
@@ -406,14 +405,14 @@ TEST(ModelRootTest, LoadAndLoadShardsReadOnlyBelowTheRoot) {
   ASSERT_TRUE(cluster.Load(root + "/m.safetensors", kRecipe).ok()) << cluster.cluster().Logs();
   ASSERT_TRUE(cluster.Load("m.safetensors", kRecipe).ok()) << "relative to the root";
   for (const std::string& path :
-       {std::string("/etc/passwd"), base + "/outside.safetensors",
-        root + "/../outside.safetensors", root + "/link.safetensors",
-        std::string("/etc/no-such-file"), base + "/missing.safetensors"}) {
+       {std::string("/etc/passwd"), base + "/outside.safetensors", root + "/../outside.safetensors",
+        root + "/link.safetensors", std::string("/etc/no-such-file"),
+        base + "/missing.safetensors"}) {
     // Existing or missing: the same answer, so Load is no probe of the host.
     absl::StatusOr<int64_t> v = cluster.Load(path, kRecipe);
     EXPECT_EQ(v.status().code(), absl::StatusCode::kPermissionDenied) << path << ": " << v.status();
-    EXPECT_TRUE(absl::StrContains(v.status().message(),
-                                  "\" is not a readable file below --model_root"))
+    EXPECT_TRUE(
+        absl::StrContains(v.status().message(), "\" is not a readable file below --model_root"))
         << v.status();
     EXPECT_EQ(v.status().message().find("root:x"), absl::string_view::npos) << v.status();
   }
@@ -616,8 +615,8 @@ TEST_F(LimitsTest, ClientStringsAreBoundedAndEscaped) {
 TEST_F(LimitsTest, PathsIdsAndExportNamesAreBoundedAndEscaped) {
   // Load paths: a control character or a megabyte is a short
   // INVALID_ARGUMENT, before any file is looked at.
-  for (const std::string& path : {std::string("/no/such\nE0101 forged.safetensors"),
-                                  std::string(1 << 20, 'p')}) {
+  for (const std::string& path :
+       {std::string("/no/such\nE0101 forged.safetensors"), std::string(1 << 20, 'p')}) {
     for (const bool checkpoint : {false, true}) {
       rpc::LoadRequest load;
       if (checkpoint) {
@@ -633,8 +632,8 @@ TEST_F(LimitsTest, PathsIdsAndExportNamesAreBoundedAndEscaped) {
           << s.error_message().substr(0, 300);
       EXPECT_LT(s.error_message().size(), 1500u);
       EXPECT_EQ(s.error_message().find('\n'), std::string::npos) << s.error_message();
-      EXPECT_TRUE(absl::StrContains(s.error_message(), checkpoint ? "checkpoint_path"
-                                                                  : "safetensors_path"))
+      EXPECT_TRUE(
+          absl::StrContains(s.error_message(), checkpoint ? "checkpoint_path" : "safetensors_path"))
           << s.error_message().substr(0, 300);
     }
   }

@@ -77,8 +77,8 @@ TEST_P(TransportConformanceTest, RankAndWorldSize) {
 TEST_P(TransportConformanceTest, PointToPointSizes) {
   auto world = MakeWorld(2);
   ASSERT_EQ(world.size(), 2u);
-  std::vector<int64_t> sizes = {0, 1, 7, 4096, (int64_t{1} << 20) + 3, (int64_t{3} << 20) - 1,
-                                GetParam().max_message_bytes};
+  std::vector<int64_t> sizes = {
+      0, 1, 7, 4096, (int64_t{1} << 20) + 3, (int64_t{3} << 20) - 1, GetParam().max_message_bytes};
   uint64_t tag = 0;
   for (int64_t size : sizes) {
     SCOPED_TRACE(absl::StrCat(size, " bytes"));
@@ -143,7 +143,9 @@ TEST_P(TransportConformanceTest, ManyConcurrentSenders) {
   constexpr int kRanks = 5, kThreads = 2, kMessages = 10;
   auto world = MakeWorld(kRanks);
   ASSERT_EQ(world.size(), static_cast<size_t>(kRanks));
-  auto size_of = [](int r, int k, int i) { return static_cast<size_t>((r * 37 + k * 5 + i * 11) % 3000); };
+  auto size_of = [](int r, int k, int i) {
+    return static_cast<size_t>((r * 37 + k * 5 + i * 11) % 3000);
+  };
   auto seed_of = [](int r, int k, int i) { return static_cast<uint32_t>(r * 10000 + k * 100 + i); };
   std::vector<std::thread> threads;
   std::vector<absl::Status> send_status(kRanks * kThreads);
@@ -151,8 +153,8 @@ TEST_P(TransportConformanceTest, ManyConcurrentSenders) {
     for (int k = 0; k < kThreads; ++k) {
       threads.emplace_back([&, r, k] {
         for (int i = 0; i < kMessages; ++i) {
-          absl::Status s = world[r]->Send(0, k * 100 + i, Pattern(size_of(r, k, i), seed_of(r, k, i)),
-                                          In(kLong));
+          absl::Status s = world[r]->Send(0, k * 100 + i,
+                                          Pattern(size_of(r, k, i), seed_of(r, k, i)), In(kLong));
           if (!s.ok()) send_status[r * kThreads + k] = s;
         }
       });
@@ -201,10 +203,9 @@ TEST_P(TransportConformanceTest, DeadlineExceededWithoutSender) {
   ASSERT_EQ(world.size(), 2u);
   std::vector<uint8_t> buffer(8);
   const absl::Time start = absl::Now();
-  EXPECT_EQ(world[0]->Recv(1, 5, absl::MakeSpan(buffer), start + absl::Milliseconds(200))
-                .status()
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      world[0]->Recv(1, 5, absl::MakeSpan(buffer), start + absl::Milliseconds(200)).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
   const absl::Duration waited = absl::Now() - start;
   EXPECT_GE(waited, absl::Milliseconds(190));
   EXPECT_LT(waited, kQuick);
@@ -223,8 +224,8 @@ TEST_P(TransportConformanceTest, AllReduceWithMissingMemberTimesOut) {
     status[r] = world[r]->AllReduceMax({0, 1, 2}, absl::MakeSpan(v), In(absl::Milliseconds(300)));
   });
   for (const absl::Status& s : status) {
-    EXPECT_THAT(s.code(), AnyOf(absl::StatusCode::kDeadlineExceeded,
-                                absl::StatusCode::kUnavailable))
+    EXPECT_THAT(s.code(),
+                AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kUnavailable))
         << s;
   }
 }
@@ -264,12 +265,12 @@ TEST_P(TransportConformanceTest, AllReduceMaxSemantics) {
   const float denorm = std::numeric_limits<float>::denorm_min();
   // inputs[element][rank], expected[element]
   const std::vector<std::vector<float>> inputs = {
-      {nan, nan, 1.5f, nan},        {nan, -nan, nan, nan},     {-0.0f, 0.0f, -0.0f, -0.0f},
-      {-0.0f, -0.0f, -0.0f, -0.0f}, {-inf, -5.0f, -inf, -inf}, {1.0f, inf, 3.0f, nan},
+      {nan, nan, 1.5f, nan},        {nan, -nan, nan, nan},      {-0.0f, 0.0f, -0.0f, -0.0f},
+      {-0.0f, -0.0f, -0.0f, -0.0f}, {-inf, -5.0f, -inf, -inf},  {1.0f, inf, 3.0f, nan},
       {denorm, 0.0f, -1.0f, nan},   {-3.0f, -2.0f, nan, -7.0f}, {448.0f, 57344.0f, 3.4e38f, 2.0f},
       {0.1f, 0.2f, 0.3f, 0.25f},
   };
-  const std::vector<float> expected = {1.5f, nan,    0.0f,   -0.0f,  -5.0f,
+  const std::vector<float> expected = {1.5f, nan,    0.0f,  -0.0f,   -5.0f,
                                        inf,  denorm, -2.0f, 3.4e38f, 0.3f};
   std::vector<std::vector<float>> results(kRanks);
   std::vector<absl::Status> status(kRanks);
@@ -438,14 +439,12 @@ TransportConformanceParam RegistryConformanceParam(const std::string& backend,
   return param;
 }
 
-std::string ConformanceParamName(
-    const ::testing::TestParamInfo<TransportConformanceParam>& info) {
+std::string ConformanceParamName(const ::testing::TestParamInfo<TransportConformanceParam>& info) {
   return info.param.name;
 }
 
 std::vector<std::unique_ptr<Transport>> TransportConformanceTest::MakeWorld(int world_size) {
-  absl::StatusOr<std::vector<std::unique_ptr<Transport>>> world =
-      GetParam().make_world(world_size);
+  absl::StatusOr<std::vector<std::unique_ptr<Transport>>> world = GetParam().make_world(world_size);
   if (!world.ok()) {
     ADD_FAILURE() << "cannot make a world of " << world_size << ": " << world.status();
     return {};

@@ -39,8 +39,7 @@ struct TransportConformanceParam {
   // Suffix of the instantiated test names.
   std::string name;
   // A connected world of `world_size` ranks; index = rank.
-  std::function<absl::StatusOr<std::vector<std::unique_ptr<Transport>>>(int world_size)>
-      make_world;
+  std::function<absl::StatusOr<std::vector<std::unique_ptr<Transport>>>(int world_size)> make_world;
   // A message larger than the Recv buffer gives INVALID_ARGUMENT and a
   // smaller one returns its size. Backends that need exact sizes say false.
   bool detects_size_mismatch = true;
@@ -56,8 +55,7 @@ TransportConformanceParam RegistryConformanceParam(const std::string& backend,
                                                    const TransportOptions& options = {});
 
 // For INSTANTIATE_TEST_SUITE_P: names instances by param.name.
-std::string ConformanceParamName(
-    const ::testing::TestParamInfo<TransportConformanceParam>& info);
+std::string ConformanceParamName(const ::testing::TestParamInfo<TransportConformanceParam>& info);
 
 class TransportConformanceTest : public ::testing::TestWithParam<TransportConformanceParam> {
  protected:

@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
     rtt.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   echo.join();
-  for (int i = 0; i < n; ++i) one_way.push_back(absl::ToDoubleMicroseconds(arrived_at[i] - sent_at[i]));
+  for (int i = 0; i < n; ++i)
+    one_way.push_back(absl::ToDoubleMicroseconds(arrived_at[i] - sent_at[i]));
   std::vector<double> ping;
   for (int i = 0; i < std::min(n, 500); ++i) {
     const absl::Time t0 = absl::Now();

@@ -1,18 +1,18 @@
 #include "transport/host_transport.h"
 
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "auth/security.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "auth/security.h"
 #include "proto/transport.grpc.pb.h"
 #include "transport/conformance_test_lib.h"
 #include "transport/transport.h"
@@ -218,8 +218,7 @@ TEST(HostTransportTest, SendersOutsideTheWorldAreRefused) {
     writer->WritesDone();
     const grpc::Status delivered = writer->Finish();
     EXPECT_EQ(delivered.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << src;
-    EXPECT_NE(delivered.error_message().find(absl::StrCat("sender rank ", src)),
-              std::string::npos)
+    EXPECT_NE(delivered.error_message().find(absl::StrCat("sender rank ", src)), std::string::npos)
         << delivered.error_message();
     grpc::ClientContext bye_context;
     transport::GoodbyeRequest bye;
@@ -262,8 +261,8 @@ TEST(HostTransportTest, StrangersAreRefusedAndPeersRetryUntilTheSecretIsKnown) {
   ASSERT_NE(e1, nullptr);
 
   for (const std::string& token : {std::string(), std::string("wrong-secret-0123456789")}) {
-    auto stub = transport::DataPlane::NewStub(auth::CreateChannel(
-        e0->address(), {{}, std::make_shared<auth::BearerToken>(token)}));
+    auto stub = transport::DataPlane::NewStub(
+        auth::CreateChannel(e0->address(), {{}, std::make_shared<auth::BearerToken>(token)}));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     transport::DeliverResponse response;

@@ -85,9 +85,9 @@ class DeliverReactor final : public grpc::ServerReadReactor<transport::DeliverCh
       bytes_.reserve(std::min<uint64_t>(header_.total_bytes(), uint64_t{1} << 30));
     }
     if (bytes_.size() + chunk_.data().size() > header_.total_bytes()) {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("more than the announced ", header_.total_bytes(),
-                                       " bytes")));
+      Finish(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrCat("more than the announced ", header_.total_bytes(), " bytes")));
       return;
     }
     bytes_.append(chunk_.data());
@@ -220,7 +220,7 @@ class HostServer {
 };
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                          const auth::ChannelSecurity* security) {
+                                           const auth::ChannelSecurity* security) {
   grpc::ChannelArguments args;
   // A peer that was down is retried soon after it comes up.
   auth::AddFastReconnect(&args);
@@ -263,9 +263,9 @@ class HostTransport final : public MessageTransport {
     } while (RetryUnauthenticated(status, deadline));
     if (!status.ok()) return PeerError(peer, status, "ping");
     if (response.rank() != -1 && response.rank() != peer) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          addresses_[peer], " answers as rank ", response.rank(), ", not ", peer,
-          ": the address book is wrong"));
+      return absl::FailedPreconditionError(absl::StrCat(addresses_[peer], " answers as rank ",
+                                                        response.rank(), ", not ", peer,
+                                                        ": the address book is wrong"));
     }
     return absl::OkStatus();
   }
@@ -443,9 +443,9 @@ absl::StatusOr<std::unique_ptr<TransportEndpoint>> OpenHostEndpoint(
   auto node = std::make_shared<HostNode>();
   node->authenticator = options.authenticator;
   node->security = options.security;
-  absl::StatusOr<std::unique_ptr<HostServer>> server = HostServer::Start(
-      options.listen_address.empty() ? "127.0.0.1:0" : options.listen_address,
-      options.advertise_host, node);
+  absl::StatusOr<std::unique_ptr<HostServer>> server =
+      HostServer::Start(options.listen_address.empty() ? "127.0.0.1:0" : options.listen_address,
+                        options.advertise_host, node);
   if (!server.ok()) return server.status();
   return std::make_unique<HostEndpoint>(std::move(node), *std::move(server), options.chunk_bytes);
 }

@@ -63,9 +63,7 @@ TEST(LocalTransportTest, MessagesSentBeforeConnectAreKept) {
   EXPECT_EQ(buffer, message);
 }
 
-TEST(LocalTransportTest, RejectsEmptyWorld) {
-  EXPECT_FALSE(CreateLocalWorld(0).ok());
-}
+TEST(LocalTransportTest, RejectsEmptyWorld) { EXPECT_FALSE(CreateLocalWorld(0).ok()); }
 
 }  // namespace
 }  // namespace paramd

@@ -52,9 +52,8 @@ absl::StatusOr<size_t> Mailbox::Receive(int src, uint64_t tag, absl::Span<uint8_
   auto it = queues_.find(key);
   if (it == queues_.end()) {
     if (auto gone = gone_.find(src); gone != gone_.end()) {
-      return absl::UnavailableError(gone->second.empty()
-                                        ? absl::StrCat("rank ", src, " has shut down")
-                                        : gone->second);
+      return absl::UnavailableError(
+          gone->second.empty() ? absl::StrCat("rank ", src, " has shut down") : gone->second);
     }
     return absl::DeadlineExceededError(
         absl::StrCat("no message from rank ", src, " with tag ", tag, " before the deadline"));
@@ -64,8 +63,8 @@ absl::StatusOr<size_t> Mailbox::Receive(int src, uint64_t tag, absl::Span<uint8_
   if (it->second.empty()) queues_.erase(it);
   if (message.size() > out.size()) {
     return absl::InvalidArgumentError(absl::StrCat("message from rank ", src, " with tag ", tag,
-                                                   " has ", message.size(),
-                                                   " bytes, the buffer ", out.size()));
+                                                   " has ", message.size(), " bytes, the buffer ",
+                                                   out.size()));
   }
   if (!message.empty()) std::memcpy(out.data(), message.data(), message.size());
   return message.size();
@@ -105,8 +104,7 @@ absl::Status MessageTransport::Send(int peer, uint64_t tag, absl::Span<const uin
   return SendChecked(peer, tag, bytes, deadline);
 }
 
-absl::Status MessageTransport::SendChecked(int peer, uint64_t tag,
-                                           absl::Span<const uint8_t> bytes,
+absl::Status MessageTransport::SendChecked(int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
                                            absl::Time deadline) {
   RETURN_IF_ERROR(CheckPeer(peer));
   if (absl::Now() > deadline) {
@@ -132,8 +130,7 @@ absl::StatusOr<uint64_t> MessageTransport::NextCollectiveTag(absl::Span<const in
   bool has_self = false;
   for (size_t i = 0; i < group.size(); ++i) {
     if (group[i] < 0 || group[i] >= world_size_ || (i > 0 && group[i] <= group[i - 1])) {
-      return absl::InvalidArgumentError(
-          "group must be strictly increasing ranks inside the world");
+      return absl::InvalidArgumentError("group must be strictly increasing ranks inside the world");
     }
     has_self |= group[i] == rank_;
   }
@@ -178,14 +175,14 @@ absl::Status MessageTransport::AllReduceMax(absl::Span<const int> group, absl::S
   absl::Status failure;
   for (size_t m = 1; m < group.size() && failure.ok(); ++m) {
     absl::StatusOr<size_t> got = mailbox_->Receive(
-        group[m], tag,
-        absl::MakeSpan(reinterpret_cast<uint8_t*>(in.data()), n * sizeof(float)), deadline);
+        group[m], tag, absl::MakeSpan(reinterpret_cast<uint8_t*>(in.data()), n * sizeof(float)),
+        deadline);
     if (!got.ok()) {
       failure = WithContext(got.status(), absl::StrCat("all-reduce: from rank ", group[m]));
     } else if (*got != n * sizeof(float)) {
-      failure = absl::InvalidArgumentError(absl::StrCat(
-          "all-reduce: rank ", group[m], " sent ", *got / sizeof(float), " values, rank ", root,
-          " has ", n));
+      failure = absl::InvalidArgumentError(absl::StrCat("all-reduce: rank ", group[m], " sent ",
+                                                        *got / sizeof(float), " values, rank ",
+                                                        root, " has ", n));
     } else {
       for (size_t i = 0; i < n; ++i) acc[i] = MaxIgnoringNan(acc[i], in[i]);
     }

@@ -31,8 +31,8 @@ TEST(NcclAddressTest, Parses) {
 }
 
 TEST(NcclAddressTest, SecondNcclPeerOnOneGpuIsRefusedWithTheReasonAndTheWayOut) {
-  absl::Status s = CheckNcclPeerGpuUnshared(kTrainer, {kDaemon0}, kDaemon1,
-                                            "daemon 1 at 127.0.0.1:7001", false);
+  absl::Status s =
+      CheckNcclPeerGpuUnshared(kTrainer, {kDaemon0}, kDaemon1, "daemon 1 at 127.0.0.1:7001", false);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   for (const char* part : {"daemon 1 at 127.0.0.1:7001", "0000:08:00.0", "hostA",
                            "NCCL_P2P_DISABLE=1", "one daemon per GPU"}) {
@@ -50,8 +50,8 @@ TEST(NcclAddressTest, AllowedCases) {
   EXPECT_TRUE(CheckNcclPeerGpuUnshared(kTrainer, {}, kDaemon1, "d", false).ok());
   // Peers on the trainer's own GPU go inline, not over NCCL: never counted.
   EXPECT_TRUE(CheckNcclPeerGpuUnshared(kTrainer, {kOnTrainerGpu}, kOnTrainerGpu, "d", false).ok());
-  EXPECT_TRUE(CheckNcclPeerGpuUnshared(kTrainer, {kDaemon0, kOnTrainerGpu}, kOtherGpu, "d", false)
-                  .ok());
+  EXPECT_TRUE(
+      CheckNcclPeerGpuUnshared(kTrainer, {kDaemon0, kOnTrainerGpu}, kOtherGpu, "d", false).ok());
 }
 
 TEST(NcclAddressTest, BadAddressesAreInvalidArgument) {

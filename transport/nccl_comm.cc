@@ -62,8 +62,7 @@ absl::StatusOr<std::unique_ptr<Comm>> StartComm(int device, int nranks, int rank
   ncclUniqueId copy = id;
   ncclResult_t r = ncclCommInitRankConfig(&c->comm, nranks, copy, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    return absl::UnavailableError(
-        absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+    return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
   }
   return c;
 }
@@ -88,7 +87,8 @@ void CreatePair(std::shared_ptr<Creation> creation, int device, int rank, ncclUn
     config.blocking = 1;
     ncclResult_t r = ncclCommInitRankConfig(&comm, 2, id, rank, &config);
     if (r != ncclSuccess) {
-      return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+      return absl::UnavailableError(
+          absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
     }
     cudaStream_t stream = nullptr;
     GPU_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -112,8 +112,7 @@ void CreatePair(std::shared_ptr<Creation> creation, int device, int rank, ncclUn
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(comm, &async);
         if (w.ok() && async != ncclSuccess) {
-          w = absl::UnavailableError(
-              absl::StrCat("warm-up transfer: ", ncclGetErrorString(async)));
+          w = absl::UnavailableError(absl::StrCat("warm-up transfer: ", ncclGetErrorString(async)));
         }
         if (w.ok() && absl::Now() >= deadline) {
           w = absl::DeadlineExceededError("warm-up transfer: deadline exceeded");

@@ -93,12 +93,10 @@ void Unhex(const std::string& s, void* p, size_t n) {
 // ---- the messages ----
 
 std::vector<size_t> PieceSizes(int iter) {
-  return {60000, 4, 4, 44000, 4, 4, 77, 4, 4,
-          (size_t{1} << 19) + static_cast<size_t>((iter * 40961) % (2 << 20))};
+  return {60000, 4,  4, 44000, 4,
+          4,     77, 4, 4,     (size_t{1} << 19) + static_cast<size_t>((iter * 40961) % (2 << 20))};
 }
-size_t MaxPieceSize(size_t piece) {
-  return piece == 9 ? (size_t{5} << 19) : PieceSizes(0)[piece];
-}
+size_t MaxPieceSize(size_t piece) { return piece == 9 ? (size_t{5} << 19) : PieceSizes(0)[piece]; }
 
 inline uint32_t PatternWord(int sender, int iter, int piece, size_t word) {
   uint32_t x = static_cast<uint32_t>(word) * 2654435761u;
@@ -124,7 +122,7 @@ void WritePattern(uint8_t* dst, size_t size, int sender, int iter, int piece) {
 
 struct Buffers {
   std::vector<void*> dev;
-  std::vector<uint8_t*> host;  // pinned
+  std::vector<uint8_t*> host;     // pinned
   std::vector<uint8_t> expected;  // receiver: scratch
 };
 
@@ -309,7 +307,8 @@ int Sender(int s, Link link, bool transport) {
   setenv("NCCL_NVLS_ENABLE", "0", 0);
   if (absl::GetFlag(FLAGS_senders_see_one_gpu)) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    std::string first = visible == nullptr ? "0" : std::string(visible).substr(0, std::string(visible).find(','));
+    std::string first =
+        visible == nullptr ? "0" : std::string(visible).substr(0, std::string(visible).find(','));
     setenv("CUDA_VISIBLE_DEVICES", first.c_str(), 1);
   }
   cudaSetDevice(0);
@@ -351,9 +350,8 @@ int Sender(int s, Link link, bool transport) {
     Fill(b, s, iter, fill);
     absl::Status st;
     if (transport) {
-      st = AsNcclTransport(t.get())
-               ->SendDevice(1, 1 + iter, SendPieces(b, iter), nullptr,
-                            absl::Now() + absl::Seconds(20));
+      st = AsNcclTransport(t.get())->SendDevice(1, 1 + iter, SendPieces(b, iter), nullptr,
+                                                absl::Now() + absl::Seconds(20));
     } else {
       st = RawMessage(raw, b, iter, /*send=*/true);
     }

@@ -115,8 +115,8 @@ struct DeviceBuffer {
 TEST(NcclAmaxKeysTest, OrderMatchesMaxIgnoringNan) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> v = {nan,  -nan, -inf,  -3.5f, -1e-45f, -0.0f, 0.0f,
-                                1e-45f, 1.0f, 448.f, 3.4e38f, inf};
+  const std::vector<float> v = {nan,  -nan,   -inf, -3.5f, -1e-45f, -0.0f,
+                                0.0f, 1e-45f, 1.0f, 448.f, 3.4e38f, inf};
   for (float a : v) {
     for (float b : v) {
       const unsigned ka = nccl_internal::EncodeAmaxKeyHost(a);
@@ -164,7 +164,8 @@ TEST_F(NcclTwoGpuTest, DeviceMessagesInPieces) {
   }
   for (int round = 0; round < 3; ++round) {
     absl::Status sent;
-    std::thread sender([&] { sent = nccl_[0]->SendDevice(1, 42, send, nullptr, In(absl::Seconds(30))); });
+    std::thread sender(
+        [&] { sent = nccl_[0]->SendDevice(1, 42, send, nullptr, In(absl::Seconds(30))); });
     absl::Status got = nccl_[1]->RecvDevice(0, 42, recv, In(absl::Seconds(30)));
     sender.join();
     ASSERT_TRUE(sent.ok()) << sent;
@@ -175,7 +176,8 @@ TEST_F(NcclTwoGpuTest, DeviceMessagesInPieces) {
   }
   // Mismatched pieces: refused at the receiver, consumed, sender succeeds.
   absl::Status sent;
-  std::thread sender([&] { sent = nccl_[0]->SendDevice(1, 43, send, nullptr, In(absl::Seconds(30))); });
+  std::thread sender(
+      [&] { sent = nccl_[0]->SendDevice(1, 43, send, nullptr, In(absl::Seconds(30))); });
   EXPECT_EQ(nccl_[1]
                 ->RecvDevice(0, 43, absl::MakeConstSpan(recv).subspan(0, 3), In(absl::Seconds(30)))
                 .code(),
@@ -184,9 +186,8 @@ TEST_F(NcclTwoGpuTest, DeviceMessagesInPieces) {
   EXPECT_TRUE(sent.ok()) << sent;
   // Device to host Recv of a one-piece message works too.
   std::vector<uint8_t> host(4096);
-  std::thread sender2([&] {
-    sent = nccl_[0]->SendDevice(1, 44, {send[2]}, nullptr, In(absl::Seconds(30)));
-  });
+  std::thread sender2(
+      [&] { sent = nccl_[0]->SendDevice(1, 44, {send[2]}, nullptr, In(absl::Seconds(30))); });
   absl::StatusOr<size_t> n = world_[1]->Recv(0, 44, absl::MakeSpan(host), In(absl::Seconds(30)));
   sender2.join();
   ASSERT_TRUE(n.ok()) << n.status();
@@ -250,9 +251,8 @@ TEST_F(NcclTwoGpuTest, PipelinedSendInPartsBehindEvents) {
   // A pipelined message to a host Recv: one piece, one part.
   std::vector<uint8_t> buffer(4096);
   absl::Status sent;
-  std::thread sender([&] {
-    sent = nccl_[0]->SendDevicePipelined(1, 61, {send[4]}, {e1}, In(absl::Seconds(30)));
-  });
+  std::thread sender(
+      [&] { sent = nccl_[0]->SendDevicePipelined(1, 61, {send[4]}, {e1}, In(absl::Seconds(30))); });
   absl::StatusOr<size_t> n = world_[1]->Recv(0, 61, absl::MakeSpan(buffer), In(absl::Seconds(30)));
   sender.join();
   ASSERT_TRUE(sent.ok()) << sent;
@@ -316,8 +316,8 @@ TEST_F(NcclTwoGpuTest, AllReduceMaxOverNccl) {
   const float inf = std::numeric_limits<float>::infinity();
   const float denorm = std::numeric_limits<float>::denorm_min();
   const std::vector<std::vector<float>> inputs = {
-      {nan, 1.5f}, {nan, -nan}, {-0.0f, 0.0f}, {-0.0f, -0.0f}, {-inf, -5.0f},
-      {1.0f, inf}, {denorm, -1.0f}, {-3.0f, nan}, {448.0f, 3.4e38f}};
+      {nan, 1.5f}, {nan, -nan},     {-0.0f, 0.0f}, {-0.0f, -0.0f},   {-inf, -5.0f},
+      {1.0f, inf}, {denorm, -1.0f}, {-3.0f, nan},  {448.0f, 3.4e38f}};
   const std::vector<float> expected = {1.5f, nan, 0.0f, -0.0f, -5.0f, inf, denorm, -3.0f, 3.4e38f};
   for (bool device : {false, true}) {
     SCOPED_TRACE(device ? "device" : "host");
@@ -328,8 +328,8 @@ TEST_F(NcclTwoGpuTest, AllReduceMaxOverNccl) {
       threads.emplace_back([&, r] {
         for (const auto& e : inputs) results[r].push_back(e[r]);
         if (!device) {
-          status[r] = world_[r]->AllReduceMax({0, 1}, absl::MakeSpan(results[r]),
-                                              In(absl::Seconds(30)));
+          status[r] =
+              world_[r]->AllReduceMax({0, 1}, absl::MakeSpan(results[r]), In(absl::Seconds(30)));
           return;
         }
         cudaSetDevice(r);

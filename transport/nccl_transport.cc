@@ -17,18 +17,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "auth/security.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "auth/security.h"
 #include "common/gpu_status.h"
 #include "common/log.h"
 #include "common/scoped_device.h"
 #include "common/status_macros.h"
 #include "transport/message_transport.h"
-#include "transport/nccl_comm.h"
 #include "transport/nccl_address.h"
 #include "transport/nccl_amax_keys.h"
+#include "transport/nccl_comm.h"
 #include "transport/socket_channel.h"
 
 namespace paramd {
@@ -38,9 +38,9 @@ using transport_internal::BlockingPairsFromEnv;
 using transport_internal::Comm;
 using transport_internal::Creation;
 using transport_internal::MessageTransport;
+using transport_internal::SocketChannel;
 using transport_internal::StartComm;
 using transport_internal::StartPairComm;
-using transport_internal::SocketChannel;
 
 constexpr uint32_t kMagic = 0x324C4343;  // "CCL2" (headers with part ends)
 enum Kind : uint32_t { kInline = 1, kNcclPayload = 2 };
@@ -225,13 +225,13 @@ class NcclTransportImpl final : public NcclTransport {
     ScopedDevice guard(device_);
     const size_t capacity = sizeof(Header) + 16 * kHostRecvMaxPieces + buffer.size();
     std::unique_ptr<uint8_t[]> message(new uint8_t[capacity]);
-    ASSIGN_OR_RETURN(size_t got, header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity),
-                                                deadline));
+    ASSIGN_OR_RETURN(size_t got,
+                     header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity), deadline));
     ASSIGN_OR_RETURN(Parsed p, Parse(message.get(), got));
     if (p.header.total > buffer.size()) {
       if (p.header.kind == kNcclPayload) ReplyCts(peer, p.header.xfer, kCtsRejectSize, deadline);
-      return absl::InvalidArgumentError(absl::StrCat("message of ", p.header.total,
-                                                     " bytes for a buffer of ", buffer.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("message of ", p.header.total, " bytes for a buffer of ", buffer.size()));
     }
     if (p.header.kind == kInline) {
       if (p.header.total > 0) std::memcpy(buffer.data(), p.payload, p.header.total);
@@ -261,13 +261,14 @@ class NcclTransportImpl final : public NcclTransport {
                                    absl::Time deadline) override {
     RETURN_IF_ERROR(CheckCall(peer, tag, deadline));
     if (pieces.size() > kNcclMaxPieces || ready.size() != pieces.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(pieces.size(), " pieces, ", ready.size(),
-                                                     " ready events"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(pieces.size(), " pieces, ", ready.size(), " ready events"));
     }
     ScopedDevice guard(device_);
     std::vector<uint64_t> sizes;
     for (const DeviceBytes& p : pieces) sizes.push_back(p.size);
-    if (UsesNccl(peer)) return SendNccl(peer, tag, sizes, nullptr, pieces, nullptr, ready, deadline);
+    if (UsesNccl(peer))
+      return SendNccl(peer, tag, sizes, nullptr, pieces, nullptr, ready, deadline);
     for (size_t i = 0; i < ready.size(); ++i) {
       if (ready[i] != nullptr && (i == 0 || ready[i] != ready[i - 1])) {
         GPU_RETURN_IF_ERROR(cudaEventSynchronize(ready[i]));
@@ -306,16 +307,16 @@ class NcclTransportImpl final : public NcclTransport {
     const size_t capacity =
         sizeof(Header) + 16 * pieces.size() + (UsesNccl(peer) ? kNcclInlineMaxBytes : total);
     std::unique_ptr<uint8_t[]> message(new uint8_t[capacity]);
-    ASSIGN_OR_RETURN(size_t got, header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity),
-                                                deadline));
+    ASSIGN_OR_RETURN(size_t got,
+                     header_->Recv(peer, tag, absl::MakeSpan(message.get(), capacity), deadline));
     ASSIGN_OR_RETURN(Parsed p, Parse(message.get(), got));
     bool match = p.sizes.size() == pieces.size();
     for (size_t i = 0; match && i < pieces.size(); ++i) match = p.sizes[i] == pieces[i].size;
     if (!match) {
       if (p.header.kind == kNcclPayload) ReplyCts(peer, p.header.xfer, kCtsRejectSize, deadline);
-      return absl::InvalidArgumentError(
-          absl::StrCat("message of ", p.sizes.size(), " pieces (", p.header.total,
-                       " bytes) does not match the ", pieces.size(), " receive buffers"));
+      return absl::InvalidArgumentError(absl::StrCat("message of ", p.sizes.size(), " pieces (",
+                                                     p.header.total, " bytes) does not match the ",
+                                                     pieces.size(), " receive buffers"));
     }
     if (p.header.kind == kInline) {
       size_t offset = 0;
@@ -402,8 +403,10 @@ class NcclTransportImpl final : public NcclTransport {
       }
       s = GroupAsyncErrors();
       if (!s.ok()) break;
-      if (shut_down_.load()) s = absl::CancelledError("transport shut down");
-      else if (absl::Now() >= deadline) s = absl::DeadlineExceededError("stream wait");
+      if (shut_down_.load())
+        s = absl::CancelledError("transport shut down");
+      else if (absl::Now() >= deadline)
+        s = absl::DeadlineExceededError("stream wait");
       if (!s.ok()) break;
       Backoff(spin);
     }
@@ -480,8 +483,8 @@ class NcclTransportImpl final : public NcclTransport {
   absl::Status CheckPeerAndTag(int peer, uint64_t tag) const {
     if (shut_down_.load()) return absl::FailedPreconditionError("transport is shut down");
     if (peer < 0 || peer >= world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("peer ", peer, " outside [0, ",
-                                                     world_size(), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer ", peer, " outside [0, ", world_size(), ")"));
     }
     if (tag > kMaxUserTag) return absl::InvalidArgumentError(absl::StrCat("tag ", tag));
     return absl::OkStatus();
@@ -506,8 +509,7 @@ class NcclTransportImpl final : public NcclTransport {
   }
 
   absl::Status PeerGoneError(absl::string_view what, int peer) const {
-    return absl::UnavailableError(
-        absl::StrCat(what, ": ", control_->PeerStatus(peer).message()));
+    return absl::UnavailableError(absl::StrCat(what, ": ", control_->PeerStatus(peer).message()));
   }
 
   absl::Status CheckGroup(absl::Span<const int> group) const {
@@ -576,8 +578,8 @@ class NcclTransportImpl final : public NcclTransport {
   // receives): blocking with a warm-up at creation (StartPairComm, the
   // default), or non-blocking (PARAMD_NCCL_BLOCKING=0).
   absl::StatusOr<std::unique_ptr<Comm>> StartDirectionComm(int peer, int rank,
-                                                          const ncclUniqueId& id,
-                                                          absl::Time deadline) {
+                                                           const ncclUniqueId& id,
+                                                           absl::Time deadline) {
     absl::StatusOr<std::unique_ptr<Comm>> c = blocking_pairs_
                                                   ? StartPairComm(device_, rank, id, deadline)
                                                   : StartComm(device_, 2, rank, id);
@@ -664,10 +666,10 @@ class NcclTransportImpl final : public NcclTransport {
     if (!payload.empty()) {
       std::memcpy(&message[sizeof(h) + 8 * sizes.size()], payload.data(), payload.size());
     }
-    return header_->Send(peer, tag,
-                         absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(message.data()),
-                                             message.size()),
-                         deadline);
+    return header_->Send(
+        peer, tag,
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(message.data()), message.size()),
+        deadline);
   }
 
   void ReplyCts(int peer, uint64_t xfer, Cts reply, absl::Time deadline) {
@@ -684,8 +686,8 @@ class NcclTransportImpl final : public NcclTransport {
   // (a Deliver call, a few hundred us). Ordering: a transfer's header is
   // consumed before its SendNccl returns, so per-tag FIFO holds across the
   // two channels.
-  absl::Status SendControl(ControlBox box, int peer, uint64_t tag,
-                           absl::Span<const uint8_t> bytes, absl::Time deadline) {
+  absl::Status SendControl(ControlBox box, int peer, uint64_t tag, absl::Span<const uint8_t> bytes,
+                           absl::Time deadline) {
     if (control_ != nullptr && !peers_[peer].control_address.empty()) {
       absl::Status s = control_->Send(peer, box, tag, bytes, deadline);
       // A peer that hung up is not tried again over gRPC.
@@ -772,8 +774,8 @@ class NcclTransportImpl final : public NcclTransport {
     if (cts != kCtsGo || h.gen < d.gen) {
       d.comm.reset();
       Renew(d);
-      return absl::UnavailableError(absl::StrCat("the communicator to rank ", peer,
-                                                 " was reset; retry"));
+      return absl::UnavailableError(
+          absl::StrCat("the communicator to rank ", peer, " was reset; retry"));
     }
     absl::Status s = [&]() -> absl::Status {
       if (d.comm == nullptr || d.gen != h.gen) {
@@ -836,8 +838,7 @@ class NcclTransportImpl final : public NcclTransport {
     absl::MutexLock lock(&d.mu);
     if (p.header.gen > d.gen) {
       d.comm.reset();
-      absl::StatusOr<std::unique_ptr<Comm>> c =
-          StartDirectionComm(peer, 1, p.header.id, deadline);
+      absl::StatusOr<std::unique_ptr<Comm>> c = StartDirectionComm(peer, 1, p.header.id, deadline);
       if (!c.ok()) {
         ReplyCts(peer, p.header.xfer, kCtsStale, deadline);
         return c.status();
@@ -846,8 +847,8 @@ class NcclTransportImpl final : public NcclTransport {
       d.gen = p.header.gen;
     } else if (p.header.gen < d.gen || d.comm == nullptr) {
       ReplyCts(peer, p.header.xfer, kCtsStale, deadline);
-      return absl::UnavailableError(absl::StrCat("message from rank ", peer,
-                                                 " used a reset communicator; it was dropped"));
+      return absl::UnavailableError(
+          absl::StrCat("message from rank ", peer, " used a reset communicator; it was dropped"));
     }
     Comm& c = *d.comm;
     // Clear-to-send first, then the receives: posting the receives first
@@ -855,9 +856,9 @@ class NcclTransportImpl final : public NcclTransport {
     // ncclGroupEnd on a non-blocking communicator can need the peer inside
     // its matching operation (NCCL connects p2p channels lazily).
     const uint32_t go = kCtsGo;
-    absl::Status s = SendControl(kSyncBox, peer, kCtsTagBase + p.header.xfer,
-                                 absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&go), 4),
-                                 deadline);
+    absl::Status s =
+        SendControl(kSyncBox, peer, kCtsTagBase + p.header.xfer,
+                    absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(&go), 4), deadline);
     trace.Mark();
     if (s.ok()) {
       s = [&]() -> absl::Status {
@@ -891,8 +892,8 @@ class NcclTransportImpl final : public NcclTransport {
         }
         trace.Mark();
         if (host != nullptr && p.header.total > 0) {
-          GPU_RETURN_IF_ERROR(cudaMemcpyAsync(c.pinned, c.dev, p.header.total,
-                                              cudaMemcpyDeviceToHost, c.stream));
+          GPU_RETURN_IF_ERROR(
+              cudaMemcpyAsync(c.pinned, c.dev, p.header.total, cudaMemcpyDeviceToHost, c.stream));
         }
         GPU_RETURN_IF_ERROR(cudaEventRecord(c.done, c.stream));
         RETURN_IF_ERROR(Poll(c, c.done, deadline, "ncclRecv"));
@@ -929,10 +930,10 @@ class NcclTransportImpl final : public NcclTransport {
             deadline));
       }
     } else {
-      ASSIGN_OR_RETURN(size_t got,
-                       sync_->Recv(group[0], tag,
-                                   absl::MakeSpan(reinterpret_cast<uint8_t*>(&id), sizeof(id)),
-                                   deadline));
+      ASSIGN_OR_RETURN(
+          size_t got,
+          sync_->Recv(group[0], tag, absl::MakeSpan(reinterpret_cast<uint8_t*>(&id), sizeof(id)),
+                      deadline));
       if (got != sizeof(id)) return absl::InternalError("bad group id message");
     }
     ASSIGN_OR_RETURN(g.comm, StartComm(device_, static_cast<int>(group.size()), index, id));
@@ -955,9 +956,9 @@ class NcclTransportImpl final : public NcclTransport {
     uint64_t words[2] = {count, ~uint64_t{count}};
     std::memcpy(c.pinned, words, 16);
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(c.dev, c.pinned, 16, cudaMemcpyHostToDevice, c.stream));
-    RETURN_IF_ERROR(Enqueued(
-        c, ncclAllReduce(c.dev, c.dev, 2, ncclUint64, ncclMax, c.comm, c.stream), deadline,
-        "count all-reduce"));
+    RETURN_IF_ERROR(Enqueued(c,
+                             ncclAllReduce(c.dev, c.dev, 2, ncclUint64, ncclMax, c.comm, c.stream),
+                             deadline, "count all-reduce"));
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(c.pinned, c.dev, 16, cudaMemcpyDeviceToHost, c.stream));
     GPU_RETURN_IF_ERROR(cudaEventRecord(c.done, c.stream));
     RETURN_IF_ERROR(Poll(c, c.done, deadline, "count all-reduce"));
@@ -972,9 +973,9 @@ class NcclTransportImpl final : public NcclTransport {
 
   absl::Status EnqueueKeyAllReduce(Comm& c, void* values, size_t count, absl::Time deadline) {
     GPU_RETURN_IF_ERROR(nccl_internal::LaunchEncodeAmaxKeys(values, count, c.stream));
-    RETURN_IF_ERROR(Enqueued(
-        c, ncclAllReduce(values, values, count, ncclUint32, ncclMax, c.comm, c.stream), deadline,
-        "amax all-reduce"));
+    RETURN_IF_ERROR(
+        Enqueued(c, ncclAllReduce(values, values, count, ncclUint32, ncclMax, c.comm, c.stream),
+                 deadline, "amax all-reduce"));
     GPU_RETURN_IF_ERROR(nccl_internal::LaunchDecodeAmaxKeys(values, count, c.stream));
     return absl::OkStatus();
   }
@@ -1039,17 +1040,16 @@ class NcclEndpoint final : public TransportEndpoint {
         header_(std::move(header)),
         sync_(std::move(sync)),
         control_(std::move(control)),
-        address_(absl::StrCat("nccl|", header_->address(), "|", sync_->address(), "|", gpu_,
-                              control_ != nullptr ? absl::StrCat("|", control_->address())
-                                                  : std::string())) {}
+        address_(absl::StrCat(
+            "nccl|", header_->address(), "|", sync_->address(), "|", gpu_,
+            control_ != nullptr ? absl::StrCat("|", control_->address()) : std::string())) {}
 
   std::string address() const override { return address_; }
 
   absl::StatusOr<std::unique_ptr<Transport>> Connect(
       int rank, const std::vector<std::string>& addresses) override {
     if (header_ == nullptr) return absl::FailedPreconditionError("endpoint already connected");
-    if (rank < 0 || rank >= static_cast<int>(addresses.size()) ||
-        addresses[rank] != address()) {
+    if (rank < 0 || rank >= static_cast<int>(addresses.size()) || addresses[rank] != address()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", rank, " does not name this endpoint (", address(), ")"));
     }
@@ -1074,9 +1074,9 @@ class NcclEndpoint final : public TransportEndpoint {
     } else {
       control.reset();
     }
-    auto transport = std::make_unique<NcclTransportImpl>(rank, device_, blocking_pairs_,
-                                                         std::move(peers), std::move(h),
-                                                         std::move(s), std::move(control));
+    auto transport =
+        std::make_unique<NcclTransportImpl>(rank, device_, blocking_pairs_, std::move(peers),
+                                            std::move(h), std::move(s), std::move(control));
     RETURN_IF_ERROR(transport->Init());
     return std::unique_ptr<Transport>(std::move(transport));
   }

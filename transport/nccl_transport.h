@@ -165,9 +165,8 @@ class NcclTransport : public Transport {
   // ENQUEUES the collective (the group's communicator is created, blocking,
   // on first use): errors and hangs surface in WaitStream. Groups with two
   // members on one GPU are UNIMPLEMENTED here (use AllReduceMax).
-  virtual absl::Status AllReduceMaxDevice(absl::Span<const int> group, float* values,
-                                          size_t count, cudaStream_t stream,
-                                          absl::Time deadline) = 0;
+  virtual absl::Status AllReduceMaxDevice(absl::Span<const int> group, float* values, size_t count,
+                                          cudaStream_t stream, absl::Time deadline) = 0;
 
   // Waits until the work enqueued on `stream` so far completes, polling the
   // async errors of this transport's group communicators; on an NCCL error

@@ -48,8 +48,8 @@ void Prove(const std::string& secret, const Nonce& nonce, int32_t rank, uint8_t 
   std::memcpy(message, nonce.data(), nonce.size());
   std::memcpy(message + nonce.size(), &rank, sizeof(rank));
   unsigned int len = 32;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message, sizeof(message),
-       out, &len);
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), message, sizeof(message), out,
+       &len);
 }
 
 std::string SecretOf(const SocketChannelOptions& o) { return o.secret ? o.secret() : ""; }
@@ -121,8 +121,8 @@ absl::Duration DetectionTime(const SocketChannelOptions& o) {
       absl::Seconds(CeilSeconds(o.keepalive_idle) +
                     int64_t{o.keepalive_count} * CeilSeconds(o.keepalive_interval));
   if (o.user_timeout <= absl::ZeroDuration()) return keepalive;
-  return std::max(o.user_timeout, absl::Seconds(CeilSeconds(o.keepalive_idle) +
-                                                CeilSeconds(o.keepalive_interval)));
+  return std::max(o.user_timeout,
+                  absl::Seconds(CeilSeconds(o.keepalive_idle) + CeilSeconds(o.keepalive_interval)));
 }
 
 // Why a connection timed out (ETIMEDOUT: keepalive or user timeout), from
@@ -131,14 +131,13 @@ absl::Duration DetectionTime(const SocketChannelOptions& o) {
 std::string TimedOutReason(bool reader, const SocketChannelOptions& o) {
   if (reader) {
     return absl::StrCat("stopped answering (no keepalive answer for ~",
-                        absl::FormatDuration(DetectionTime(o)),
-                        ": host down or unreachable)");
+                        absl::FormatDuration(DetectionTime(o)), ": host down or unreachable)");
   }
-  return absl::StrCat("stopped answering (sent data unacknowledged or no keepalive answer for ~",
-                      absl::FormatDuration(o.user_timeout > absl::ZeroDuration()
-                                               ? o.user_timeout
-                                               : DetectionTime(o)),
-                      ": host down, unreachable or not reading)");
+  return absl::StrCat(
+      "stopped answering (sent data unacknowledged or no keepalive answer for ~",
+      absl::FormatDuration(o.user_timeout > absl::ZeroDuration() ? o.user_timeout
+                                                                 : DetectionTime(o)),
+      ": host down, unreachable or not reading)");
 }
 
 // Why a reader's connection ended, from ReadFull's result.
@@ -152,8 +151,7 @@ std::string HangUpReason(int read_result, const SocketChannelOptions& o) {
 absl::Status TuneConnection(int fd, const SocketChannelOptions& o) {
   auto set = [fd](int level, int name, int value, const char* what) {
     if (setsockopt(fd, level, name, &value, sizeof(value)) == 0) return absl::OkStatus();
-    return absl::InternalError(
-        absl::StrCat("setsockopt(", what, "): ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("setsockopt(", what, "): ", std::strerror(errno)));
   };
   RETURN_IF_ERROR(set(IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY"));
   RETURN_IF_ERROR(set(SOL_SOCKET, SO_KEEPALIVE, o.keepalive ? 1 : 0, "SO_KEEPALIVE"));
@@ -175,8 +173,8 @@ absl::Status ValidateOptions(const SocketChannelOptions& o) {
     // TCP_KEEPIDLE / TCP_KEEPINTVL: 1..32767 s; TCP_KEEPCNT: 1..127.
     for (absl::Duration d : {o.keepalive_idle, o.keepalive_interval}) {
       if (d < absl::Seconds(1) || d > absl::Seconds(32767)) {
-        return bad(absl::StrCat("keepalive time ", absl::FormatDuration(d),
-                                " not in [1s, 32767s]"));
+        return bad(
+            absl::StrCat("keepalive time ", absl::FormatDuration(d), " not in [1s, 32767s]"));
       }
     }
     if (o.keepalive_count < 1 || o.keepalive_count > 127) {
@@ -184,8 +182,8 @@ absl::Status ValidateOptions(const SocketChannelOptions& o) {
     }
   }
   if (o.user_timeout < absl::ZeroDuration() || o.user_timeout > absl::Hours(24)) {
-    return bad(absl::StrCat("user_timeout ", absl::FormatDuration(o.user_timeout),
-                            " not in [0, 24h]"));
+    return bad(
+        absl::StrCat("user_timeout ", absl::FormatDuration(o.user_timeout), " not in [0, 24h]"));
   }
   return absl::OkStatus();
 }
@@ -211,8 +209,7 @@ absl::Status WriteFull(int fd, absl::Span<const uint8_t> bytes, absl::Time deadl
       continue;
     }
     if (errno == ETIMEDOUT) return absl::UnavailableError(TimedOutReason(/*reader=*/false, o));
-    return absl::UnavailableError(
-        absl::StrCat("write failed: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("write failed: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -260,12 +257,12 @@ absl::StatusOr<std::unique_ptr<SocketChannel>> SocketChannel::Listen(
       fd = -1;
       continue;
     }
-    port = bound.ss_family == AF_INET6
-               ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-               : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   }
   freeaddrinfo(found);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("control channel: cannot listen on ", host));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("control channel: cannot listen on ", host));
   int wake[2];
   if (pipe2(wake, O_CLOEXEC) != 0) {
     close(fd);
@@ -403,8 +400,7 @@ void SocketChannel::ReadLoop(int fd) {
       why = HangUpReason(r, options_);
       break;
     }
-    if (h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes ||
-        h.mailbox >= mailboxes_.size()) {
+    if (h.magic != kFrameMagic || h.size > kSocketMaxFrameBytes || h.mailbox >= mailboxes_.size()) {
       why = "sent a malformed frame (connection dropped)";
       break;
     }
@@ -428,8 +424,7 @@ absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline
   std::string host, port;
   if (!SplitAddress(addresses_[peer], &host, &port)) {
     p.failed = true;
-    return absl::UnavailableError(
-        absl::StrCat("control channel: no address for rank ", peer));
+    return absl::UnavailableError(absl::StrCat("control channel: no address for rank ", peer));
   }
   addrinfo hints = {};
   hints.ai_family = AF_UNSPEC;
@@ -439,11 +434,11 @@ absl::Status SocketChannel::ConnectLocked(int peer, Peer& p, absl::Time deadline
     p.failed = true;
     return absl::UnavailableError(absl::StrCat("control channel: cannot resolve ", host));
   }
-  absl::Status status = absl::UnavailableError(
-      absl::StrCat("control channel: cannot connect to ", addresses_[peer]));
+  absl::Status status =
+      absl::UnavailableError(absl::StrCat("control channel: cannot connect to ", addresses_[peer]));
   for (addrinfo* a = found; a != nullptr && p.fd < 0; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                          a->ai_protocol);
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
     int r = connect(fd, a->ai_addr, a->ai_addrlen);
     if (r != 0 && errno == EINPROGRESS) {
@@ -516,8 +511,8 @@ absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
     shutdown(p.fd, SHUT_RDWR);
     close(p.fd);
     p.fd = -1;
-    const std::string why = absl::StrCat("control channel: rank ", peer, " (", addresses_[peer],
-                                         ") ", s.message());
+    const std::string why =
+        absl::StrCat("control channel: rank ", peer, " (", addresses_[peer], ") ", s.message());
     MarkDead(peer, why);
     return absl::Status(s.code(), why);
   };

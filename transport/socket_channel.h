@@ -130,9 +130,9 @@ struct SocketChannelOptions {
 class SocketChannel {
  public:
   // Listens on `host`:0 ("" = 127.0.0.1; a wildcard host is advertised as
-  // options.advertise_host, else this machine's hostname). Connections are accepted only after Start;
-  // until then they wait in the kernel's backlog. UNAVAILABLE if the host
-  // cannot be bound, INVALID_ARGUMENT for options out of range.
+  // options.advertise_host, else this machine's hostname). Connections are accepted only after
+  // Start; until then they wait in the kernel's backlog. UNAVAILABLE if the host cannot be bound,
+  // INVALID_ARGUMENT for options out of range.
   static absl::StatusOr<std::unique_ptr<SocketChannel>> Listen(
       const std::string& host, const SocketChannelOptions& options = {});
 
@@ -184,8 +184,7 @@ class SocketChannel {
     std::string why ABSL_GUARDED_BY(why_mu);  // set before `gone`
   };
 
-  SocketChannel(int listen_fd, int wake_fd[2], std::string address,
-                SocketChannelOptions options);
+  SocketChannel(int listen_fd, int wake_fd[2], std::string address, SocketChannelOptions options);
   absl::Status ConnectLocked(int peer, Peer& p, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   void AcceptLoop();

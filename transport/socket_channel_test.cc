@@ -475,8 +475,8 @@ TEST(SocketChannelTest, EveryConnectionEndHasKeepaliveAndUserTimeout) {
     ASSERT_TRUE(pair.channels[1]->Send(0, 0, 1, Bytes("b"), In(absl::Seconds(10))).ok());
     ASSERT_EQ(pair.Take(1, 0, 0, 1, absl::Seconds(10)), "a");
     ASSERT_EQ(pair.Take(0, 0, 1, 1, absl::Seconds(10)), "b");
-    const std::vector<int> fds = ConnectionFds(
-        {PortOf(pair.channels[0]->address()), PortOf(pair.channels[1]->address())});
+    const std::vector<int> fds =
+        ConnectionFds({PortOf(pair.channels[0]->address()), PortOf(pair.channels[1]->address())});
     ASSERT_EQ(fds.size(), 4u);
     for (int fd : fds) {
       SCOPED_TRACE(fd);

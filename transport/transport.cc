@@ -38,9 +38,9 @@ class Registry {
     if (it == backends_.end()) {
       std::vector<std::string> names;
       for (const auto& [n, b] : backends_) names.push_back(n);
-      return absl::NotFoundError(absl::StrCat("no transport backend '", name,
-                                              "' is linked in; available: ",
-                                              names.empty() ? "none" : absl::StrJoin(names, ", ")));
+      return absl::NotFoundError(absl::StrCat(
+          "no transport backend '", name,
+          "' is linked in; available: ", names.empty() ? "none" : absl::StrJoin(names, ", ")));
     }
     return it->second;
   }

@@ -21,7 +21,8 @@ class FakeEndpoint : public TransportEndpoint {
  public:
   explicit FakeEndpoint(std::string address) : address_(std::move(address)) {}
   std::string address() const override { return address_; }
-  absl::StatusOr<std::unique_ptr<Transport>> Connect(int, const std::vector<std::string>&) override {
+  absl::StatusOr<std::unique_ptr<Transport>> Connect(int,
+                                                     const std::vector<std::string>&) override {
     return absl::UnimplementedError("fake");
   }
 
@@ -29,12 +30,14 @@ class FakeEndpoint : public TransportEndpoint {
   std::string address_;
 };
 
-const TransportRegistration kFake("fake", [](const TransportOptions& options)
-                                      -> absl::StatusOr<std::unique_ptr<TransportEndpoint>> {
-  return std::make_unique<FakeEndpoint>("fake:" + options.listen_address);
-});
+const TransportRegistration kFake(
+    "fake",
+    [](const TransportOptions& options) -> absl::StatusOr<std::unique_ptr<TransportEndpoint>> {
+      return std::make_unique<FakeEndpoint>("fake:" + options.listen_address);
+    });
 const TransportRegistration kBroken(
-    "broken", [](const TransportOptions&) -> absl::StatusOr<std::unique_ptr<TransportEndpoint>> {
+    "broken",
+    [](const TransportOptions&) -> absl::StatusOr<std::unique_ptr<TransportEndpoint>> {
       return absl::UnavailableError("no device");
     },
     [] { return absl::UnavailableError("no device"); });

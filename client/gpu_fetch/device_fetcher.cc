@@ -9,13 +9,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "format/fetch_plan.h"
 #include "common/gpu_status.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "format/convert.h"
+#include "format/fetch_plan.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
-#include "format/convert.h"
 #include "sharding/assemble.h"
 #include "transport/channel_secret.h"
 #include "transport/nccl_address.h"
@@ -92,9 +92,8 @@ std::string DefaultName() {
 // kept: "device same-GPU fetch of version 3, daemon 0 (ADDR): ...".
 absl::Status InDaemonContext(const absl::Status& s, absl::string_view what, int64_t version,
                              int rank, const std::string& address) {
-  return absl::Status(s.code(), absl::StrCat("device ", what, " of version ", version,
-                                             ", daemon ", rank, " (", address, "): ",
-                                             s.message()));
+  return absl::Status(s.code(), absl::StrCat("device ", what, " of version ", version, ", daemon ",
+                                             rank, " (", address, "): ", s.message()));
 }
 
 // Waits on the host for the work a call on `stream` must follow: the
@@ -206,10 +205,10 @@ absl::Status CheckPlan(const rpc::FetchPlan& plan, const DaemonJob& job, int64_t
                                             plan.version(), ", asked ", version));
   }
   if (plan.pieces_size() != static_cast<int>(job.pieces.size())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "daemon ", job.rank, " holds ", plan.pieces_size(),
-        " pieces of the requested tensors, the manifest says ", job.pieces.size(),
-        ": the shard plan changed (RefreshManifest)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("daemon ", job.rank, " holds ", plan.pieces_size(),
+                     " pieces of the requested tensors, the manifest says ", job.pieces.size(),
+                     ": the shard plan changed (RefreshManifest)"));
   }
   for (int i = 0; i < plan.pieces_size(); ++i) {
     const rpc::FetchPiece& p = plan.pieces(i);
@@ -217,10 +216,10 @@ absl::Status CheckPlan(const rpc::FetchPlan& plan, const DaemonJob& job, int64_t
     if (p.row_begin() != want.row_begin || p.row_end() != want.row_end ||
         p.data_bytes() != want.into.layout.data_bytes() ||
         p.scale_bytes() != want.into.layout.scale_bytes()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "daemon ", job.rank, " plans piece ", p.tensor(), " rows [", p.row_begin(), ", ",
-          p.row_end(), ") of ", p.data_bytes(), "+", p.scale_bytes(),
-          " bytes, unlike the manifest: the shard plan changed (RefreshManifest)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("daemon ", job.rank, " plans piece ", p.tensor(), " rows [", p.row_begin(),
+                       ", ", p.row_end(), ") of ", p.data_bytes(), "+", p.scale_bytes(),
+                       " bytes, unlike the manifest: the shard plan changed (RefreshManifest)"));
     }
   }
   return absl::OkStatus();
@@ -315,11 +314,9 @@ absl::StatusOr<DeviceFetcher::Channel*> DeviceFetcher::ChannelTo(int daemon,
   if (!first.get()) {
     const grpc::Status s = c->reader->Finish();
     c->reader.reset();
-    return FromGrpcStatus(s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                "device channel stream ended")
-                                 : s,
-                          absl::StrCat("OpenDeviceChannel on daemon ", daemon, " (", address,
-                                       ")"));
+    return FromGrpcStatus(
+        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "device channel stream ended") : s,
+        absl::StrCat("OpenDeviceChannel on daemon ", daemon, " (", address, ")"));
   }
   if (event.channel_secret().empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -384,8 +381,7 @@ int DeviceFetcher::same_gpu_daemons() const {
   return n;
 }
 
-absl::StatusOr<DeviceDirection> DeviceFetcher::Owned(const std::string& key,
-                                                     const Layout& layout) {
+absl::StatusOr<DeviceDirection> DeviceFetcher::Owned(const std::string& key, const Layout& layout) {
   auto it = owned_.find(key);
   if (it != owned_.end() && it->second.layout.data_bytes() == layout.data_bytes() &&
       it->second.layout.scale_bytes() == layout.scale_bytes()) {
@@ -439,9 +435,9 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
       ASSIGN_OR_RETURN(dst, Owned(key, full));
     } else if ((full.scale_bytes() > 0 && dst.scales == nullptr) || dst.scale_inv == nullptr ||
                dst.amax == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "caller buffers of ", key, " need data, ", full.scale_bytes() > 0 ? "scales, " : "",
-          "scale_inv and amax"));
+      return absl::InvalidArgumentError(absl::StrCat("caller buffers of ", key, " need data, ",
+                                                     full.scale_bytes() > 0 ? "scales, " : "",
+                                                     "scale_inv and amax"));
     }
     dst.layout = full;
     DeviceFetched fetched;
@@ -464,14 +460,14 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
       }
       DaemonJob& d = jobs[p.daemon_rank];
       d.rank = p.daemon_rank;
-      d.address = p.daemon_address.empty() && p.daemon_rank < static_cast<int>(
-                                                  manifest.daemon_addresses.size())
+      d.address = p.daemon_address.empty() &&
+                          p.daemon_rank < static_cast<int>(manifest.daemon_addresses.size())
                       ? manifest.daemon_addresses[p.daemon_rank]
                       : p.daemon_address;
       // One TensorDirections per target: the daemon plans its pieces of it
       // in row order, as the manifest lists them.
-      if (d.request.tensors_size() == 0 ||
-          d.pieces.empty() || d.pieces.back().target != static_cast<int>(i)) {
+      if (d.request.tensors_size() == 0 || d.pieces.empty() ||
+          d.pieces.back().target != static_cast<int>(i)) {
         rpc::TensorDirections* td = d.request.add_tensors();
         td->set_tensor(target.tensor);
         td->add_directions(DirectionToProto(target.direction));
@@ -499,8 +495,8 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
     if (absl::IsUnavailable(s)) local_.erase(it->first);  // reopened by the next fetch
     // Named like the NCCL path's errors ("device fetch from daemon N ..."):
     // the session's own messages know only the daemon's pid.
-    if (!s.ok()) return InDaemonContext(s, "same-GPU fetch", version, it->second.rank,
-                                        it->second.address);
+    if (!s.ok())
+      return InDaemonContext(s, "same-GPU fetch", version, it->second.rank, it->second.address);
     ++in_place;
     it = jobs.erase(it);
   }
@@ -540,13 +536,13 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
         // receive (shutting the transport down: the channel is reopened).
         auto answered = std::make_shared<std::promise<grpc::Status>>();
         std::future<grpc::Status> answer = answered->get_future();
-        j->channel->stub->async()->FetchDevice(
-            &context, &j->request, &response, [answered, j](grpc::Status g) {
-              if (!g.ok()) j->channel->transport->Shutdown();
-              answered->set_value(std::move(g));
-            });
-        const absl::Status received = j->channel->nccl->RecvDevice(0, j->request.tag(), pieces,
-                                                                    deadline);
+        j->channel->stub->async()->FetchDevice(&context, &j->request, &response,
+                                               [answered, j](grpc::Status g) {
+                                                 if (!g.ok()) j->channel->transport->Shutdown();
+                                                 answered->set_value(std::move(g));
+                                               });
+        const absl::Status received =
+            j->channel->nccl->RecvDevice(0, j->request.tag(), pieces, deadline);
         // A failed receive: the daemon's answer usually says why; a daemon
         // that does not answer soon is given up on. When the daemon's end is
         // gone (the transport saw its control connection hang up, or the
@@ -555,8 +551,8 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
         // CANCELLED or "Socket closed". So then the answer gets only a short
         // grace (a live daemon that dropped the channel while refusing the
         // fetch answers in it).
-        const bool gone = !received.ok() && (absl::IsUnavailable(received) ||
-                                             !j->channel->Closed().empty());
+        const bool gone =
+            !received.ok() && (absl::IsUnavailable(received) || !j->channel->Closed().empty());
         bool cancelled = false;
         if (!received.ok() &&
             answer.wait_for(gone ? kGoneGrace : std::chrono::milliseconds(1000)) !=
@@ -589,9 +585,8 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
       if (!j->status.ok()) {
         const std::string closed = j->channel->Closed();
         if (!closed.empty()) {
-          j->status = absl::UnavailableError(absl::StrCat("device fetch from daemon ", j->rank,
-                                                          ": ", closed, " (", j->status.message(),
-                                                          ")"));
+          j->status = absl::UnavailableError(absl::StrCat(
+              "device fetch from daemon ", j->rank, ": ", closed, " (", j->status.message(), ")"));
         }
       }
     };
@@ -626,15 +621,15 @@ absl::StatusOr<DeviceFetchResult> DeviceFetcher::Fetch(int64_t version,
       GPU_RETURN_IF_ERROR(cudaMemsetAsync(dst.scales, 0, dst.layout.scale_bytes(), copy_stream_));
     }
     for (const PieceJob& p : split[i]) {
-      ASSIGN_OR_RETURN(sharding::PiecePlacement pl,
-                       sharding::PlacePiece(spec, t.direction, t.rows, t.cols, p.row_begin,
-                                            p.row_end));
+      ASSIGN_OR_RETURN(
+          sharding::PiecePlacement pl,
+          sharding::PlacePiece(spec, t.direction, t.rows, t.cols, p.row_begin, p.row_end));
       auto copy = [&](const sharding::Copy2D& c, const void* piece, void* full) -> absl::Status {
         if (c.width == 0 || c.height == 0) return absl::OkStatus();
-        return GPU_STATUS(cudaMemcpy2DAsync(
-            static_cast<uint8_t*>(full) + c.full_offset, c.full_pitch,
-            static_cast<const uint8_t*>(piece) + c.piece_offset, c.piece_pitch, c.width, c.height,
-            cudaMemcpyDeviceToDevice, copy_stream_));
+        return GPU_STATUS(
+            cudaMemcpy2DAsync(static_cast<uint8_t*>(full) + c.full_offset, c.full_pitch,
+                              static_cast<const uint8_t*>(piece) + c.piece_offset, c.piece_pitch,
+                              c.width, c.height, cudaMemcpyDeviceToDevice, copy_stream_));
       };
       RETURN_IF_ERROR(copy(pl.data, p.into.data, dst.data));
       if (dst.layout.scale_bytes() > 0) RETURN_IF_ERROR(copy(pl.scales, p.into.scales, dst.scales));
@@ -689,9 +684,10 @@ absl::StatusOr<std::vector<IpcGradient>> DeviceFetcher::InPlaceGradients(
   return out;
 }
 
-absl::StatusOr<client::PushResult> DeviceFetcher::Push(
-    int64_t version, const std::vector<DeviceGradient>& gradients, cudaStream_t stream,
-    absl::Duration timeout, client::PushCoverage coverage) {
+absl::StatusOr<client::PushResult> DeviceFetcher::Push(int64_t version,
+                                                       const std::vector<DeviceGradient>& gradients,
+                                                       cudaStream_t stream, absl::Duration timeout,
+                                                       client::PushCoverage coverage) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   const absl::Time deadline = absl::Now() + timeout;
   std::lock_guard<std::mutex> lock(mu_);
@@ -703,8 +699,8 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
     if (g.data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("gradient of ", g.tensor, " has no buffer"));
     }
-    routed.push_back({g.tensor, g.dtype,
-                      absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
+    routed.push_back(
+        {g.tensor, g.dtype, absl::MakeConstSpan(static_cast<const uint8_t*>(g.data), g.bytes)});
   }
   RETURN_IF_ERROR(client::CheckPushGradients(manifest, routed, coverage));
   // The gradients were written on `stream` (a pageable host-to-device
@@ -774,8 +770,8 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
       if (r.ok()) {
         j->response = *std::move(r);
       } else {
-        j->status = InDaemonContext(r.status(), "same-GPU push", j->request.version(), j->rank,
-                                    j->address);
+        j->status =
+            InDaemonContext(r.status(), "same-GPU push", j->request.version(), j->rank, j->address);
       }
       return;
     }
@@ -792,7 +788,8 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
       if (!g.ok()) c->transport->Shutdown();
       return g;
     });
-    const absl::Status sent = c->nccl->SendDevice(0, j->request.tag(), j->pieces, nullptr, deadline);
+    const absl::Status sent =
+        c->nccl->SendDevice(0, j->request.tag(), j->pieces, nullptr, deadline);
     if (!sent.ok()) context.TryCancel();
     const grpc::Status g = call.get();
     if (!g.ok()) {
@@ -828,10 +825,9 @@ absl::StatusOr<client::PushResult> DeviceFetcher::Push(
       continue;
     }
     for (const DeviceBytes& b : j.pieces) result.bytes_sent += static_cast<int64_t>(b.size);
-    result.pushers_received = result.pushers_received < 0
-                                  ? j.response.pushers_received()
-                                  : std::min(result.pushers_received,
-                                             j.response.pushers_received());
+    result.pushers_received = result.pushers_received < 0 ? j.response.pushers_received()
+                                                          : std::min(result.pushers_received,
+                                                                     j.response.pushers_received());
     result.pushers_expected = j.response.pushers_expected();
   }
   if (!first_error.ok()) return first_error;

@@ -164,8 +164,7 @@ class DeviceFetcher {
 
   // Fetches `targets` of `version` (client::Client::kLatest: the committed
   // version) into device memory; see the file comment.
-  absl::StatusOr<DeviceFetchResult> Fetch(int64_t version,
-                                          const std::vector<DeviceTarget>& targets,
+  absl::StatusOr<DeviceFetchResult> Fetch(int64_t version, const std::vector<DeviceTarget>& targets,
                                           cudaStream_t stream = nullptr,
                                           absl::Duration timeout = absl::ZeroDuration());
 
@@ -187,12 +186,10 @@ class DeviceFetcher {
   // reused. On error some daemons may have committed the push and others
   // not, as with the host stream; a daemon whose receive failed applied
   // nothing and its channel is reopened by the next call.
-  absl::StatusOr<client::PushResult> Push(int64_t version,
-                                          const std::vector<DeviceGradient>& gradients,
-                                          cudaStream_t stream = nullptr,
-                                          absl::Duration timeout = absl::ZeroDuration(),
-                                          client::PushCoverage coverage =
-                                              client::PushCoverage::kEveryTensor);
+  absl::StatusOr<client::PushResult> Push(
+      int64_t version, const std::vector<DeviceGradient>& gradients, cudaStream_t stream = nullptr,
+      absl::Duration timeout = absl::ZeroDuration(),
+      client::PushCoverage coverage = client::PushCoverage::kEveryTensor);
 
   // Device memory of at least `bytes` on the fetcher's device that a
   // daemon on this GPU maps once (IpcFetcher::GradientBuffer of the first
@@ -213,15 +210,13 @@ class DeviceFetcher {
 
  private:
   DeviceFetcher(client::Client* client, const DeviceFetcherOptions& options);
-  absl::StatusOr<Channel*> ChannelTo(int daemon, const std::string& address,
-                                     absl::Time deadline);
+  absl::StatusOr<Channel*> ChannelTo(int daemon, const std::string& address, absl::Time deadline);
   void CloseChannel(int daemon);
   // FAILED_PRECONDITION when `channel`'s daemon is on the same GPU as the
   // daemon of another open channel, both reached over NCCL, unless
   // NCCL_P2P_DISABLE=1 (transport/nccl_address.h) or, for diagnostics
   // only, PARAMD_ALLOW_SHARED_GPU_NCCL=1.
-  absl::Status CheckSharedGpu(int daemon, const std::string& address,
-                              const Channel& channel) const;
+  absl::Status CheckSharedGpu(int daemon, const std::string& address, const Channel& channel) const;
   absl::StatusOr<DeviceDirection> Owned(const std::string& key, const Layout& layout);
   // The same-GPU session with daemon `daemon` when it runs on this GPU, else
   // null (decided at the first call; a session that died is reopened).
@@ -233,7 +228,7 @@ class DeviceFetcher {
 
   client::Client* const client_;
   const DeviceFetcherOptions options_;
-  mutable std::mutex mu_;  // serialises Fetch; guards everything below
+  mutable std::mutex mu_;                             // serialises Fetch; guards everything below
   std::map<int, std::unique_ptr<Channel>> channels_;  // by daemon rank
   std::map<int, std::unique_ptr<IpcFetcher>> local_;  // by daemon rank; null: not on this GPU
   DevicePool pool_;

@@ -2,8 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "format/fetch_plan.h"
 #include "common/gpu_status.h"
+#include "format/fetch_plan.h"
 
 namespace paramd {
 namespace gpu_fetch {

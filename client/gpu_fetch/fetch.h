@@ -33,8 +33,8 @@ namespace gpu_fetch {
 // One direction of one tensor in device memory.
 struct DeviceDirection {
   Layout layout;
-  void* data = nullptr;       // layout.data_bytes()
-  void* scales = nullptr;     // layout.scale_bytes(), or null when 0
+  void* data = nullptr;        // layout.data_bytes()
+  void* scales = nullptr;      // layout.scale_bytes(), or null when 0
   float* scale_inv = nullptr;  // one device float
   float* amax = nullptr;       // one device float
 };

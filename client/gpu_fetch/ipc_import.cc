@@ -30,9 +30,9 @@ absl::StatusOr<std::unique_ptr<IpcFetcher>> IpcFetcher::Open(client::Client* cli
                                     client->DaemonChannel(m.daemon_addresses[daemon_rank]), so));
   ASSIGN_OR_RETURN(std::string mine, DeviceUuid(options.device));
   if (mine != f->session_->device_uuid()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "daemon rank ", daemon_rank, " runs on another GPU than CUDA device ", options.device,
-        " of this trainer; fetch over NCCL (DeviceFetcher) instead"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("daemon rank ", daemon_rank, " runs on another GPU than CUDA device ",
+                     options.device, " of this trainer; fetch over NCCL (DeviceFetcher) instead"));
   }
   // Best effort: without the page every acquire goes over PinIpc.
   if (absl::StatusOr<std::unique_ptr<ipc::PinPage>> page = f->session_->GetPinPage(); page.ok()) {
@@ -183,9 +183,10 @@ absl::StatusOr<const IpcVersion*> IpcFetcher::Acquire(
     absl::StatusOr<Layout> layout = ComputeLayout(t.spec, dir, p.row_end() - p.row_begin(), t.cols);
     if (!layout.ok()) return fail(layout.status());
     if (layout->data_bytes() != p.data_bytes() || layout->scale_bytes() != p.scale_bytes()) {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          "tensor ", p.tensor(), ": the daemon's layout differs from the manifest's: "
-          "RefreshManifest")));
+      return fail(absl::FailedPreconditionError(
+          absl::StrCat("tensor ", p.tensor(),
+                       ": the daemon's layout differs from the manifest's: "
+                       "RefreshManifest")));
     }
     auto at = [&](const rpc::IpcRef& r, uint64_t bytes) -> absl::StatusOr<void*> {
       if (r.region() >= regions_.size() || r.offset() + bytes > regions_[r.region()].size()) {

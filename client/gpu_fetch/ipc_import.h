@@ -53,9 +53,9 @@
 #include "client/client.h"
 #include "client/gpu_fetch/fetch.h"
 #include "client/ipc/ipc_session.h"
-#include "kernels/format.h"
 #include "ipc/cuda_vmm.h"
 #include "ipc/pin_page.h"
+#include "kernels/format.h"
 
 namespace paramd {
 namespace gpu_fetch {
@@ -104,8 +104,7 @@ class IpcFetcher {
   // Opens a session with daemon `daemon_rank` of `client`'s manifest.
   // FAILED_PRECONDITION: the daemon runs on another GPU than `device`
   // (different UUID), is a cpu daemon, or has no exporter.
-  static absl::StatusOr<std::unique_ptr<IpcFetcher>> Open(client::Client* client,
-                                                          int daemon_rank,
+  static absl::StatusOr<std::unique_ptr<IpcFetcher>> Open(client::Client* client, int daemon_rank,
                                                           const IpcFetcherOptions& options);
   ~IpcFetcher();
 

@@ -69,8 +69,7 @@ TEST(PushRoutes, Refusals) {
     return CheckPushGradients(m, g, PushCoverage::kPartial);
   };
   auto code = [&](const std::vector<Gradient>& g) { return check(g).code(); };
-  EXPECT_EQ(code({{"nope", Gradient::DType::kFp32, Bytes(4)}}),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({{"nope", Gradient::DType::kFp32, Bytes(4)}}), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(code({{"b", Gradient::DType::kBf16, Bytes(5 * 4)}}),  // BF16: 10 bytes
             absl::StatusCode::kInvalidArgument);
   // The message counts values and names the shape, not only bytes.
@@ -78,9 +77,9 @@ TEST(PushRoutes, Refusals) {
             "gradient of b has 10 values; expected 5 (1 x 5, BF16: 10 bytes)");
   EXPECT_EQ(check({{"b", Gradient::DType::kFp32, Bytes(7)}}).message(),
             "gradient of b has 7 bytes; expected 5 (1 x 5, FP32: 20 bytes)");
-  EXPECT_EQ(code({{"b", Gradient::DType::kFp32, Bytes(20)},
-                  {"b", Gradient::DType::kFp32, Bytes(20)}}),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      code({{"b", Gradient::DType::kFp32, Bytes(20)}, {"b", Gradient::DType::kFp32, Bytes(20)}}),
+      absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CheckPushGradients(Manifest(), {}, PushCoverage::kPartial).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(check({}).ok());

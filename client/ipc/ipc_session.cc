@@ -22,16 +22,14 @@ std::string DefaultName() {
 }  // namespace
 
 IpcSession::IpcSession(std::shared_ptr<grpc::Channel> channel, const IpcSessionOptions& options)
-    : channel_(std::move(channel)),
-      stub_(rpc::DaemonIpc::NewStub(channel_)),
-      options_(options) {}
+    : channel_(std::move(channel)), stub_(rpc::DaemonIpc::NewStub(channel_)), options_(options) {}
 
 void IpcSession::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
 }
 
-absl::StatusOr<std::unique_ptr<IpcSession>> IpcSession::Open(
-    std::shared_ptr<grpc::Channel> channel, const IpcSessionOptions& options) {
+absl::StatusOr<std::unique_ptr<IpcSession>> IpcSession::Open(std::shared_ptr<grpc::Channel> channel,
+                                                             const IpcSessionOptions& options) {
   std::unique_ptr<IpcSession> s(new IpcSession(std::move(channel), options));
   rpc::OpenIpcSessionRequest request;
   request.set_name(options.name.empty() ? DefaultName() : options.name);

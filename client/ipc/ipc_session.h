@@ -28,9 +28,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
-#include "proto/ipc.grpc.pb.h"
 #include "ipc/fd_socket.h"
 #include "ipc/pin_page.h"
+#include "proto/ipc.grpc.pb.h"
 
 namespace paramd {
 namespace ipc {

@@ -21,13 +21,13 @@
 // directions it uses through the client library (gpu_fetch::DeviceFetcher:
 // the fetch of version v+1 waits on the daemon for the step) and pushes its
 // FP32 gradients with Client::PushGradients.
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <functional>
+#include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include <cublasLt.h>
@@ -147,8 +147,8 @@ struct Gemm {
     }
     if (!device_alpha) {
       float host_alpha = 1.0f;
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(&host_alpha, alpha_dev, sizeof(float),
-                                          cudaMemcpyDeviceToHost, stream));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpyAsync(&host_alpha, alpha_dev, sizeof(float), cudaMemcpyDeviceToHost, stream));
       GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       s = RunTyped(ta, tb, m, n, k, type, a, lda, nullptr, b, ldb, nullptr, CUDA_R_16BF, scratch,
                    ldd, stream, nullptr, host_alpha);
@@ -169,20 +169,19 @@ struct Gemm {
   bool device_alpha = true;
 
   absl::Status RunTyped(bool ta, bool tb, int m, int n, int k, cudaDataType_t type, const void* a,
-                        int lda, const float* a_scale, const void* b, int ldb,
-                        const float* b_scale, cudaDataType_t out_type, void* d, int ldd,
-                        cudaStream_t stream, const float* device_alpha_beta = nullptr,
-                        float host_alpha = 1.0f) {
+                        int lda, const float* a_scale, const void* b, int ldb, const float* b_scale,
+                        cudaDataType_t out_type, void* d, int ldd, cudaStream_t stream,
+                        const float* device_alpha_beta = nullptr, float host_alpha = 1.0f) {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
     cublasLtMatmulPreference_t pref = nullptr;
     absl::Status s = [&]() -> absl::Status {
       GPU_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
       cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-      GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
-                                                         sizeof(opa)));
-      GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
-                                                         sizeof(opb)));
+      GPU_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+      GPU_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
       if (a_scale != nullptr) {
         GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
             desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
@@ -196,8 +195,8 @@ struct Gemm {
       const float* beta = host_values + 1;
       if (device_alpha_beta != nullptr) {
         const cublasLtPointerMode_t mode = CUBLASLT_POINTER_MODE_DEVICE;
-        GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-            desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof(mode)));
+        GPU_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE,
+                                                           &mode, sizeof(mode)));
         alpha = device_alpha_beta;
         beta = device_alpha_beta + 1;
       }
@@ -205,13 +204,13 @@ struct Gemm {
       GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb));
       GPU_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&ld, out_type, m, n, ldd));
       GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-      GPU_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
-          pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-          sizeof(workspace_bytes)));
+      GPU_RETURN_IF_ERROR(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace_bytes, sizeof(workspace_bytes)));
       cublasLtMatmulHeuristicResult_t results[8];
       int found = 0;
-      GPU_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 8,
-                                                         results, &found));
+      GPU_RETURN_IF_ERROR(
+          cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, ld, ld, pref, 8, results, &found));
       // C must not alias D for some FP8 kernels: give FP8 a separate C.
       void* c = d;
       if (type == CUDA_R_8F_E4M3) {
@@ -233,9 +232,9 @@ struct Gemm {
                                          &results[i].algo, workspace, workspace_bytes, stream));
         if (last.ok()) return last;
       }
-      return absl::Status(last.code(), absl::StrCat(last.message(), " (", found,
-                                                    " algorithms tried, m ", m, " n ", n, " k ",
-                                                    k, ")"));
+      return absl::Status(
+          last.code(), absl::StrCat(last.message(), " (", found, " algorithms tried, m ", m, " n ",
+                                    n, " k ", k, ")"));
     }();
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
@@ -329,8 +328,9 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
   ASSIGN_OR_RETURN(void* w_bf16_1, DeviceAlloc(static_cast<size_t>(O) * H * 2));
   ASSIGN_OR_RETURN(void* w_bf16_1c, DeviceAlloc(static_cast<size_t>(O) * H * 2));
   ASSIGN_OR_RETURN(void* act_bf16, DeviceAlloc(static_cast<size_t>(B) * std::max({I, H, O}) * 2));
-  ASSIGN_OR_RETURN(void* mem, DeviceAlloc(static_cast<size_t>(B) * (I + 3 * H + 4 * O) * 4 +
-                                          (static_cast<size_t>(H) * I + static_cast<size_t>(O) * H) * 4 + 256));
+  ASSIGN_OR_RETURN(
+      void* mem, DeviceAlloc(static_cast<size_t>(B) * (I + 3 * H + 4 * O) * 4 +
+                             (static_cast<size_t>(H) * I + static_cast<size_t>(O) * H) * 4 + 256));
   float* x = static_cast<float*>(mem);
   float* h = x + static_cast<size_t>(B) * I;
   float* dh = h + static_cast<size_t>(B) * H;
@@ -386,12 +386,12 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
     }
     // A fresh batch and its teacher targets (FP32 GEMMs).
     std::vector<float> xb = Random(static_cast<size_t>(B) * I, 1000 + step, 1.0f);
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice,
-                                        stream));
-    RETURN_IF_ERROR(gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H,
-                             stream));
-    RETURN_IF_ERROR(gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O,
-                             stream));
+    GPU_RETURN_IF_ERROR(
+        cudaMemcpyAsync(x, xb.data(), xb.size() * 4, cudaMemcpyHostToDevice, stream));
+    RETURN_IF_ERROR(
+        gemm.Run(true, false, H, B, I, kF32, t1, I, nullptr, x, I, nullptr, th, H, stream));
+    RETURN_IF_ERROR(
+        gemm.Run(true, false, O, B, H, kF32, t2, H, nullptr, th, H, nullptr, t, O, stream));
     // Forward from the fetched rowwise copies.
     absl::Status fwd = forward(0, x, I, H, x8, h, fp8_gemm);
     if (!fwd.ok() && fp8_gemm && fwd.code() == absl::StatusCode::kUnimplemented) {
@@ -406,8 +406,7 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
     RETURN_IF_ERROR(fwd);
     RETURN_IF_ERROR(forward(1, h, H, O, h8, y, fp8_gemm));
     GPU_RETURN_IF_ERROR(cudaMemsetAsync(loss, 0, 4, stream));
-    GPU_RETURN_IF_ERROR(
-        gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
+    GPU_RETURN_IF_ERROR(gpu_trainer::LaunchMseGrad(y, t, dy, loss, int64_t{B} * O, stream));
     // dgrad dh[b][H] = dy[b][O] W2[O][H]: D (H x b) = op(A) (H x O) * dy_cm (O x b).
     if (fp8_gemm) {
       // Columnwise FP8 is W2^T stored [H][O] = column-major O x H: op T.
@@ -421,10 +420,10 @@ absl::Status Train(const TrainerIo& io, const HybridSpec& spec, bool fp8, int B,
                                nullptr, dh, H, stream));
     }
     // wgrad (FP32): dW2[O][H] = dy^T h: column-major D (H x O) = h_cm (H x b) * dy_cm^T.
-    RETURN_IF_ERROR(gemm.Run(false, true, H, O, B, kF32, h, H, nullptr, dy, O, nullptr, g2, H,
-                             stream));
-    RETURN_IF_ERROR(gemm.Run(false, true, I, H, B, kF32, x, I, nullptr, dh, H, nullptr, g1, I,
-                             stream));
+    RETURN_IF_ERROR(
+        gemm.Run(false, true, H, O, B, kF32, h, H, nullptr, dy, O, nullptr, g2, H, stream));
+    RETURN_IF_ERROR(
+        gemm.Run(false, true, I, H, B, kF32, x, I, nullptr, dh, H, nullptr, g1, I, stream));
     GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     float l = 0;
     GPU_RETURN_IF_ERROR(cudaMemcpy(&l, loss, 4, cudaMemcpyDeviceToHost));
@@ -443,9 +442,12 @@ struct Shape {
   bool fp8;
 };
 Shape ShapeFromFlags() {
-  Shape s{absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_in),
-          absl::GetFlag(FLAGS_hidden), absl::GetFlag(FLAGS_out),
-          absl::GetFlag(FLAGS_steps),  WeightSpec(absl::GetFlag(FLAGS_format)),
+  Shape s{absl::GetFlag(FLAGS_batch),
+          absl::GetFlag(FLAGS_in),
+          absl::GetFlag(FLAGS_hidden),
+          absl::GetFlag(FLAGS_out),
+          absl::GetFlag(FLAGS_steps),
+          WeightSpec(absl::GetFlag(FLAGS_format)),
           false};
   s.fp8 = s.spec.rowwise.format == Format::kFp8Current;
   return s;
@@ -453,10 +455,14 @@ Shape ShapeFromFlags() {
 
 std::string RecipeFormat(Format f) {
   switch (f) {
-    case Format::kMxfp8: return "MXFP8";
-    case Format::kNvfp4: return "NVFP4";
-    case Format::kFp8Block128x128: return "FP8_BLOCK_128X128";
-    default: return "FP8_CURRENT";
+    case Format::kMxfp8:
+      return "MXFP8";
+    case Format::kNvfp4:
+      return "NVFP4";
+    case Format::kFp8Block128x128:
+      return "FP8_BLOCK_128X128";
+    default:
+      return "FP8_CURRENT";
   }
 }
 
@@ -501,9 +507,8 @@ int RunWithDaemons() {
     const std::vector<float> w1 = Random(static_cast<size_t>(H) * I, 1, 1.0f / std::sqrt(I));
     const std::vector<float> w2 = Random(static_cast<size_t>(O) * H, 2, 1.0f / std::sqrt(H));
     absl::StatusOr<std::unique_ptr<safetensors::SafetensorsWriter>> w =
-        safetensors::SafetensorsWriter::Create(
-            path, {{"w1", safetensors::Dtype::kF32, {H, I}},
-                   {"w2", safetensors::Dtype::kF32, {O, H}}});
+        safetensors::SafetensorsWriter::Create(path, {{"w1", safetensors::Dtype::kF32, {H, I}},
+                                                      {"w2", safetensors::Dtype::kF32, {O, H}}});
     if (!w.ok()) return fail(w.status());
     for (const auto& [name, v] : {std::make_pair("w1", &w1), std::make_pair("w2", &w2)}) {
       absl::Status s = (*w)->WriteTensor(
@@ -515,8 +520,8 @@ int RunWithDaemons() {
   }
   const std::string f = RecipeFormat(spec.rowwise.format);
   absl::StatusOr<int64_t> v0 = cl.Load(
-      path, absl::StrCat("default_spec { rowwise { format: ", f, " } columnwise { format: ", f,
-                         " } }"),
+      path,
+      absl::StrCat("default_spec { rowwise { format: ", f, " } columnwise { format: ", f, " } }"),
       absl::Seconds(60));
   unlink(path.c_str());
   if (!v0.ok()) return fail(v0.status());
@@ -544,8 +549,9 @@ int RunWithDaemons() {
   io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
     GPU_RETURN_IF_ERROR(cudaMemcpy(g1h.data(), g1, g1h.size() * 4, cudaMemcpyDeviceToHost));
     GPU_RETURN_IF_ERROR(cudaMemcpy(g2h.data(), g2, g2h.size() * 4, cudaMemcpyDeviceToHost));
-    return cl.PushGradients(*v0 + step, {client::Gradient::Fp32("w1", g1h),
-                                         client::Gradient::Fp32("w2", g2h)})
+    return cl
+        .PushGradients(*v0 + step,
+                       {client::Gradient::Fp32("w1", g1h), client::Gradient::Fp32("w2", g2h)})
         .status();
   };
   std::vector<float> losses;
@@ -662,16 +668,15 @@ int Run() {
     if (dst->empty()) {
       for (const FetchItem& item : items) {
         const auto& s = store.shards()[item.shard];
-        ASSIGN_OR_RETURN(Layout layout,
-                         ComputeLayout(item.direction == Direction::kRowwise ? spec.rowwise
-                                                                             : spec.columnwise,
-                                       item.direction, s.rows, s.cols));
+        ASSIGN_OR_RETURN(
+            Layout layout,
+            ComputeLayout(item.direction == Direction::kRowwise ? spec.rowwise : spec.columnwise,
+                          item.direction, s.rows, s.cols));
         ASSIGN_OR_RETURN(DeviceDirection d, pool.Allocate(layout));
         dst->push_back(d);
       }
     }
-    return gpu_fetch::FetchDirections(trainer_t, 0, 1000 + 10 * step, *dst,
-                                      In(absl::Seconds(30)));
+    return gpu_fetch::FetchDirections(trainer_t, 0, 1000 + 10 * step, *dst, In(absl::Seconds(30)));
   };
   io.push = [&](int step, const float* g1, const float* g2) -> absl::Status {
     const uint64_t tag = 1000 + 10 * step;

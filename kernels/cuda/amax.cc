@@ -12,8 +12,7 @@
 namespace paramd {
 namespace gpu {
 
-absl::Status ComputeAmax(absl::Span<const AmaxArgs> tensors, cudaStream_t stream,
-                         bool zero_first) {
+absl::Status ComputeAmax(absl::Span<const AmaxArgs> tensors, cudaStream_t stream, bool zero_first) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const AmaxArgs& a = tensors[i];
     if (a.count < 0 || (a.count > 0 && a.source == nullptr) || a.amax == nullptr) {
@@ -22,7 +21,8 @@ absl::Status ComputeAmax(absl::Span<const AmaxArgs> tensors, cudaStream_t stream
     }
   }
   if (zero_first) {
-    for (const AmaxArgs& a : tensors) GPU_RETURN_IF_ERROR(cudaMemsetAsync(a.amax, 0, sizeof(float), stream));
+    for (const AmaxArgs& a : tensors)
+      GPU_RETURN_IF_ERROR(cudaMemsetAsync(a.amax, 0, sizeof(float), stream));
   }
   auto batch = std::make_unique<detail::AmaxBatch>();
   size_t i = 0;
@@ -93,9 +93,10 @@ int64_t PackBlockAmaxOffsets(absl::Span<BlockAmaxArgs> tensors) {
   return next;
 }
 
-absl::Status ComputeBlockAmax(absl::Span<const BlockAmaxArgs> tensors, float* out,
-                              int64_t out_size, cudaStream_t stream) {
-  if (out == nullptr && !tensors.empty()) return absl::InvalidArgumentError("block amax: out is null");
+absl::Status ComputeBlockAmax(absl::Span<const BlockAmaxArgs> tensors, float* out, int64_t out_size,
+                              cudaStream_t stream) {
+  if (out == nullptr && !tensors.empty())
+    return absl::InvalidArgumentError("block amax: out is null");
   std::vector<std::pair<int64_t, int64_t>> ranges;  // [begin, end) in out
   ranges.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -118,9 +119,9 @@ absl::Status ComputeBlockAmax(absl::Span<const BlockAmaxArgs> tensors, float* ou
     }
     const int64_t n = NumBlockAmaxes(a.rows, a.cols, b);
     if (a.offset < 0 || a.offset > out_size - n) {
-      return absl::InvalidArgumentError(absl::StrCat("block amax tensor ", i, ": blocks [", a.offset,
-                                                     ", ", a.offset + n, ") outside out (",
-                                                     out_size, " floats)"));
+      return absl::InvalidArgumentError(absl::StrCat("block amax tensor ", i, ": blocks [",
+                                                     a.offset, ", ", a.offset + n,
+                                                     ") outside out (", out_size, " floats)"));
     }
     ranges.emplace_back(a.offset, a.offset + n);
   }

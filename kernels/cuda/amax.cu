@@ -18,8 +18,9 @@ using namespace ::paramd::gpu::dev;  // NOLINT
 constexpr int kThreads = 512;
 
 __device__ __forceinline__ float Load(const AmaxItem& t, int64_t i) {
-  return t.src_bf16 ? __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(t.src)[i]) << 16)
-                    : static_cast<const float*>(t.src)[i];
+  return t.src_bf16
+             ? __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(t.src)[i]) << 16)
+             : static_cast<const float*>(t.src)[i];
 }
 
 __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ AmaxBatch batch) {
@@ -43,7 +44,8 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
       m = AbsMax(m, ToSource(v.z, rb));
       m = AbsMax(m, ToSource(v.w, rb));
     }
-    for (int64_t i = end4 + threadIdx.x; i < end; i += kThreads) m = AbsMax(m, ToSource(Load(t, i), rb));
+    for (int64_t i = end4 + threadIdx.x; i < end; i += kThreads)
+      m = AbsMax(m, ToSource(Load(t, i), rb));
   } else if (t.vec) {
     const int64_t end8 = begin + ((end - begin) & ~int64_t{7});
     const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.src) + begin);
@@ -60,7 +62,8 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
     }
     for (int64_t i = end8 + threadIdx.x; i < end; i += kThreads) m = AbsMax(m, Load(t, i));
   } else {
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) m = AbsMax(m, ToSource(Load(t, i), rb));
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads)
+      m = AbsMax(m, ToSource(Load(t, i), rb));
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
@@ -102,7 +105,8 @@ __device__ __forceinline__ float Max4(float a, float b, float c, float d) {
 }
 
 // Row r (global) of the tile, columns j .. j+3 (global), 0 outside [M, K].
-__device__ __forceinline__ float4 LoadQuad(const BlockAmaxItem& t, int64_t r, int64_t j, bool row_ok) {
+__device__ __forceinline__ float4 LoadQuad(const BlockAmaxItem& t, int64_t r, int64_t j,
+                                           bool row_ok) {
   float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
   if (!row_ok || j >= t.cols) return v;
   const int64_t off = r * t.cols + j;
@@ -132,8 +136,9 @@ __device__ __forceinline__ float4 LoadQuad(const BlockAmaxItem& t, int64_t r, in
 
 // 1 x 32 blocks of rows 8h .. 8h+7 of this warp (v[k] = row 8h + k): lane l
 // stores the block max of row 8h + (l & 7) (GroupRowMax8).
-__device__ __forceinline__ void RowBlocks32(const float4 (&v)[8], int64_t r0, int64_t M, int64_t j_block,
-                                            int64_t K, int64_t gc, bool rb, float* out) {
+__device__ __forceinline__ void RowBlocks32(const float4 (&v)[8], int64_t r0, int64_t M,
+                                            int64_t j_block, int64_t K, int64_t gc, bool rb,
+                                            float* out) {
   float x[8];
 #pragma unroll
   for (int k = 0; k < 8; ++k) x[k] = Max4(v[k].x, v[k].y, v[k].z, v[k].w);
@@ -175,7 +180,8 @@ __global__ void __launch_bounds__(kBlockAmaxThreads, 4)
     }
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      c0 = AbsMax(c0, v[k].x), c1 = AbsMax(c1, v[k].y), c2 = AbsMax(c2, v[k].z), c3 = AbsMax(c3, v[k].w);
+      c0 = AbsMax(c0, v[k].x), c1 = AbsMax(c1, v[k].y), c2 = AbsMax(c2, v[k].z),
+      c3 = AbsMax(c3, v[k].w);
     }
     if (bm_log2 == 0) {  // 1 x bk blocks: one row each
       const int64_t r0 = i0 + 16 * warp + 8 * h;
@@ -186,9 +192,11 @@ __global__ void __launch_bounds__(kBlockAmaxThreads, 4)
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         float m = Max4(v[k].x, v[k].y, v[k].z, v[k].w);
-        for (int off = 1; off < bk_lanes; off <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+        for (int off = 1; off < bk_lanes; off <<= 1)
+          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
         const int64_t r = r0 + k;
-        if ((lane & (bk_lanes - 1)) == 0 && r < M && j < K) out[r * gc + (j >> bk_log2)] = RoundedMax(m, rb);
+        if ((lane & (bk_lanes - 1)) == 0 && r < M && j < K)
+          out[r * gc + (j >> bk_log2)] = RoundedMax(m, rb);
       }
     }
   }
@@ -223,7 +231,8 @@ __global__ void __launch_bounds__(kBlockAmaxThreads, 4)
   __syncthreads();
   const int g = 1 << (bm_log2 - 4);  // warps per block
   const int bk = 1 << bk_log2;
-  const int outputs = (8 / g) * 128;  // (row block, column) slots; columns that start a block are used
+  const int outputs =
+      (8 / g) * 128;  // (row block, column) slots; columns that start a block are used
   for (int o = threadIdx.x; o < outputs; o += kBlockAmaxThreads) {
     const int rbl = o >> 7, c = o & 127;
     if ((c & (bk - 1)) != 0) continue;
@@ -257,7 +266,8 @@ cudaError_t LaunchBlockAmax(const BlockAmaxBatch& batch, cudaStream_t stream) {
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  BlockAmaxKernel<<<static_cast<unsigned>(batch.total_tiles), kBlockAmaxThreads, 0, stream>>>(batch);
+  BlockAmaxKernel<<<static_cast<unsigned>(batch.total_tiles), kBlockAmaxThreads, 0, stream>>>(
+      batch);
   return cudaGetLastError();
 }
 

@@ -107,8 +107,8 @@ int64_t PackBlockAmaxOffsets(absl::Span<BlockAmaxArgs> tensors);
 // Enqueues on `stream` only. InvalidArgument (before any launch) for bad
 // shapes or block shapes, a null source or out, or ranges that leave `out`
 // or overlap; Internal for CUDA errors.
-absl::Status ComputeBlockAmax(absl::Span<const BlockAmaxArgs> tensors, float* out,
-                              int64_t out_size, cudaStream_t stream);
+absl::Status ComputeBlockAmax(absl::Span<const BlockAmaxArgs> tensors, float* out, int64_t out_size,
+                              cudaStream_t stream);
 
 }  // namespace gpu
 }  // namespace paramd

@@ -34,7 +34,8 @@ constexpr uint32_t kPoison = 0xA5A5A5A5u;  // DeviceArena::Alloc's fill
 std::vector<float> RefBlockAmaxes(const std::vector<float>& source, int64_t M, int64_t K,
                                   AmaxBlockShape b) {
   if (b.per_tensor()) return {ref::Amax(source)};
-  const int64_t gr = (M + b.block_rows - 1) / b.block_rows, gc = (K + b.block_cols - 1) / b.block_cols;
+  const int64_t gr = (M + b.block_rows - 1) / b.block_rows,
+                gc = (K + b.block_cols - 1) / b.block_cols;
   std::vector<float> out;
   for (int64_t bi = 0; bi < gr; ++bi) {
     for (int64_t bj = 0; bj < gc; ++bj) {
@@ -58,7 +59,8 @@ struct Case {
 
 // Adds a tensor (uploaded with the input type / alignment given) to `cases`.
 void AddCase(std::vector<Case>& cases, const std::vector<float>& master, int64_t M, int64_t K,
-             AmaxBlockShape b, InputType in, SourceDtype sd, bool misalign, const std::string& what) {
+             AmaxBlockShape b, InputType in, SourceDtype sd, bool misalign,
+             const std::string& what) {
   Case c;
   BlockAmaxArgs& a = c.args;
   a.rows = M;
@@ -80,7 +82,8 @@ void AddCase(std::vector<Case>& cases, const std::vector<float>& master, int64_t
   c.want = RefBlockAmaxes(ref::RoundToSource(values, sd), M, K, b);
   c.name = absl::StrCat(what, " [", M, "x", K, "] blocks ", b.block_rows, "x", b.block_cols,
                         in == InputType::kBf16 ? " bf16-in" : " fp32-in",
-                        sd == SourceDtype::kBf16 ? " src-bf16" : " src-fp32", misalign ? " misaligned" : "");
+                        sd == SourceDtype::kBf16 ? " src-bf16" : " src-fp32",
+                        misalign ? " misaligned" : "");
   cases.push_back(std::move(c));
 }
 
@@ -110,10 +113,11 @@ void RunAndCheck(std::vector<Case>& cases) {
     ASSERT_EQ(Bits(got[c.args.offset + n]), kPoison) << c.name << ": wrote past its range";
     blocks += n;
   }
-  printf("block amax: %zu tensors, %lld blocks exact\n", cases.size(), static_cast<long long>(blocks));
+  printf("block amax: %zu tensors, %lld blocks exact\n", cases.size(),
+         static_cast<long long>(blocks));
 }
 
-const AmaxBlockShape kShapes[] = {{1, 16}, {16, 16}, {16, 1},  {1, 32},   {32, 32},
+const AmaxBlockShape kShapes[] = {{1, 16}, {16, 16}, {16, 1},  {1, 32},    {32, 32},
                                   {32, 1}, {1, 128}, {128, 1}, {128, 128}, {0, 0}};
 
 TEST(BlockAmaxTest, FormatsBlockShapes) {
@@ -123,11 +127,15 @@ TEST(BlockAmaxTest, FormatsBlockShapes) {
     AmaxBlockShape row, col;
   };
   const Want wants[] = {
-      {Format::kNvfp4, true, {16, 16}, {16, 16}},        {Format::kNvfp4, false, {1, 16}, {16, 1}},
-      {Format::kMxfp8, false, {1, 32}, {32, 1}},         {Format::kMxfp8, true, {32, 32}, {32, 32}},
+      {Format::kNvfp4, true, {16, 16}, {16, 16}},
+      {Format::kNvfp4, false, {1, 16}, {16, 1}},
+      {Format::kMxfp8, false, {1, 32}, {32, 1}},
+      {Format::kMxfp8, true, {32, 32}, {32, 32}},
       {Format::kFp8Block128x128, false, {128, 128}, {128, 128}},
-      {Format::kFp8Block1x128, false, {1, 128}, {128, 1}}, {Format::kFp8Current, false, {0, 0}, {0, 0}},
-      {Format::kFp8Delayed, false, {0, 0}, {0, 0}},     {Format::kIdentityBf16, false, {0, 0}, {0, 0}},
+      {Format::kFp8Block1x128, false, {1, 128}, {128, 1}},
+      {Format::kFp8Current, false, {0, 0}, {0, 0}},
+      {Format::kFp8Delayed, false, {0, 0}, {0, 0}},
+      {Format::kIdentityBf16, false, {0, 0}, {0, 0}},
   };
   for (const Want& w : wants) {
     QuantSpec s = DefaultQuantSpec(w.f);
@@ -149,8 +157,9 @@ TEST(BlockAmaxTest, FormatsBlockShapes) {
 TEST(BlockAmaxTest, MatchesReferenceAllShapes) {
   Arena().Reset();
   std::mt19937_64 rng(17);
-  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {1, 200},  {17, 33},  {128, 128}, {130, 257},
-                                                {256, 384}, {300, 5},  {33, 130}, {1000, 17}, {129, 1000}};
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},     {1, 200},   {17, 33}, {128, 128},
+                                                {130, 257}, {256, 384}, {300, 5}, {33, 130},
+                                                {1000, 17}, {129, 1000}};
   std::vector<Case> cases;
   int v = 0;
   for (const auto& [M, K] : shapes) {
@@ -183,10 +192,12 @@ TEST(BlockAmaxTest, SpecialBlocks) {
       for (int64_t j = c0; j < std::min(K, c0 + w); ++j) m[i * K + j] = fn(i, j);
     }
   };
-  fill(0, 0, 32, 32, [&](int64_t i, int64_t j) { return (i + j) % 2 ? nan : FromBits(0xFFC01234u); });
+  fill(0, 0, 32, 32,
+       [&](int64_t i, int64_t j) { return (i + j) % 2 ? nan : FromBits(0xFFC01234u); });
   fill(32, 0, 32, 32, [&](int64_t i, int64_t j) { return i == 40 && j == 3 ? -inf : nan; });
   fill(0, 32, 32, 32, [&](int64_t, int64_t) { return -0.0f; });
-  fill(32, 32, 32, 32, [&](int64_t i, int64_t j) { return i == 33 && j == 60 ? -FromBits(0x00000003u) : nan; });
+  fill(32, 32, 32, 32,
+       [&](int64_t i, int64_t j) { return i == 33 && j == 60 ? -FromBits(0x00000003u) : nan; });
   fill(64, 64, 16, 16, [&](int64_t, int64_t) { return -std::numeric_limits<float>::max(); });
   fill(128, 128, 32, 32, [&](int64_t, int64_t) { return nan; });  // edge tile, ragged
   std::vector<Case> cases;

@@ -40,13 +40,13 @@ namespace paramd {
 namespace gpu {
 namespace {
 
-#define BENCH_CHECK(expr)                                                   \
-  do {                                                                      \
-    absl::Status s_ = (expr);                                               \
-    if (!s_.ok()) {                                                         \
+#define BENCH_CHECK(expr)                                                        \
+  do {                                                                           \
+    absl::Status s_ = (expr);                                                    \
+    if (!s_.ok()) {                                                              \
       fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      exit(1);                                                              \
-    }                                                                       \
+      exit(1);                                                                   \
+    }                                                                            \
   } while (0)
 
 struct Result {
@@ -116,18 +116,20 @@ int Run() {
   const int64_t M = absl::GetFlag(FLAGS_rows), K = absl::GetFlag(FLAGS_cols);
   const int64_t per = M * K, total = per * T;
   const std::string only = absl::GetFlag(FLAGS_only);
-  auto want = [&](const std::string& name) { return only.empty() || name.find(only) != std::string::npos; };
+  auto want = [&](const std::string& name) {
+    return only.empty() || name.find(only) != std::string::npos;
+  };
 
   cudaDeviceProp prop;
   BENCH_CHECK(GPU_STATUS(cudaGetDeviceProperties(&prop, 0)));
   int driver = 0, runtime = 0;
   cudaDriverGetVersion(&driver);
   cudaRuntimeGetVersion(&runtime);
-  printf("device: %s, %d SMs, L2 %d MB, driver %d, runtime %d\n", prop.name, prop.multiProcessorCount,
-         prop.l2CacheSize >> 20, driver, runtime);
+  printf("device: %s, %d SMs, L2 %d MB, driver %d, runtime %d\n", prop.name,
+         prop.multiProcessorCount, prop.l2CacheSize >> 20, driver, runtime);
   printf("problem: %d x (%lld x %lld) FP32 = %.3f G params; reps %d (median), warmup %d\n", T,
-         static_cast<long long>(M), static_cast<long long>(K), total / 1e9, absl::GetFlag(FLAGS_reps),
-         absl::GetFlag(FLAGS_warmup));
+         static_cast<long long>(M), static_cast<long long>(K), total / 1e9,
+         absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_warmup));
 
   // Inputs: master, moments, gradient (each T tensors, contiguous).
   const std::vector<float> hp = HostValues(per, 1.0f, false);
@@ -137,7 +139,8 @@ int Run() {
   float* v = static_cast<float*>(DeviceAlloc(total * 4));
   float* g = static_cast<float*>(DeviceAlloc(total * 4));
   for (int t = 0; t < T; ++t) {
-    BENCH_CHECK(GPU_STATUS(cudaMemcpy(master + t * per, hp.data(), per * 4, cudaMemcpyHostToDevice)));
+    BENCH_CHECK(
+        GPU_STATUS(cudaMemcpy(master + t * per, hp.data(), per * 4, cudaMemcpyHostToDevice)));
     BENCH_CHECK(GPU_STATUS(cudaMemcpy(g + t * per, hp.data(), per * 4, cudaMemcpyHostToDevice)));
     BENCH_CHECK(GPU_STATUS(cudaMemcpy(m + t * per, hv.data(), per * 4, cudaMemcpyHostToDevice)));
     BENCH_CHECK(GPU_STATUS(cudaMemcpy(v + t * per, hv.data(), per * 4, cudaMemcpyHostToDevice)));
@@ -148,8 +151,8 @@ int Run() {
   float* scalars = static_cast<float*>(DeviceAlloc(4096));
   {
     std::vector<float> init(1024, 0.0f);
-    init[0] = 64.0f;    // FP8 scale
-    init[1] = 8.0f;     // NVFP4 global amax (|values| <= 8)
+    init[0] = 64.0f;  // FP8 scale
+    init[1] = 8.0f;   // NVFP4 global amax (|values| <= 8)
     BENCH_CHECK(GPU_STATUS(cudaMemcpy(scalars, init.data(), 4096, cudaMemcpyHostToDevice)));
   }
   float* d_scale = scalars;
@@ -168,8 +171,10 @@ int Run() {
     r.target = target;
     results.push_back(r);
     printf("  %-44s %7.3f ms %8.1f GB/s  ratio %.3f%s\n", name.c_str(), ms, r.gbps, r.ratio,
-           target > 0 ? absl::StrFormat("  (target %.2f %s)", target, r.ratio >= target ? "met" : "MISSED").c_str()
-                      : "");
+           target > 0
+               ? absl::StrFormat("  (target %.2f %s)", target, r.ratio >= target ? "met" : "MISSED")
+                     .c_str()
+               : "");
     fflush(stdout);
   };
 
@@ -227,8 +232,8 @@ int Run() {
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 4, 0},
       {"nvfp4 1x16 row+col^T", Format::kNvfp4, Format::kNvfp4, true, true, SourceDtype::kBf16,
        ColumnwiseSource::kOriginal, 0, 0.90, /*two_d=*/0},
-      {"fp8 block 128x128 row+col^T", Format::kFp8Block128x128, Format::kFp8Block128x128, true, true,
-       SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
+      {"fp8 block 128x128 row+col^T", Format::kFp8Block128x128, Format::kFp8Block128x128, true,
+       true, SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
       {"fp8 block 1x128 row+col^T", Format::kFp8Block1x128, Format::kFp8Block1x128, true, true,
        SourceDtype::kBf16, ColumnwiseSource::kOriginal, 0, 0.90},
       {"bf16 identity row", Format::kIdentityBf16, Format::kIdentityBf16, true, false,
@@ -266,8 +271,8 @@ int Run() {
       for (int d = 0; d < 2; ++d) {
         const bool used = d == 0 ? c.row_usage : c.col_usage;
         if (!used) continue;
-        const double b = Place(d == 0 ? h.rowwise : h.columnwise, d, d == 0 ? a.rowwise : a.columnwise,
-                               off_r, off_c);
+        const double b = Place(d == 0 ? h.rowwise : h.columnwise, d,
+                               d == 0 ? a.rowwise : a.columnwise, off_r, off_c);
         if (t == 0) bytes += b;
       }
       args.push_back(a);
@@ -292,8 +297,10 @@ int Run() {
     report("amax (multi-tensor, src bf16)", 4.0, ms, 0);
   }
   // Per-block partial amaxes (ComputeBlockAmax) of the 8 tensors in one call.
-  for (const AmaxBlockShape b : {AmaxBlockShape{16, 16}, AmaxBlockShape{1, 32}, AmaxBlockShape{128, 128}}) {
-    const std::string name = absl::StrCat("block amax ", b.block_rows, "x", b.block_cols, " (src bf16)");
+  for (const AmaxBlockShape b :
+       {AmaxBlockShape{16, 16}, AmaxBlockShape{1, 32}, AmaxBlockShape{128, 128}}) {
+    const std::string name =
+        absl::StrCat("block amax ", b.block_rows, "x", b.block_cols, " (src bf16)");
     if (!want(name)) continue;
     std::vector<BlockAmaxArgs> args;
     for (int t = 0; t < T; ++t) {
@@ -327,11 +334,13 @@ int Run() {
   ah.step = 10;
   double adam_no_amax_ms = 0;
   if (want("adamw")) {
-    adam_no_amax_ms = TimeMs([&] { BENCH_CHECK(AdamWStep(opt, ah, nullptr, /*with_amax=*/false)); });
+    adam_no_amax_ms =
+        TimeMs([&] { BENCH_CHECK(AdamWStep(opt, ah, nullptr, /*with_amax=*/false)); });
     report("adamw (no amax)", 28.0, adam_no_amax_ms, 0);
     const double ms = TimeMs([&] { BENCH_CHECK(AdamWStep(opt, ah, nullptr, /*with_amax=*/true)); });
     report("adamw + amax", 28.0, ms, 0.90);
-    printf("  adamw + amax vs without: %+.2f%% (target within 3%%)\n", 100.0 * (ms / adam_no_amax_ms - 1.0));
+    printf("  adamw + amax vs without: %+.2f%% (target within 3%%)\n",
+           100.0 * (ms / adam_no_amax_ms - 1.0));
   }
   if (want("sgd")) {
     SgdHyper sh;
@@ -359,7 +368,8 @@ int Run() {
            {"fused adamw + bf16 row", Format::kIdentityBf16},
            {"fused adamw + fp8 delayed row+col^T (no prefetch)", Format::kFp8Delayed, 1},
            {"fused adamw + fp8 delayed row+col^T (evict-first)", Format::kFp8Delayed, 2},
-           {"fused adamw + fp8 delayed row+col^T (evict-first, prefetch 2)", Format::kFp8Delayed, 3},
+           {"fused adamw + fp8 delayed row+col^T (evict-first, prefetch 2)", Format::kFp8Delayed,
+            3},
            {"fused adamw + mxfp8 row+col (no prefetch)", Format::kMxfp8, 1},
            {"fused adamw + mxfp8 row+col (evict-first)", Format::kMxfp8, 2},
            {"fused adamw + mxfp8 row+col (evict-first, prefetch 2)", Format::kMxfp8, 3}}) {
@@ -379,8 +389,8 @@ int Run() {
       a.quant.columnwise_scaling.scale = d_scale;
       for (int d = 0; d < 2; ++d) {
         if (d == 1 && !a.quant.spec.columnwise_usage) continue;
-        const double b = Place(DefaultQuantSpec(c.fmt), d, d == 0 ? a.quant.rowwise : a.quant.columnwise,
-                               off_r, off_c);
+        const double b = Place(DefaultQuantSpec(c.fmt), d,
+                               d == 0 ? a.quant.rowwise : a.quant.columnwise, off_r, off_c);
         if (t == 0) bytes += b;
       }
       a.quant.rowwise.amax = amax_slots + 32 + t;
@@ -434,7 +444,9 @@ int Run() {
       fprintf(stderr, "cannot write %s\n", json.c_str());
       return 1;
     }
-    fprintf(f, "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"params\": %lld,\n  \"copy_gbps\": %.1f,\n  \"kernels\": [\n",
+    fprintf(f,
+            "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"params\": %lld,\n  \"copy_gbps\": "
+            "%.1f,\n  \"kernels\": [\n",
             prop.name, prop.multiProcessorCount, static_cast<long long>(total), copy_gbps);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
@@ -449,8 +461,8 @@ int Run() {
   }
   printf("\n%-46s %9s %9s %10s %7s %7s\n", "kernel", "B/elem", "ms", "GB/s", "ratio", "target");
   for (const Result& r : results) {
-    printf("%-46s %9.4f %9.3f %10.1f %7.3f %7s\n", r.name.c_str(), r.bytes_per_elem, r.ms, r.gbps, r.ratio,
-           r.target > 0 ? absl::StrFormat("%.2f", r.target).c_str() : "-");
+    printf("%-46s %9.4f %9.3f %10.1f %7.3f %7s\n", r.name.c_str(), r.bytes_per_elem, r.ms, r.gbps,
+           r.ratio, r.target > 0 ? absl::StrFormat("%.2f", r.target).c_str() : "-");
   }
   return 0;
 }

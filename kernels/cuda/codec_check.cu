@@ -3,7 +3,8 @@
 // device port of the CPU reference's integer algorithm (kernels/codecs.cc
 // EncodeMinifloat, EncodeBf16), and both fast E2M1 encoders (the FMA-pipe
 // EncodeE2M1x2, the branch-free EncodeE2M1x2Fast and the packed
-// EncodeE2M1x4Bytes of the quantize kernel) against the compare-based one. Used by quantize_test; not on any hot path.
+// EncodeE2M1x4Bytes of the quantize kernel) against the compare-based one. Used by quantize_test;
+// not on any hot path.
 #include <cstdint>
 
 #include <cuda_runtime.h>
@@ -82,8 +83,8 @@ __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
     {
       // x in every byte position (rotated), with three unrelated inputs.
       const float z = __uint_as_float(u ^ 0x80000000u), w = __uint_as_float(u * 40503u + 12345u);
-      const uint32_t want = EncodeE2M1(x) | (EncodeE2M1(y) << 8) | (EncodeE2M1(z) << 16) |
-                            (EncodeE2M1(w) << 24);
+      const uint32_t want =
+          EncodeE2M1(x) | (EncodeE2M1(y) << 8) | (EncodeE2M1(z) << 16) | (EncodeE2M1(w) << 24);
       const int rot = static_cast<int>(u & 3u);
       const float v0 = rot == 0 ? x : rot == 1 ? w : rot == 2 ? z : y;
       const float v1 = rot == 0 ? y : rot == 1 ? x : rot == 2 ? w : z;
@@ -92,11 +93,13 @@ __global__ void CodecCheckKernel(unsigned long long* counts, unsigned* first) {
       const uint32_t got = EncodeE2M1x4Bytes(v0, v1, v2, v3);
       const uint32_t unrot = rot == 0 ? got : __funnelshift_r(got, got, 8 * rot);
       // The unclamped encoder where it applies (finite |x| < 7), in byte 0.
-      const bool no_clamp_ok = !(fabsf(x) < 7.0f) ||
-                               (EncodeE2M1x4Bytes<false>(x, 0.0f, 0.0f, 0.0f) & 0xFFu) == EncodeE2M1(x);
-      bad[7] = !no_clamp_ok || unrot != want || E2M1Nibbles8(got, got) !=
-                                    ((got & 0xFu) | ((got >> 4) & 0xF0u) | ((got >> 8) & 0xF00u) |
-                                     ((got >> 12) & 0xF000u)) * 0x10001u;
+      const bool no_clamp_ok =
+          !(fabsf(x) < 7.0f) ||
+          (EncodeE2M1x4Bytes<false>(x, 0.0f, 0.0f, 0.0f) & 0xFFu) == EncodeE2M1(x);
+      bad[7] = !no_clamp_ok || unrot != want ||
+               E2M1Nibbles8(got, got) != ((got & 0xFu) | ((got >> 4) & 0xF0u) |
+                                          ((got >> 8) & 0xF00u) | ((got >> 12) & 0xF000u)) *
+                                             0x10001u;
     }
 #pragma unroll
     for (int k = 0; k < kCodecChecks; ++k) {  // one atomic per warp (the loop is warp-uniform)

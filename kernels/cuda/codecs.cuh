@@ -62,7 +62,9 @@ __device__ __forceinline__ uint32_t CvtFp8x2(float lo, float hi, bool e5m2) {
   }
   return r;
 }
-__device__ __forceinline__ uint32_t CvtFp8(float x, bool e5m2) { return CvtFp8x2(x, 0.0f, e5m2) & 0xFFu; }
+__device__ __forceinline__ uint32_t CvtFp8(float x, bool e5m2) {
+  return CvtFp8x2(x, 0.0f, e5m2) & 0xFFu;
+}
 // Four values -> four bytes, v0 in the low byte.
 __device__ __forceinline__ uint32_t CvtFp8x4(float v0, float v1, float v2, float v3, bool e5m2) {
   return CvtFp8x2(v0, v1, e5m2) | (CvtFp8x2(v2, v3, e5m2) << 16);
@@ -98,7 +100,7 @@ __device__ __forceinline__ uint32_t EncodeE2M1(float x) {
 // ">= t" is "> pred(t)" (pred = the float just below t). NaN gives 0 in
 // every step: callers route NaN to EncodeE2M1. Sign kept for -0 (D7).
 __device__ __forceinline__ uint32_t E2M1MagnitudeNoNaN(float a_abs) {
-  constexpr float kK = 33554432.0f;  // 2^25
+  constexpr float kK = 33554432.0f;                                   // 2^25
   const float h1 = __saturatef(__fmaf_rn(a_abs, kK, -8388608.0f));    // > 0.25        (0.25 * 2^25)
   const float h2 = __saturatef(__fmaf_rn(a_abs, kK, -25165822.0f));   // >= 0.75: > 0.75 - 2^-24
   const float h3 = __saturatef(__fmaf_rn(a_abs, kK, -41943040.0f));   // > 1.25

@@ -38,7 +38,8 @@ absl::Status Dequantize(absl::Span<const DequantizeArgs> tensors, cudaStream_t s
     t.out = a.out;
     items.push_back(t);
   }
-  for (const detail::DequantItem& t : items) GPU_RETURN_IF_ERROR(detail::LaunchDequantize(t, stream));
+  for (const detail::DequantItem& t : items)
+    GPU_RETURN_IF_ERROR(detail::LaunchDequantize(t, stream));
   return absl::OkStatus();
 }
 

@@ -22,7 +22,8 @@ __device__ __forceinline__ float ValueAt(const DequantItem& t, int64_t i, int64_
   const bool col = t.columnwise;
   switch (t.fmt) {
     case kKBf16:
-      return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(t.data)[i * K + j]) << 16);
+      return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(t.data)[i * K + j])
+                             << 16);
     case kKFp32:
       return static_cast<const float*>(t.data)[i * K + j];
     case kKFp8Tensor: {
@@ -44,13 +45,15 @@ __device__ __forceinline__ float ValueAt(const DequantItem& t, int64_t i, int64_
         code = (data[i * ((K + 1) / 2) + j / 2] >> (4 * (j & 1))) & 0xFu;
         sd = sc[i * t.scale_cols + j / 16];
       }
-      const float f = __fmul_rn(__fmul_rn(DecodeFp8(sd, false), *t.global_amax), Fbits(kRcp2688Bits));
+      const float f =
+          __fmul_rn(__fmul_rn(DecodeFp8(sd, false), *t.global_amax), Fbits(kRcp2688Bits));
       return __fmul_rn(DecodeE2M1(code), f);
     }
     case kKBlock2d: {
       const float* sc = static_cast<const float*>(t.scales);
       const uint8_t q = col ? data[j * M + i] : data[i * K + j];
-      const float si = col ? sc[(j / 128) * t.scale_cols + i / 128] : sc[(i / 128) * t.scale_cols + j / 128];
+      const float si =
+          col ? sc[(j / 128) * t.scale_cols + i / 128] : sc[(i / 128) * t.scale_cols + j / 128];
       return __fmul_rn(DecodeFp8(q, t.e5m2), si);
     }
     case kKBlock1d: {

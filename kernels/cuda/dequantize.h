@@ -26,11 +26,11 @@ struct DequantizeArgs {
   Direction direction = Direction::kRowwise;
   int64_t rows = 0;  // logical M, K of the source
   int64_t cols = 0;
-  const void* data = nullptr;    // ComputeLayout(spec, direction, rows, cols)
+  const void* data = nullptr;  // ComputeLayout(spec, direction, rows, cols)
   const void* scales = nullptr;
   const float* scale_inv = nullptr;    // per-tensor FP8 (QuantizedTensor::scale_inv)
   const float* global_amax = nullptr;  // NVFP4 (QuantizedTensor::amax = A)
-  void* out = nullptr;  // rows * cols elements of `output_type`
+  void* out = nullptr;                 // rows * cols elements of `output_type`
   OutputType output_type = OutputType::kFp32;
 };
 

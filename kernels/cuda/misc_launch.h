@@ -19,10 +19,10 @@ namespace detail {
 struct AmaxItem {
   const void* src = nullptr;
   int64_t count = 0;
-  float* out = nullptr;     // max-updated
+  float* out = nullptr;  // max-updated
   uint8_t src_bf16 = 0;
   uint8_t round_bf16 = 0;
-  uint8_t vec = 0;          // 16-byte aligned source
+  uint8_t vec = 0;  // 16-byte aligned source
   int64_t chunk_begin = 0;
 };
 constexpr int kMaxAmaxItems = 256;
@@ -49,10 +49,10 @@ struct BlockAmaxItem {
   int64_t tile_begin = 0;
   uint8_t src_bf16 = 0;
   uint8_t round_bf16 = 0;
-  uint8_t vec = 0;        // 16-byte (fp32) / 8-byte (bf16) aligned rows of 4 elements
-  uint8_t per_tensor = 0; // out[0] max-updated (zeroed by LaunchBlockAmax first)
-  uint8_t bm_log2 = 0;    // block_rows = 1 << bm_log2 (0, 4, 5, 7)
-  uint8_t bk_log2 = 0;    // block_cols = 1 << bk_log2
+  uint8_t vec = 0;         // 16-byte (fp32) / 8-byte (bf16) aligned rows of 4 elements
+  uint8_t per_tensor = 0;  // out[0] max-updated (zeroed by LaunchBlockAmax first)
+  uint8_t bm_log2 = 0;     // block_rows = 1 << bm_log2 (0, 4, 5, 7)
+  uint8_t bk_log2 = 0;     // block_cols = 1 << bk_log2
 };
 constexpr int kMaxBlockAmaxItems = 256;
 struct BlockAmaxBatch {
@@ -88,10 +88,10 @@ struct DelayedItem {
   float* history = nullptr;  // [len], history[0] = amax recorded this step
   int len = 1;
   float* scale = nullptr;
-  float* scale_inv = nullptr;     // nullable: rcp(scale) after the update
+  float* scale_inv = nullptr;           // nullable: rcp(scale) after the update
   const float* reduced_amax = nullptr;  // nullable: use history[0]
-  float scaled_max = 448.0f;      // fp8_max * 2^-margin
-  uint8_t algo_max = 1;           // 1: "max" over the history, 0: "most_recent"
+  float scaled_max = 448.0f;            // fp8_max * 2^-margin
+  uint8_t algo_max = 1;                 // 1: "max" over the history, 0: "most_recent"
 };
 struct DelayedBatch {
   int num = 0;
@@ -103,10 +103,10 @@ cudaError_t LaunchDelayedScaling(const DelayedBatch& batch, cudaStream_t stream)
 
 // ---- dequantize.cu ----
 struct DequantItem {
-  uint8_t fmt = 0;        // detail::KernelFormat
+  uint8_t fmt = 0;  // detail::KernelFormat
   uint8_t columnwise = 0;
   uint8_t e5m2 = 0;
-  uint8_t out_bf16 = 0;   // 0: fp32 output
+  uint8_t out_bf16 = 0;  // 0: fp32 output
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
@@ -114,7 +114,7 @@ struct DequantItem {
   int64_t scale_cols = 0;
   const float* scale_inv = nullptr;    // per-tensor FP8
   const float* global_amax = nullptr;  // NVFP4 A
-  void* out = nullptr;  // [rows][cols]
+  void* out = nullptr;                 // [rows][cols]
 };
 cudaError_t LaunchDequantize(const DequantItem& item, cudaStream_t stream);
 

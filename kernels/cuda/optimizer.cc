@@ -37,11 +37,12 @@ detail::AdamHyper FoldAdam(const AdamWHyper& h) {
 }
 
 absl::Status CheckTensor(const OptimizerTensor& t, size_t i, bool adam) {
-  if (t.count < 0 || (t.count > 0 && (t.param == nullptr || t.grad == nullptr ||
-                                      (adam && (t.exp_avg == nullptr || t.exp_avg_sq == nullptr))))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer tensor ", i, ": need count >= 0, param, grad",
-        adam ? ", exp_avg and exp_avg_sq" : ""));
+  if (t.count < 0 ||
+      (t.count > 0 && (t.param == nullptr || t.grad == nullptr ||
+                       (adam && (t.exp_avg == nullptr || t.exp_avg_sq == nullptr))))) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer tensor ", i,
+                                                   ": need count >= 0, param, grad",
+                                                   adam ? ", exp_avg and exp_avg_sq" : ""));
   }
   return absl::OkStatus();
 }
@@ -72,9 +73,11 @@ absl::Status Launch(absl::Span<const OptimizerTensor> tensors, bool adam,
       t.amax = a.amax;
       t.count = a.count;
       t.round_bf16 = a.amax_source == SourceDtype::kBf16;
-      t.vec = Aligned16(a.param) && Aligned16(a.grad) && (a.exp_avg == nullptr || Aligned16(a.exp_avg)) &&
+      t.vec = Aligned16(a.param) && Aligned16(a.grad) &&
+              (a.exp_avg == nullptr || Aligned16(a.exp_avg)) &&
               (a.exp_avg_sq == nullptr || Aligned16(a.exp_avg_sq)) && Aligned16(t.param_out) &&
-              (t.m_out == nullptr || Aligned16(t.m_out)) && (t.v_out == nullptr || Aligned16(t.v_out));
+              (t.m_out == nullptr || Aligned16(t.m_out)) &&
+              (t.v_out == nullptr || Aligned16(t.v_out));
       t.chunk_begin = batch->total_chunks;
       batch->total_chunks += (a.count + detail::kOptChunk - 1) / detail::kOptChunk;
     }
@@ -121,8 +124,8 @@ absl::Status AdamWStepAndQuantize(absl::Span<const AdamWQuantizeArgs> tensors,
     q.source = a.opt.param;
     q.input_type = InputType::kFp32;
     if (q.rows * q.cols != a.opt.count) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", i, ": rows * cols = ", q.rows * q.cols,
-                                                     " but count = ", a.opt.count));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, ": rows * cols = ", q.rows * q.cols, " but count = ", a.opt.count));
     }
     const bool deq = q.spec.columnwise_source == ColumnwiseSource::kRowwiseDequantized;
     const bool row_used = q.spec.rowwise_usage || (q.spec.columnwise_usage && deq);

@@ -43,7 +43,8 @@ __device__ __forceinline__ void Update(float& p, float& m, float& v, float g, bo
 }
 
 template <int kKind, bool kAmax>
-__global__ void __launch_bounds__(kThreads) OptimizerKernel(const __grid_constant__ OptBatch batch) {
+__global__ void __launch_bounds__(kThreads)
+    OptimizerKernel(const __grid_constant__ OptBatch batch) {
   __shared__ float warp_max[kThreads / 32];
   const int64_t chunk = blockIdx.x;
   int lo = 0, hi = batch.num - 1;

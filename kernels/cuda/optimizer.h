@@ -68,7 +68,7 @@ struct SgdHyper {
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;
-  bool first_step = false;  // momentum buffer is initialised with d on the first step
+  bool first_step = false;            // momentum buffer is initialised with d on the first step
   const float* grad_scale = nullptr;  // as AdamWHyper::grad_scale
 };
 

@@ -142,14 +142,16 @@ TEST(SgdTest, MatchesFloat64ReferenceAndAmaxExact) {
         double b = 0, mag = std::fabs(d);
         if (h.momentum != 0.0) {
           b = h.first_step ? d : h.momentum * H.m[i] + (1 - h.dampening) * d;
-          const double bmag = h.first_step ? std::fabs(d) : std::fabs(h.momentum * H.m[i]) + std::fabs(d);
+          const double bmag =
+              h.first_step ? std::fabs(d) : std::fabs(h.momentum * H.m[i]) + std::fabs(d);
           ASSERT_TRUE(Close(buf[i], b, bmag)) << "buf " << k << " " << i;
           d = h.nesterov ? d + h.momentum * b : b;
           mag = bmag * 2 + std::fabs(d);
         }
         const double p1 = H.p[i] - h.lr * d;
         ASSERT_TRUE(Close(p[i], p1, std::fabs(H.p[i]) + 2 * h.lr * mag))
-            << "p variant " << variant << " tensor " << k << " i " << i << ": " << p[i] << " vs " << p1;
+            << "p variant " << variant << " tensor " << k << " i " << i << ": " << p[i] << " vs "
+            << p1;
       }
       ASSERT_EQ(Bits(Download<float>(ts[k].amax, 1)[0]), Bits(AmaxOf(p, SourceDtype::kFp32)));
     }
@@ -169,7 +171,8 @@ TEST(AdamWQuantizeTest, FusedEqualsStepThenReference) {
       {Format::kMxfp8, Format::kMxfp8, ColumnwiseSource::kOriginal},
       {Format::kFp8Block128x128, Format::kFp8Block1x128, ColumnwiseSource::kRowwiseDequantized},
       {Format::kIdentityBf16, Format::kFp8Delayed, ColumnwiseSource::kRowwiseDequantized}};
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {33, 257}, {128, 128}, {300, 1024}, {7, 12}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {33, 257}, {128, 128}, {300, 1024}, {7, 12}};
   for (const Pair& pr : pairs) {
     for (const auto& [M, K] : shapes) {
       Arena().Reset();
@@ -213,8 +216,10 @@ TEST(AdamWQuantizeTest, FusedEqualsStepThenReference) {
       const auto p_plain = Download<float>(plain.param, n);
       const auto p_fused = Download<float>(a.opt.param, n);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(Bits(p_plain[i]), Bits(p_fused[i])) << "p " << i;
-      const auto m_plain = Download<float>(plain.exp_avg, n), m_fused = Download<float>(a.opt.exp_avg, n);
-      const auto v_plain = Download<float>(plain.exp_avg_sq, n), v_fused = Download<float>(a.opt.exp_avg_sq, n);
+      const auto m_plain = Download<float>(plain.exp_avg, n),
+                 m_fused = Download<float>(a.opt.exp_avg, n);
+      const auto v_plain = Download<float>(plain.exp_avg_sq, n),
+                 v_fused = Download<float>(a.opt.exp_avg_sq, n);
       for (int64_t i = 0; i < n; ++i) {
         ASSERT_EQ(Bits(m_plain[i]), Bits(m_fused[i])) << "m " << i;
         ASSERT_EQ(Bits(v_plain[i]), Bits(v_fused[i])) << "v " << i;
@@ -224,15 +229,24 @@ TEST(AdamWQuantizeTest, FusedEqualsStepThenReference) {
       sc.scale = s_col;
       auto want = ref::QuantizeHybrid(p_fused, M, K, hs, {sr, sc});
       ASSERT_TRUE(want.ok()) << want.status();
-      const std::string what = absl::StrCat(FormatName(pr.row), "+", FormatName(pr.col), " [", M, "x", K, "]");
-      EXPECT_EQ(CompareBytes(what + " row data", Download<uint8_t>(a.quant.rowwise.data, lr.data_bytes()),
-                             want->rowwise->data, lr.data_row_bytes), "");
-      EXPECT_EQ(CompareBytes(what + " row scales", Download<uint8_t>(a.quant.rowwise.scales, lr.scale_bytes()),
-                             want->rowwise->scales, 0), "");
-      EXPECT_EQ(CompareBytes(what + " col data", Download<uint8_t>(a.quant.columnwise.data, lc.data_bytes()),
-                             want->columnwise->data, lc.data_row_bytes), "");
-      EXPECT_EQ(CompareBytes(what + " col scales", Download<uint8_t>(a.quant.columnwise.scales, lc.scale_bytes()),
-                             want->columnwise->scales, 0), "");
+      const std::string what =
+          absl::StrCat(FormatName(pr.row), "+", FormatName(pr.col), " [", M, "x", K, "]");
+      EXPECT_EQ(
+          CompareBytes(what + " row data", Download<uint8_t>(a.quant.rowwise.data, lr.data_bytes()),
+                       want->rowwise->data, lr.data_row_bytes),
+          "");
+      EXPECT_EQ(CompareBytes(what + " row scales",
+                             Download<uint8_t>(a.quant.rowwise.scales, lr.scale_bytes()),
+                             want->rowwise->scales, 0),
+                "");
+      EXPECT_EQ(CompareBytes(what + " col data",
+                             Download<uint8_t>(a.quant.columnwise.data, lc.data_bytes()),
+                             want->columnwise->data, lc.data_row_bytes),
+                "");
+      EXPECT_EQ(CompareBytes(what + " col scales",
+                             Download<uint8_t>(a.quant.columnwise.scales, lc.scale_bytes()),
+                             want->columnwise->scales, 0),
+                "");
       const float amax = Download<float>(a.quant.rowwise.amax, 1)[0];
       EXPECT_EQ(Bits(amax), Bits(AmaxOf(p_fused, SourceDtype::kBf16))) << what;
     }
@@ -247,7 +261,8 @@ TEST(AdamWQuantizeTest, RefusesFormatsNeedingThisStepsAmax) {
   a.quant.cols = 1;
   a.quant.spec.rowwise = DefaultQuantSpec(Format::kNvfp4);
   a.quant.spec.columnwise_usage = false;
-  EXPECT_EQ(AdamWStepAndQuantize({a}, AdamWHyper{}, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(AdamWStepAndQuantize({a}, AdamWHyper{}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -23,8 +23,7 @@ using detail::TensorDesc;
 
 bool Aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
 
-absl::Status FillDirection(const QuantizeTensorArgs& a, Direction dir, bool write,
-                           DirDesc& d) {
+absl::Status FillDirection(const QuantizeTensorArgs& a, Direction dir, bool write, DirDesc& d) {
   const HybridSpec& h = a.spec;
   const QuantSpec& spec = dir == Direction::kRowwise ? h.rowwise : h.columnwise;
   const DirectionScaling& sc =
@@ -58,8 +57,8 @@ absl::Status FillDirection(const QuantizeTensorArgs& a, Direction dir, bool writ
     return absl::InvalidArgumentError(absl::StrCat(name, ": data buffer is null"));
   }
   if (layout.scale_bytes() > 0 && b.scales == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", FormatName(spec.format),
-                                                   " needs a scale buffer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", FormatName(spec.format), " needs a scale buffer"));
   }
   // Natural alignment of the element types (BF16 / FP32 data, FP32 scales).
   const uintptr_t data_align = spec.format == Format::kIdentityBf16   ? 2
@@ -67,7 +66,8 @@ absl::Status FillDirection(const QuantizeTensorArgs& a, Direction dir, bool writ
                                                                       : 1;
   const uintptr_t scale_align = layout.scale_elem_bytes == 4 ? 4 : 1;
   if (!Aligned(b.data, data_align) || (b.scales != nullptr && !Aligned(b.scales, scale_align))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": buffers must be aligned to their element size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": buffers must be aligned to their element size"));
   }
   d.data = b.data;
   d.scales = b.scales;
@@ -149,8 +149,8 @@ absl::StatusOr<detail::TensorDesc> MakeTensorDesc(const QuantizeTensorArgs& a, M
 }
 
 absl::Status LaunchTensorDescs(absl::Span<const detail::TensorDesc> descs,
-                               const detail::AdamHyper* adam, int variant,
-                               cudaStream_t stream, const float* grad_scale) {
+                               const detail::AdamHyper* adam, int variant, cudaStream_t stream,
+                               const float* grad_scale) {
   auto batch = std::make_unique<QuantizeBatch>();
   batch->grad_scale = grad_scale;
   size_t i = 0;
@@ -188,8 +188,8 @@ absl::Status QuantizeHybrid(absl::Span<const QuantizeTensorArgs> tensors, cudaSt
 absl::Status ColumnwiseSourceAmax(absl::Span<const QuantizeTensorArgs> tensors,
                                   absl::Span<float* const> amax_out, cudaStream_t stream) {
   if (amax_out.size() != tensors.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(tensors.size(), " tensors but ",
-                                                   amax_out.size(), " amax outputs"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(tensors.size(), " tensors but ", amax_out.size(), " amax outputs"));
   }
   std::vector<TensorDesc> descs;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -47,10 +47,10 @@
 #include "kernels/cuda/quantize_launch.h"
 #include "kernels/cuda/quantize_tile.cuh"
 // The passes of a tile (stages 3-5, the NVFP4 two-direction pass):
-#include "kernels/cuda/quantize_pattern.cuh"
-#include "kernels/cuda/quantize_row_pass.cuh"
 #include "kernels/cuda/quantize_col_pass.cuh"
 #include "kernels/cuda/quantize_nvfp4_pass.cuh"
+#include "kernels/cuda/quantize_pattern.cuh"
+#include "kernels/cuda/quantize_row_pass.cuh"
 
 namespace paramd {
 namespace gpu {
@@ -81,13 +81,16 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
   // kColMode (the columnwise copy in [M][K] order) exists for identity and MXFP8 only.
   switch (d.fmt) {
     case kKBf16:
-      if constexpr (Has<kPat>(kKBf16)) RunRowMappedF<NT, kKBf16, kColMode>(M, K, d, s, tm, tk, a, amax);
+      if constexpr (Has<kPat>(kKBf16))
+        RunRowMappedF<NT, kKBf16, kColMode>(M, K, d, s, tm, tk, a, amax);
       break;
     case kKFp32:
-      if constexpr (Has<kPat>(kKFp32)) RunRowMappedF<NT, kKFp32, kColMode>(M, K, d, s, tm, tk, a, amax);
+      if constexpr (Has<kPat>(kKFp32))
+        RunRowMappedF<NT, kKFp32, kColMode>(M, K, d, s, tm, tk, a, amax);
       break;
     case kKMxfp8:
-      if constexpr (Has<kPat>(kKMxfp8)) RunRowMappedF<NT, kKMxfp8, kColMode>(M, K, d, s, tm, tk, a, amax);
+      if constexpr (Has<kPat>(kKMxfp8))
+        RunRowMappedF<NT, kKMxfp8, kColMode>(M, K, d, s, tm, tk, a, amax);
       break;
     case kKNvfp4:
       if constexpr (Has<kPat>(kKNvfp4) && !kColMode) {
@@ -122,8 +125,7 @@ __device__ __forceinline__ void RunRowMapped(int64_t M, int64_t K, const DirDesc
 // step), configured by kVar (above); the all-format kernel decides per
 // tensor at run time.
 template <int NT, int kPat, bool kAdam, int kVar>
-__device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile,
-                                            TileSmem& s) {
+__device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t tile, TileSmem& s) {
   // Each pass copies the descriptor fields it needs into registers before
   // its loops (a read through this reference could alias the global stores
   // and would be repeated after each of them).
@@ -165,8 +167,10 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
 
   // Per-tensor scalars, once per tensor.
   if (tm == 0 && tk == 0 && threadIdx.x == 0) {
-    if (row.fmt == kKFp8Tensor && row.write && row.scale_inv) *row.scale_inv = __frcp_rn(*row.scale);
-    if (col.fmt == kKFp8Tensor && col.write && col.scale_inv) *col.scale_inv = __frcp_rn(*col.scale);
+    if (row.fmt == kKFp8Tensor && row.write && row.scale_inv)
+      *row.scale_inv = __frcp_rn(*row.scale);
+    if (col.fmt == kKFp8Tensor && col.write && col.scale_inv)
+      *col.scale_inv = __frcp_rn(*col.scale);
   }
 
   const bool row_needed = row.fmt != kKNone;
@@ -213,7 +217,8 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
   bool tile_is_source = false;  // the tile holds the columnwise input, already rounded
   if (nvfp4_both) {
     if constexpr (Has<kPat>(kKNvfp4)) {
-      Nvfp4TwoDirPass<NT, false, (kVar & kVarScalarE2M1) != 0>(M, K, row, col, s, tm, tk, rbf, row_amax);
+      Nvfp4TwoDirPass<NT, false, (kVar & kVarScalarE2M1) != 0>(M, K, row, col, s, tm, tk, rbf,
+                                                               row_amax);
       ColScaleStep<NT, kPat>(M, K, col, s, col2d, tm, tk, /*need_mult=*/false);
     }
   } else if (nvfp4_row_fast) {
@@ -262,7 +267,8 @@ __device__ __forceinline__ void ProcessTile(const QuantizeBatch& batch, int64_t 
         __syncthreads();
       }
       if (IsTransposed(col.fmt)) {
-        constexpr bool kFp8T = Has<kPat>(kKFp8Tensor) || Has<kPat>(kKBlock2d) || Has<kPat>(kKBlock1d);
+        constexpr bool kFp8T =
+            Has<kPat>(kKFp8Tensor) || Has<kPat>(kKBlock2d) || Has<kPat>(kKBlock1d);
         if (col.fmt == kKNvfp4) {
           if constexpr (Has<kPat>(kKNvfp4)) {
             ColTransposedPass<NT, true, false>(M, K, col, s, tm, tk, crbf, col_amax);
@@ -320,8 +326,8 @@ cudaError_t LaunchPattern(const QuantizeBatch& batch, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const size_t smem = sizeof(TileSmem);
   auto kernel = QuantizeTilesKernel<kThreads, 3, kPat, kAdam, kVar>;
-  const cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   int64_t grid = batch.total_tiles;  // one tile per block
   if (grid > 0x7FFFFFFF) grid = 0x7FFFFFFF;
@@ -333,7 +339,8 @@ template <int kPat, bool kAdam = false>
 bool Covers(const QuantizeBatch& batch) {
   for (int i = 0; i < batch.num; ++i) {
     const TensorDesc& t = batch.t[i];
-    if ((t.opt.param != nullptr) != kAdam || !Has<kPat>(t.row.fmt) || !Has<kPat>(t.col.fmt)) return false;
+    if ((t.opt.param != nullptr) != kAdam || !Has<kPat>(t.row.fmt) || !Has<kPat>(t.col.fmt))
+      return false;
   }
   return true;
 }

@@ -33,8 +33,8 @@ enum class InputType : uint8_t { kFp32 = 0, kBf16 = 1 };
 
 // Device buffers of one direction, laid out as ComputeLayout(spec, dir, M, K).
 struct DirectionBuffers {
-  void* data = nullptr;     // Layout::data_bytes() bytes
-  void* scales = nullptr;   // Layout::scale_bytes() bytes; required iff > 0
+  void* data = nullptr;    // Layout::data_bytes() bytes
+  void* scales = nullptr;  // Layout::scale_bytes() bytes; required iff > 0
   // Per-tensor FP8 only (optional): receives rcp(scale) = QuantizedTensor::scale_inv.
   float* scale_inv = nullptr;
   // Optional: max-updated (never lowered) with the amax of what this direction

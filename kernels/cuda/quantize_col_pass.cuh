@@ -63,7 +63,7 @@ __device__ __forceinline__ void ColScaleStep(int64_t M, int64_t K, const DirDesc
         for (int c = threadIdx.x; c < kTile; c += NT) {
           const int64_t gj = j0 + c;
           uint32_t lo = 0, hi = 0;
-  #pragma unroll
+#pragma unroll
           for (int rb = 0; rb < 8; ++rb) {
             const float bam = Fbits(two_d ? amax2d[rb * 8 + (c >> 4)] : s.colbuf[rb * kTile + c]);
             const uint32_t sd = CvtFp8(__fmul_rn(bam, factor), false);
@@ -83,7 +83,8 @@ __device__ __forceinline__ void ColScaleStep(int64_t M, int64_t K, const DirDesc
           if (write && gj < scale_rows) {
             uint8_t* out = scales + gj * scale_cols + int64_t{tm} * 8;
             const int64_t room = scale_cols - int64_t{tm} * 8;
-            if (room >= 8 && (scale_cols & 7) == 0 && (reinterpret_cast<uintptr_t>(scales) & 7) == 0) {
+            if (room >= 8 && (scale_cols & 7) == 0 &&
+                (reinterpret_cast<uintptr_t>(scales) & 7) == 0) {
               *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);
             } else {
               for (int b = 0; b < 8 && b < room; ++b) {
@@ -182,7 +183,8 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
         RoundPairBf16(va.x, va.y), RoundPairBf16(va.z, va.w);
         RoundPairBf16(vb.x, vb.y), RoundPairBf16(vb.z, vb.w);
       }
-      amax_acc = fmaxf(amax_acc, fmaxf(Max4Abs(va.x, va.y, va.z, va.w), Max4Abs(vb.x, vb.y, vb.z, vb.w)));
+      amax_acc =
+          fmaxf(amax_acc, fmaxf(Max4Abs(va.x, va.y, va.z, va.w), Max4Abs(vb.x, vb.y, vb.z, vb.w)));
       if constexpr (kFp4) {
         // Two rows of one column make one byte (even row in the low nibble).
         // pq[j]: byte k = the byte of column c0+k for row pair 8q + 2j.
@@ -194,8 +196,10 @@ __device__ __forceinline__ void ColTransposedPass(int64_t M, int64_t K, const Di
         pq[j] = E2M1Nibbles8(lo, hi);
         if (j == 3) {  // a 4x4 byte transpose: wk[q] = byte k of pq[0..3]
           const int q = sr >> 3;
-          const uint32_t A = __byte_perm(pq[0], pq[1], 0x5140), B = __byte_perm(pq[2], pq[3], 0x5140);
-          const uint32_t C = __byte_perm(pq[0], pq[1], 0x7362), D = __byte_perm(pq[2], pq[3], 0x7362);
+          const uint32_t A = __byte_perm(pq[0], pq[1], 0x5140),
+                         B = __byte_perm(pq[2], pq[3], 0x5140);
+          const uint32_t C = __byte_perm(pq[0], pq[1], 0x7362),
+                         D = __byte_perm(pq[2], pq[3], 0x7362);
           w0[q] = __byte_perm(A, B, 0x5410);
           w1[q] = __byte_perm(A, B, 0x7632);
           w2[q] = __byte_perm(C, D, 0x5410);

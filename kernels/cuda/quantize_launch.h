@@ -20,14 +20,14 @@ namespace detail {
 
 // What the kernel writes for one direction.
 enum KernelFormat : uint8_t {
-  kKNone = 0,      // direction not computed
-  kKBf16 = 1,      // identity BF16 [M][K]
-  kKFp32 = 2,      // identity FP32 [M][K]
-  kKFp8Tensor = 3, // per-tensor FP8 (delayed or current): row [M][K], col [K][M]
-  kKMxfp8 = 4,     // row [M][K] + R[Mp][Bp]; col [M][K] + C[..][..]
-  kKNvfp4 = 5,     // row [M][ceil(K/2)]; col [K][ceil(M/2)]
-  kKBlock2d = 6,   // FP8 128x128 blocks, col [K][M]
-  kKBlock1d = 7,   // FP8 1x128 blocks (along the direction), col [K][M]
+  kKNone = 0,       // direction not computed
+  kKBf16 = 1,       // identity BF16 [M][K]
+  kKFp32 = 2,       // identity FP32 [M][K]
+  kKFp8Tensor = 3,  // per-tensor FP8 (delayed or current): row [M][K], col [K][M]
+  kKMxfp8 = 4,      // row [M][K] + R[Mp][Bp]; col [M][K] + C[..][..]
+  kKNvfp4 = 5,      // row [M][ceil(K/2)]; col [K][ceil(M/2)]
+  kKBlock2d = 6,    // FP8 128x128 blocks, col [K][M]
+  kKBlock1d = 7,    // FP8 1x128 blocks (along the direction), col [K][M]
 };
 
 // One direction of one tensor.
@@ -41,8 +41,8 @@ struct DirDesc {
   uint8_t vec = 0;
   uint8_t write = 0;  // 0: compute only (temporary rowwise copy, amax passes)
   float eps = 0.0f;
-  float inf_value = 0.0f;        // blockwise compute_scale inf_value
-  const float* scale = nullptr;  // per-tensor FP8 multiplier (device scalar)
+  float inf_value = 0.0f;              // blockwise compute_scale inf_value
+  const float* scale = nullptr;        // per-tensor FP8 multiplier (device scalar)
   const float* global_amax = nullptr;  // NVFP4 A (device scalar)
   void* data = nullptr;
   void* scales = nullptr;
@@ -60,14 +60,13 @@ struct OptDesc {
   const float* grad = nullptr;
 };
 
-
 struct TensorDesc {
   const void* src = nullptr;  // [M][K], fp32 or bf16
   int64_t rows = 0;
   int64_t cols = 0;
-  uint8_t src_bf16 = 0;    // input element type is bf16
-  uint8_t round_bf16 = 0;  // D1: round to BF16 on read
-  uint8_t src_vec = 0;     // 16-byte aligned rows (cols % 8 == 0 and aligned pointer)
+  uint8_t src_bf16 = 0;      // input element type is bf16
+  uint8_t round_bf16 = 0;    // D1: round to BF16 on read
+  uint8_t src_vec = 0;       // 16-byte aligned rows (cols % 8 == 0 and aligned pointer)
   uint8_t col_from_row = 0;  // columnwise_source = rowwise_dequantized
   uint8_t source_bf16 = 0;   // D1 source dtype is BF16 (D2 rounds the dequantized values)
   DirDesc row;
@@ -103,7 +102,7 @@ enum QuantizeVariant : int {
   kVariantOnePassPrefetch0 = 1,        // one-pass step (plain, MXFP8): no L2 prefetch
   kVariantOnePassStream = 2,           // ... evict-first loads and stores
   kVariantOnePassStreamPrefetch2 = 3,  // ... evict-first, prefetch 2 steps ahead
-  kVariantNvfp4ScalarE2M1 = 4,  // NVFP4-only batches: the per-element E2M1 encoder in 16x16
+  kVariantNvfp4ScalarE2M1 = 4,         // NVFP4-only batches: the per-element E2M1 encoder in 16x16
 };
 
 // Launches the tile kernel over every tile of every tensor in `batch`;

@@ -27,7 +27,7 @@ namespace {
 // Nibbles of p = [n0 .. n7] (n0 lowest) -> [n0 n4 n1 n5 n2 n6 n3 n7]: byte k
 // holds nibble k in its low half and nibble 4+k in its high half.
 __device__ __forceinline__ uint32_t InterleaveNibbles(uint32_t p) {
-  const uint32_t x = __byte_perm(p, 0u, 0x3120);  // [n0 n1 n4 n5 n2 n3 n6 n7]
+  const uint32_t x = __byte_perm(p, 0u, 0x3120);    // [n0 n1 n4 n5 n2 n3 n6 n7]
   const uint32_t t = (x ^ (x >> 4)) & 0x00F000F0u;  // swap nibbles 1<->2 and 5<->6
   return x ^ t ^ (t << 4);
 }
@@ -111,7 +111,8 @@ __device__ __forceinline__ void Nvfp4TwoDirPass(int64_t M, int64_t K, const DirD
     for (int k = 0; k < 4; ++k) {
       const int r = 16 * warp + 4 * (lane & 3) + k;
       if (r < scale_rows_valid) {
-        sbase[int64_t{r} * scale_cols] = static_cast<uint8_t>(r < rows_valid && sblock_ok ? sd : 0u);
+        sbase[int64_t{r} * scale_cols] =
+            static_cast<uint8_t>(r < rows_valid && sblock_ok ? sd : 0u);
       }
     }
   }

@@ -27,10 +27,10 @@ namespace {
 // row + col 5 % slower than a kernel without the MXFP8 / NVFP4 code;
 // GPU_NOTES run 8).
 enum KernelPattern : int {
-  kPatAll = 0,    // every format, the fused AdamW load
-  kPatPlain = 1,  // identity BF16 / FP32, per-tensor FP8, FP8 128x128
-  kPatNvfp4 = 2,  // NVFP4 only
-  kPatMxfp8 = 3,  // MXFP8 only
+  kPatAll = 0,      // every format, the fused AdamW load
+  kPatPlain = 1,    // identity BF16 / FP32, per-tensor FP8, FP8 128x128
+  kPatNvfp4 = 2,    // NVFP4 only
+  kPatMxfp8 = 3,    // MXFP8 only
   kPatBlock1d = 4,  // FP8 1x128 only
   kPatPlainMx = 5,  // kPatPlain + MXFP8 (hybrid FP8 / MXFP8 tensors)
   kPatPlainNv = 6,  // kPatPlain + NVFP4 (hybrid FP8 / NVFP4 tensors)

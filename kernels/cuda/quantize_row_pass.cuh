@@ -85,7 +85,8 @@ __device__ __forceinline__ void Mxfp8FullTile(int64_t M, int64_t K, const DirDes
     for (int k = 0; k < 4; ++k) {
       const int i = 4 * c + k;
       const float4 v = trow[i * kWarps * kChunks + (lane ^ ((i >> 1) & 7))];
-      cm0 = AbsMax(cm0, v.x), cm1 = AbsMax(cm1, v.y), cm2 = AbsMax(cm2, v.z), cm3 = AbsMax(cm3, v.w);
+      cm0 = AbsMax(cm0, v.x), cm1 = AbsMax(cm1, v.y), cm2 = AbsMax(cm2, v.z),
+      cm3 = AbsMax(cm3, v.w);
     }
     if (kRound) {  // monotone: round the block max once
       RoundPairBf16(cm0, cm1);
@@ -108,8 +109,9 @@ __device__ __forceinline__ void Mxfp8FullTile(int64_t M, int64_t K, const DirDes
     // Scale bytes [i][b] of rows w + 8(8j + (lane & 7)), block tk*4 + lane/8.
     // Full tile: every row and block is inside [M, K] and the scale buffer.
     const int64_t scale_cols = d.scale_cols;
-    uint8_t* srow = static_cast<uint8_t*>(d.scales) + (i0 + warp + kWarps * (lane & 7)) * scale_cols +
-                    int64_t{tk} * (kTile / 32) + (lane >> 3);
+    uint8_t* srow = static_cast<uint8_t*>(d.scales) +
+                    (i0 + warp + kWarps * (lane & 7)) * scale_cols + int64_t{tk} * (kTile / 32) +
+                    (lane >> 3);
     srow[0] = static_cast<uint8_t>(e0);
     srow[64 * scale_cols] = static_cast<uint8_t>(e1);
   }
@@ -130,8 +132,8 @@ __device__ __forceinline__ void Mxfp8FullTile(int64_t M, int64_t K, const DirDes
       RoundPairBf16(v.z, v.w);
     }
     const float m = __shfl_sync(0xFFFFFFFFu, i < 8 ? m0 : m1, (lane & ~7) | (i & 7));
-    const uint32_t qb = CvtFp8x4(__fmul_rn(v.x, m), __fmul_rn(v.y, m), __fmul_rn(v.z, m),
-                                 __fmul_rn(v.w, m), kE5M2);
+    const uint32_t qb =
+        CvtFp8x4(__fmul_rn(v.x, m), __fmul_rn(v.y, m), __fmul_rn(v.z, m), __fmul_rn(v.w, m), kE5M2);
     *reinterpret_cast<uint32_t*>(out) = qb;
     const float4 mm = cmul[(i >> 2) * kChunks];
     const uint32_t qc = CvtFp8x4(__fmul_rn(v.x, mm.x), __fmul_rn(v.y, mm.y), __fmul_rn(v.z, mm.z),
@@ -144,9 +146,8 @@ __device__ __forceinline__ void Mxfp8FullTile(int64_t M, int64_t K, const DirDes
 // no scale writes, no writeback). Addresses advance by pointer increments; the
 // per-row bounds are 32-bit compares against the tile's valid extent.
 template <int NT, int F, bool kE5M2, bool kColMode>
-__device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDesc& d,
-                                              TileSmem& s, int tm, int tk, RowPassArgs a,
-                                              float& amax_acc) {
+__device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDesc& d, TileSmem& s,
+                                              int tm, int tk, RowPassArgs a, float& amax_acc) {
   constexpr int kWarps = NT / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t i0 = int64_t{tm} * kTile, j0 = int64_t{tk} * kTile;
@@ -259,7 +260,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
         bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 2));
         bam = fmaxf(bam, __shfl_xor_sync(0xFFFFFFFFu, bam, 4));
         if (fuse_col) {
-          cm0 = AbsMax(cm0, v.x), cm1 = AbsMax(cm1, v.y), cm2 = AbsMax(cm2, v.z), cm3 = AbsMax(cm3, v.w);
+          cm0 = AbsMax(cm0, v.x), cm1 = AbsMax(cm1, v.y), cm2 = AbsMax(cm2, v.z),
+          cm3 = AbsMax(cm3, v.w);
           if (i % kRowsPerColBlock == kRowsPerColBlock - 1) {
             if (round_bf16) {  // monotone: round the block max once
               RoundPairBf16(cm0, cm1);
@@ -330,7 +332,7 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
     // Lanes 2i and 2i + 1 now hold row slot i (16 shuffles per warp, not 80).
     float mine = WarpRowMax16(x);
     mine = fmaxf(mine, 0.0f);  // a row of NaNs only has amax 0 (§0)
-    if (round_bf16) {  // RNE to BF16 is monotone: round(max|x|) = max|round(x)|
+    if (round_bf16) {          // RNE to BF16 is monotone: round(max|x|) = max|round(x)|
       float unused = 0.0f;
       RoundPairBf16(mine, unused);
     }
@@ -350,13 +352,13 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
   // aligned vector stores: no bounds in the loop) and once for the rest. Run
   // 8's SASS of the general loop recomputed the 64-bit row / column bounds in
   // every row (rematerialised at the 80-register cap).
-  const bool full_tile = rows_valid == kTile && K - j0 >= kTile && (!write || vec_d) &&
-                         (!cwrite || cvec_d);
+  const bool full_tile =
+      rows_valid == kTile && K - j0 >= kTile && (!write || vec_d) && (!cwrite || cvec_d);
   auto row_loop = [&](auto full_tag) {
     constexpr bool kFull = decltype(full_tag)::value;
     const bool vec = kFull || vec_d;
     [[maybe_unused]] const bool cvec = kFull || cvec_d;
-  #pragma unroll 2
+#pragma unroll 2
     for (int r = warp; r < kTile; r += kWarps, out += out_step, srow += srow_step) {
       const bool row_ok = kFull || r < rows_valid;
       const int n = kFull ? 4 : (row_ok ? nvalid_col : 0);
@@ -443,9 +445,9 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
           d2 = __fmul_rn(DecodeE2M1(byte1 & 0xFu), f);
           d3 = __fmul_rn(DecodeE2M1(byte1 >> 4), f);
         }
-      } else {  // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
-        float m0, m1, m2, m3;  // multipliers
-        [[maybe_unused]] float q = 1.0f;        // dequantization factor (one per lane here)
+      } else {                            // FP8 element formats: per-tensor, 128x128, 1x128, MXFP8
+        float m0, m1, m2, m3;             // multipliers
+        [[maybe_unused]] float q = 1.0f;  // dequantization factor (one per lane here)
         if constexpr (F == kKMxfp8 && kColMode) {
           const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
           m0 = mm.x, m1 = mm.y, m2 = mm.z, m3 = mm.w;
@@ -457,8 +459,8 @@ __device__ __forceinline__ void RowMappedPass(int64_t M, int64_t K, const DirDes
           if (deq_wb) q = __frcp_rn(m0);
           if (cout != nullptr) {  // the columnwise copy from the same registers
             const float4 mm = reinterpret_cast<const float4*>(s.colbuf)[(r >> 5) * kChunks + lane];
-            const uint32_t qc = CvtFp8x4(__fmul_rn(x0, mm.x), __fmul_rn(x1, mm.y), __fmul_rn(x2, mm.z),
-                                         __fmul_rn(x3, mm.w), kE5M2);
+            const uint32_t qc = CvtFp8x4(__fmul_rn(x0, mm.x), __fmul_rn(x1, mm.y),
+                                         __fmul_rn(x2, mm.z), __fmul_rn(x3, mm.w), kE5M2);
             if (cwrite && n > 0) Store4Bytes(cout, qc, n, cvec);
             cout += out_step;
           }

@@ -48,9 +48,9 @@ struct NamedSpec {
 
 std::vector<NamedSpec> CoreSpecs() {
   std::vector<NamedSpec> v;
-  for (Format f : {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed,
-                   Format::kFp8Current, Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128,
-                   Format::kFp8Block1x128}) {
+  for (Format f :
+       {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed, Format::kFp8Current,
+        Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128, Format::kFp8Block1x128}) {
     v.push_back({std::string(FormatName(f)), DefaultQuantSpec(f)});
   }
   return v;
@@ -90,10 +90,10 @@ struct Shape {
   int64_t rows, cols;
 };
 const std::vector<Shape>& Shapes() {
-  static const auto* shapes = new std::vector<Shape>{
-      {1, 1},    {1, 7},     {1, 128},   {1, 300},   {5, 1},     {129, 1},  {17, 33},
-      {31, 257}, {127, 129}, {128, 128}, {130, 250}, {200, 64},  {48, 80},  {256, 384},
-      {33, 1000}, {7, 16},   {64, 4}};
+  static const auto* shapes =
+      new std::vector<Shape>{{1, 1},   {1, 7},     {1, 128},   {1, 300},   {5, 1},     {129, 1},
+                             {17, 33}, {31, 257},  {127, 129}, {128, 128}, {130, 250}, {200, 64},
+                             {48, 80}, {256, 384}, {33, 1000}, {7, 16},    {64, 4}};
   return *shapes;
 }
 
@@ -113,7 +113,8 @@ ref::HybridScaling MakeScaling(const std::vector<float>& master, int64_t rows, i
   const std::vector<float> source = ref::RoundToSource(master, h.source_dtype);
   const float row_amax = ref::Amax(source);
   sc.rowwise = ref::ScalingFromAmax(h.rowwise, row_amax);
-  if (h.rowwise.format == Format::kFp8Delayed) sc.rowwise.scale = RandomDelayedScale(row_amax, h.rowwise, rng);
+  if (h.rowwise.format == Format::kFp8Delayed)
+    sc.rowwise.scale = RandomDelayedScale(row_amax, h.rowwise, rng);
   float col_amax = row_amax;
   if (h.columnwise_source == ColumnwiseSource::kRowwiseDequantized) {
     auto cs = ref::ColumnwiseSourceValues(master, rows, cols, h, sc.rowwise);
@@ -166,8 +167,8 @@ std::string CheckDirection(const TensorCase& tc, const HybridSpec& h, Direction 
   }
   std::string e = CompareBytes(where + " data", got, want.data, o.layout.data_row_bytes);
   if (!e.empty()) return e;
-  e = CompareBytes(where + " scales", Download<uint8_t>(o.scales, o.layout.scale_bytes()), want.scales,
-                   o.layout.scale_cols * o.layout.scale_elem_bytes);
+  e = CompareBytes(where + " scales", Download<uint8_t>(o.scales, o.layout.scale_bytes()),
+                   want.scales, o.layout.scale_cols * o.layout.scale_elem_bytes);
   if (!e.empty()) return e;
   if (IsFp8PerTensor(spec.format)) {
     const float si = Download<float>(o.scale_inv, 1)[0];
@@ -182,7 +183,8 @@ std::string CheckDirection(const TensorCase& tc, const HybridSpec& h, Direction 
 
 // Runs one batch (all shapes) for one configuration; returns failures.
 std::vector<std::string> RunBatch(DeviceArena& arena, const HybridSpec& h, InputType input,
-                                  Dist dist, std::mt19937_64& rng, const std::vector<Shape>& shapes) {
+                                  Dist dist, std::mt19937_64& rng,
+                                  const std::vector<Shape>& shapes) {
   arena.Reset();
   std::vector<TensorCase> cases(shapes.size());
   std::vector<QuantizeTensorArgs> args;
@@ -221,7 +223,8 @@ std::vector<std::string> RunBatch(DeviceArena& arena, const HybridSpec& h, Input
       const size_t elem = f == Format::kIdentityBf16 ? 2 : f == Format::kIdentityFp32 ? 4 : 1;
       const bool mis = rng() % 4 == 0;
       o.data = arena.Alloc(o.layout.data_bytes(), mis ? elem : 0);
-      o.scales = arena.Alloc(o.layout.scale_bytes(), mis ? std::max(1, o.layout.scale_elem_bytes) : 0);
+      o.scales =
+          arena.Alloc(o.layout.scale_bytes(), mis ? std::max(1, o.layout.scale_elem_bytes) : 0);
       o.scale_inv = static_cast<float*>(arena.Alloc(4));
       o.amax = arena.Scalar(0.0f);
       DirectionBuffers& b = d == 0 ? a.rowwise : a.columnwise;
@@ -258,7 +261,8 @@ std::vector<std::string> RunBatch(DeviceArena& arena, const HybridSpec& h, Input
       std::string e = CheckDirection(tc, h, Direction::kColumnwise, *want->columnwise);
       if (!e.empty()) failures.push_back(e);
     }
-    auto cs = ref::ColumnwiseSourceValues(tc.master, tc.shape.rows, tc.shape.cols, h, tc.scaling.rowwise);
+    auto cs =
+        ref::ColumnwiseSourceValues(tc.master, tc.shape.rows, tc.shape.cols, h, tc.scaling.rowwise);
     const float want_amax = ref::Amax(*cs);
     const float got_amax = Download<float>(tc.col_amax_dev, 1)[0];
     if (Bits(got_amax) != Bits(want_amax)) {
@@ -271,12 +275,12 @@ std::vector<std::string> RunBatch(DeviceArena& arena, const HybridSpec& h, Input
 
 std::string ConfigName(const NamedSpec& r, const NamedSpec& c, const HybridSpec& h, InputType in,
                        Dist d) {
-  return absl::StrCat(r.name, "+", c.name,
-                      h.columnwise_source == ColumnwiseSource::kOriginal ? " original" : " rowwise_dequantized",
-                      h.source_dtype == SourceDtype::kBf16 ? " src=bf16" : " src=fp32",
-                      in == InputType::kBf16 ? " in=bf16" : " in=fp32",
-                      h.rowwise_usage ? "" : " (no rowwise)", h.columnwise_usage ? "" : " (no columnwise)",
-                      " ", testing::DistName(d));
+  return absl::StrCat(
+      r.name, "+", c.name,
+      h.columnwise_source == ColumnwiseSource::kOriginal ? " original" : " rowwise_dequantized",
+      h.source_dtype == SourceDtype::kBf16 ? " src=bf16" : " src=fp32",
+      in == InputType::kBf16 ? " in=bf16" : " in=fp32", h.rowwise_usage ? "" : " (no rowwise)",
+      h.columnwise_usage ? "" : " (no columnwise)", " ", testing::DistName(d));
 }
 
 DeviceArena& Arena() { return testing::SharedArena(size_t{256} << 20); }
@@ -296,8 +300,8 @@ void RunPair(const NamedSpec& r, const NamedSpec& c, bool all_configs, uint64_t 
             h.columnwise = c.spec;
             h.columnwise_source = cs;
             h.source_dtype = sd;
-            h.rowwise_usage = usage != 2;      // usage 2: columnwise only
-            h.columnwise_usage = usage != 1;   // usage 1: rowwise only
+            h.rowwise_usage = usage != 2;     // usage 2: columnwise only
+            h.columnwise_usage = usage != 1;  // usage 1: rowwise only
             if (usage == 1 && cs == ColumnwiseSource::kRowwiseDequantized) continue;
             ++configs;
             auto failures = RunBatch(Arena(), h, in, dist, rng, Shapes());
@@ -312,7 +316,8 @@ void RunPair(const NamedSpec& r, const NamedSpec& c, bool all_configs, uint64_t 
       }
     }
   }
-  printf("%s + %s: %d configurations, %d failed\n", r.name.c_str(), c.name.c_str(), configs, failed);
+  printf("%s + %s: %d configurations, %d failed\n", r.name.c_str(), c.name.c_str(), configs,
+         failed);
 }
 
 class CorePairTest : public ::testing::TestWithParam<std::pair<int, int>> {};
@@ -334,7 +339,8 @@ std::vector<std::pair<int, int>> AllCorePairs() {
 INSTANTIATE_TEST_SUITE_P(AllPairs, CorePairTest, ::testing::ValuesIn(AllCorePairs()),
                          [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
                            const auto specs = CoreSpecs();
-                           return specs[info.param.first].name + "_" + specs[info.param.second].name;
+                           return specs[info.param.first].name + "_" +
+                                  specs[info.param.second].name;
                          });
 
 class VariantTest : public ::testing::TestWithParam<int> {};
@@ -370,7 +376,8 @@ TEST(QuantizeValidation, RefusesBadArguments) {
   QuantizeTensorArgs a;
   a.rows = 4;
   a.cols = 4;
-  EXPECT_EQ(QuantizeHybrid({a}, nullptr).code(), absl::StatusCode::kInvalidArgument);  // null source
+  EXPECT_EQ(QuantizeHybrid({a}, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // null source
   float* src = Arena().Scalar(1.0f);
   a.source = src;
   a.spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
@@ -399,16 +406,14 @@ TEST(CodecTest, ExhaustiveDeviceCodecsMatchReferenceRules) {
   PARAMD_CUDA_CHECK(cudaDeviceSynchronize());
   const auto c = Download<unsigned long long>(counts, kN);
   const auto f = Download<unsigned>(first, kN);
-  const char* names[kN] = {"E4M3 cvt.rn.satfinite vs reference rule",
-                           "E5M2 cvt.rn.satfinite vs reference rule",
-                           "BF16 cvt.rn.bf16x2 vs reference rule",
-                           "E2M1 FMA encoder vs compare encoder",
-                           "E2M1 compare encoder vs reference rule",
-                           "E8M0 branch-free vs reference rule",
-                           "E2M1 v4 fast encoder vs compare encoder",
-                           "E2M1 packed x4 encoder vs compare encoder"};
+  const char* names[kN] = {
+      "E4M3 cvt.rn.satfinite vs reference rule", "E5M2 cvt.rn.satfinite vs reference rule",
+      "BF16 cvt.rn.bf16x2 vs reference rule",    "E2M1 FMA encoder vs compare encoder",
+      "E2M1 compare encoder vs reference rule",  "E8M0 branch-free vs reference rule",
+      "E2M1 v4 fast encoder vs compare encoder", "E2M1 packed x4 encoder vs compare encoder"};
   for (int k = 0; k < kN; ++k) {
-    EXPECT_EQ(c[k], 0u) << names[k] << ": " << c[k] << " of 2^32 inputs differ, first 0x" << std::hex << f[k];
+    EXPECT_EQ(c[k], 0u) << names[k] << ": " << c[k] << " of 2^32 inputs differ, first 0x"
+                        << std::hex << f[k];
     printf("codec check %-42s: %llu mismatches over 2^32 inputs\n", names[k], c[k]);
   }
 }
@@ -426,9 +431,11 @@ TEST(DequantizeTest, EqualsReference) {
         for (Dist dist : testing::kAllDists) {
           Arena().Reset();
           const int64_t M = shape.rows, K = shape.cols;
-          const auto source = ref::RoundToSource(testing::RandomMatrix(M, K, dist, rng), SourceDtype::kBf16);
+          const auto source =
+              ref::RoundToSource(testing::RandomMatrix(M, K, dist, rng), SourceDtype::kBf16);
           TensorScaling sc = ref::ScalingFromAmax(ns.spec, ref::Amax(source));
-          if (ns.spec.format == Format::kFp8Delayed) sc.scale = RandomDelayedScale(ref::Amax(source), ns.spec, rng);
+          if (ns.spec.format == Format::kFp8Delayed)
+            sc.scale = RandomDelayedScale(ref::Amax(source), ns.spec, rng);
           auto q = ref::Quantize(source, M, K, ns.spec, dir, sc);
           ASSERT_TRUE(q.ok()) << q.status();
           auto want = ref::Dequantize(*q, ns.spec);
@@ -506,9 +513,12 @@ TEST(AmaxTest, MultiTensorExact) {
 
 TEST(ScalingTest, CurrentScalingMatchesComputeScale) {
   std::mt19937_64 rng(6);
-  std::vector<float> amaxes = {0.0f, 1e-45f, 1e-40f, 1e-38f, 1.0f, 448.0f, 3e38f, FLT_MAX,
-                               std::numeric_limits<float>::infinity(), std::nanf("")};
-  for (int i = 0; i < 200; ++i) amaxes.push_back(testing::FromBits(static_cast<uint32_t>(rng()) & 0x7FFFFFFFu));
+  std::vector<float> amaxes = {0.0f,         1e-45f,  1e-40f,
+                               1e-38f,       1.0f,    448.0f,
+                               3e38f,        FLT_MAX, std::numeric_limits<float>::infinity(),
+                               std::nanf("")};
+  for (int i = 0; i < 200; ++i)
+    amaxes.push_back(testing::FromBits(static_cast<uint32_t>(rng()) & 0x7FFFFFFFu));
   for (const NamedSpec& ns : {NamedSpec{"e4m3", DefaultQuantSpec(Format::kFp8Current)},
                               VariantSpecs()[0], VariantSpecs()[1]}) {
     for (float eps : {0.0f, 1e-3f}) {
@@ -574,7 +584,8 @@ TEST(ScalingTest, DelayedScalingTwentySteps) {
     // its amax into history[0] (step 5 records nothing: amax 0, D9).
     for (size_t i = 0; i < cfgs.size(); ++i) {
       const int64_t M = 40 + rng() % 100, K = 30 + rng() % 200;
-      std::vector<float> master = testing::RandomMatrix(M, K, step == 5 ? Dist::kNormal : testing::kAllDists[rng() % 2], rng);
+      std::vector<float> master = testing::RandomMatrix(
+          M, K, step == 5 ? Dist::kNormal : testing::kAllDists[rng() % 2], rng);
       if (step == 5) std::fill(master.begin(), master.end(), 0.0f);
       QuantizeTensorArgs q;
       q.source = Arena().Upload(master);
@@ -643,10 +654,16 @@ TEST(PipelineTest, DeviceAmaxScalingQuantize) {
     q.columnwise.scales = lc.scale_bytes() ? Arena().Alloc(lc.scale_bytes()) : nullptr;
     ASSERT_TRUE(QuantizeHybrid({q}, nullptr).ok());
     const float a = ref::Amax(ref::RoundToSource(master, SourceDtype::kBf16));
-    auto want = ref::QuantizeHybrid(master, M, K, h, {ref::ScalingFromAmax(h.rowwise, a), ref::ScalingFromAmax(h.columnwise, a)});
+    auto want = ref::QuantizeHybrid(
+        master, M, K, h,
+        {ref::ScalingFromAmax(h.rowwise, a), ref::ScalingFromAmax(h.columnwise, a)});
     ASSERT_TRUE(want.ok());
-    EXPECT_EQ(CompareBytes("row", Download<uint8_t>(q.rowwise.data, lr.data_bytes()), want->rowwise->data, 0), "");
-    EXPECT_EQ(CompareBytes("col", Download<uint8_t>(q.columnwise.data, lc.data_bytes()), want->columnwise->data, 0), "");
+    EXPECT_EQ(CompareBytes("row", Download<uint8_t>(q.rowwise.data, lr.data_bytes()),
+                           want->rowwise->data, 0),
+              "");
+    EXPECT_EQ(CompareBytes("col", Download<uint8_t>(q.columnwise.data, lc.data_bytes()),
+                           want->columnwise->data, 0),
+              "");
   }
 }
 
@@ -672,8 +689,9 @@ TEST(LargeTest, Full8192x16384) {
   const float amax = ref::Amax(source);
   DeviceArena arena(size_t{3} << 30);
   const float* d_src = arena.Upload(master);
-  const std::vector<Format> formats = {Format::kIdentityBf16, Format::kFp8Current, Format::kMxfp8,
-                                       Format::kNvfp4, Format::kFp8Block128x128, Format::kFp8Block1x128};
+  const std::vector<Format> formats = {Format::kIdentityBf16,    Format::kFp8Current,
+                                       Format::kMxfp8,           Format::kNvfp4,
+                                       Format::kFp8Block128x128, Format::kFp8Block1x128};
   std::vector<std::future<absl::StatusOr<ref::HybridResult>>> refs;
   for (Format f : formats) {  // all references in parallel (the GPU machine has 16 cores)
     refs.push_back(std::async(std::launch::async, [&master, amax, f] {
@@ -708,14 +726,20 @@ TEST(LargeTest, Full8192x16384) {
     ASSERT_TRUE(QuantizeHybrid({q}, nullptr).ok());
     auto want = refs[n].get();
     ASSERT_TRUE(want.ok());
-    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " row data"), Download<uint8_t>(rd, lr.data_bytes()),
-                           want->rowwise->data, lr.data_row_bytes), "");
-    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " row scales"), Download<uint8_t>(rs, lr.scale_bytes()),
-                           want->rowwise->scales, 0), "");
-    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " col data"), Download<uint8_t>(cd, lc.data_bytes()),
-                           want->columnwise->data, lc.data_row_bytes), "");
-    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " col scales"), Download<uint8_t>(cs, lc.scale_bytes()),
-                           want->columnwise->scales, 0), "");
+    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " row data"),
+                           Download<uint8_t>(rd, lr.data_bytes()), want->rowwise->data,
+                           lr.data_row_bytes),
+              "");
+    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " row scales"),
+                           Download<uint8_t>(rs, lr.scale_bytes()), want->rowwise->scales, 0),
+              "");
+    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " col data"),
+                           Download<uint8_t>(cd, lc.data_bytes()), want->columnwise->data,
+                           lc.data_row_bytes),
+              "");
+    EXPECT_EQ(CompareBytes(absl::StrCat(FormatName(f), " col scales"),
+                           Download<uint8_t>(cs, lc.scale_bytes()), want->columnwise->scales, 0),
+              "");
   }
 }
 

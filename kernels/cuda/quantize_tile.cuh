@@ -29,14 +29,16 @@ struct __align__(16) TileSmem {
   uint32_t colbuf[8 * kTile];    // [row block][column]: amax bits, then multiplier bits
   uint32_t amax2d_row[64];       // [row block][column block] of the rowwise 2D tiles
   uint32_t amax2d_col[64];
-  uint32_t red[4];               // [0] rowwise amax, [1] columnwise amax
+  uint32_t red[4];  // [0] rowwise amax, [1] columnwise amax
 };
 
 __device__ __forceinline__ int Phys(int r, int ch) { return r * kChunks + (ch ^ ((r >> 4) & 7)); }
 
 __device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_all;\n" ::); }
 
-__device__ __forceinline__ float Bf16ToFloat(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+__device__ __forceinline__ float Bf16ToFloat(uint32_t bits16) {
+  return __uint_as_float(bits16 << 16);
+}
 
 __device__ __forceinline__ float4 Bf16x4ToFloat4(uint32_t lo, uint32_t hi) {
   return make_float4(__uint_as_float(lo << 16), __uint_as_float(lo & 0xFFFF0000u),
@@ -63,8 +65,8 @@ __device__ __forceinline__ void CpAsync16Shared(unsigned saddr, const void* gmem
 // (run 8e: the per-copy 64-bit address and swizzle arithmetic was 14 % of
 // the MXFP8 kernel's instructions).
 template <int NT>
-__device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K,
-                                                TileSmem& s, int64_t i0, int64_t j0) {
+__device__ __forceinline__ void LoadTileFp32Vec(const float* src, int64_t M, int64_t K, TileSmem& s,
+                                                int64_t i0, int64_t j0) {
   static_assert(NT == 256, "the row mapping below assumes 8 warps");
   constexpr int kStep = NT / 32;
   const int rows_valid = M - i0 < kTile ? static_cast<int>(M - i0) : kTile;

@@ -21,7 +21,8 @@ absl::Status CurrentScalingUpdate(absl::Span<const CurrentScalingArgs> tensors,
                                   cudaStream_t stream) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i].amax == nullptr || tensors[i].scale == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("current scaling ", i, ": null amax or scale"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("current scaling ", i, ": null amax or scale"));
     }
   }
   auto batch = std::make_unique<detail::CurrentBatch>();

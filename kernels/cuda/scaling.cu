@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kDelayedThreads)
   const int len = t.len;
   const float a = t.reduced_amax != nullptr ? *t.reduced_amax : t.history[0];
   if (a == 0.0f) return;  // D9: no roll, scale unchanged (uniform over the block)
-  float m = a;  // fmax over slots 1..len-1 (before rolling), starting from a
+  float m = a;            // fmax over slots 1..len-1 (before rolling), starting from a
   for (int i = threadIdx.x; i < len; i += kDelayedThreads) {
     const float h = t.history[i];
     hist[i] = h;

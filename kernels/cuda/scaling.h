@@ -30,8 +30,8 @@ absl::Status CurrentScalingUpdate(absl::Span<const CurrentScalingArgs> tensors,
                                   cudaStream_t stream);
 
 struct DelayedScalingArgs {
-  float* history = nullptr;  // [spec.amax_history_len] (>= 1); history[0] = this step's amax
-  float* scale = nullptr;    // in: current scale, out: next scale
+  float* history = nullptr;    // [spec.amax_history_len] (>= 1); history[0] = this step's amax
+  float* scale = nullptr;      // in: current scale, out: next scale
   float* scale_inv = nullptr;  // out (nullable): rcp(next scale)
   // The all-reduced amax; null means history[0] (single daemon).
   const float* reduced_amax = nullptr;

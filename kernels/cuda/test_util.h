@@ -22,20 +22,22 @@ namespace paramd {
 namespace gpu {
 namespace testing {
 
-#define PARAMD_CUDA_CHECK(expr)                                                      \
-  do {                                                                               \
-    cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                         \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,           \
-              cudaGetErrorString(e_));                                               \
-      abort();                                                                       \
-    }                                                                                \
+#define PARAMD_CUDA_CHECK(expr)                                            \
+  do {                                                                     \
+    cudaError_t e_ = (expr);                                               \
+    if (e_ != cudaSuccess) {                                               \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, \
+              cudaGetErrorString(e_));                                     \
+      abort();                                                             \
+    }                                                                      \
   } while (0)
 
 // One big cudaMalloc, bump-allocated; Reset() frees everything at once.
 class DeviceArena {
  public:
-  explicit DeviceArena(size_t bytes) : size_(bytes) { PARAMD_CUDA_CHECK(cudaMalloc(&base_, bytes)); }
+  explicit DeviceArena(size_t bytes) : size_(bytes) {
+    PARAMD_CUDA_CHECK(cudaMalloc(&base_, bytes));
+  }
   ~DeviceArena() { cudaFree(base_); }
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
@@ -55,7 +57,8 @@ class DeviceArena {
   template <typename T>
   T* Upload(const std::vector<T>& v, size_t misalign = 0) {
     void* p = Alloc(v.size() * sizeof(T), misalign);
-    if (!v.empty()) PARAMD_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (!v.empty())
+      PARAMD_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
     return static_cast<T*>(p);
   }
   float* Scalar(float v) { return Upload(std::vector<float>{v}); }
@@ -103,7 +106,8 @@ inline const char* DistName(Dist d) {
   return d == Dist::kNormal ? "normal" : d == Dist::kWide ? "wide" : "special";
 }
 
-inline std::vector<float> RandomMatrix(int64_t rows, int64_t cols, Dist dist, std::mt19937_64& rng) {
+inline std::vector<float> RandomMatrix(int64_t rows, int64_t cols, Dist dist,
+                                       std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_real_distribution<float> uni(0.0f, 1.0f);
   std::vector<float> v(rows * cols);
@@ -136,7 +140,8 @@ inline std::vector<float> RandomMatrix(int64_t rows, int64_t cols, Dist dist, st
     const int64_t h = 1 + rng() % 40, w = 128 + rng() % 33;
     for (int64_t r = r0; r < std::min(rows, r0 + h); ++r) {
       for (int64_t c = c0; c < std::min(cols, c0 + w); ++c) {
-        v[r * cols + c] = FromBits(0x7FC00000u | static_cast<uint32_t>(rng() % 0x3FFFFF) | (rng() % 2 ? 0x80000000u : 0u));
+        v[r * cols + c] = FromBits(0x7FC00000u | static_cast<uint32_t>(rng() % 0x3FFFFF) |
+                                   (rng() % 2 ? 0x80000000u : 0u));
       }
     }
   }
@@ -144,9 +149,11 @@ inline std::vector<float> RandomMatrix(int64_t rows, int64_t cols, Dist dist, st
   for (float& x : v) {
     const float u = uni(rng);
     if (u < 0.005f) {
-      x = FromBits((0x7F800001u + static_cast<uint32_t>(rng() % 0x7FFFFF)) | (rng() % 2 ? 0x80000000u : 0u));
+      x = FromBits((0x7F800001u + static_cast<uint32_t>(rng() % 0x7FFFFF)) |
+                   (rng() % 2 ? 0x80000000u : 0u));
     } else if (u < 0.008f && with_inf) {
-      x = rng() % 2 ? std::numeric_limits<float>::infinity() : -std::numeric_limits<float>::infinity();
+      x = rng() % 2 ? std::numeric_limits<float>::infinity()
+                    : -std::numeric_limits<float>::infinity();
     } else if (u < 0.013f) {
       x = -0.0f;
     } else if (u < 0.018f) {

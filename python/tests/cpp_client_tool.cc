@@ -37,12 +37,10 @@
 namespace paramd {
 namespace {
 
-absl::StatusOr<std::unique_ptr<client::Client>> Connect(const std::string& address,
-                                                        bool trainer) {
+absl::StatusOr<std::unique_ptr<client::Client>> Connect(const std::string& address, bool trainer) {
   client::ClientOptions o;
   o.coordinator_address = address;
-  o.role = trainer ? client::ClientOptions::Role::kTrainer
-                   : client::ClientOptions::Role::kObserver;
+  o.role = trainer ? client::ClientOptions::Role::kTrainer : client::ClientOptions::Role::kObserver;
   o.name = "cpp_client_tool";
   return client::Client::Connect(o);
 }
@@ -67,8 +65,8 @@ absl::Status Fetch(const std::string& address, int64_t version, const std::strin
     RETURN_IF_ERROR(WriteFile(dir + "/" + stem + ".scales", t.value.scales));
     ASSIGN_OR_RETURN(std::vector<float> deq, ref::Dequantize(t.value, t.spec));
     const auto* p = reinterpret_cast<const uint8_t*>(deq.data());
-    RETURN_IF_ERROR(WriteFile(dir + "/" + stem + ".deq",
-                              std::vector<uint8_t>(p, p + deq.size() * 4)));
+    RETURN_IF_ERROR(
+        WriteFile(dir + "/" + stem + ".deq", std::vector<uint8_t>(p, p + deq.size() * 4)));
     index.push_back({{"tensor", t.tensor},
                      {"direction", std::string(DirectionName(t.value.direction))},
                      {"format", std::string(FormatName(t.value.format))},
@@ -102,8 +100,7 @@ absl::Status Push(const std::string& address, int64_t version, const std::string
   for (size_t i = 0; i < grads.size(); ++i) grads[i].bytes = absl::MakeConstSpan(bytes[i]);
   ASSIGN_OR_RETURN(auto c, Connect(address, true));
   ASSIGN_OR_RETURN(client::PushResult r, c->PushGradients(version, grads));
-  std::cout << nlohmann::json{{"version", r.version}, {"bytes_sent", r.bytes_sent}}.dump()
-            << "\n";
+  std::cout << nlohmann::json{{"version", r.version}, {"bytes_sent", r.bytes_sent}}.dump() << "\n";
   return absl::OkStatus();
 }
 

@@ -44,14 +44,13 @@ __global__ void AccumulateFp32(float* __restrict__ acc, const float* __restrict_
 cudaError_t LaunchAccumulate(float* acc, const void* grad, bool bf16, int64_t count,
                              cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  const bool aligned = (reinterpret_cast<uintptr_t>(acc) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(grad) % 16 == 0);
+  const bool aligned =
+      (reinterpret_cast<uintptr_t>(acc) % 16 == 0) && (reinterpret_cast<uintptr_t>(grad) % 16 == 0);
   int blocks = static_cast<int>(std::min<int64_t>((count + 2047) / 2048, 132 * 16));
   if (blocks < 1) blocks = 1;
   if (bf16 && !aligned) return cudaErrorMisalignedAddress;
   if (bf16) {
-    AccumulateBf16<<<blocks, 256, 0, stream>>>(acc, static_cast<const __nv_bfloat16*>(grad),
-                                                count);
+    AccumulateBf16<<<blocks, 256, 0, stream>>>(acc, static_cast<const __nv_bfloat16*>(grad), count);
   } else {
     AccumulateFp32<<<blocks, 256, 0, stream>>>(acc, static_cast<const float*>(grad), count);
   }

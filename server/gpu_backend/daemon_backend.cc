@@ -21,13 +21,13 @@
 #include "common/gpu_status.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "server/grad_norm.h"
 #include "server/gpu_backend/host_copies.h"
 #include "server/gpu_backend/pipelined_step.h"
 #include "server/gpu_backend/published_meta.h"
 #include "server/gpu_backend/shard_store.h"
 #include "server/gpu_backend/spec_rules.h"
 #include "server/gpu_backend/state_capture.h"
+#include "server/grad_norm.h"
 #include "server/step_scaling.h"
 #include "transport/nccl_transport.h"
 
@@ -97,8 +97,8 @@ class GpuShardBackend : public ShardBackend {
       : tensors_(std::move(tensors)),
         shards_(std::move(shards)),
         store_(std::move(store)),
-        copies_(std::make_shared<HostCopies>(
-            store_, TestHookFromEnv("PARAMD_GPU_HOST_COPY_DELAY_MS"))),
+        copies_(
+            std::make_shared<HostCopies>(store_, TestHookFromEnv("PARAMD_GPU_HOST_COPY_DELAY_MS"))),
         snapshot_spare_(DeviceSnapshotSpare::Create(store_)),
         optimizer_(options.optimizer),
         step_timeout_(options.step_timeout) {
@@ -111,9 +111,8 @@ class GpuShardBackend : public ShardBackend {
     // copy runs at DMA speed (best effort: pageable if registration fails).
     ScopedDevice guard(store_->device());
     for (std::vector<float>& g : grads_) {
-      if (!g.empty() &&
-          cudaHostRegister(g.data(), g.size() * sizeof(float), cudaHostRegisterDefault) ==
-              cudaSuccess) {
+      if (!g.empty() && cudaHostRegister(g.data(), g.size() * sizeof(float),
+                                         cudaHostRegisterDefault) == cudaSuccess) {
         registered_.push_back(g.data());
       } else {
         cudaGetLastError();  // clear the sticky-free error of a failed registration
@@ -161,9 +160,8 @@ class GpuShardBackend : public ShardBackend {
 
   HostBytesFn host_bytes() override {
     std::shared_ptr<HostCopies> copies = copies_;
-    return [copies](const std::shared_ptr<const PublishedVersion>& meta) {
-      return copies->Get(meta);
-    };
+    return
+        [copies](const std::shared_ptr<const PublishedVersion>& meta) { return copies->Get(meta); };
   }
 
   // As ShardSet::SetOptimizer: any config of the same kind, for the next
@@ -234,9 +232,9 @@ class GpuShardBackend : public ShardBackend {
                                                                const AllReduceMaxFn& all_reduce,
                                                                bool update_delayed) override {
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "an earlier gpu step failed (", broken_.message(),
-          "); the device state is undefined: load the model again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("an earlier gpu step failed (", broken_.message(),
+                       "); the device state is undefined: load the model again"));
     }
     // A snapshot's spare copy reads the masters and moments: host writes
     // into them (a mirror's upload) wait for it here, the step's device
@@ -247,8 +245,8 @@ class GpuShardBackend : public ShardBackend {
     RETURN_IF_ERROR(uploaded);
     RETURN_IF_ERROR(snapshot_spare_->OrderBefore(store_->stream()));
     if (apply_optimizer && step_delay_ms_ > 0) {
-      GPU_RETURN_IF_ERROR(cudaLaunchHostFunc(store_->stream(), HoldStream,
-                                             const_cast<int64_t*>(&step_delay_ms_)));
+      GPU_RETURN_IF_ERROR(
+          cudaLaunchHostFunc(store_->stream(), HoldStream, const_cast<int64_t*>(&step_delay_ms_)));
     }
     const DeviceAllReduce bridge = Bridge(all_reduce);
     // The step rewrites the older of two held versions: no host copy of it
@@ -295,8 +293,8 @@ class GpuShardBackend : public ShardBackend {
       }
     }
     if (stepped.ok() && new_version == fail_step_) {
-      stepped = absl::InternalError(absl::StrCat(
-          "injected failure of the step to version ", new_version, " (PARAMD_GPU_FAIL_STEP)"));
+      stepped = absl::InternalError(absl::StrCat("injected failure of the step to version ",
+                                                 new_version, " (PARAMD_GPU_FAIL_STEP)"));
     }
     if (stepped.ok() && apply_optimizer) UpdateReport(step);
     report_.optimizer_steps = store_->optimizer_steps();
@@ -327,9 +325,9 @@ class GpuShardBackend : public ShardBackend {
       const std::vector<StepBucket>& buckets, const PipelinedStepHooks& hooks,
       std::shared_ptr<PublishedVersion> out) override {
     if (!broken_.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "an earlier gpu step failed (", broken_.message(),
-          "); the device state is undefined: load the model again"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("an earlier gpu step failed (", broken_.message(),
+                       "); the device state is undefined: load the model again"));
     }
     if (out == nullptr) {
       out = NewPipelinedVersion(new_version, buckets, static_cast<int>(tensors_.size()));
@@ -385,9 +383,8 @@ class GpuShardBackend : public ShardBackend {
     gpu_hooks.on_bucket_ready = [&](int b) {
       if (!copy_error.ok() || (hooks.host_readers && !hooks.host_readers())) return;
       for (; copied <= b; ++copied) {
-        absl::Status s = CopyBucketToHost(*store_, tensors_, shards_, new_version,
-                                          buckets[copied], /*bytes=*/true, &copy_stream_,
-                                          out.get());
+        absl::Status s = CopyBucketToHost(*store_, tensors_, shards_, new_version, buckets[copied],
+                                          /*bytes=*/true, &copy_stream_, out.get());
         if (!s.ok()) {
           copy_error = s;  // not announced: its fetches end with the step's error
           return;
@@ -404,8 +401,8 @@ class GpuShardBackend : public ShardBackend {
     NoteDeviceBytes();
     if (s.ok() && !copy_error.ok()) s = copy_error;
     if (s.ok() && new_version == fail_step_) {
-      s = absl::InternalError(absl::StrCat("injected failure of the step to version ",
-                                           new_version, " (PARAMD_GPU_FAIL_STEP)"));
+      s = absl::InternalError(absl::StrCat("injected failure of the step to version ", new_version,
+                                           " (PARAMD_GPU_FAIL_STEP)"));
     }
     if (!committed) return s;  // nothing changed: the step may run again
     // The buckets nobody read: their metadata (whole-version host readers
@@ -529,8 +526,8 @@ class GpuShardBackend : public ShardBackend {
     // Checked whole first: a bad piece adds nothing.
     if (i < 0 || i >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
         offset + count > static_cast<int64_t>(Count(i))) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
-                                                     ") outside shard ", i));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient piece [", offset, ", +", count, ") outside shard ", i));
     }
     return store_->AccumulateHost(i, offset, values, count, last_pusher);
   }
@@ -616,10 +613,9 @@ class GpuShardBackend : public ShardBackend {
         DelayedScalingState delayed;
         delayed.amax_history.resize(std::max(SpecOf(spec, dir).amax_history_len, 1));
         RETURN_IF_ERROR(Copy(delayed.amax_history.data(), history,
-                             delayed.amax_history.size() * sizeof(float),
+                             delayed.amax_history.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        RETURN_IF_ERROR(Copy(&delayed.scale, store_->scale(static_cast<int>(i), dir), sizeof(float),
                              cudaMemcpyDeviceToHost));
-        RETURN_IF_ERROR(Copy(&delayed.scale, store_->scale(static_cast<int>(i), dir),
-                             sizeof(float), cudaMemcpyDeviceToHost));
         mirror_->SetDelayedState(shards_[i].tensor, static_cast<Direction>(dir),
                                  std::move(delayed));
       }
@@ -655,8 +651,8 @@ class GpuShardBackend : public ShardBackend {
                            n * sizeof(float), cudaMemcpyHostToDevice));
       const OptimizerState& state = mirror_->optimizer_state(s);
       for (int k = 0; k < 2; ++k) {
-        float* device = k == 0 ? store_->exp_avg(static_cast<int>(i))
-                               : store_->exp_avg_sq(static_cast<int>(i));
+        float* device =
+            k == 0 ? store_->exp_avg(static_cast<int>(i)) : store_->exp_avg_sq(static_cast<int>(i));
         const std::vector<float>& host = k == 0 ? state.m : state.v;
         if (device == nullptr) continue;
         if (host.size() == n) {
@@ -675,10 +671,9 @@ class GpuShardBackend : public ShardBackend {
             mirror_->delayed_state(shards_[i].tensor, static_cast<Direction>(dir));
         std::vector<float> h = delayed.amax_history;
         h.resize(std::max(SpecOf(spec, dir).amax_history_len, 1), 0.0f);
-        RETURN_IF_ERROR(
-            Copy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-        RETURN_IF_ERROR(Copy(store_->scale(static_cast<int>(i), dir), &delayed.scale,
-                             sizeof(float), cudaMemcpyHostToDevice));
+        RETURN_IF_ERROR(Copy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+        RETURN_IF_ERROR(Copy(store_->scale(static_cast<int>(i), dir), &delayed.scale, sizeof(float),
+                             cudaMemcpyHostToDevice));
       }
     }
     store_->set_optimizer_steps(mirror_->optimizer_steps(), Sgd() && fresh_momentum);
@@ -750,7 +745,7 @@ class GpuShardBackend : public ShardBackend {
   bool data_plane_known_ = false;
   Transport* transport_ = nullptr;
   absl::Duration collective_timeout_ = absl::Seconds(60);
-  StepEnqueuedFn step_enqueued_;  // ShardBackend::set_step_enqueued
+  StepEnqueuedFn step_enqueued_;          // ShardBackend::set_step_enqueued
   std::atomic<int64_t> device_bytes_{0};  // NoteDeviceBytes
   // Test hooks (TestHookFromEnv). PARAMD_GPU_FAIL_STEP=<v>: the step to
   // version v fails after its device work completed, as a device fault
@@ -763,7 +758,7 @@ class GpuShardBackend : public ShardBackend {
   const int64_t step_delay_ms_ = TestHookFromEnv("PARAMD_GPU_STEP_DELAY_MS");
   bool logged_device_all_reduce_ = false;
   int64_t mirror_generation_ = -1;
-  GpuPipelineScratch scratch_;  // StepPipelined's
+  GpuPipelineScratch scratch_;          // StepPipelined's
   cudaStream_t copy_stream_ = nullptr;  // StepPipelined's host copies
 };
 
@@ -838,9 +833,9 @@ absl::StatusOr<std::unique_ptr<ShardBackend>> CreateGpuShardBackend(
   store_options.skip_non_finite = o.non_finite == NonFinitePolicy::kSkipStep;
   ASSIGN_OR_RETURN(std::unique_ptr<GpuShardStore> store,
                    GpuShardStore::Create(std::move(defs), store_options));
-  return std::unique_ptr<ShardBackend>(new GpuShardBackend(
-      std::move(tensors), std::move(shards), std::shared_ptr<GpuShardStore>(std::move(store)),
-      options));
+  return std::unique_ptr<ShardBackend>(
+      new GpuShardBackend(std::move(tensors), std::move(shards),
+                          std::shared_ptr<GpuShardStore>(std::move(store)), options));
 }
 
 GpuShardStore* DeviceStoreOf(ShardBackend* backend) {

@@ -14,8 +14,8 @@
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
 #include "server/device_channel.h"
-#include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/accumulate.h"
+#include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/fetch_server.h"
 #include "server/gpu_backend/finite_check.h"
 #include "server/gpu_backend/push_apply.h"
@@ -142,8 +142,8 @@ class NcclDeviceChannel : public DeviceChannel {
     GpuShardStore* store = DeviceStoreOf(&backend);
     if (store == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat("device push needs the gpu backend; this model runs on the ",
-                       backend.name(), " backend"));
+          absl::StrCat("device push needs the gpu backend; this model runs on the ", backend.name(),
+                       " backend"));
     }
     auto& staged = static_cast<NcclStagedPush&>(staged_base);
     if (staged.base == nullptr) return absl::OkStatus();
@@ -152,9 +152,8 @@ class NcclDeviceChannel : public DeviceChannel {
     return EnqueuePushAdds(*store, staged.Sources(), last_pusher);
   }
 
-  absl::Status Send(ShardBackend& backend, int64_t version,
-                    absl::Span<const DeviceFetchItem> items, uint64_t tag,
-                    absl::Time deadline, bool in_flight) override {
+  absl::Status Send(ShardBackend& backend, int64_t version, absl::Span<const DeviceFetchItem> items,
+                    uint64_t tag, absl::Time deadline, bool in_flight) override {
     GpuShardStore* store = DeviceStoreOf(&backend);
     if (store == nullptr) {
       return absl::FailedPreconditionError(
@@ -175,8 +174,7 @@ class NcclDeviceChannel : public DeviceChannel {
     // A step in flight: each tensor leaves once quantized (the daemon calls
     // this only after the step's enqueue, so the events are this step's).
     if (in_flight) {
-      return ServeFetchPipelined(*nccl, /*trainer=*/1, tag, *store, version, fetch_items,
-                                 deadline);
+      return ServeFetchPipelined(*nccl, /*trainer=*/1, tag, *store, version, fetch_items, deadline);
     }
     // Published buffers are complete: Step() waited for the step's work
     // before publishing, so no event to wait on.

@@ -1,8 +1,8 @@
 #include "server/gpu_backend/fetch_server.h"
 
 #include "absl/strings/str_cat.h"
-#include "format/fetch_plan.h"
 #include "common/status_macros.h"
+#include "format/fetch_plan.h"
 
 namespace paramd {
 namespace gpu_backend {
@@ -12,10 +12,9 @@ absl::StatusOr<std::vector<DeviceBytes>> FetchPieces(const GpuShardStore& store,
   std::vector<DeviceBytes> pieces;
   for (const FetchItem& item : items) {
     ASSIGN_OR_RETURN(GpuPublishedDirection d, store.Published(version, item.shard, item.direction));
-    gpu_fetch::AppendItemPieces(d.layout, static_cast<const void*>(d.data),
-                                static_cast<const void*>(d.scales),
-                                static_cast<const void*>(d.scale_inv),
-                                static_cast<const void*>(d.amax), &pieces);
+    gpu_fetch::AppendItemPieces(
+        d.layout, static_cast<const void*>(d.data), static_cast<const void*>(d.scales),
+        static_cast<const void*>(d.scale_inv), static_cast<const void*>(d.amax), &pieces);
   }
   return pieces;
 }

@@ -24,8 +24,8 @@ __global__ void NonFinite(const Bits* __restrict__ g, int64_t n, uint32_t* flag)
 cudaError_t LaunchNonFiniteCheck(const void* data, bool bf16, int64_t count, uint32_t* flag,
                                  cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
-  const int blocks = static_cast<int>(std::max<int64_t>(
-      1, std::min<int64_t>((count + 2047) / 2048, 132 * 16)));
+  const int blocks =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((count + 2047) / 2048, 132 * 16)));
   if (bf16) {
     NonFinite<uint16_t, 0x7f80u>
         <<<blocks, 256, 0, stream>>>(static_cast<const uint16_t*>(data), count, flag);

@@ -51,7 +51,8 @@ int Run() {
   ShardBackend& backend = **created;
   for (int i = 0; i < n; ++i) {
     absl::Span<float> m = backend.load_master(i);
-    for (size_t k = 0; k < m.size(); ++k) m[k] = static_cast<float>((k * 2654435761u) % 2001) * 1e-3f - 1.0f;
+    for (size_t k = 0; k < m.size(); ++k)
+      m[k] = static_cast<float>((k * 2654435761u) % 2001) * 1e-3f - 1.0f;
   }
   const AllReduceMaxFn identity = [](absl::Span<float>) { return absl::OkStatus(); };
   int64_t version = 0;
@@ -116,7 +117,8 @@ int Run() {
     again_ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
     if (!host.ok() || !again.ok()) return 1;
     published = 0;
-    for (const PublishedPiece& p : (*host)->pieces) published += p.q.data.size() + p.q.scales.size();
+    for (const PublishedPiece& p : (*host)->pieces)
+      published += p.q.data.size() + p.q.scales.size();
   }
   const double copy_cold = copy_ms[0], copy_warm = copy_ms.back();
   const double params = static_cast<double>(n) * rows * cols;
@@ -128,21 +130,23 @@ int Run() {
               Median(republish));
   std::printf("optimizer step (gradient upload + AdamW + quantize): median %.1f ms\n",
               Median(optimizer));
-  std::printf("one FP32 push of every shard summed on the device: median %.1f ms; then the "
-              "optimizer step (no accumulator upload): median %.1f ms\n",
-              Median(push_ms), Median(device_optimizer));
-  std::printf("host copy of one version on its first host fetch (%.3f GB): %.1f ms into fresh "
-              "memory (%.1f GB/s), %.1f ms into a retired copy's memory (%.1f GB/s); again "
-              "(cached): %.3f ms\n",
-              published / 1e9, copy_cold, published / 1e6 / copy_cold, copy_warm,
-              published / 1e6 / copy_warm, again_ms);
-  std::printf("{\"parameters\": %.0f, \"format\": \"%s\", \"republish_ms\": %.2f, "
-              "\"optimizer_step_ms\": %.2f, \"device_push_ms\": %.2f, "
-              "\"optimizer_step_after_device_push_ms\": %.2f, \"host_copy_cold_ms\": %.2f, "
-              "\"host_copy_warm_ms\": %.2f, \"published_bytes\": %lld}\n",
-              params, FormatName(*format).data(), Median(republish), Median(optimizer),
-              Median(push_ms), Median(device_optimizer), copy_cold, copy_warm,
-              static_cast<long long>(published));
+  std::printf(
+      "one FP32 push of every shard summed on the device: median %.1f ms; then the "
+      "optimizer step (no accumulator upload): median %.1f ms\n",
+      Median(push_ms), Median(device_optimizer));
+  std::printf(
+      "host copy of one version on its first host fetch (%.3f GB): %.1f ms into fresh "
+      "memory (%.1f GB/s), %.1f ms into a retired copy's memory (%.1f GB/s); again "
+      "(cached): %.3f ms\n",
+      published / 1e9, copy_cold, published / 1e6 / copy_cold, copy_warm,
+      published / 1e6 / copy_warm, again_ms);
+  std::printf(
+      "{\"parameters\": %.0f, \"format\": \"%s\", \"republish_ms\": %.2f, "
+      "\"optimizer_step_ms\": %.2f, \"device_push_ms\": %.2f, "
+      "\"optimizer_step_after_device_push_ms\": %.2f, \"host_copy_cold_ms\": %.2f, "
+      "\"host_copy_warm_ms\": %.2f, \"published_bytes\": %lld}\n",
+      params, FormatName(*format).data(), Median(republish), Median(optimizer), Median(push_ms),
+      Median(device_optimizer), copy_cold, copy_warm, static_cast<long long>(published));
   return 0;
 }
 

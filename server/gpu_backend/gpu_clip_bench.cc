@@ -145,29 +145,32 @@ int Run() {
     const double p_off = Median(off.push_ms), p_on = Median(on.push_ms);
     std::printf("== %.4g parameters, %s both directions, AdamW (%s), one daemon\n", params,
                 name.c_str(), on.one_pass_steps > 0 ? "one-pass step" : "two-kernel step");
-    std::printf("step: clipping off %.3f ms, on %.3f ms (%+.3f ms, %+.2f%%; the norm %.3f ms), "
-                "on with the row sums in the step %.3f ms (%+.2f%%)\n",
-                s_off, s_on, s_on - s_off, 100.0 * (s_on - s_off) / s_off, Median(on.norm_ms),
-                s_un, 100.0 * (s_un - s_off) / s_off);
+    std::printf(
+        "step: clipping off %.3f ms, on %.3f ms (%+.3f ms, %+.2f%%; the norm %.3f ms), "
+        "on with the row sums in the step %.3f ms (%+.2f%%)\n",
+        s_off, s_on, s_on - s_off, 100.0 * (s_on - s_off) / s_off, Median(on.norm_ms), s_un,
+        100.0 * (s_un - s_off) / s_off);
     std::printf("device step (first launch to done): off %.3f ms, on %.3f ms\n",
                 Median(off.device_ms), Median(on.device_ms));
-    std::printf("last pusher's device add of every shard: off %.3f ms, on (+ row sums) %.3f ms "
-                "(%+.3f ms)\n",
-                p_off, p_on, p_on - p_off);
+    std::printf(
+        "last pusher's device add of every shard: off %.3f ms, on (+ row sums) %.3f ms "
+        "(%+.3f ms)\n",
+        p_off, p_on, p_on - p_off);
     // What clipping costs a training step: its step and the last push's add.
     const double cost = (s_on + p_on) - (s_off + p_off);
     std::printf("clipping cost: %.2f%% of the step, %.2f%% of push + step (%+.3f ms of %.3f)\n",
                 100.0 * (s_on - s_off) / s_off, 100.0 * cost / (s_off + p_off), cost,
                 s_off + p_off);
     std::printf("grad norm %.6g, clip factor %.6g\n", on.grad_norm, on.clip);
-    std::printf("{\"format\": \"%s\", \"parameters\": %.0f, \"one_pass\": %s, "
-                "\"step_off_ms\": %.3f, \"step_on_ms\": %.3f, \"step_on_unfused_ms\": %.3f, "
-                "\"norm_ms\": %.3f, \"device_step_off_ms\": %.3f, \"device_step_on_ms\": %.3f, "
-                "\"push_off_ms\": %.3f, \"push_on_ms\": %.3f, \"step_cost\": %.4f, "
-                "\"push_step_cost\": %.4f}\n",
-                name.c_str(), params, on.one_pass_steps > 0 ? "true" : "false", s_off, s_on, s_un,
-                Median(on.norm_ms), Median(off.device_ms), Median(on.device_ms), p_off, p_on,
-                (s_on - s_off) / s_off, cost / (s_off + p_off));
+    std::printf(
+        "{\"format\": \"%s\", \"parameters\": %.0f, \"one_pass\": %s, "
+        "\"step_off_ms\": %.3f, \"step_on_ms\": %.3f, \"step_on_unfused_ms\": %.3f, "
+        "\"norm_ms\": %.3f, \"device_step_off_ms\": %.3f, \"device_step_on_ms\": %.3f, "
+        "\"push_off_ms\": %.3f, \"push_on_ms\": %.3f, \"step_cost\": %.4f, "
+        "\"push_step_cost\": %.4f}\n",
+        name.c_str(), params, on.one_pass_steps > 0 ? "true" : "false", s_off, s_on, s_un,
+        Median(on.norm_ms), Median(off.device_ms), Median(on.device_ms), p_off, p_on,
+        (s_on - s_off) / s_off, cost / (s_off + p_off));
     std::fflush(stdout);
   }
   cudaFree(device_grad);

@@ -60,21 +60,21 @@ namespace {
 using gpu_backend::GpuShardStore;
 using gpu_backend::Median;
 
-#define CHECK_CUDA(expr)                                                             \
-  do {                                                                               \
-    cudaError_t e_ = (expr);                                                         \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));               \
-      return 1;                                                                      \
-    }                                                                                \
+#define CHECK_CUDA(expr)                                               \
+  do {                                                                 \
+    cudaError_t e_ = (expr);                                           \
+    if (e_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_)); \
+      return 1;                                                        \
+    }                                                                  \
   } while (0)
-#define CHECK_OK(expr)                                                               \
-  do {                                                                               \
-    absl::Status s_ = (expr);                                                        \
-    if (!s_.ok()) {                                                                  \
-      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str());                \
-      return 1;                                                                      \
-    }                                                                                \
+#define CHECK_OK(expr)                                                \
+  do {                                                                \
+    absl::Status s_ = (expr);                                         \
+    if (!s_.ok()) {                                                   \
+      std::fprintf(stderr, "%s: %s\n", #expr, s_.ToString().c_str()); \
+      return 1;                                                       \
+    }                                                                 \
   } while (0)
 
 struct Bench {
@@ -142,8 +142,8 @@ struct Bench {
 
   // The pipelined loop; `step_only`: the gradients are already in the
   // accumulators and nothing is fetched (the bucketed step alone).
-  int Pipelined(const gpu_backend::GpuPipelineSetup& setup, gpu_backend::GpuPipelineScratch& scratch,
-                bool step_only, double* loop_ms) {
+  int Pipelined(const gpu_backend::GpuPipelineSetup& setup,
+                gpu_backend::GpuPipelineScratch& scratch, bool step_only, double* loop_ms) {
     const absl::Time t0 = absl::Now();
     const int64_t v = ++version;
     gpu_backend::GpuBucketHooks hooks;
@@ -225,8 +225,7 @@ int Run() {
   }
   std::vector<TensorDef> tensors = backend.tensors();
   gpu_backend::GpuPipelineSetup setup;
-  setup.buckets =
-      PlanStepBuckets(tensors, backend.shards(), absl::GetFlag(FLAGS_bucket_elements));
+  setup.buckets = PlanStepBuckets(tensors, backend.shards(), absl::GetFlag(FLAGS_bucket_elements));
   setup.second_round.assign(setup.buckets.size(), 0);
   setup.deadline = absl::InfiniteFuture();
   gpu_backend::GpuPipelineScratch scratch;
@@ -256,21 +255,24 @@ int Run() {
   const double params = static_cast<double>(b.n) * b.count;
   const double mp = Median(push), ms = Median(step), mf = Median(fetch);
   const double mw = Median(whole), ml = Median(piped), mps = Median(piped_step);
-  std::printf("== %.4g parameters (%d x [%lld, %lld]), FP8 current row + col, AdamW, one daemon, "
-              "%zu buckets; push %s (%.3g GB BF16), fetch %s (%.3g GB)\n",
-              params, b.n, static_cast<long long>(rows), static_cast<long long>(cols),
-              setup.buckets.size(), b.host_push ? "host->GPU" : "in place (same GPU)",
-              params * 2 / 1e9, b.host_fetch ? "GPU->host" : "GPU->GPU copy", fetched / 1e9);
-  std::printf("alone: push %.3f ms, step %.3f ms (bucketed step %.3f ms), fetch %.3f ms "
-              "(sum %.3f ms)\n",
-              mp, ms, mps, mf, mp + ms + mf);
+  std::printf(
+      "== %.4g parameters (%d x [%lld, %lld]), FP8 current row + col, AdamW, one daemon, "
+      "%zu buckets; push %s (%.3g GB BF16), fetch %s (%.3g GB)\n",
+      params, b.n, static_cast<long long>(rows), static_cast<long long>(cols), setup.buckets.size(),
+      b.host_push ? "host->GPU" : "in place (same GPU)", params * 2 / 1e9,
+      b.host_fetch ? "GPU->host" : "GPU->GPU copy", fetched / 1e9);
+  std::printf(
+      "alone: push %.3f ms, step %.3f ms (bucketed step %.3f ms), fetch %.3f ms "
+      "(sum %.3f ms)\n",
+      mp, ms, mps, mf, mp + ms + mf);
   std::printf("loop: whole %.3f ms, pipelined %.3f ms (%.2fx; pipelined / max phase %.2f)\n", mw,
               ml, mw / ml, ml / std::max({mp, ms, mf}));
-  std::printf("{\"parameters\": %.0f, \"buckets\": %zu, \"push\": \"%s\", \"fetch\": \"%s\", "
-              "\"push_ms\": %.3f, \"step_ms\": %.3f, \"bucketed_step_ms\": %.3f, "
-              "\"fetch_ms\": %.3f, \"whole_loop_ms\": %.3f, \"pipelined_loop_ms\": %.3f}\n",
-              params, setup.buckets.size(), b.host_push ? "host" : "device",
-              b.host_fetch ? "host" : "device", mp, ms, mps, mf, mw, ml);
+  std::printf(
+      "{\"parameters\": %.0f, \"buckets\": %zu, \"push\": \"%s\", \"fetch\": \"%s\", "
+      "\"push_ms\": %.3f, \"step_ms\": %.3f, \"bucketed_step_ms\": %.3f, "
+      "\"fetch_ms\": %.3f, \"whole_loop_ms\": %.3f, \"pipelined_loop_ms\": %.3f}\n",
+      params, setup.buckets.size(), b.host_push ? "host" : "device",
+      b.host_fetch ? "host" : "device", mp, ms, mps, mf, mw, ml);
   std::fflush(stdout);
   return 0;
 }

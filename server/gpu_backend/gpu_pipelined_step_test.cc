@@ -123,9 +123,8 @@ struct World {
   }
 
   std::vector<std::shared_ptr<const PublishedVersion>> Step(int64_t version, bool optimizer) {
-    std::vector<StepResult> r = OnEveryDaemon(n(), [&](int d) {
-      return daemons[d]->Step(version, optimizer, reduce->Member(), true);
-    });
+    std::vector<StepResult> r = OnEveryDaemon(
+        n(), [&](int d) { return daemons[d]->Step(version, optimizer, reduce->Member(), true); });
     return WithBytes(*this, r);
   }
 };
@@ -281,13 +280,13 @@ TEST_P(GpuPipelinedStepTest, EqualsWholeStepAndCpuBackend) {
     const auto pc = cpu.Step(step + 1, true);
     const auto pw = whole.Step(step + 1, true);
     std::vector<int> announced(daemons, 0);
-    std::vector<StepResult> r = StepPipelined(piped, step + 1, bucket, pushes,
-                                              [&](int d, PipelinedStepHooks& h) {
-                                                h.on_bucket_ready = [&announced, d](int b) {
-                                                  EXPECT_EQ(b, announced[d]);  // in order
-                                                  ++announced[d];
-                                                };
-                                              });
+    std::vector<StepResult> r =
+        StepPipelined(piped, step + 1, bucket, pushes, [&](int d, PipelinedStepHooks& h) {
+          h.on_bucket_ready = [&announced, d](int b) {
+            EXPECT_EQ(b, announced[d]);  // in order
+            ++announced[d];
+          };
+        });
     const auto pp = World::WithBytes(piped, r);
     ASSERT_EQ(pc.size(), static_cast<size_t>(daemons));
     ASSERT_EQ(pw.size(), pc.size());
@@ -319,14 +318,14 @@ TEST_P(GpuPipelinedStepTest, EqualsWholeStepAndCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, GpuPipelinedStepTest,
-    ::testing::Combine(
-        ::testing::Values(Case{Format::kFp8Current, Format::kFp8Current, false, 0},
-                          Case{Format::kFp8Delayed, Format::kMxfp8, false, 0},
-                          Case{Format::kNvfp4, Format::kNvfp4, false, 0},
-                          Case{Format::kFp8Block1x128, Format::kFp8Block128x128, false, 2},
-                          Case{Format::kFp8Current, Format::kNvfp4, true, 0},
-                          Case{Format::kFp8Current, Format::kMxfp8, false, 1}),
-        ::testing::Values(1, 3), ::testing::Values(int64_t{0}, int64_t{40000})));
+    ::testing::Combine(::testing::Values(Case{Format::kFp8Current, Format::kFp8Current, false, 0},
+                                         Case{Format::kFp8Delayed, Format::kMxfp8, false, 0},
+                                         Case{Format::kNvfp4, Format::kNvfp4, false, 0},
+                                         Case{Format::kFp8Block1x128, Format::kFp8Block128x128,
+                                              false, 2},
+                                         Case{Format::kFp8Current, Format::kNvfp4, true, 0},
+                                         Case{Format::kFp8Current, Format::kMxfp8, false, 1}),
+                       ::testing::Values(1, 3), ::testing::Values(int64_t{0}, int64_t{40000})));
 
 // Three daemons; `leave(d, hooks)` makes one daemon leave an attempt. The
 // attempt ends abandoned on every daemon, changes nothing (the next attempt
@@ -346,13 +345,11 @@ void ExpectAbandonedThenEqual(
     const Grads pushes = RandomPushes(model, step, 2);
     std::vector<std::vector<int>> announced(3);
     if (step == 1) {
-      std::vector<StepResult> r = StepPipelined(piped, step + 1, 0, pushes,
-                                                [&](int d, PipelinedStepHooks& h) {
-                                                  h.on_bucket_ready = [&announced, d](int b) {
-                                                    announced[d].push_back(b);
-                                                  };
-                                                  leave(d, h, announced[d]);
-                                                });
+      std::vector<StepResult> r =
+          StepPipelined(piped, step + 1, 0, pushes, [&](int d, PipelinedStepHooks& h) {
+            h.on_bucket_ready = [&announced, d](int b) { announced[d].push_back(b); };
+            leave(d, h, announced[d]);
+          });
       for (int d = 0; d < 3; ++d) {
         EXPECT_FALSE(r[d].ok()) << "daemon " << d;
         EXPECT_TRUE(IsStepAbandoned(r[d].status())) << "daemon " << d << ": " << r[d].status();

@@ -80,7 +80,7 @@ int Run() {
   std::printf("model: %d x [%lld, %lld] = %lld parameters, AdamW, FP8 current\n", n,
               static_cast<long long>(rows), static_cast<long long>(cols),
               static_cast<long long>(params));
-  step(false);  // version 1 (uploads the masters)
+  step(false);                             // version 1 (uploads the masters)
   for (int i = 0; i < 2; ++i) step(true);  // warm-up (sizes the moments)
 
   SnapshotOptions options;
@@ -115,21 +115,23 @@ int Run() {
   for (size_t r = 0; r < capture.size(); ++r) {
     const double block = capture[r] + wait_before[r] + std::max(0.0, after[r] - median);
     worst_block = std::max(worst_block, block);
-    std::printf("snapshot %zu: capture %.3f ms, wait before the next step %.3f ms, that step "
-                "%.2f ms (median %.2f), copy left after it %.0f ms\n",
-                r, capture[r], wait_before[r], after[r], median, rest[r]);
+    std::printf(
+        "snapshot %zu: capture %.3f ms, wait before the next step %.3f ms, that step "
+        "%.2f ms (median %.2f), copy left after it %.0f ms\n",
+        r, capture[r], wait_before[r], after[r], median, rest[r]);
   }
   const BackendMemory memory = backend.memory();
-  std::printf("capture: %s; copy to the host %.3f s (%lld MiB); worst block of the step %.3f ms; "
-              "device %.2f B/param with the spare\n",
-              stats.snapshot_capture().c_str(), stats.snapshot_copy_seconds(),
-              static_cast<long long>(stats.snapshot_bytes() >> 20), worst_block,
-              memory.device_bytes_per_parameter());
+  std::printf(
+      "capture: %s; copy to the host %.3f s (%lld MiB); worst block of the step %.3f ms; "
+      "device %.2f B/param with the spare\n",
+      stats.snapshot_capture().c_str(), stats.snapshot_copy_seconds(),
+      static_cast<long long>(stats.snapshot_bytes() >> 20), worst_block,
+      memory.device_bytes_per_parameter());
 
   double host_state_ms = 0, restore_ms = 0, republish_ms = 0;
   if (absl::GetFlag(FLAGS_restore)) {
     std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, stats.snapshot_version(),
-                                                               /*model_generation=*/1);
+                                                             /*model_generation=*/1);
     if (snap == nullptr) {
       std::fprintf(stderr, "no snapshot held\n");
       return 1;
@@ -152,9 +154,10 @@ int Run() {
       std::fprintf(stderr, "republish: %s\n", p.status().ToString().c_str());
       return 1;
     }
-    std::printf("restore from the snapshot: host mirror %.0f ms, into it %.0f ms, upload + "
-                "republish %.0f ms\n",
-                host_state_ms, restore_ms, republish_ms);
+    std::printf(
+        "restore from the snapshot: host mirror %.0f ms, into it %.0f ms, upload + "
+        "republish %.0f ms\n",
+        host_state_ms, restore_ms, republish_ms);
   }
   std::printf(
       "{\"parameters\": %lld, \"capture\": \"%s\", \"step_ms\": %.3f, \"worst_block_ms\": %.3f, "

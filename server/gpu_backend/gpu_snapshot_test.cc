@@ -73,7 +73,8 @@ std::shared_ptr<const PublishedVersion> PushAndStep(ShardBackend& b, int64_t ver
   const std::vector<TensorDef> tensors = Tensors();
   for (int i = 0; i < 2; ++i) {
     std::vector<float> g(static_cast<size_t>(tensors[i].rows * tensors[i].cols));
-    for (size_t k = 0; k < g.size(); ++k) g[k] = 0.1f * Value(static_cast<uint32_t>(version * 7 + i), k);
+    for (size_t k = 0; k < g.size(); ++k)
+      g[k] = 0.1f * Value(static_cast<uint32_t>(version * 7 + i), k);
     EXPECT_TRUE(b.AccumulateGradient(i, 0, g, /*last_pusher=*/true).ok());
   }
   auto p = b.Step(version, true, kIdentity, true);

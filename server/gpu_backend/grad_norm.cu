@@ -7,7 +7,7 @@ namespace paramd {
 namespace gpu_backend {
 namespace {
 
-constexpr int kLanes = 256;  // = kGradNormLanes (server/grad_norm.h)
+constexpr int kLanes = 256;         // = kGradNormLanes (server/grad_norm.h)
 constexpr int kChunk = 4 * kLanes;  // elements per round of the vectorized row sums
 
 // lane[0] = the fixed tree of server/grad_norm.h over lane[0 .. kLanes).
@@ -74,14 +74,14 @@ __global__ void __launch_bounds__(kLanes)
       if constexpr (kAdd) {
         float4 g;
         if constexpr (kBf16) {
-          const uint2 raw = *reinterpret_cast<const uint2*>(
-              static_cast<const __nv_bfloat16*>(add) + row * cols + base + at);
+          const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(add) +
+                                                            row * cols + base + at);
           const __nv_bfloat16* hb = reinterpret_cast<const __nv_bfloat16*>(&raw);
-          g = make_float4(__bfloat162float(hb[0]), __bfloat162float(hb[1]),
-                          __bfloat162float(hb[2]), __bfloat162float(hb[3]));
+          g = make_float4(__bfloat162float(hb[0]), __bfloat162float(hb[1]), __bfloat162float(hb[2]),
+                          __bfloat162float(hb[3]));
         } else {
-          g = *reinterpret_cast<const float4*>(static_cast<const float*>(add) + row * cols +
-                                               base + at);
+          g = *reinterpret_cast<const float4*>(static_cast<const float*>(add) + row * cols + base +
+                                               at);
         }
         v.x = __fadd_rn(v.x, g.x);
         v.y = __fadd_rn(v.y, g.y);
@@ -113,7 +113,7 @@ __device__ void Encode(double v, float* out) {
 
 constexpr int kSlotThreads = 128;
 constexpr int kSlotsPerBlock = 32;
-constexpr int kSlotRows = 128;  // = kGradNormBlockRows
+constexpr int kSlotRows = 128;              // = kGradNormBlockRows
 constexpr int kSlotStride = kSlotRows + 1;  // shared row pitch: 2-way bank conflicts at most
 constexpr int kSumChunk = 2048;             // slots decoded per round of the final sum
 constexpr int kSharedDoubles = kSlotsPerBlock * kSlotStride;
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kSlotThreads)
                       bool skip_non_finite, volatile double* sum_sq, float* factor) {
   __shared__ double staged[kSharedDoubles];
   const int64_t first = blockIdx.x * int64_t{kSlotsPerBlock};
-  const int count = num_slots - first < kSlotsPerBlock ? static_cast<int>(num_slots - first)
-                                                       : kSlotsPerBlock;
+  const int count =
+      num_slots - first < kSlotsPerBlock ? static_cast<int>(num_slots - first) : kSlotsPerBlock;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int j = warp; j < count; j += kSlotThreads / 32) {
     const NormSlotSource src = table[first + j];
@@ -213,13 +213,13 @@ unsigned SlotBlocks(int64_t num_slots) {
 
 }  // namespace
 
-cudaError_t LaunchRowSumSq(float* acc, const void* add, bool add_bf16, int64_t rows,
-                           int64_t cols, double* row_sums, cudaStream_t stream) {
+cudaError_t LaunchRowSumSq(float* acc, const void* add, bool add_bf16, int64_t rows, int64_t cols,
+                           double* row_sums, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (rows > 0x7FFFFFFF) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(rows);
-  const bool vec = cols % 4 == 0 && Aligned(acc, 16) &&
-                   (add == nullptr || Aligned(add, add_bf16 ? 8 : 16));
+  const bool vec =
+      cols % 4 == 0 && Aligned(acc, 16) && (add == nullptr || Aligned(add, add_bf16 ? 8 : 16));
   if (vec && add == nullptr) {
     RowSumSqVecKernel<false, false><<<grid, kLanes, 0, stream>>>(acc, add, cols, row_sums);
   } else if (vec && add_bf16) {
@@ -246,7 +246,7 @@ cudaError_t LaunchClipFactor(const float* slots, int64_t num_slots, float max_gr
                              bool skip_non_finite, double* sum_sq, float* factor,
                              cudaStream_t stream) {
   ClipFactorKernel<<<1, kLanes, 0, stream>>>(slots, num_slots, max_grad_norm, skip_non_finite,
-                                              sum_sq, factor);
+                                             sum_sq, factor);
   return cudaGetLastError();
 }
 

@@ -23,8 +23,8 @@ namespace gpu_backend {
 // pusher's push costs beyond a plain add. 16-byte loads when cols % 4 == 0
 // and the rows are 16-byte aligned (`add` 16 bytes FP32, 8 bytes BF16);
 // scalar loads otherwise; the same bits either way.
-cudaError_t LaunchRowSumSq(float* acc, const void* add, bool add_bf16, int64_t rows,
-                           int64_t cols, double* row_sums, cudaStream_t stream);
+cudaError_t LaunchRowSumSq(float* acc, const void* add, bool add_bf16, int64_t rows, int64_t cols,
+                           double* row_sums, cudaStream_t stream);
 
 // Where slot s of the manifest's slot vector comes from on this daemon: the
 // row sums of its 128-row block (`rows` of them, in row order), or none

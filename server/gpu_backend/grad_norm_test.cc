@@ -15,8 +15,8 @@
 #include <cuda_runtime.h>  // the typed cudaMalloc
 
 #include "gtest/gtest.h"
-#include "server/grad_norm.h"
 #include "server/gpu_backend/grad_norm.h"
+#include "server/grad_norm.h"
 #include "server/optimizer.h"
 
 namespace paramd {
@@ -111,8 +111,7 @@ TEST_P(RowSumTest, AddAndRowSumsEqualTheDefinition) {
   }
   cudaFree(d_acc);
   if (d_add != nullptr) {
-    cudaFree(const_cast<char*>(static_cast<const char*>(d_add)) -
-             pad * (c.add == kBf16 ? 2 : 4));
+    cudaFree(const_cast<char*>(static_cast<const char*>(d_add)) - pad * (c.add == kBf16 ? 2 : 4));
   }
   cudaFree(d_sums);
 }

@@ -155,8 +155,7 @@ class HostCopies {
       RETURN_IF_ERROR(CopyToHostBytes(p.q.data.data(), d.data, p.q.data.size()));
       p.q.scales.resize(d.layout.scale_bytes());
       if (d.scales != nullptr) {
-        RETURN_IF_ERROR(
-            CopyToHostBytes(p.q.scales.data(), d.scales, p.q.scales.size()));
+        RETURN_IF_ERROR(CopyToHostBytes(p.q.scales.data(), d.scales, p.q.scales.size()));
       }
     }
     return absl::OkStatus();

@@ -25,10 +25,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
+#include "ipc/cuda_vmm.h"
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/push_apply.h"
 #include "server/gpu_backend/shard_store.h"
-#include "ipc/cuda_vmm.h"
 #include "server/ipc/ipc_service.h"
 
 namespace paramd {
@@ -41,9 +41,9 @@ constexpr int kDevice = 0;
 absl::StatusOr<GpuShardStore*> StoreOf(ShardBackend& backend) {
   GpuShardStore* store = DeviceStoreOf(&backend);
   if (store == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "same-GPU sessions need the gpu backend; this model runs on the ", backend.name(),
-        " backend (fetch over gRPC instead)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("same-GPU sessions need the gpu backend; this model runs on the ",
+                     backend.name(), " backend (fetch over gRPC instead)"));
   }
   if (store->exported_regions().empty()) {
     return absl::FailedPreconditionError(
@@ -162,8 +162,8 @@ class GpuIpcExporter : public ipc::IpcExporter {
     for (const ipc::IpcPushPiece& p : pieces) {
       auto it = buffers_.find({session, p.buffer});
       if (it == buffers_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gradient buffer ", p.buffer, " is not registered with this session"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient buffer ", p.buffer, " is not registered with this session"));
       }
       const uint64_t elem = p.bf16 ? 2 : 4;
       if (p.buffer_offset % elem != 0 ||
@@ -184,8 +184,8 @@ class GpuIpcExporter : public ipc::IpcExporter {
   uint32_t* flag_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
-const bool kRegistered = ipc::RegisterIpcExporterFactory(
-    []() -> absl::StatusOr<std::unique_ptr<ipc::IpcExporter>> {
+const bool kRegistered =
+    ipc::RegisterIpcExporterFactory([]() -> absl::StatusOr<std::unique_ptr<ipc::IpcExporter>> {
       int count = 0;
       if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         cudaGetLastError();

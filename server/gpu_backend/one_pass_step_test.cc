@@ -59,7 +59,9 @@ HybridSpec SpecOf(const Case& c) {
 // Shards: a whole tensor with full 128x128 tiles, a ragged one, and a tensor
 // split in two row ranges (one amax slot).
 std::vector<GpuShardDef> Shards(const HybridSpec& spec) {
-  return {{"w", 256, 384, spec, 0}, {"r", 100, 72, spec, 1}, {"s0", 64, 96, spec, 2},
+  return {{"w", 256, 384, spec, 0},
+          {"r", 100, 72, spec, 1},
+          {"s0", 64, 96, spec, 2},
           {"s1", 40, 96, spec, 2}};
 }
 
@@ -76,7 +78,8 @@ std::unique_ptr<GpuShardStore> MakeStore(const HybridSpec& spec, bool one_pass) 
   for (int i = 0; i < static_cast<int>(store.shards().size()); ++i) {
     const GpuShardDef& d = store.shards()[i];
     const std::vector<float> m = RandomValues(d.rows * d.cols, 7 + i, 1.0f);
-    EXPECT_EQ(cudaMemcpy(store.master(i), m.data(), m.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(store.master(i), m.data(), m.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
     for (int dir = 0; dir < 2; ++dir) {
       if (store.scale(i, dir) == nullptr) continue;
       const float scale = 96.0f;  // the delayed scale of the first cast (saturates some values)
@@ -112,7 +115,8 @@ void ExpectSameState(GpuShardStore& a, GpuShardStore& b, int64_t version) {
       ASSERT_EQ(pa->present, pb->present);
       if (!pa->present) continue;
       SCOPED_TRACE(DirectionName(dir));
-      EXPECT_EQ(Download(pa->data, pa->layout.data_bytes()), Download(pb->data, pb->layout.data_bytes()))
+      EXPECT_EQ(Download(pa->data, pa->layout.data_bytes()),
+                Download(pb->data, pb->layout.data_bytes()))
           << "data";
       if (pa->layout.scale_bytes() > 0) {
         EXPECT_EQ(Download(pa->scales, pa->layout.scale_bytes()),
@@ -132,7 +136,8 @@ void ExpectSameState(GpuShardStore& a, GpuShardStore& b, int64_t version) {
       }
     }
   }
-  EXPECT_EQ(Download(a.amax_vector(), a.amax_count() * 4), Download(b.amax_vector(), b.amax_count() * 4))
+  EXPECT_EQ(Download(a.amax_vector(), a.amax_count() * 4),
+            Download(b.amax_vector(), b.amax_count() * 4))
       << "amax vector";
 }
 

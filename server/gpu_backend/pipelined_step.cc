@@ -127,8 +127,8 @@ class AbandonReduce {
     RETURN_IF_ERROR(scratch_.Reserve(-1, count + 1, 0, stream_));
     float* buf = scratch_.values();
     if (values != nullptr && count > 0) {
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(buf, values, count * sizeof(float),
-                                          cudaMemcpyDeviceToDevice, stream_));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpyAsync(buf, values, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     } else if (count > 0) {
       GPU_RETURN_IF_ERROR(cudaMemsetAsync(buf, 0, count * sizeof(float), stream_));
     }
@@ -137,8 +137,8 @@ class AbandonReduce {
     absl::Status s = setup_.all_reduce(buf, count + 1, stream_);
     if (!s.ok()) return absl::AbortedError(absl::StrCat("amax all-reduce failed: ", s.message()));
     if (values != nullptr && count > 0) {
-      GPU_RETURN_IF_ERROR(cudaMemcpyAsync(values, buf, count * sizeof(float),
-                                          cudaMemcpyDeviceToDevice, stream_));
+      GPU_RETURN_IF_ERROR(
+          cudaMemcpyAsync(values, buf, count * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
     }
     GPU_RETURN_IF_ERROR(cudaMemcpyAsync(scratch_.flag_host(), buf + count, sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_));
@@ -277,9 +277,9 @@ absl::Status RunGpuPipelinedStep(GpuShardStore& store, int64_t new_version,
     if (!local.ok()) {
       return leave_at(2 * static_cast<size_t>(bucket.tensor_end - bucket.tensor_begin), local);
     }
-    absl::Status s = store.EnqueueBucket(bucket.shards, bucket.tensor_begin, bucket.tensor_end,
-                                         setup.second_round[b] != 0, device_reduce,
-                                         setup.update_delayed);
+    absl::Status s =
+        store.EnqueueBucket(bucket.shards, bucket.tensor_begin, bucket.tensor_end,
+                            setup.second_round[b] != 0, device_reduce, setup.update_delayed);
     if (s.ok()) s = GPU_STATUS(cudaEventRecord(scratch.bucket_event(b), stream));
     if (!s.ok()) return leave(s);
     if (hooks.check_bucket) pending = hooks.check_bucket();
@@ -289,7 +289,7 @@ absl::Status RunGpuPipelinedStep(GpuShardStore& store, int64_t new_version,
   }
 
   // Commit barrier: every daemon commits, or none.
-  const absl::Status local = !pending.ok()        ? pending
+  const absl::Status local = !pending.ok()         ? pending
                              : hooks.before_commit ? hooks.before_commit()
                                                    : absl::OkStatus();
   if (several) {

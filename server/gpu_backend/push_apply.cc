@@ -38,7 +38,8 @@ absl::Status CheckPushFinite(absl::Span<const DevicePushSource> pieces, uint32_t
     GPU_RETURN_IF_ERROR(LaunchNonFiniteCheck(p.source, p.bf16, p.count, flag, stream));
   }
   uint32_t bad = 0;
-  GPU_RETURN_IF_ERROR(cudaMemcpyAsync(&bad, flag, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
+  GPU_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&bad, flag, sizeof(uint32_t), cudaMemcpyDeviceToHost, stream));
   GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (bad != 0) {
     return absl::InvalidArgumentError(
@@ -136,8 +137,8 @@ absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSo
       char* dst = static_cast<char*>(wide) + at;
       cudaError_t e = cudaMemsetAsync(dst, 0, n * sizeof(float), stream);
       if (e == cudaSuccess) {
-        e = cudaMemcpy2DAsync(dst + 2, sizeof(float), sources[i], 2, 2, n,
-                              cudaMemcpyDeviceToDevice, stream);
+        e = cudaMemcpy2DAsync(dst + 2, sizeof(float), sources[i], 2, 2, n, cudaMemcpyDeviceToDevice,
+                              stream);
       }
       if (e != cudaSuccess) {
         cudaFreeAsync(wide, stream);
@@ -153,8 +154,7 @@ absl::Status EnqueuePushAdds(GpuShardStore& store, absl::Span<const DevicePushSo
   absl::Status s;
   for (size_t i = 0; i < pieces.size() && s.ok(); ++i) {
     const DevicePushSource& p = pieces[i];
-    s = store.AddPiece(p.shard, p.offset, sources[i], p.bf16 && !widened[i], p.count,
-                       last_pusher);
+    s = store.AddPiece(p.shard, p.offset, sources[i], p.bf16 && !widened[i], p.count, last_pusher);
   }
   if (wide != nullptr) cudaFreeAsync(wide, stream);
   return s;

@@ -14,8 +14,8 @@ __device__ __forceinline__ float Widen(uint16_t bits) {
 __device__ __forceinline__ bool Bad(uint16_t bits) { return (bits & 0x7f80u) == 0x7f80u; }
 
 // 8 BF16 per thread per iteration: one 16-byte load, two 16-byte stores.
-__global__ void WriteCheckedBf16(float* __restrict__ acc, const uint16_t* __restrict__ g,
-                                 int64_t n, uint32_t* flag) {
+__global__ void WriteCheckedBf16(float* __restrict__ acc, const uint16_t* __restrict__ g, int64_t n,
+                                 uint32_t* flag) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t vec = n / 8;
   bool bad = false;
@@ -75,8 +75,8 @@ cudaError_t LaunchWriteChecked(float* acc, const void* grad, bool bf16, int64_t 
   if (count <= 0) return cudaSuccess;
   const int blocks =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((count + 2047) / 2048, 132 * 16)));
-  const bool aligned = reinterpret_cast<uintptr_t>(acc) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(acc) % 16 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
   if (bf16 && aligned) {
     WriteCheckedBf16<<<blocks, 256, 0, stream>>>(acc, static_cast<const uint16_t*>(grad), count,
                                                  flag);
@@ -84,8 +84,7 @@ cudaError_t LaunchWriteChecked(float* acc, const void* grad, bool bf16, int64_t 
     WriteCheckedBf16Scalar<<<blocks, 256, 0, stream>>>(acc, static_cast<const uint16_t*>(grad),
                                                        count, flag);
   } else {
-    WriteCheckedFp32<<<blocks, 256, 0, stream>>>(acc, static_cast<const float*>(grad), count,
-                                                 flag);
+    WriteCheckedFp32<<<blocks, 256, 0, stream>>>(acc, static_cast<const float*>(grad), count, flag);
   }
   return cudaGetLastError();
 }

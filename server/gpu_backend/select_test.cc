@@ -15,8 +15,7 @@ TEST(ChooseDaemonBackendTest, FollowsTheFlagAndTheProbe) {
   if (gpu) {
     EXPECT_EQ(*ChooseDaemonBackend("gpu"), DaemonBackend::kGpu);
   } else {
-    EXPECT_EQ(ChooseDaemonBackend("gpu").status().code(),
-              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ChooseDaemonBackend("gpu").status().code(), absl::StatusCode::kFailedPrecondition);
   }
 }
 

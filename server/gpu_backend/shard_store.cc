@@ -148,8 +148,8 @@ absl::Status GpuShardStore::Allocate() {
       if (d.frozen) continue;
       // 128-row blocks: server/grad_norm.h kGradNormBlockRows.
       if (d.norm_slot < 0 || d.norm_slot + (d.rows + 127) / 128 > options_.norm_slots) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient norm: shard ", d.name,
-                                                       " has no slots in the norm's vector"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient norm: shard ", d.name, " has no slots in the norm's vector"));
       }
       ASSIGN_OR_RETURN(void* mem, Alloc(d.rows * sizeof(double)));
       tensors_[i].row_sums = static_cast<double*>(mem);
@@ -163,9 +163,8 @@ absl::Status GpuShardStore::Allocate() {
     ASSIGN_OR_RETURN(void* sources, Alloc(slots * sizeof(NormSlotSource)));
     norm_sources_ = static_cast<NormSlotSource*>(sources);
     // On stream_, after Alloc's zeroing of the table (stream-ordered there).
-    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(norm_sources_, table.data(),
-                                        slots * sizeof(NormSlotSource), cudaMemcpyHostToDevice,
-                                        stream_));
+    GPU_RETURN_IF_ERROR(cudaMemcpyAsync(norm_sources_, table.data(), slots * sizeof(NormSlotSource),
+                                        cudaMemcpyHostToDevice, stream_));
     GPU_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     ASSIGN_OR_RETURN(void* factor, Alloc(sizeof(float)));
     clip_factor_ = static_cast<float*>(factor);
@@ -238,9 +237,8 @@ absl::Status GpuShardStore::Allocate() {
           if (!Uses(shards_[i].spec, dir)) continue;
           GpuPublishedDirection& out = slot.buffers[i][dir];
           ASSIGN_OR_RETURN(Layout layout,
-                           ComputeLayout(SpecOf(shards_[i].spec, dir),
-                                         static_cast<Direction>(dir), shards_[i].rows,
-                                         shards_[i].cols));
+                           ComputeLayout(SpecOf(shards_[i].spec, dir), static_cast<Direction>(dir),
+                                         shards_[i].rows, shards_[i].cols));
           auto take = [&](size_t n) -> void* {
             void* at = p == nullptr ? nullptr : p + offset;
             offset += AlignUp(n);
@@ -283,8 +281,8 @@ int GpuShardStore::AmaxSlot(int i, int dir) const {
 absl::Status GpuShardStore::CheckPiece(int shard, int64_t offset, int64_t count) const {
   if (shard < 0 || shard >= static_cast<int>(shards_.size()) || offset < 0 || count < 0 ||
       offset + count > shards_[shard].rows * shards_[shard].cols) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient piece [", offset, ", +", count,
-                                                   ") outside shard ", shard));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient piece [", offset, ", +", count, ") outside shard ", shard));
   }
   return absl::OkStatus();
 }
@@ -318,8 +316,7 @@ absl::Status GpuShardStore::AddPiece(int shard, int64_t offset, const void* valu
   ScopedDevice guard(options_.device);
   TensorState& t = tensors_[shard];
   const int64_t cols = shards_[shard].cols;
-  if (last_pusher && norm_on_ && t.row_sums != nullptr && offset % cols == 0 &&
-      count % cols == 0) {
+  if (last_pusher && norm_on_ && t.row_sums != nullptr && offset % cols == 0 && count % cols == 0) {
     GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad + offset, values, bf16, count / cols, cols,
                                        t.row_sums + offset / cols, stream_));
     t.fresh_rows += count / cols;
@@ -393,8 +390,8 @@ absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {
     TensorState& t = tensors_[i];
     if (t.row_sums == nullptr) continue;
     if (t.fresh_rows != shards_[i].rows || t.sums_stale) {
-      GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad, nullptr, false, shards_[i].rows,
-                                         shards_[i].cols, t.row_sums, stream_));
+      GPU_RETURN_IF_ERROR(LaunchRowSumSq(t.grad, nullptr, false, shards_[i].rows, shards_[i].cols,
+                                         t.row_sums, stream_));
     }
     t.fresh_rows = 0;
     t.sums_stale = false;
@@ -512,8 +509,8 @@ absl::StatusOr<GpuPublishedDirection> GpuShardStore::Published(int64_t version, 
     if ((s.version == version && version >= 0) || in_flight) {
       const GpuPublishedDirection& d = s.buffers[shard][static_cast<int>(direction)];
       if (!d.present) {
-        return absl::NotFoundError(absl::StrCat(shards_[shard].name, " has no ",
-                                                DirectionName(direction), " copy"));
+        return absl::NotFoundError(
+            absl::StrCat(shards_[shard].name, " has no ", DirectionName(direction), " copy"));
       }
       return d;
     }

@@ -67,10 +67,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/scoped_device.h"
+#include "ipc/cuda_vmm.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/cuda/scaling.h"
 #include "kernels/format.h"
-#include "ipc/cuda_vmm.h"
 #include "server/gpu_backend/grad_norm.h"
 
 namespace paramd {
@@ -150,7 +150,7 @@ struct GpuPublishedDirection {
   bool present = false;
   Layout layout;
   void* data = nullptr;
-  void* scales = nullptr;     // null if layout.scale_bytes() == 0
+  void* scales = nullptr;      // null if layout.scale_bytes() == 0
   float* scale_inv = nullptr;  // per-tensor FP8 (device float)
   float* amax = nullptr;       // NVFP4 global amax / FP8 source amax (device float)
   float* scale = nullptr;      // per-tensor FP8: the multiplier of this cast (device float)
@@ -227,7 +227,9 @@ class GpuShardStore {
   bool grad_zero(int shard) const { return tensors_[shard].grad_zero; }
   void note_grad_written(int shard) { tensors_[shard].grad_zero = false; }
   // Push staging buffer `i` (BF16, largest shard's size), or null.
-  void* push_staging(int i) { return i < static_cast<int>(staging_.size()) ? staging_[i] : nullptr; }
+  void* push_staging(int i) {
+    return i < static_cast<int>(staging_.size()) ? staging_[i] : nullptr;
+  }
 
   // grad(shard) += gradient (device, BF16 or FP32), enqueued on stream().
   absl::Status Accumulate(int shard, const void* gradient, bool bf16);
@@ -369,9 +371,7 @@ class GpuShardStore {
   // The exportable allocations holding the published buffers (one per
   // slot: its data, scales and scalars), fixed after Create; empty when not
   // exportable. Every pointer Published() returns lies inside one of them.
-  const std::vector<std::unique_ptr<ipc::VmmBuffer>>& exported_regions() const {
-    return exported_;
-  }
+  const std::vector<std::unique_ptr<ipc::VmmBuffer>>& exported_regions() const { return exported_; }
 
   const GpuStepTimings& last_timings() const { return timings_; }
   // Every device byte this store allocated (masters, moments, accumulators,
@@ -389,8 +389,8 @@ class GpuShardStore {
 
  private:
   struct DirState {
-    float* scale = nullptr;      // per-tensor FP8 multiplier
-    float* history = nullptr;    // delayed scaling [amax_history_len]
+    float* scale = nullptr;    // per-tensor FP8 multiplier
+    float* history = nullptr;  // delayed scaling [amax_history_len]
   };
   struct TensorState {
     float* master = nullptr;
@@ -409,7 +409,7 @@ class GpuShardStore {
     cudaEvent_t ready = nullptr;
   };
   struct Slot {
-    int64_t version = -1;  // guarded by meta_mu_
+    int64_t version = -1;      // guarded by meta_mu_
     float* scalars = nullptr;  // [shard][direction][kScalarsPerDirection]
     // [shard][direction]
     std::vector<std::array<GpuPublishedDirection, 2>> buffers;
@@ -509,8 +509,8 @@ class GpuShardStore {
   NormSlotSource* norm_sources_ = nullptr;  // [max(norm_slots, 1)]
   float* clip_factor_ = nullptr;
   unsigned int* norm_counter_ = nullptr;  // LaunchNormSlotsAndClipFactor's
-  double* norm_host_ = nullptr;         // mapped page-locked
-  double* norm_host_device_ = nullptr;  // its device address
+  double* norm_host_ = nullptr;           // mapped page-locked
+  double* norm_host_device_ = nullptr;    // its device address
   cudaEvent_t norm_done_ = nullptr;
   bool norm_in_step_ = false;
   std::atomic<bool> takes_non_finite_{false};  // norm_on_ && skip_non_finite_

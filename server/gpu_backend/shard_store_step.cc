@@ -179,12 +179,9 @@ absl::Status GpuShardStore::EnqueueCurrentScaling(absl::Span<const int> shards, 
   return gpu::CurrentScalingUpdate(current, stream_);
 }
 
-absl::Status GpuShardStore::EnqueueReduceAndScaling(absl::Span<const int> shards,
-                                                    const std::vector<gpu::QuantizeTensorArgs>& quant,
-                                                    float* amax, size_t amax_count,
-                                                    bool second_round,
-                                                    const DeviceAllReduce& all_reduce,
-                                                    bool record_events) {
+absl::Status GpuShardStore::EnqueueReduceAndScaling(
+    absl::Span<const int> shards, const std::vector<gpu::QuantizeTensorArgs>& quant, float* amax,
+    size_t amax_count, bool second_round, const DeviceAllReduce& all_reduce, bool record_events) {
   RETURN_IF_ERROR(EnqueueColumnwiseSourceAmax(shards, quant, false));
   if (record_events) GPU_RETURN_IF_ERROR(cudaEventRecord(events_[1], stream_));
   if (all_reduce) RETURN_IF_ERROR(all_reduce(amax, amax_count, stream_));
@@ -201,8 +198,7 @@ absl::Status GpuShardStore::EnqueueReduceAndScaling(absl::Span<const int> shards
 
 absl::Status GpuShardStore::EnqueueQuantize(int slot, absl::Span<const int> shards,
                                             const std::vector<gpu::QuantizeTensorArgs>& quant,
-                                            const std::vector<char>& quantized,
-                                            bool update_delayed,
+                                            const std::vector<char>& quantized, bool update_delayed,
                                             std::vector<gpu::DelayedScalingArgs>* delayed) {
   const Slot& out = slots_[slot];
   for (int i : shards) {
@@ -219,8 +215,8 @@ absl::Status GpuShardStore::EnqueueQuantize(int slot, absl::Span<const int> shar
       } else {
         // The multiplier of this cast (delayed: before the update that
         // follows every quantization).
-        GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.scale, t.dirs[dir].scale, 4,
-                                            cudaMemcpyDeviceToDevice, stream_));
+        GPU_RETURN_IF_ERROR(
+            cudaMemcpyAsync(pub.scale, t.dirs[dir].scale, 4, cudaMemcpyDeviceToDevice, stream_));
       }
       // Published amax: the tensor's global amax of this direction's source.
       GPU_RETURN_IF_ERROR(cudaMemcpyAsync(pub.amax, amax_ + AmaxSlot(i, dir), 4,
@@ -300,8 +296,8 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
     fresh_before_step_ = sgd_fresh_;
     ++optimizer_steps_;
     const bool first_step = optimizer_steps_ == 1 || sgd_fresh_;
-    RETURN_IF_ERROR(EnqueueOptimizer(all, one_pass, /*out_of_place=*/false, first_step, quant,
-                                     quantized));
+    RETURN_IF_ERROR(
+        EnqueueOptimizer(all, one_pass, /*out_of_place=*/false, first_step, quant, quantized));
     if (one_pass) ++one_pass_steps_;
     // Only a momentum step starts the buffers (a plain SGD step leaves them
     // as they are, as ShardSet leaves an unsized state).
@@ -325,8 +321,8 @@ absl::Status GpuShardStore::EnqueueInto(int slot, bool apply_optimizer,
   // calls whatever it holds.
   bool second_round = options_.second_round;
   for (const GpuShardDef& s : shards_) second_round |= SecondRound(s.spec);
-  RETURN_IF_ERROR(EnqueueReduceAndScaling(all, quant, amax_, amax_count(), second_round,
-                                          all_reduce, /*record_events=*/true));
+  RETURN_IF_ERROR(EnqueueReduceAndScaling(all, quant, amax_, amax_count(), second_round, all_reduce,
+                                          /*record_events=*/true));
   std::vector<gpu::DelayedScalingArgs> delayed;
   RETURN_IF_ERROR(EnqueueQuantize(slot, all, quant, quantized, update_delayed, &delayed));
   // Delayed scaling: this step's cast used the previous scale; now roll the
@@ -430,8 +426,8 @@ absl::Status GpuShardStore::EnqueueBucket(absl::Span<const int> shards, int tens
   RETURN_IF_ERROR(EnqueueReduceAndScaling(shards, buckets_.quant, amax_ + 2 * tensor_begin,
                                           2 * static_cast<size_t>(tensor_end - tensor_begin),
                                           second_round, all_reduce, /*record_events=*/false));
-  return EnqueueQuantize(buckets_.slot, shards, buckets_.quant, buckets_.quantized,
-                         update_delayed, &buckets_.delayed);
+  return EnqueueQuantize(buckets_.slot, shards, buckets_.quant, buckets_.quantized, update_delayed,
+                         &buckets_.delayed);
 }
 
 absl::Status GpuShardStore::CommitBuckets() {

@@ -161,8 +161,8 @@ absl::Status DeviceSnapshotSpare::ChooseMode() {
       spare_bytes_.store(static_cast<int64_t>(bytes));
     } else {
       cudaGetLastError();
-      why = absl::StrCat("allocating the ", bytes >> 20, " MiB spare failed: ",
-                         cudaGetErrorString(e));
+      why = absl::StrCat("allocating the ", bytes >> 20,
+                         " MiB spare failed: ", cudaGetErrorString(e));
     }
   }
   if (use_spare_) {

@@ -97,8 +97,8 @@ class DeviceSnapshotSpare : public std::enable_shared_from_this<DeviceSnapshotSp
   float* spare_ = nullptr;
   // Offset (floats) of shard i's master, m, v in spare_.
   std::vector<std::array<int64_t, 3>> offsets_;
-  bool copy_pending_ = false;          // step thread only
-  std::atomic<bool> in_use_{false};    // a capture not yet copied
+  bool copy_pending_ = false;        // step thread only
+  std::atomic<bool> in_use_{false};  // a capture not yet copied
   std::atomic<int64_t> spare_bytes_{0};
   std::atomic<double> last_copy_ms_{0};
 };

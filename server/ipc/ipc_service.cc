@@ -89,8 +89,9 @@ IpcExporter* IpcService::ExporterOrNull() {
   absl::MutexLock lock(&mu_);
   if (exporter_ == nullptr && !no_exporter_) {
     absl::StatusOr<std::unique_ptr<IpcExporter>> e =
-        factory ? factory() : absl::StatusOr<std::unique_ptr<IpcExporter>>(
-                                  absl::FailedPreconditionError("no exporter"));
+        factory ? factory()
+                : absl::StatusOr<std::unique_ptr<IpcExporter>>(
+                      absl::FailedPreconditionError("no exporter"));
     if (e.ok()) {
       exporter_ = *std::move(e);
     } else {
@@ -137,9 +138,8 @@ absl::StatusOr<IpcExporter*> IpcService::Ready() {
     ASSIGN_OR_RETURN(exporter_, factory());
   }
   if (socket_ == nullptr) {
-    ASSIGN_OR_RETURN(socket_, FdSocketServer::Start([this](const FdRequest& r, int fd) {
-                       return OnSocket(r, fd);
-                     }));
+    ASSIGN_OR_RETURN(socket_, FdSocketServer::Start(
+                                  [this](const FdRequest& r, int fd) { return OnSocket(r, fd); }));
   }
   return exporter_.get();
 }
@@ -298,9 +298,9 @@ absl::Status IpcService::Pin(const rpc::PinIpcRequest& request, rpc::PinIpcRespo
           if (d != 0 && d != 1) return absl::InvalidArgumentError("bad direction");
           const Direction dir = static_cast<Direction>(d);
           if (!UsesDirection(def.spec, dir)) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "tensor ", def.name, ": direction ", d == 0 ? "rowwise" : "columnwise",
-                " is not published"));
+            return absl::FailedPreconditionError(absl::StrCat("tensor ", def.name, ": direction ",
+                                                              d == 0 ? "rowwise" : "columnwise",
+                                                              " is not published"));
           }
           dirs.push_back(dir);
         }
@@ -384,14 +384,14 @@ absl::Status IpcService::Push(const rpc::PushGradientsIpcRequest& request,
       }
       const int64_t b = pt.row_begin(), e = pt.row_end();
       if (b < 0 || e <= b || e > def.rows) {
-        return absl::InvalidArgumentError(absl::StrCat("tensor ", def.name, ": rows [", b, ", ",
-                                                       e, ") outside [0, ", def.rows, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", def.name, ": rows [", b, ", ", e,
+                                                       ") outside [0, ", def.rows, ")"));
       }
       const int shard = view.FindShard(t, b, e);
       if (shard < 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tensor ", def.name, " rows [", b, ", ", e,
-                         ") are not held by daemon rank ", view.rank, " (re-read the manifest)"));
+        return absl::FailedPreconditionError(absl::StrCat("tensor ", def.name, " rows [", b, ", ",
+                                                          e, ") are not held by daemon rank ",
+                                                          view.rank, " (re-read the manifest)"));
       }
       for (const Rows& r : seen) {
         if (r.tensor == t && r.begin < e && b < r.end) {
@@ -415,7 +415,9 @@ absl::Status IpcService::Push(const rpc::PushGradientsIpcRequest& request,
   }));
   return host_->CommitPush(
       request.version(), request.pusher_id(), generation, bytes,
-      [&](ShardBackend& backend) { return exporter->ApplyPush(request.session(), backend, pieces); },
+      [&](ShardBackend& backend) {
+        return exporter->ApplyPush(request.session(), backend, pieces);
+      },
       response);
 }
 
@@ -458,9 +460,9 @@ grpc::ServerUnaryReactor* IpcService::UnpinIpc(grpc::CallbackServerContext* cont
                 [&] { return pins_.UnpinVersion(request->session(), request->version()); });
 }
 
-grpc::ServerUnaryReactor* IpcService::PushGradientsIpc(
-    grpc::CallbackServerContext* context, const rpc::PushGradientsIpcRequest* request,
-    rpc::PushGradientsResponse* response) {
+grpc::ServerUnaryReactor* IpcService::PushGradientsIpc(grpc::CallbackServerContext* context,
+                                                       const rpc::PushGradientsIpcRequest* request,
+                                                       rpc::PushGradientsResponse* response) {
   return Answer(context, options_.authenticator.get(), "/paramd.rpc.DaemonIpc/PushGradientsIpc",
                 [&] { return Push(*request, response); });
 }

@@ -38,11 +38,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "auth/security.h"
+#include "ipc/fd_socket.h"
+#include "ipc/pin_page.h"
 #include "kernels/format.h"
 #include "proto/ipc.grpc.pb.h"
 #include "server/chunks.h"
-#include "ipc/fd_socket.h"
-#include "ipc/pin_page.h"
 #include "server/ipc/pin_table.h"
 #include "server/shard_backend.h"
 
@@ -135,8 +135,8 @@ class IpcHost {
   // Checks the rules again and that the model is still `generation`, runs
   // `apply` on the backend, then counts the pusher (`bytes` pushed), all
   // under the daemon's push lock; `apply`'s error is returned.
-  virtual absl::Status CommitPush(int64_t version, const std::string& pusher,
-                                  int64_t generation, int64_t bytes,
+  virtual absl::Status CommitPush(int64_t version, const std::string& pusher, int64_t generation,
+                                  int64_t bytes,
                                   const std::function<absl::Status(ShardBackend&)>& apply,
                                   rpc::PushGradientsResponse* response) = 0;
 };

@@ -63,9 +63,10 @@ absl::StatusOr<PinTable::Session*> PinTable::LiveLocked(uint64_t session,
   ExpireLocked(ended);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "IPC session ", session, " is unknown or its lease expired (its pins were released); "
-        "open a new session"));
+    return absl::NotFoundError(
+        absl::StrCat("IPC session ", session,
+                     " is unknown or its lease expired (its pins were released); "
+                     "open a new session"));
   }
   it->second.expires = Now() + it->second.lease;
   return &it->second;
@@ -73,10 +74,10 @@ absl::StatusOr<PinTable::Session*> PinTable::LiveLocked(uint64_t session,
 
 absl::StatusOr<uint64_t> PinTable::Open(const std::string& name, absl::Duration lease) {
   if (lease < options_.min_lease || lease > options_.max_lease) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("IPC session lease ", absl::FormatDuration(lease), " outside [",
-                     absl::FormatDuration(options_.min_lease), ", ",
-                     absl::FormatDuration(options_.max_lease), "]"));
+    return absl::InvalidArgumentError(absl::StrCat("IPC session lease ",
+                                                   absl::FormatDuration(lease), " outside [",
+                                                   absl::FormatDuration(options_.min_lease), ", ",
+                                                   absl::FormatDuration(options_.max_lease), "]"));
   }
   std::vector<uint64_t> ended;
   uint64_t id = 0;
@@ -85,8 +86,8 @@ absl::StatusOr<uint64_t> PinTable::Open(const std::string& name, absl::Duration 
     if (shut_down_) return absl::UnavailableError("daemon shutting down");
     ExpireLocked(&ended);
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this daemon already has ", sessions_.size(), " IPC sessions (the limit)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this daemon already has ", sessions_.size(), " IPC sessions (the limit)"));
     }
     static thread_local std::mt19937_64 rng(std::random_device{}());
     do {
@@ -152,15 +153,16 @@ absl::Status PinTable::Pin(uint64_t session, PinKey key) {
       // FetchDevice answers for the version a step rewrites ("dropped"): it
       // is gone a moment later in any case, and the caller's remedy is the
       // same (fetch / pin a newer version). The message keeps the reason.
-      return absl::NotFoundError(absl::StrCat(
-          KeyName(key), " is being retired (the step in progress rewrites its buffers); "
-          "pin the latest version"));
+      return absl::NotFoundError(
+          absl::StrCat(KeyName(key),
+                       " is being retired (the step in progress rewrites its buffers); "
+                       "pin the latest version"));
     }
     if (live.pins.count(key) == 0 &&
         static_cast<int>(live.pins.size()) >= options_.max_pins_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "IPC session ", session, " already pins ", live.pins.size(),
-          " versions (the limit); unpin one first"));
+      return absl::ResourceExhaustedError(absl::StrCat("IPC session ", session, " already pins ",
+                                                       live.pins.size(),
+                                                       " versions (the limit); unpin one first"));
     }
     live.pins.insert(key);
     return absl::OkStatus();
@@ -302,8 +304,8 @@ absl::Status PinTable::Retire(PinKey key, absl::Time deadline,
         // runs, and a page pin's release nothing at all.
         bool page_holder = false;
         for (const auto& [id, s] : sessions_) {
-          page_holder = page_holder || (s.page != nullptr &&
-                                        s.page->Holds(PackPin(key.first, key.second)));
+          page_holder =
+              page_holder || (s.page != nullptr && s.page->Holds(PackPin(key.first, key.second)));
         }
         mu_.AwaitWithTimeout(absl::Condition(&changed), page_holder ? kPagePoll : kPoll);
         if (absl::Now() >= next_report) {

@@ -130,8 +130,7 @@ TEST(PinTable, RetireDeadlineNamesTheHolderAndShutdownCancels) {
   absl::SleepFor(absl::Milliseconds(50));
   table.Shutdown();
   step.join();
-  EXPECT_EQ(table.Open("late", absl::Seconds(1)).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(table.Open("late", absl::Seconds(1)).status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(PinTable, LimitsAndCloseAndGenerations) {

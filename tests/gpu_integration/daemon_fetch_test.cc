@@ -23,11 +23,11 @@
 #include <signal.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstdio>
-#include <iostream>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -112,8 +112,7 @@ HostFetchFn RawHostFetch(RawCluster& cluster) {
 }
 
 HostFetchFn ClientHostFetch(client::Client& c) {
-  return [&c](int64_t v, const std::string& t,
-              Direction d) -> absl::StatusOr<QuantizedTensor> {
+  return [&c](int64_t v, const std::string& t, Direction d) -> absl::StatusOr<QuantizedTensor> {
     client::FetchTarget target;
     target.tensor = t;
     target.direction = d;
@@ -139,9 +138,8 @@ void ExpectDeviceFetchMatches(client::Client& meta, const HostFetchFn& host_fetc
       if (!(d == Direction::kRowwise ? spec.rowwise_usage : spec.columnwise_usage)) continue;
       DeviceTarget target{t.name, d, {}};
       if (caller_buffers) {
-        absl::StatusOr<Layout> l =
-            ComputeLayout(d == Direction::kRowwise ? spec.rowwise : spec.columnwise, d,
-                          info->rows, info->cols);
+        absl::StatusOr<Layout> l = ComputeLayout(
+            d == Direction::kRowwise ? spec.rowwise : spec.columnwise, d, info->rows, info->cols);
         ASSERT_TRUE(l.ok());
         void* p = nullptr;
         ASSERT_EQ(cudaMalloc(&p, l->data_bytes() + l->scale_bytes() + 8), cudaSuccess);
@@ -284,8 +282,7 @@ TEST_F(OneDaemon, ClearErrors) {
       model_path_, "default_spec { rowwise { format: FP8_CURRENT } columnwise { format: MXFP8 } }");
   ASSERT_TRUE(v0.ok()) << v0.status();
   ASSERT_TRUE(client_->RefreshManifest().ok());
-  absl::StatusOr<DeviceFetchResult> r =
-      fetcher_->Fetch(0, {{"nope", Direction::kRowwise, {}}});
+  absl::StatusOr<DeviceFetchResult> r = fetcher_->Fetch(0, {{"nope", Direction::kRowwise, {}}});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   // Not yet published: waits, then DEADLINE_EXCEEDED, never a hang.
   const absl::Time start = absl::Now();
@@ -364,9 +361,8 @@ class OwnCluster {
          d + "/coordinator.log",
          d + "/coordinator.log"});
     if (!coordinator.ok()) return coordinator.status();
-    absl::StatusOr<int> port =
-        demo::WaitForPortFile(d + "/coordinator.port", absl::Seconds(20), &c->children_,
-                              *coordinator);
+    absl::StatusOr<int> port = demo::WaitForPortFile(d + "/coordinator.port", absl::Seconds(20),
+                                                     &c->children_, *coordinator);
     if (!port.ok()) return port.status();
     c->coordinator_ = absl::StrCat("127.0.0.1:", *port);
     for (size_t i = 0; i < gpus.size(); ++i) {
@@ -379,8 +375,8 @@ class OwnCluster {
            d + "/" + name + ".log",
            d + "/" + name + ".log"});
       if (!index.ok()) return index.status();
-      absl::StatusOr<int> p = demo::WaitForPortFile(d + "/" + name + ".port", absl::Seconds(20),
-                                                    &c->children_, *index);
+      absl::StatusOr<int> p =
+          demo::WaitForPortFile(d + "/" + name + ".port", absl::Seconds(20), &c->children_, *index);
       if (!p.ok()) return p.status();
     }
     return c;
@@ -545,11 +541,12 @@ TEST_F(Kills, Throughput) {
   std::vector<TestTensor> small = {{"s", {128, 128}, RandomValues(128 * 128, 9)}};
   const std::string path = cluster_->cluster().dir() + "/small.safetensors";
   ASSERT_TRUE(WriteModel(path, small).ok());
-  std::printf("DEVICE_FETCH_BENCH tensor=%lldx%lld FP8 both directions bytes=%lld "
-              "device_fetch_ms=%.3f device_GBps=%.2f host_stream_ms=%.1f host_GBps=%.3f\n",
-              static_cast<long long>(kBigRows), static_cast<long long>(kBigCols),
-              static_cast<long long>(bytes), device_s * 1e3, bytes / device_s / 1e9, host_s * 1e3,
-              bytes / host_s / 1e9);
+  std::printf(
+      "DEVICE_FETCH_BENCH tensor=%lldx%lld FP8 both directions bytes=%lld "
+      "device_fetch_ms=%.3f device_GBps=%.2f host_stream_ms=%.1f host_GBps=%.3f\n",
+      static_cast<long long>(kBigRows), static_cast<long long>(kBigCols),
+      static_cast<long long>(bytes), device_s * 1e3, bytes / device_s / 1e9, host_s * 1e3,
+      bytes / host_s / 1e9);
   ASSERT_TRUE(cluster_->Load(path, "default_spec { rowwise { format: FP8_CURRENT } }").ok());
   ASSERT_TRUE(client_->RefreshManifest().ok());
   r = f->Fetch(0, {{"s", Direction::kRowwise, {}}});
@@ -567,14 +564,16 @@ TEST_F(Kills, Throughput) {
 TEST_F(Kills, KillTrainerMidFetch) {
   demo::ChildProcesses children;
   const std::string out = cluster_->cluster().dir() + "/loop.log";
-  absl::StatusOr<int> loop = children.Start(
-      {"trainer", {"tests/gpu_integration/device_fetch_loop",
-                   "--coordinator=" + cluster_->cluster().coordinator_address(),
-                   absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60",
-                   // The device channel (NCCL), whose end the daemon must see
-                   // close, also when the trainer shares the daemon's GPU.
-                   "--same_gpu_ipc=false"},
-       out, out});
+  absl::StatusOr<int> loop =
+      children.Start({"trainer",
+                      {"tests/gpu_integration/device_fetch_loop",
+                       "--coordinator=" + cluster_->cluster().coordinator_address(),
+                       absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60",
+                       // The device channel (NCCL), whose end the daemon must see
+                       // close, also when the trainer shares the daemon's GPU.
+                       "--same_gpu_ipc=false"},
+                      out,
+                      out});
   ASSERT_TRUE(loop.ok()) << loop.status();
   // Wait until it is fetching continuously, then kill it in the loop.
   const absl::Time until = absl::Now() + absl::Seconds(30);

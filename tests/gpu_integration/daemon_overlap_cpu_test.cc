@@ -81,9 +81,10 @@ class FakeGpuBackend : public ShardBackend {
   absl::Status SetOptimizer(const OptimizerOptions& o) override { return inner_->SetOptimizer(o); }
   ShardSet* host_state() override { return inner_->host_state(); }
   void set_step_enqueued(StepEnqueuedFn fn) override { enqueued_ = std::move(fn); }
-  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(
-      int64_t new_version, bool apply_optimizer, const AllReduceMaxFn& all_reduce,
-      bool update_delayed) override {
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Step(int64_t new_version,
+                                                               bool apply_optimizer,
+                                                               const AllReduceMaxFn& all_reduce,
+                                                               bool update_delayed) override {
     Control& c = Ctl();
     int index = 0;
     if (apply_optimizer) {
@@ -400,7 +401,7 @@ TEST_F(DaemonOverlapCpu, FetchesBesideStepsPinsAndInFlightVersions) {
   grpc::ClientContext context;
   SetDeadline(context, absl::Seconds(5));
   ASSERT_TRUE(stub_->GetStats(&context, request, &stats).ok());
-  EXPECT_EQ(stats.stats().device_fetches_streamed(), 1);  // v3 (v5 failed)
+  EXPECT_EQ(stats.stats().device_fetches_streamed(), 1);     // v3 (v5 failed)
   EXPECT_GE(stats.stats().device_fetches_beside_step(), 1);  // v0 in phase 1
 }
 

@@ -259,8 +259,8 @@ class Overlap : public ::testing::Test {
     // Big enough that a step takes a while on the device (4 x 8 Mi
     // parameters), small enough for a quick CPU reference.
     for (int i = 0; i < 4; ++i) {
-      tensors_.push_back({absl::StrCat("t", i), {2048, 4096},
-                          RandomValues(2048 * 4096, 10 + i, 1.0f + i)});
+      tensors_.push_back(
+          {absl::StrCat("t", i), {2048, 4096}, RandomValues(2048 * 4096, 10 + i, 1.0f + i)});
     }
     const std::string path = cluster_->cluster().dir() + "/model.safetensors";
     ASSERT_TRUE(WriteModel(path, tensors_).ok());
@@ -336,7 +336,7 @@ TEST_F(Overlap, InFlightVersionEqualsReference) {
 
 TEST_F(Overlap, HeldVersionsBesideStep) {
   Reference reference(tensors_, specs_);
-  std::map<std::string, ref::HybridResult> before;  // version v-1
+  std::map<std::string, ref::HybridResult> before;                     // version v-1
   std::map<std::string, ref::HybridResult> now = reference.Publish();  // version v
   DeviceFetcher* second = pusher_.get();
   int not_found = 0;
@@ -511,8 +511,17 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
   std::unique_ptr<client::Client> trainer = Trainer(*cluster);
   ASSERT_NE(trainer, nullptr);
   constexpr char kTwoRecipe[] = R"pb(
-    rule { pattern: "nvfp4" spec { rowwise { format: NVFP4 } columnwise { format: MXFP8 } } }
-    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } })pb";
+    rule {
+      pattern: "nvfp4"
+      spec {
+        rowwise { format: NVFP4 }
+        columnwise { format: MXFP8 }
+      }
+    }
+    default_spec {
+      rowwise { format: FP8_CURRENT }
+      columnwise { format: FP8_CURRENT }
+    })pb";
   absl::StatusOr<int64_t> v0 = trainer->Load(path, kTwoRecipe, absl::Seconds(120));
   ASSERT_TRUE(v0.ok()) << v0.status();
   ASSERT_EQ(*v0, 0);
@@ -528,12 +537,13 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
     ASSERT_NE(w, nullptr);
     ASSERT_EQ(w->pieces.size(), 2u) << "w must be split across both daemons";
     ASSERT_LE(w->pieces[1].row_begin, kLargeFrom) << "w's largest values must be in piece 2";
-    std::printf("OVERLAP_TEST two daemons: w rows [0, %lld) on daemon rank %d, [%lld, %lld) on "
-                "rank %d; nvfp4 on rank %d\n",
-                static_cast<long long>(w->pieces[0].row_end), w->pieces[0].daemon_rank,
-                static_cast<long long>(w->pieces[1].row_begin),
-                static_cast<long long>(w->pieces[1].row_end), w->pieces[1].daemon_rank,
-                manifest.Find("nvfp4")->pieces[0].daemon_rank);
+    std::printf(
+        "OVERLAP_TEST two daemons: w rows [0, %lld) on daemon rank %d, [%lld, %lld) on "
+        "rank %d; nvfp4 on rank %d\n",
+        static_cast<long long>(w->pieces[0].row_end), w->pieces[0].daemon_rank,
+        static_cast<long long>(w->pieces[1].row_begin),
+        static_cast<long long>(w->pieces[1].row_end), w->pieces[1].daemon_rank,
+        manifest.Find("nvfp4")->pieces[0].daemon_rank);
   }
   // fetchers[g] receives on GPU g; pushes through their own fetcher (a
   // fetcher serialises its calls).
@@ -577,10 +587,11 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
   const bool warm_step = EnvInt("OVERLAP_WARM_STEP", 0) == 1;
   const int swap = EnvInt("OVERLAP_SWAP", 0) == 1 ? 1 : 0;
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  std::printf("OVERLAP_TEST two daemons: warm_pusher=%d warm_step=%d swap=%d daemon_eager=%d "
-              "CUDA_MODULE_LOADING=%s\n",
-              warm_pusher, warm_step, swap, EnvInt("OVERLAP_DAEMON_EAGER", 0) == 1 ? 1 : 0,
-              loading != nullptr ? loading : "(unset)");
+  std::printf(
+      "OVERLAP_TEST two daemons: warm_pusher=%d warm_step=%d swap=%d daemon_eager=%d "
+      "CUDA_MODULE_LOADING=%s\n",
+      warm_pusher, warm_step, swap, EnvInt("OVERLAP_DAEMON_EAGER", 0) == 1 ? 1 : 0,
+      loading != nullptr ? loading : "(unset)");
   if (warm_pusher) {
     ASSERT_EQ(cudaSetDevice(pusher->device()), cudaSuccess);
     const absl::Time t = absl::Now();
@@ -600,10 +611,11 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
     ASSERT_TRUE(pushed.ok()) << pushed.status();
     const absl::Time pushed_at = absl::Now();
     ASSERT_TRUE(trainer->WaitForVersion(1, kCall).ok());
-    std::printf("OVERLAP_TEST two daemons: warm-up step: push %.1f ms, v1 published %.1f ms "
-                "after it\n",
-                absl::ToDoubleMilliseconds(pushed_at - t),
-                absl::ToDoubleMilliseconds(absl::Now() - pushed_at));
+    std::printf(
+        "OVERLAP_TEST two daemons: warm-up step: push %.1f ms, v1 published %.1f ms "
+        "after it\n",
+        absl::ToDoubleMilliseconds(pushed_at - t),
+        absl::ToDoubleMilliseconds(absl::Now() - pushed_at));
     reference.Step(grads);
     now = reference.Publish();
     first = 1;
@@ -649,12 +661,13 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
       ASSERT_TRUE(st.ok()) << st.status();
       step_ms[rank] = st->last_step_seconds() * 1e3;
     }
-    std::printf("OVERLAP_TEST two daemons step %d: push %.1f ms; v%d beside the step on GPU %d "
-                "done %.1f ms after the push; v%d streamed on GPU %d done %.1f ms after it; "
-                "daemon steps %.1f / %.1f ms\n",
-                s, absl::ToDoubleMilliseconds(pushed_at - push_start), s, beside->device(),
-                absl::ToDoubleMilliseconds(held_done - pushed_at), s + 1, streamed->device(),
-                absl::ToDoubleMilliseconds(next_done - pushed_at), step_ms[0], step_ms[1]);
+    std::printf(
+        "OVERLAP_TEST two daemons step %d: push %.1f ms; v%d beside the step on GPU %d "
+        "done %.1f ms after the push; v%d streamed on GPU %d done %.1f ms after it; "
+        "daemon steps %.1f / %.1f ms\n",
+        s, absl::ToDoubleMilliseconds(pushed_at - push_start), s, beside->device(),
+        absl::ToDoubleMilliseconds(held_done - pushed_at), s + 1, streamed->device(),
+        absl::ToDoubleMilliseconds(next_done - pushed_at), step_ms[0], step_ms[1]);
   }
   // Both daemons served every step's fetch of s+1 while stepping it (its
   // device work held back) and every fetch of s beside that step.
@@ -744,16 +757,16 @@ TEST(Bench, StepLoop) {
       {"sequential", "push v; wait for v+1's publish, then fetch it (no overlap)", sequential.get(),
        false},
       {"streamed", "push v; fetch v+1 streamed while its step quantizes", streamed.get(), false},
-      {"double_buffered", "push v; fetch v beside the step to v+1; wait for v+1",
-       streamed.get(), true},
+      {"double_buffered", "push v; fetch v beside the step to v+1; wait for v+1", streamed.get(),
+       true},
   };
   constexpr int kWarmup = 2;
   const int steps = static_cast<int>(EnvInt("PARAMD_OVERLAP_BENCH_STEPS", 8));
-  std::printf("OVERLAP_BENCH params=%lld (%d x %lld x %lld) AdamW FP8 current row+col, "
-              "daemon GPU 0, trainer GPU %d, idle fetch of all directions %.2f ms\n",
-              static_cast<long long>(tensors_n * rows * cols), tensors_n,
-              static_cast<long long>(rows), static_cast<long long>(cols), TrainerDevice(),
-              idle_fetch_ms);
+  std::printf(
+      "OVERLAP_BENCH params=%lld (%d x %lld x %lld) AdamW FP8 current row+col, "
+      "daemon GPU 0, trainer GPU %d, idle fetch of all directions %.2f ms\n",
+      static_cast<long long>(tensors_n * rows * cols), tensors_n, static_cast<long long>(rows),
+      static_cast<long long>(cols), TrainerDevice(), idle_fetch_ms);
   std::printf("OVERLAP_BENCH %-16s %10s %10s %10s %10s  %s\n", "mode", "step_ms", "push_ms",
               "fetch_ms", "daemon_ms", "loop");
   for (const Mode& m : modes) {
@@ -763,8 +776,7 @@ TEST(Bench, StepLoop) {
       absl::StatusOr<client::PushResult> pushed = m.fetcher->Push(v, grads);
       ASSERT_TRUE(pushed.ok()) << pushed.status();
       const absl::Time pushed_at = absl::Now();
-      absl::StatusOr<DeviceFetchResult> r =
-          m.fetcher->Fetch(m.fetch_previous ? v : v + 1, targets);
+      absl::StatusOr<DeviceFetchResult> r = m.fetcher->Fetch(m.fetch_previous ? v : v + 1, targets);
       ASSERT_TRUE(r.ok()) << m.name << ": " << r.status();
       const absl::Time fetched_at = absl::Now();
       if (m.fetch_previous) {
@@ -785,10 +797,11 @@ TEST(Bench, StepLoop) {
   }
   absl::StatusOr<rpc::DaemonStats> stats = cluster->Stats(0);
   ASSERT_TRUE(stats.ok());
-  std::printf("OVERLAP_BENCH daemon: %lld fetches streamed, %lld beside a step (medians over %d "
-              "steps after %d warm-up)\n",
-              static_cast<long long>(stats->device_fetches_streamed()),
-              static_cast<long long>(stats->device_fetches_beside_step()), steps, kWarmup);
+  std::printf(
+      "OVERLAP_BENCH daemon: %lld fetches streamed, %lld beside a step (medians over %d "
+      "steps after %d warm-up)\n",
+      static_cast<long long>(stats->device_fetches_streamed()),
+      static_cast<long long>(stats->device_fetches_beside_step()), steps, kWarmup);
   std::fflush(stdout);
   for (void* p : buffers) cudaFree(p);
 }

@@ -14,11 +14,10 @@
 //     takes the norm's row sums: the same clip factor and bytes as the
 //     host push's);
 //   - KillTrainerMidPush: a trainer process (device_fetch_loop --mode=push)
-//     pushing BF16 gradients from its GPU every version is SIGKILLed; the daemon closes the channel, has
-//     counted no pusher for the version it is at, and after host pushes of
-//     the same gradients the published bytes equal those of a run that
-//     pushed over the host stream only (nothing of the killed push stayed
-//     in the accumulators).
+//     pushing BF16 gradients from its GPU every version is SIGKILLed; the daemon closes the
+//     channel, has counted no pusher for the version it is at, and after host pushes of the same
+//     gradients the published bytes equal those of a run that pushed over the host stream only
+//     (nothing of the killed push stayed in the accumulators).
 // Tag gpu; run from a directory holding server/hybrid-paramd and
 // tests/gpu_integration/device_fetch_loop (bazel runfiles or the bundle of
 // tools/gpu_test.sh).
@@ -129,7 +128,7 @@ std::vector<uint8_t> GradientBytes(int64_t n, bool bf16, uint32_t seed) {
 
 // Every published direction of every tensor at `version`, host stream.
 std::map<std::string, QuantizedTensor> Published(RawCluster& c, int64_t version,
-                                                  const std::vector<TestTensor>& tensors) {
+                                                 const std::vector<TestTensor>& tensors) {
   std::map<std::string, QuantizedTensor> out;
   for (const TestTensor& t : tensors) {
     for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
@@ -273,8 +272,7 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
       // First and last element: in the first and the last piece of a split.
       const size_t element = p.bf16 ? 2 : 4;
       for (size_t at : {size_t{0}, bytes.size() - element}) {
-        std::memcpy(bytes.data() + at, p.bf16 ? static_cast<const void*>(&nan16) : &nan32,
-                    element);
+        std::memcpy(bytes.data() + at, p.bf16 ? static_cast<const void*>(&nan16) : &nan32, element);
       }
       void* d = nullptr;
       ASSERT_EQ(cudaMalloc(&d, bytes.size()), cudaSuccess);
@@ -304,17 +302,14 @@ TEST_P(DeviceEqualsHost, PublishedVersionsByteIdentical) {
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition) << stale.status();
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, DeviceEqualsHost,
-                         ::testing::Values(PushCase{"OneDaemonFp32", 1, false},
-                                           PushCase{"OneDaemonBf16", 1, true},
-                                           PushCase{"OneDaemonBf16Nccl", 1, true, false, false},
-                                           PushCase{"TwoDaemonsFp32", 2, false},
-                                           PushCase{"TwoDaemonsBf16", 2, true},
-                                           PushCase{"OneDaemonBf16Clip", 1, true, true, false},
-                                           PushCase{"TwoDaemonsFp32Clip", 2, false, true}),
-                         [](const ::testing::TestParamInfo<PushCase>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, DeviceEqualsHost,
+    ::testing::Values(PushCase{"OneDaemonFp32", 1, false}, PushCase{"OneDaemonBf16", 1, true},
+                      PushCase{"OneDaemonBf16Nccl", 1, true, false, false},
+                      PushCase{"TwoDaemonsFp32", 2, false}, PushCase{"TwoDaemonsBf16", 2, true},
+                      PushCase{"OneDaemonBf16Clip", 1, true, true, false},
+                      PushCase{"TwoDaemonsFp32Clip", 2, false, true}),
+    [](const ::testing::TestParamInfo<PushCase>& info) { return info.param.name; });
 
 // The gradient device_fetch_loop --mode=push pushes (keep in sync with its
 // PushGradient()).
@@ -340,10 +335,12 @@ TEST(Kills, KillTrainerMidPush) {
   demo::ChildProcesses children;
   const std::string out = c->cluster().dir() + "/loop.log";
   absl::StatusOr<int> loop = children.Start(
-      {"trainer", {"tests/gpu_integration/device_fetch_loop", "--mode=push", "--same_gpu_ipc=false",
-                   "--coordinator=" + c->cluster().coordinator_address(),
-                   absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60"},
-       out, out});
+      {"trainer",
+       {"tests/gpu_integration/device_fetch_loop", "--mode=push", "--same_gpu_ipc=false",
+        "--coordinator=" + c->cluster().coordinator_address(),
+        absl::StrCat("--device=", TrainerDevice()), "--tensor=big", "--seconds=60"},
+       out,
+       out});
   ASSERT_TRUE(loop.ok()) << loop.status();
   const absl::Time until = absl::Now() + absl::Seconds(60);
   while (absl::Now() < until && !absl::StrContains(ReadFile(out), "push 4 ok")) {
@@ -383,8 +380,7 @@ TEST(Kills, KillTrainerMidPush) {
     for (int64_t off = 0; off < static_cast<int64_t>(grad.size()); off += 1 << 20) {
       rpc::PushGradientsRequest x = m;
       x.mutable_chunk()->set_offset(off);
-      x.mutable_chunk()->set_data(grad.data() + off,
-                                  std::min<int64_t>(1 << 20, grad.size() - off));
+      x.mutable_chunk()->set_data(grad.data() + off, std::min<int64_t>(1 << 20, grad.size() - off));
       if (off > 0) {
         x.clear_version();
         x.clear_pusher_id();

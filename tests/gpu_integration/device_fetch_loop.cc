@@ -63,7 +63,8 @@ int PushLoop(client::Client& c, gpu_fetch::DeviceFetcher& f, const std::string& 
   }
   const std::vector<uint16_t> host = PushGradient(meta->rows * meta->cols);
   void* grad = nullptr;
-  if (cudaSetDevice(f.device()) != cudaSuccess || cudaMalloc(&grad, host.size() * 2) != cudaSuccess ||
+  if (cudaSetDevice(f.device()) != cudaSuccess ||
+      cudaMalloc(&grad, host.size() * 2) != cudaSuccess ||
       cudaMemcpy(grad, host.data(), host.size() * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
     std::fprintf(stderr, "cuda alloc/copy failed\n");
     return 1;
@@ -94,7 +95,8 @@ int main(int argc, char** argv) {
   const bool push = absl::GetFlag(FLAGS_mode) == "push";
   client::ClientOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  options.role = push ? client::ClientOptions::Role::kTrainer : client::ClientOptions::Role::kObserver;
+  options.role =
+      push ? client::ClientOptions::Role::kTrainer : client::ClientOptions::Role::kObserver;
   options.pusher = push;
   options.name = push ? "device_push_loop" : "device_fetch_loop";
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(options);

@@ -55,9 +55,9 @@ std::vector<Case> Cases() {
     c.spec.columnwise = col;
     cases.push_back(c);
   };
-  for (Format f : {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed,
-                   Format::kFp8Current, Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128,
-                   Format::kFp8Block1x128}) {
+  for (Format f :
+       {Format::kIdentityBf16, Format::kIdentityFp32, Format::kFp8Delayed, Format::kFp8Current,
+        Format::kMxfp8, Format::kNvfp4, Format::kFp8Block128x128, Format::kFp8Block1x128}) {
     add(std::string(FormatName(f)), DefaultQuantSpec(f), DefaultQuantSpec(f));
   }
   QuantSpec mx2d = DefaultQuantSpec(Format::kMxfp8);
@@ -153,7 +153,8 @@ class GpuFetchTest : public ::testing::Test {
       served = gpu_backend::ServeFetch(daemon(), 1, tag, store, version, items, false,
                                        In(absl::Seconds(60)));
     });
-    absl::Status fetched = gpu_fetch::FetchDirections(trainer(), 0, tag, dst, In(absl::Seconds(60)));
+    absl::Status fetched =
+        gpu_fetch::FetchDirections(trainer(), 0, tag, dst, In(absl::Seconds(60)));
     server.join();
     ASSERT_TRUE(served.ok()) << served;
     ASSERT_TRUE(fetched.ok()) << fetched;
@@ -226,7 +227,7 @@ TEST_F(GpuFetchTest, StepsWithPushedGradientsPublishNewVersions) {
   spec.rowwise = DefaultQuantSpec(Format::kFp8Current);
   spec.columnwise = DefaultQuantSpec(Format::kFp8Current);
   std::vector<gpu_backend::GpuShardDef> shards = {Def("a", 256, 512, spec),
-                                                   Def("b", 384, 128, spec)};
+                                                  Def("b", 384, 128, spec)};
   gpu_backend::GpuStoreOptions options;
   options.device = 0;
   absl::StatusOr<std::unique_ptr<GpuShardStore>> store_or = GpuShardStore::Create(shards, options);
@@ -260,8 +261,8 @@ TEST_F(GpuFetchTest, StepsWithPushedGradientsPublishNewVersions) {
         sent = trainer().SendDevice(0, 500 + version * 10 + i, {{grads[i], bytes}}, nullptr,
                                     In(absl::Seconds(30)));
       });
-      absl::Status got = daemon().RecvDevice(1, 500 + version * 10 + i,
-                                             {{store.push_staging(0), bytes}}, In(absl::Seconds(30)));
+      absl::Status got = daemon().RecvDevice(
+          1, 500 + version * 10 + i, {{store.push_staging(0), bytes}}, In(absl::Seconds(30)));
       pusher.join();
       ASSERT_TRUE(sent.ok()) << sent;
       ASSERT_TRUE(got.ok()) << got;

@@ -67,7 +67,8 @@ QuantizedTensor HostCopy(const IpcTensor& t, const gpu_fetch::DeviceDirection& b
   return paramd::testing::HostCopy(t.spec.format, t.direction, t.rows, t.cols, b);
 }
 
-std::unique_ptr<IpcFetcher> OpenFetcher(client::Client* c, absl::Duration lease = absl::Seconds(5)) {
+std::unique_ptr<IpcFetcher> OpenFetcher(client::Client* c,
+                                        absl::Duration lease = absl::Seconds(5)) {
   gpu_fetch::IpcFetcherOptions o;
   o.device = kDevice;
   o.lease = lease;
@@ -108,8 +109,10 @@ class Ipc : public ::testing::Test {
                 {"tall", {3, 129, 40}, RandomValues(3 * 129 * 40, 4, 3.0f)}};
     model_path_ = cluster_->cluster().dir() + "/model.safetensors";
     ASSERT_TRUE(WriteModel(model_path_, tensors_).ok());
-    ASSERT_TRUE(cluster_->Load(model_path_, "default_spec { rowwise { format: FP8_CURRENT } "
-                                            "columnwise { format: FP8_CURRENT } }")
+    ASSERT_TRUE(cluster_
+                    ->Load(model_path_,
+                           "default_spec { rowwise { format: FP8_CURRENT } "
+                           "columnwise { format: FP8_CURRENT } }")
                     .ok());
     client_ = Observer(*cluster_, "ipc_test").release();
     ASSERT_NE(client_, nullptr);
@@ -183,8 +186,8 @@ TEST_P(InPlace, EqualsReferenceAndHostStream) {
     dst.layout = l;
     dst.data = mem;
     dst.scales = l.scale_bytes() > 0 ? static_cast<char*>(mem) + l.data_bytes() : nullptr;
-    dst.scale_inv = reinterpret_cast<float*>(static_cast<char*>(mem) + l.data_bytes() +
-                                             l.scale_bytes());
+    dst.scale_inv =
+        reinterpret_cast<float*>(static_cast<char*>(mem) + l.data_bytes() + l.scale_bytes());
     dst.amax = dst.scale_inv + 1;
     ASSERT_TRUE(fetcher_->CopyTo(t, dst, nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -499,9 +502,11 @@ TEST_F(Ipc, BenchCoLocated) {
   ASSERT_TRUE(cluster_->Load(model_path_, "default_spec { rowwise { format: IDENTITY_BF16 } }")
                   .ok());  // the small model: the big one's memory is measured from here
   const size_t free0 = FreeBytes();
-  ASSERT_TRUE(cluster_->Load(path, "default_spec { rowwise { format: FP8_CURRENT } "
-                                   "columnwise { format: FP8_CURRENT } }",
-                             absl::Seconds(300))
+  ASSERT_TRUE(cluster_
+                  ->Load(path,
+                         "default_spec { rowwise { format: FP8_CURRENT } "
+                         "columnwise { format: FP8_CURRENT } }",
+                         absl::Seconds(300))
                   .ok());
   ASSERT_TRUE(client_->RefreshManifest().ok());
   std::printf("IPC_BENCH model written + loaded in %.1f s\n",
@@ -624,36 +629,41 @@ TEST_F(Ipc, BenchCoLocated) {
   std::printf("IPC_BENCH params=%lld (%d x %lld x %lld) AdamW FP8 current row+col, %d targets\n",
               static_cast<long long>(params), n_tensors, static_cast<long long>(rows),
               static_cast<long long>(cols), targets);
-  std::printf("IPC_BENCH hand v+1 (Acquire after publish, pin page): %.1f us host = %.2f us per "
-              "tensor (%.2f per direction), no device copy; %lld of %d acquires through the page\n",
-              acq, acq / n_tensors, acq / targets,
-              static_cast<long long>(fetcher_->page_acquires() - page_before), steps);
+  std::printf(
+      "IPC_BENCH hand v+1 (Acquire after publish, pin page): %.1f us host = %.2f us per "
+      "tensor (%.2f per direction), no device copy; %lld of %d acquires through the page\n",
+      acq, acq / n_tensors, acq / targets,
+      static_cast<long long>(fetcher_->page_acquires() - page_before), steps);
   const double cb = Median(copy_base), cm = Median(copy_ms);
-  std::printf("IPC_BENCH optional copy of every direction (%.2f GB): %.3f ms (%.0f GB/s); "
-              "d2d copy of the same buffers %.3f ms; ratio %.3f\n",
-              copy_bytes / 1e9, cm, copy_bytes / cm / 1e6, cb, cb / cm);
+  std::printf(
+      "IPC_BENCH optional copy of every direction (%.2f GB): %.3f ms (%.0f GB/s); "
+      "d2d copy of the same buffers %.3f ms; ratio %.3f\n",
+      copy_bytes / 1e9, cm, copy_bytes / cm / 1e6, cb, cb / cm);
   const double pb = Median(push_base), pm = Median(push_ms);
   // The figure: the gradient's bytes over the push's host wall time
   // (PushGradientsIpc round trip, one pass that checks and writes the FP32
   // accumulator: 2 B read + 4 B written per parameter) vs a d2d copy of the
   // same bytes (2 B read + 2 B written) in this run.
-  std::printf("IPC_BENCH push in place of %.2f GB BF16 (one pass: NaN check + FP32 write, host "
-              "wall): %.3f ms; d2d copy of the same bytes %.3f ms; ratio %.3f; memory traffic "
-              "%.0f GB/s (6 B/param) vs copy %.0f GB/s (4 B/param): ratio %.3f\n",
-              grad_bytes / 1e9, pm, pb, pb / pm, params * 6.0 / pm / 1e6,
-              params * 4.0 / pb / 1e6, (params * 6.0 / pm) / (params * 4.0 / pb));
+  std::printf(
+      "IPC_BENCH push in place of %.2f GB BF16 (one pass: NaN check + FP32 write, host "
+      "wall): %.3f ms; d2d copy of the same bytes %.3f ms; ratio %.3f; memory traffic "
+      "%.0f GB/s (6 B/param) vs copy %.0f GB/s (4 B/param): ratio %.3f\n",
+      grad_bytes / 1e9, pm, pb, pb / pm, params * 6.0 / pm / 1e6, params * 4.0 / pb / 1e6,
+      (params * 6.0 / pm) / (params * 4.0 / pb));
   const double wk = Median(write_ms);
-  std::printf("IPC_BENCH push's device pass alone (check + FP32 write, 8 launches): %.3f ms = "
-              "%.3f of the d2d copy of the gradient's bytes (%.0f GB/s at 6 B/param); the rest "
-              "of the push's host wall (%.3f ms) is the call, the rules and the waits\n",
-              wk, pb / wk, params * 6.0 / wk / 1e6, pm - wk);
-  std::printf("IPC_BENCH device memory: daemon model %.2f B/param (free %zu -> %zu), trainer "
-              "weights after Acquire %+.3f B/param (free -> %zu); copy buffers %.2f B/param; "
-              "gradient buffer %.2f B/param (free %zu -> %zu)\n",
-              static_cast<double>(free0 - free1) / params, free0, free1,
-              (static_cast<double>(free1) - static_cast<double>(free2)) / params, free2,
-              (static_cast<double>(free2) - static_cast<double>(free3)) / params,
-              (static_cast<double>(free3) - static_cast<double>(free4)) / params, free3, free4);
+  std::printf(
+      "IPC_BENCH push's device pass alone (check + FP32 write, 8 launches): %.3f ms = "
+      "%.3f of the d2d copy of the gradient's bytes (%.0f GB/s at 6 B/param); the rest "
+      "of the push's host wall (%.3f ms) is the call, the rules and the waits\n",
+      wk, pb / wk, params * 6.0 / wk / 1e6, pm - wk);
+  std::printf(
+      "IPC_BENCH device memory: daemon model %.2f B/param (free %zu -> %zu), trainer "
+      "weights after Acquire %+.3f B/param (free -> %zu); copy buffers %.2f B/param; "
+      "gradient buffer %.2f B/param (free %zu -> %zu)\n",
+      static_cast<double>(free0 - free1) / params, free0, free1,
+      (static_cast<double>(free1) - static_cast<double>(free2)) / params, free2,
+      (static_cast<double>(free2) - static_cast<double>(free3)) / params,
+      (static_cast<double>(free3) - static_cast<double>(free4)) / params, free3, free4);
   absl::StatusOr<rpc::DaemonStats> stats = cluster_->Stats(0);
   if (stats.ok()) std::printf("IPC_BENCH daemon stats: %s\n", stats->ShortDebugString().c_str());
   for (gpu_fetch::DeviceDirection& d : dst) {
@@ -687,8 +697,8 @@ TEST_F(Ipc, ZDaemonKilledWhileMapped) {
   EXPECT_TRUE(absl::StrContains(s.message(), "no longer valid")) << s;
   absl::Status again = fetcher_->Acquire(-1, {}).status();
   EXPECT_EQ(again.code(), absl::StatusCode::kUnavailable) << again;
-  EXPECT_FALSE(fetcher_->CopyTo((*v0)->tensors[0], (*v0)->tensors[0].pieces[0].buffers, nullptr)
-                   .ok());
+  EXPECT_FALSE(
+      fetcher_->CopyTo((*v0)->tensors[0], (*v0)->tensors[0].pieces[0].buffers, nullptr).ok());
   // The mappings hold the daemon's allocations: still the last bytes.
   EXPECT_EQ(Snapshot(**v0), before);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);

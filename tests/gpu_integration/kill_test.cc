@@ -47,8 +47,6 @@ constexpr size_t kBigOneGpu = size_t{1} << 30;
 int g_trainer_device = 1;
 size_t g_big = kBig;
 
-
-
 // A child process running `role(in_fd, out_fd)`.
 struct Child {
   pid_t pid = -1;

@@ -68,13 +68,13 @@ namespace {
 using gpu_backend::FetchItem;
 using gpu_backend::GpuShardStore;
 
-#define CHECK_OK(expr)                                                            \
-  do {                                                                            \
-    absl::Status s_ = (expr);                                                     \
-    if (!s_.ok()) {                                                               \
+#define CHECK_OK(expr)                                                           \
+  do {                                                                           \
+    absl::Status s_ = (expr);                                                    \
+    if (!s_.ok()) {                                                              \
       fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, s_.ToString().c_str()); \
-      std::exit(1);                                                               \
-    }                                                                             \
+      std::exit(1);                                                              \
+    }                                                                            \
   } while (0)
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
@@ -199,8 +199,7 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
   gpu_backend::GpuStoreOptions options;
   options.device = 0;
   options.adamw.lr = 1e-3;
-  absl::StatusOr<std::unique_ptr<GpuShardStore>> store_or =
-      GpuShardStore::Create(shards, options);
+  absl::StatusOr<std::unique_ptr<GpuShardStore>> store_or = GpuShardStore::Create(shards, options);
   CHECK_OK(store_or.status());
   GpuShardStore& store = **store_or;
   result.bytes_per_param = store.bytes_per_parameter();
@@ -214,8 +213,8 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
         x = x * 1664525u + 1013904223u;
         host[j] = (static_cast<int32_t>(x >> 8) - (1 << 23)) * (1.0f / (1 << 23)) * 0.05f;
       }
-      CHECK_OK(GPU_STATUS(cudaMemcpy(store.master(i), host.data(), count * 4,
-                                     cudaMemcpyHostToDevice)));
+      CHECK_OK(
+          GPU_STATUS(cudaMemcpy(store.master(i), host.data(), count * 4, cudaMemcpyHostToDevice)));
     }
   }
 
@@ -253,8 +252,10 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
       }
     }
   }
-  for (const auto& d : all_dst) result.fetch_all_bytes += d.layout.data_bytes() + d.layout.scale_bytes() + 8;
-  for (const auto& d : row_dst) result.row_bytes += d.layout.data_bytes() + d.layout.scale_bytes() + 8;
+  for (const auto& d : all_dst)
+    result.fetch_all_bytes += d.layout.data_bytes() + d.layout.scale_bytes() + 8;
+  for (const auto& d : row_dst)
+    result.row_bytes += d.layout.data_bytes() + d.layout.scale_bytes() + 8;
 
   Rendezvous meet;
   std::vector<double> push_ms, opt_ms, ar_ms, sc_ms, q_ms, step_ms, fetch_all_ms, fetch_row_ms,
@@ -294,8 +295,8 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
     for (int i = 0; i < n; ++i) {
       const int k = i % 2;
       CHECK_OK(GPU_STATUS(cudaEventSynchronize(acc_done[k])));
-      CHECK_OK(daemon_t.RecvDevice(1, base + i, {{store.push_staging(k), static_cast<size_t>(count * 2)}},
-                                   In(kDeadline)));
+      CHECK_OK(daemon_t.RecvDevice(
+          1, base + i, {{store.push_staging(k), static_cast<size_t>(count * 2)}}, In(kDeadline)));
       CHECK_OK(store.Accumulate(i, store.push_staging(k), /*bf16=*/true));
       CHECK_OK(GPU_STATUS(cudaEventRecord(acc_done[k], store.stream())));
     }
@@ -333,8 +334,8 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
         ms = absl::ToDoubleMilliseconds(absl::Now() - f0);
       });
       meet.Meet();
-      CHECK_OK(gpu_backend::ServeFetch(daemon, 1, t, store, version, row_items, false,
-                                       In(kDeadline)));
+      CHECK_OK(
+          gpu_backend::ServeFetch(daemon, 1, t, store, version, row_items, false, In(kDeadline)));
       fetch.join();
       return ms;
     };
@@ -479,13 +480,14 @@ Result RunConfig(const Config& config, NcclTransport& daemon_t, NcclTransport& t
       cudaSetDevice(0);
     }
     const gpu_backend::GpuStepTimings& t = store.last_timings();
-    std::printf("[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
-                "fetch-all %.2f  row %.2f (grpc control %.2f, other comm kind %.2f) raw %.2f "
-                "prefetch-exposed %.2f  seq %.2f pipe %.2f pipe1 %.2f dbuf %.2f ms\n",
-                config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped,
-                t.optimizer_ms, t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all,
-                fetch_row, fetch_row_grpc, fetch_row_alt, raw_row, prefetch_exposed, sequential, pipelined,
-                pipelined_one, double_buffered);
+    std::printf(
+        "[%s] step %d%s: push %.2f  step %.2f (opt %.2f ar %.3f sc %.3f q %.2f)  "
+        "fetch-all %.2f  row %.2f (grpc control %.2f, other comm kind %.2f) raw %.2f "
+        "prefetch-exposed %.2f  seq %.2f pipe %.2f pipe1 %.2f dbuf %.2f ms\n",
+        config.name.c_str(), step, timed ? "" : " (warm-up)", push, stepped, t.optimizer_ms,
+        t.all_reduce_ms, t.scaling_ms, t.quantize_ms, fetch_all, fetch_row, fetch_row_grpc,
+        fetch_row_alt, raw_row, prefetch_exposed, sequential, pipelined, pipelined_one,
+        double_buffered);
     std::fflush(stdout);
     if (!timed) continue;
     push_ms.push_back(push);
@@ -567,12 +569,13 @@ int Main() {
   std::printf("direction communicators: %s (PARAMD_NCCL_BLOCKING); 'other kind' = %s\n",
               DefaultBlocking() ? "blocking" : "non-blocking",
               DefaultBlocking() ? "non-blocking" : "blocking");
-  std::printf("%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %6s | %8s %8s %8s | %5s %s\n",
-              "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall",
-              "GB/s", "row", "raw", "ratio", "rowGB/s", "pre-exp", "ratio2", "seq", "pipe", "dbuf", "B/par",
-              "ok");
-  std::printf("(row = the socket control channel; the same fetch with gRPC control follows "
-              "each row as 'grpc-control row, ratio')\n");
+  std::printf(
+      "%-5s %8s %8s %8s %8s %8s %8s | %9s %9s | %8s %8s %6s %8s | %8s %6s | %8s %8s %8s | %5s %s\n",
+      "cfg", "push", "optim", "allred", "scaling", "quant", "step", "fetchall", "GB/s", "row",
+      "raw", "ratio", "rowGB/s", "pre-exp", "ratio2", "seq", "pipe", "dbuf", "B/par", "ok");
+  std::printf(
+      "(row = the socket control channel; the same fetch with gRPC control follows "
+      "each row as 'grpc-control row, ratio')\n");
   std::string json = "[";
   for (const Result& r : results) {
     const double ratio = r.fetch_row_ms > 0 ? r.raw_row_ms / r.fetch_row_ms : 0;
@@ -580,20 +583,21 @@ int Main() {
     std::printf(
         "%-5s %8.2f %8.2f %8.3f %8.3f %8.2f %8.2f | %9.2f %9.1f | %8.2f %8.2f %6.3f %8.1f | "
         "%8.2f %6.3f | %8.2f %8.2f %8.2f | %5.2f %s\n",
-        r.config.c_str(), r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms,
-        r.quantize_ms, r.step_ms, r.fetch_all_ms, r.fetch_all_bytes / r.fetch_all_ms / 1e6,
-        r.fetch_row_ms, r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6,
-        r.prefetch_exposed_ms, ratio2, r.sequential_ms,
-        r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param, r.verified ? "yes" : "NO");
-    std::printf("%-5s grpc-control row %.2f ms, ratio %.3f; pipelined as one message %.2f ms (%s)\n",
-                r.config.c_str(), r.fetch_row_grpc_ms,
-                r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0,
-                r.pipelined_one_ms, r.pipelined_one_verified ? "verified" : "NOT VERIFIED");
+        r.config.c_str(), r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
+        r.step_ms, r.fetch_all_ms, r.fetch_all_bytes / r.fetch_all_ms / 1e6, r.fetch_row_ms,
+        r.raw_row_ms, ratio, r.row_bytes / r.fetch_row_ms / 1e6, r.prefetch_exposed_ms, ratio2,
+        r.sequential_ms, r.pipelined_ms, r.double_buffered_ms, r.bytes_per_param,
+        r.verified ? "yes" : "NO");
+    std::printf(
+        "%-5s grpc-control row %.2f ms, ratio %.3f; pipelined as one message %.2f ms (%s)\n",
+        r.config.c_str(), r.fetch_row_grpc_ms,
+        r.fetch_row_grpc_ms > 0 ? r.raw_row_ms / r.fetch_row_grpc_ms : 0, r.pipelined_one_ms,
+        r.pipelined_one_verified ? "verified" : "NOT VERIFIED");
     std::printf("%-5s RATIO %s %.3f (row %.2f ms) | %s %.3f (row %.2f ms) | raw %.2f ms\n",
                 r.config.c_str(), DefaultBlocking() ? "blocking" : "non-blocking", ratio,
                 r.fetch_row_ms, DefaultBlocking() ? "non-blocking" : "blocking",
-                r.fetch_row_alt_ms > 0 ? r.raw_row_ms / r.fetch_row_alt_ms : 0,
-                r.fetch_row_alt_ms, r.raw_row_ms);
+                r.fetch_row_alt_ms > 0 ? r.raw_row_ms / r.fetch_row_alt_ms : 0, r.fetch_row_alt_ms,
+                r.raw_row_ms);
     absl::StrAppend(
         &json, json.size() > 1 ? "," : "",
         absl::StrFormat(
@@ -606,13 +610,10 @@ int Main() {
             "\"double_buffered_ms\":%.3f,\"prefetch_exposed_ms\":%.3f,\"prefetch_ratio\":%.4f,"
             "\"bytes_per_param\":%.3f,\"verified\":%s}",
             r.config, r.push_ms, r.optimizer_ms, r.all_reduce_ms, r.scaling_ms, r.quantize_ms,
-            r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms,
-            r.row_bytes, ratio, r.fetch_row_grpc_ms, DefaultBlocking() ? "true" : "false",
-            r.fetch_row_alt_ms, r.sequential_ms, r.pipelined_ms,
-            r.pipelined_one_ms, r.double_buffered_ms,
-            r.prefetch_exposed_ms, ratio2,
-            r.bytes_per_param,
-            r.verified ? "true" : "false"));
+            r.step_ms, r.fetch_all_ms, r.fetch_all_bytes, r.fetch_row_ms, r.raw_row_ms, r.row_bytes,
+            ratio, r.fetch_row_grpc_ms, DefaultBlocking() ? "true" : "false", r.fetch_row_alt_ms,
+            r.sequential_ms, r.pipelined_ms, r.pipelined_one_ms, r.double_buffered_ms,
+            r.prefetch_exposed_ms, ratio2, r.bytes_per_param, r.verified ? "true" : "false"));
   }
   json += "]\n";
   if (!absl::GetFlag(FLAGS_json).empty()) {
