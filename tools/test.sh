@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, checks the layering
-# rules (tools/layering_check.py), runs every test that needs no GPU, runs
+# rules (tools/layering_check.py) and the source style (tools/format_check.sh),
+# runs every test that needs no GPU, runs
 # each fuzz target for a few seconds (tools/fuzz.sh;
 # FUZZ_SECONDS=0 skips), runs the shell blocks of README.md and
 # deploy/README.md (tools/doc_test.py; DOC_TEST=0 skips it), and (where nvcc
@@ -12,9 +13,11 @@ cd "$(dirname "$0")/.."
 bash tools/install_deps.sh || exit 1
 source tools/bazel_quiet.sh
 
-echo "== layering: tools/layering_check.py"
+echo "== layering: tools/layering_check.py; style: tools/format_check.sh"
 /usr/bin/python3 tools/layering_check.py | tail -n 30
 layering_rc=${PIPESTATUS[0]}
+bash tools/format_check.sh | tail -n 30
+format_rc=${PIPESTATUS[0]}
 
 log=$(mktemp)
 bazel_quiet test //... | tee "$log"
@@ -68,9 +71,11 @@ failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log" 
 [ "$fuzz_rc" -ne 0 ] && failed=$((failed + 1)) && echo "fuzzing failed"
 [ "$layering_rc" -ne 0 ] && failed=$((failed + 1)) && echo "the layering check failed"
 [ "$layering_rc" -eq 0 ] && passed=$((passed + 1))
+[ "$format_rc" -ne 0 ] && failed=$((failed + 1)) && echo "the format check failed"
+[ "$format_rc" -eq 0 ] && passed=$((passed + 1))
 [ "$doc_rc" -ne 0 ] && failed=$((failed + 1)) && echo "the documentation test failed"
 [ "$doc_ran" -eq 1 ] && [ "$doc_rc" -eq 0 ] && passed=$((passed + 1))
 rm -f "$log"
 echo "$passed passed, $failed failed"
 [ "$rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$fuzz_rc" -eq 0 ] && [ "$doc_rc" -eq 0 ] &&
-  [ "$layering_rc" -eq 0 ]
+  [ "$layering_rc" -eq 0 ] && [ "$format_rc" -eq 0 ]
