@@ -110,7 +110,7 @@ TEST(InspectModel, GeneratedModelWithRecipeAllFormatsAndRendering) {
   ASSERT_TRUE(GenerateModel(path, gen).ok());
   auto model = safetensors::ShardedSafetensors::Open(path);
   ASSERT_TRUE(model.ok());
-  auto recipe = Recipe::Parse(R"pb(
+  auto recipe = Recipe::Parse(R"txt(
     name: "test"
     rule {
       name: "exact"
@@ -133,7 +133,7 @@ TEST(InspectModel, GeneratedModelWithRecipeAllFormatsAndRendering) {
       rowwise { format: NVFP4 }
       columnwise { format: FP8_BLOCK_128X128 }
     }
-  )pb");
+  )txt");
   ASSERT_TRUE(recipe.ok()) << recipe.status();
   InspectOptions options;
   options.all_formats = true;

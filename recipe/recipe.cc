@@ -26,7 +26,7 @@ using Location = TextFormat::ParseLocation;
 constexpr int kMaxAmaxHistory = 1 << 20;
 constexpr int kMaxMargin = 64;
 
-constexpr char kBuiltinText[] = R"pb(
+constexpr char kBuiltinText[] = R"txt(
   name: "builtin"
   rule {
     name: "norms, biases and embeddings stay BF16"
@@ -48,7 +48,7 @@ constexpr char kBuiltinText[] = R"pb(
     rowwise { format: IDENTITY_BF16 }
     columnwise { format: IDENTITY_BF16 }
   }
-)pb";
+)txt";
 
 std::string JoinPath(absl::string_view a, absl::string_view b) {
   if (a.empty()) return std::string(b);

@@ -13,32 +13,23 @@ namespace paramd {
 namespace {
 
 TEST(Recipe, FirstMatchingRuleWinsElseDefault) {
-  absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(
+  absl::StatusOr<Recipe> r = Recipe::Parse(R"txt(
     name: "order"
     rule {
       name: "attn"
       pattern: ".*attn.*"
-      spec {
-        rowwise { format: MXFP8 }
-        columnwise { format: MXFP8 }
-      }
+      spec { rowwise { format: MXFP8 } columnwise { format: MXFP8 } }
     }
     rule {
       pattern: ".*weight"
-      spec {
-        rowwise { format: FP8_CURRENT }
-        columnwise { format: FP8_CURRENT }
-      }
+      spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } }
     }
     rule {
       name: "never reached for weights"
       pattern: "layer\\..*"
-      spec {
-        rowwise { format: NVFP4 }
-        columnwise { format: NVFP4 }
-      }
+      spec { rowwise { format: NVFP4 } columnwise { format: NVFP4 } }
     }
-  )pb");
+  )txt");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->name(), "order");
   ASSERT_EQ(r->rules().size(), 3u);
@@ -70,10 +61,7 @@ TEST(Recipe, FirstMatchingRuleWinsElseDefault) {
 }
 
 TEST(Recipe, PatternsMatchTheWholeName) {
-  auto r = Recipe::Parse(R"pb(rule {
-                                pattern: "weight"
-                                spec { rowwise { format: MXFP8 } }
-                              })pb");
+  auto r = Recipe::Parse(R"txt(rule { pattern: "weight" spec { rowwise { format: MXFP8 } } })txt");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->Resolve("weight").rule, 0);
   EXPECT_EQ(r->Resolve("a.weight").rule, -1);
@@ -81,23 +69,17 @@ TEST(Recipe, PatternsMatchTheWholeName) {
 }
 
 TEST(Recipe, RulesInheritFromDefaultSpecPerItem) {
-  auto r = Recipe::Parse(R"pb(
+  auto r = Recipe::Parse(R"txt(
     default_spec {
       rowwise { format: FP8_DELAYED margin: 2 }
       columnwise { format: NVFP4 }
       source_dtype: FP32
       columnwise_source: ROWWISE_DEQUANTIZED
     }
-    rule {
-      pattern: "a"
-      spec { rowwise { format: MXFP8 } }
-    }
-    rule {
-      pattern: "b"
-      spec { columnwise_usage: false source_dtype: BF16 }
-    }
+    rule { pattern: "a" spec { rowwise { format: MXFP8 } } }
+    rule { pattern: "b" spec { columnwise_usage: false source_dtype: BF16 } }
     rule { pattern: "c" }
-  )pb");
+  )txt");
   ASSERT_TRUE(r.ok()) << r.status();
   const HybridSpec& a = r->SpecFor("a");
   EXPECT_EQ(a.rowwise.format, Format::kMxfp8);
@@ -123,17 +105,11 @@ TEST(Recipe, RulesInheritFromDefaultSpecPerItem) {
 }
 
 TEST(Recipe, UnsetFieldsTakeDefaultQuantSpecAndSetOnesApply) {
-  auto r = Recipe::Parse(R"pb(
+  auto r = Recipe::Parse(R"txt(
     rule {
       pattern: "x"
       spec {
-        rowwise {
-          format: FP8_DELAYED
-          fp8_type: E5M2
-          amax_history_len: 16
-          amax_algo: MOST_RECENT
-          margin: 1
-        }
+        rowwise { format: FP8_DELAYED fp8_type: E5M2 amax_history_len: 16 amax_algo: MOST_RECENT margin: 1 }
         columnwise { format: FP8_BLOCK_1X128 }
       }
     }
@@ -151,7 +127,7 @@ TEST(Recipe, UnsetFieldsTakeDefaultQuantSpecAndSetOnesApply) {
         columnwise { format: FP8_BLOCK_128X128 pow2_scales: false }
       }
     }
-  )pb");
+  )txt");
   ASSERT_TRUE(r.ok()) << r.status();
   const HybridSpec& x = r->SpecFor("x");
   EXPECT_EQ(x.rowwise.fp8_type, Fp8Type::kE5M2);
@@ -375,16 +351,10 @@ TEST(Recipe, LongNamesResolveQuicklyWithoutRecursion) {
 }
 
 TEST(Recipe, PatternsThatBacktrackExponentiallyInOtherEnginesAreFast) {
-  absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(
-    rule {
-      pattern: "(a*)*b"
-      spec { rowwise { format: MXFP8 } }
-    }
-    rule {
-      pattern: "(a|aa)+c"
-      spec { rowwise { format: NVFP4 } }
-    }
-  )pb");
+  absl::StatusOr<Recipe> r = Recipe::Parse(R"txt(
+    rule { pattern: "(a*)*b" spec { rowwise { format: MXFP8 } } }
+    rule { pattern: "(a|aa)+c" spec { rowwise { format: NVFP4 } } }
+  )txt");
   ASSERT_TRUE(r.ok()) << r.status();
   const absl::Time start = absl::Now();
   EXPECT_EQ(r->SpecFor(std::string(50000, 'a')).rowwise.format, Format::kIdentityBf16);
@@ -393,10 +363,8 @@ TEST(Recipe, PatternsThatBacktrackExponentiallyInOtherEnginesAreFast) {
 }
 
 TEST(Recipe, MatchIsFullNotPartial) {
-  absl::StatusOr<Recipe> r = Recipe::Parse(R"pb(rule {
-                                                  pattern: "mlp"
-                                                  spec { rowwise { format: MXFP8 } }
-                                                })pb");
+  absl::StatusOr<Recipe> r =
+      Recipe::Parse(R"txt(rule { pattern: "mlp" spec { rowwise { format: MXFP8 } } })txt");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->SpecFor("mlp").rowwise.format, Format::kMxfp8);
   EXPECT_EQ(r->SpecFor("layers.0.mlp").rowwise.format, Format::kIdentityBf16);

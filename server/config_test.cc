@@ -27,12 +27,12 @@ class ConfigTest : public ::testing::Test {
 };
 
 TEST_F(ConfigTest, SetsTheNamedFlagsAndGenericOnes) {
-  ASSERT_TRUE(ApplyConfigText(R"pb(
-                                role: "coordinator"
-                                daemons: 4
-                                lr: 0.25
-                                flag { name: "extra_knob" value: "true" }
-                              )pb",
+  ASSERT_TRUE(ApplyConfigText(R"txt(
+    role: "coordinator"
+    daemons: 4
+    lr: 0.25
+    flag { name: "extra_knob" value: "true" }
+  )txt",
                               "c.textproto")
                   .ok());
   EXPECT_EQ(absl::GetFlag(FLAGS_role), "coordinator");

@@ -8,16 +8,15 @@ namespace paramd {
 namespace {
 
 TEST(OptimizerConfigTest, ParsesTextAndFillsDefaults) {
-  absl::StatusOr<OptimizerOptions> o = ParseOptimizerConfig(
-      R"pb(
-        kind: SGD
-        lr: 0.5
-        momentum: 0.9
-        schedule { warmup_steps: 10 decay: COSINE decay_steps: 90 min_lr: 0.05 }
-        max_grad_norm: 1.0
-        non_finite: SKIP_STEP
-      )pb",
-      "opt.textproto");
+  absl::StatusOr<OptimizerOptions> o = ParseOptimizerConfig(R"txt(
+    kind: SGD
+    lr: 0.5
+    momentum: 0.9
+    schedule { warmup_steps: 10 decay: COSINE decay_steps: 90 min_lr: 0.05 }
+    max_grad_norm: 1.0
+    non_finite: SKIP_STEP
+  )txt",
+                                                            "opt.textproto");
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->kind, OptimizerKind::kSgd);
   EXPECT_EQ(o->lr, 0.5f);

@@ -22,22 +22,16 @@
 namespace paramd {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "w"
-    spec {
-      rowwise { format: MXFP8 }
-      columnwise { format: FP8_CURRENT }
-    }
+    spec { rowwise { format: MXFP8 } columnwise { format: FP8_CURRENT } }
   }
   rule {
     pattern: "b"
-    spec {
-      rowwise { format: IDENTITY_FP32 }
-      columnwise_usage: false
-    }
+    spec { rowwise { format: IDENTITY_FP32 } columnwise_usage: false }
   }
-)pb";
+)txt";
 
 // hpd_watch_version's events, kept until `stop_after` of them arrived.
 struct WatchLog {

@@ -25,12 +25,12 @@ namespace {
 
 constexpr int64_t kRows = 256;
 constexpr int64_t kCols = 64;
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   default_spec {
     rowwise { format: FP8_DELAYED amax_history_len: 4 }
     columnwise { format: FP8_DELAYED amax_history_len: 4 }
     source_dtype: FP32
-  })pb";
+  })txt";
 
 uint32_t Bits(float f) { return absl::bit_cast<uint32_t>(f); }
 float FromBits(uint32_t b) { return absl::bit_cast<float>(b); }

@@ -22,7 +22,7 @@ namespace paramd {
 namespace testing {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "w1"
     spec {
@@ -38,10 +38,7 @@ constexpr char kRecipe[] = R"pb(
       columnwise_source: ROWWISE_DEQUANTIZED
     }
   }
-  default_spec {
-    rowwise { format: IDENTITY_FP32 }
-    columnwise { format: IDENTITY_BF16 }
-  })pb";
+  default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: IDENTITY_BF16 } })txt";
 
 const std::vector<TestTensor>& Model() {
   static const auto* model =

@@ -45,7 +45,7 @@ namespace {
 // Delayed scaling in both directions (history and cast scale restored per
 // direction), blockwise FP8, and an NVFP4 columnwise copy quantized from the
 // dequantized rowwise one.
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "w1"
     spec {
@@ -61,7 +61,7 @@ constexpr char kRecipe[] = R"pb(
       columnwise_source: ROWWISE_DEQUANTIZED
     }
   }
-  default_spec { rowwise { format: IDENTITY_FP32 } })pb";
+  default_spec { rowwise { format: IDENTITY_FP32 } })txt";
 
 // 2.4 MB of masters, 7.1 MB per checkpoint with the AdamW moments.
 const std::vector<TestTensor>& Model() {

@@ -28,7 +28,7 @@
 namespace paramd {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   name: "hpctl_test"
   rule {
     pattern: "w\\.weight"
@@ -42,7 +42,7 @@ constexpr char kRecipe[] = R"pb(
     columnwise { format: MXFP8 }
     columnwise_source: ROWWISE_DEQUANTIZED
   }
-)pb";
+)txt";
 
 struct HpctlRun {
   int exit_code = -1;

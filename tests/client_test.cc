@@ -34,7 +34,7 @@ using client::Gradient;
 using client::PushCoverage;
 using testing::TestCluster;
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   name: "client_test"
   rule {
     name: "big"
@@ -59,7 +59,7 @@ constexpr char kRecipe[] = R"pb(
     rowwise { format: IDENTITY_BF16 }
     columnwise { format: IDENTITY_BF16 }
   }
-)pb";
+)txt";
 
 struct TensorData {
   std::string name;

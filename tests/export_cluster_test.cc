@@ -37,7 +37,7 @@ namespace testing {
 namespace {
 
 constexpr float kLr = 0.5f;
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "model\\.embed\\.weight"
     spec {
@@ -52,10 +52,7 @@ constexpr char kRecipe[] = R"pb(
       columnwise { format: FP8_DELAYED amax_history_len: 4 }
     }
   }
-  default_spec {
-    rowwise { format: IDENTITY_FP32 }
-    columnwise { format: IDENTITY_BF16 }
-  })pb";
+  default_spec { rowwise { format: IDENTITY_FP32 } columnwise { format: IDENTITY_BF16 } })txt";
 
 // FP32 bit patterns at the edges of BF16 round-to-nearest-even: ties to
 // even (down and up), just off ties, overflow to Inf, -0, subnormals, NaNs

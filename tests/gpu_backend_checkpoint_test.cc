@@ -33,7 +33,7 @@ namespace {
 // A rowwise_dequantized copy that needs the second all-reduce round (NVFP4
 // rowwise -> FP8 current columnwise), delayed scaling with a history, and
 // identity copies of the FP32 masters.
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "a"
     spec {
@@ -49,10 +49,7 @@ constexpr char kRecipe[] = R"pb(
       columnwise { format: MXFP8 }
     }
   }
-  default_spec {
-    rowwise { format: IDENTITY_BF16 }
-    columnwise { format: IDENTITY_FP32 }
-  })pb";
+  default_spec { rowwise { format: IDENTITY_BF16 } columnwise { format: IDENTITY_FP32 } })txt";
 
 const std::vector<TestTensor>& Model() {
   static const auto* model = new std::vector<TestTensor>{{"a", {200, 160}, RandomValues(32000, 4)},

@@ -242,7 +242,7 @@ TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
                                            {"b", {77}, RandomValues(77, 9, 0.1f)}};
   const std::string model = gpu.cluster().dir() + "/model.safetensors";
   ASSERT_TRUE(WriteModel(model, tensors).ok());
-  const std::string recipe = R"pb(
+  const std::string recipe = R"txt(
     rule {
       pattern: "w1"
       spec {
@@ -258,10 +258,7 @@ TEST(GpuDaemonBackendNcclTest, TwoGpuDaemonsOverNcclEqualCpuDaemons) {
         columnwise { format: FP8_DELAYED amax_history_len: 4 }
       }
     }
-    default_spec {
-      rowwise { format: FP8_CURRENT }
-      columnwise { format: MXFP8 }
-    })pb";
+    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: MXFP8 } })txt";
   for (RawCluster* r : {&gpu, &cpu}) {
     absl::StatusOr<int64_t> v = r->Load(model, recipe);
     ASSERT_TRUE(v.ok()) << v.status() << r->cluster().Logs();

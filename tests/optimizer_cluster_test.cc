@@ -33,7 +33,7 @@ namespace paramd {
 namespace testing {
 namespace {
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "b"
     optimizer { weight_decay: 0 lr_multiplier: 2 }
@@ -42,7 +42,7 @@ constexpr char kRecipe[] = R"pb(
     rowwise { format: IDENTITY_FP32 }
     columnwise { format: IDENTITY_FP32 }
     source_dtype: FP32
-  })pb";
+  })txt";
 
 const std::vector<TestTensor>& Model() {
   static const auto* model = new std::vector<TestTensor>{

@@ -50,11 +50,8 @@ struct Times {
   }
 };
 
-constexpr char kRecipe[] = R"pb(
-  default_spec {
-    rowwise { format: FP8_CURRENT }
-    columnwise { format: FP8_CURRENT }
-  })pb";
+constexpr char kRecipe[] = R"txt(
+  default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } })txt";
 
 struct Bench {
   std::unique_ptr<RawCluster> raw;

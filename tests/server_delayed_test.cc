@@ -32,11 +32,11 @@ TEST(ServerDelayedTest, TenStepsMatchTheReference) {
   std::vector<float> w = RandomValues(kRows * kCols, 5);
   const std::string model = cluster.cluster().dir() + "/model.safetensors";
   ASSERT_TRUE(WriteModel(model, {{"w", {kRows, kCols}, w}}).ok());
-  const std::string recipe = R"pb(
+  const std::string recipe = R"txt(
     default_spec {
       rowwise { format: FP8_DELAYED amax_history_len: 4 }
       columnwise { format: FP8_DELAYED amax_history_len: 3 amax_algo: MOST_RECENT margin: 1 }
-    })pb";
+    })txt";
   absl::StatusOr<int64_t> v0 = cluster.Load(model, recipe);
   ASSERT_TRUE(v0.ok()) << v0.status() << cluster.cluster().Logs();
   ASSERT_EQ(cluster.manifest().pieces_size(), 2) << "the weight is split across both daemons";

@@ -29,19 +29,16 @@ constexpr int64_t kRows = 520;
 constexpr int64_t kCols = 200;
 constexpr float kLr = 0.5f;
 
-constexpr char kRecipe[] = R"pb(
+constexpr char kRecipe[] = R"txt(
   rule {
     pattern: "r"
-    spec {
-      rowwise { format: FP8_CURRENT }
-      columnwise_usage: false
-    }
+    spec { rowwise { format: FP8_CURRENT } columnwise_usage: false }
   }
   default_spec {
     rowwise { format: IDENTITY_FP32 }
     columnwise { format: IDENTITY_FP32 }
     source_dtype: FP32
-  })pb";
+  })txt";
 
 using Tensors = std::map<std::string, std::vector<float>>;
 

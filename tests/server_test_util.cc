@@ -22,12 +22,12 @@
 
 namespace paramd {
 namespace testing {
-const char kFp32PassthroughRecipe[] = R"pb(
+const char kFp32PassthroughRecipe[] = R"txt(
   default_spec {
     rowwise { format: IDENTITY_FP32 }
     columnwise { format: IDENTITY_FP32 }
     source_dtype: FP32
-  })pb";
+  })txt";
 
 TestClusterOptions TwoDaemonSgd(double lr) {
   TestClusterOptions options;

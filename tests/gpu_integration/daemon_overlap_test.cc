@@ -510,18 +510,9 @@ TEST(TwoDaemons, NcclAllReduceBesideFetches) {
   ASSERT_TRUE(WriteModel(path, tensors).ok());
   std::unique_ptr<client::Client> trainer = Trainer(*cluster);
   ASSERT_NE(trainer, nullptr);
-  constexpr char kTwoRecipe[] = R"pb(
-    rule {
-      pattern: "nvfp4"
-      spec {
-        rowwise { format: NVFP4 }
-        columnwise { format: MXFP8 }
-      }
-    }
-    default_spec {
-      rowwise { format: FP8_CURRENT }
-      columnwise { format: FP8_CURRENT }
-    })pb";
+  constexpr char kTwoRecipe[] = R"txt(
+    rule { pattern: "nvfp4" spec { rowwise { format: NVFP4 } columnwise { format: MXFP8 } } }
+    default_spec { rowwise { format: FP8_CURRENT } columnwise { format: FP8_CURRENT } })txt";
   absl::StatusOr<int64_t> v0 = trainer->Load(path, kTwoRecipe, absl::Seconds(120));
   ASSERT_TRUE(v0.ok()) << v0.status();
   ASSERT_EQ(*v0, 0);
