@@ -41,7 +41,7 @@ build=${FUZZ_BUILD_DIR:-/tmp/hybrid-paramd-fuzz-$(id -u)}
 mkdir -p "$build/gen"
 
 # Generated protobuf code, once per proto change.
-for proto in proto/paramd.proto proto/recipe.proto proto/optimizer.proto; do
+for proto in proto/paramd.proto proto/recipe.proto proto/optimizer.proto proto/frozen.proto; do
   out="$build/gen/${proto%.proto}.pb.cc"
   if [ ! -f "$out" ] || [ "$proto" -nt "$out" ]; then
     protoc -I. --cpp_out="$build/gen" "$proto"
@@ -66,7 +66,10 @@ sources_of() {
     recipe_fuzz) echo fuzz/recipe_fuzz.cc recipe/recipe.cc kernels/format.cc common/names.cc common/file_util.cc \
                       "$build/gen/proto/recipe.pb.cc" "$build/gen/proto/optimizer.pb.cc" ;;
     request_checks_fuzz) echo fuzz/request_checks_fuzz.cc server/request_checks.cc common/names.cc \
-                              "$build/gen/proto/paramd.pb.cc" "$build/gen/proto/optimizer.pb.cc" ;;
+                              safetensors/safetensors.cc safetensors/json_util.cc \
+                              safetensors/atomic_file.cc common/file_util.cc \
+                              "$build/gen/proto/paramd.pb.cc" "$build/gen/proto/optimizer.pb.cc" \
+                              "$build/gen/proto/frozen.pb.cc" ;;
     *) echo "fuzz.sh: unknown target $1" >&2; return 1 ;;
   esac
 }
