@@ -210,9 +210,27 @@ grpc::ServerUnaryReactor* Coordinator::Impl::GetManifest(grpc::CallbackServerCon
 }
 
 rpc::Manifest Coordinator::Impl::ManifestLocked(bool with_pieces, bool with_frozen_data) const {
-  rpc::Manifest m = manifest_;
+  rpc::Manifest m;
+  if (with_frozen_data) {
+    m = manifest_;
+  } else {
+    // The frozen buffers' bytes (up to --max_frozen_bytes) are not copied
+    // under mu_ for a status or a manifest refresh: they are moved aside
+    // for the copy (mu_ is held, nothing else reads manifest_ meanwhile)
+    // and only their names, dtypes and shapes are given.
+    auto& held = const_cast<rpc::Manifest&>(manifest_);
+    google::protobuf::RepeatedPtrField<FrozenTensor> frozen;
+    frozen.Swap(held.mutable_frozen());
+    m = held;
+    held.mutable_frozen()->Swap(&frozen);
+    for (const FrozenTensor& f : manifest_.frozen()) {
+      FrozenTensor* named = m.add_frozen();
+      named->set_name(f.name());
+      named->set_dtype(f.dtype());
+      *named->mutable_shape() = f.shape();
+    }
+  }
   if (!with_pieces) m.clear_pieces();
-  if (!with_frozen_data) ClearFrozenData(m);
   m.set_committed_version(committed_);
   m.set_expected_pushers(options_.expected_pushers);
   m.clear_daemons();
