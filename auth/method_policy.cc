@@ -54,10 +54,10 @@ const std::vector<MethodPolicy>& Table() {
       {"/paramd.rpc.Daemon/Step", {kC}, /*internal=*/true},
       // The coordinator's optimizer config, pushed to every daemon.
       {"/paramd.rpc.Daemon/SetOptimizer", {kC}, /*internal=*/true},
-      // The coordinator's recovery of a replaced daemon (server/recovery.h).
+      // The coordinator's recovery of a replaced daemon (server/coordinator/recovery.h).
       {"/paramd.rpc.Daemon/PrepareRecovery", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/Recover", {kC}, /*internal=*/true},
-      // In-memory snapshots between buddy daemons (server/snapshot.h).
+      // In-memory snapshots between buddy daemons (server/snapshot/snapshot.h).
       {"/paramd.rpc.Daemon/PutSnapshot", {kC}, /*internal=*/true},
       {"/paramd.rpc.Daemon/GetSnapshot", {kC}, /*internal=*/true},
       // ---- paramd.rpc.DaemonIpc (same-GPU sessions: trainers on the daemon's GPU)

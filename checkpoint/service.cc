@@ -636,14 +636,14 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
           {"optimizer", manifest.optimizer()},
           {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
           {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
-      // Which model this is (server/model_generation.h): a recovery never
+      // Which model this is (server/coordinator/model_generation.h): a recovery never
       // restores another generation's checkpoint. None recorded for a model
       // loaded before generations were.
       if (manifest.model_generation() > 0) {
         metadata[kModelGenerationKey] = absl::StrCat(manifest.model_generation());
       }
       // The optimizer config and per-tensor overrides the model steps with
-      // (a restore steps on with them: server/coordinator_load.cc).
+      // (a restore steps on with them: server/coordinator/coordinator_load.cc).
       if (manifest.has_optimizer_config()) {
         std::string config, tensors;
         rpc::Manifest overrides;

@@ -57,7 +57,7 @@ inline constexpr uint32_t kManifestFormatVersion = 1;
 inline constexpr char kManifestFileName[] = "MANIFEST";
 // Manifest metadata: the model generation (rpc::Manifest.model_generation)
 // the checkpoint was written of; absent in checkpoints written before
-// generations were recorded (server/model_generation.h).
+// generations were recorded (server/coordinator/model_generation.h).
 inline constexpr char kModelGenerationKey[] = "model_generation";
 
 // "v42".

@@ -53,8 +53,8 @@
 #include "kernels/format.h"
 #include "nlohmann/json.hpp"
 #include "safetensors/safetensors.h"
-#include "server/optimizer.h"
-#include "server/optimizer_config.h"
+#include "server/step/optimizer.h"
+#include "server/step/optimizer_config.h"
 
 ABSL_FLAG(int64_t, steps, 30, "training steps");
 ABSL_FLAG(int64_t, batch_size, 256, "global batch per step (split between the two trainers)");

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "deploy/model.h"
-#include "server/optimizer.h"
+#include "server/step/optimizer.h"
 
 namespace paramd {
 namespace demo {
@@ -45,7 +45,7 @@ struct BaselineRun {
 
 // Trains from InitialWeights(model) with FP32 weights, splitting every batch
 // as the trainers do, summing their gradients in rank order, and applying
-// the daemons' own optimizer code (server/optimizer.h) with `optimizer`.
+// the daemons' own optimizer code (server/step/optimizer.h) with `optimizer`.
 absl::StatusOr<BaselineRun> TrainBaseline(const ModelConfig& model, const TrainSchedule& schedule,
                                           const OptimizerOptions& optimizer);
 

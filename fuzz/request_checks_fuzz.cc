@@ -1,5 +1,5 @@
 // libFuzzer target: the validation every RPC handler runs first
-// (server/request_checks.h) and the tensor-name rule (common/names.h), on
+// (server/rpc/request_checks.h) and the tensor-name rule (common/names.h), on
 // requests decoded from arbitrary bytes. The first byte picks the message;
 // the rest is its protobuf wire encoding. Built and run by tools/fuzz.sh.
 #include <cstddef>
@@ -9,7 +9,7 @@
 
 #include "common/names.h"
 #include "proto/paramd.pb.h"
-#include "server/request_checks.h"
+#include "server/rpc/request_checks.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -11,7 +11,7 @@
 #include "hpctl/cluster.h"
 #include "hpctl/command.h"
 #include "kernels/format.h"
-#include "server/optimizer_config.h"
+#include "server/step/optimizer_config.h"
 
 namespace paramd {
 namespace hpctl {

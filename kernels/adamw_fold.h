@@ -1,7 +1,7 @@
 // File: kernels/adamw_fold.h
 //
 // The per-step AdamW constants, folded ONCE for the host optimizer
-// (server/optimizer.cc) and the device one (kernels/cuda/optimizer.cc): the
+// (server/step/optimizer.cc) and the device one (kernels/cuda/optimizer.cc): the
 // two must produce identical bits, so the formula lives here only.
 //
 // Folded in float64 and rounded once to float. Callers pass the options as

@@ -85,7 +85,7 @@ class Recipe {
   const std::vector<RecipeRule>& rules() const { return rules_; }
   const HybridSpec& default_spec() const { return default_spec_; }
   // The recipe's `optimizer` section (validated by its user:
-  // server/optimizer_config.h), if it has one.
+  // server/step/optimizer_config.h), if it has one.
   const std::optional<recipe::OptimizerConfig>& optimizer() const { return optimizer_; }
   // The optimizer overrides of the rule `match` names (none for default).
   const recipe::RuleOptimizer& OptimizerFor(const Match& match) const {

@@ -4,7 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "server/shard_set_adapter.h"
+#include "server/snapshot/shard_set_adapter.h"
 
 namespace paramd {
 namespace {

@@ -15,8 +15,8 @@
 
 #include "checkpoint/daemon_state.h"
 #include "checkpoint/service.h"
-#include "server/coordinator.h"
-#include "server/daemon.h"
+#include "server/coordinator/coordinator.h"
+#include "server/daemon/daemon.h"
 
 namespace paramd {
 

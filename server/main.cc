@@ -41,13 +41,13 @@
 #include "common/names.h"
 #include "common/status_macros.h"
 #include "recipe/recipe.h"
-#include "server/async_util.h"
 #include "server/checkpointing.h"
 #include "server/config.h"
 #include "server/metrics.h"
-#include "server/optimizer.h"
-#include "server/optimizer_config.h"
+#include "server/rpc/async_util.h"
 #include "server/server.h"
+#include "server/step/optimizer.h"
+#include "server/step/optimizer_config.h"
 
 ABSL_FLAG(std::string, config, "",
           "configuration file (protobuf text, proto/server_config.proto: the flags below by "

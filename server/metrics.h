@@ -14,7 +14,7 @@
 //     rank, published version, steps, last step time, pushes, bytes pushed
 //     and served, parameters, device memory, and per tensor and direction
 //     the FP8 health signals (amax, scale, saturated and zero fractions of
-//     the published codes: server/fp8_health.h, sampled; the gpu backend
+//     the published codes: server/step/fp8_health.h, sampled; the gpu backend
 //     publishes on the device, so only amax and scale there).
 //
 // Thread-safe. The server must outlive the exporter.

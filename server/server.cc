@@ -8,8 +8,8 @@
 #include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "server/async_util.h"
-#include "server/rpc_metrics.h"
+#include "server/rpc/async_util.h"
+#include "server/rpc/rpc_metrics.h"
 
 namespace paramd {
 

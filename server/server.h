@@ -1,8 +1,8 @@
 // File: server/server.h
 //
 // One `hybrid-paramd` process: a gRPC server on one port serving the
-// coordinator role, the daemon role or both (server/coordinator.h,
-// server/daemon.h), plus gRPC health checking and reflection. With both
+// coordinator role, the daemon role or both (server/coordinator/coordinator.h,
+// server/daemon/daemon.h), plus gRPC health checking and reflection. With both
 // roles the daemon joins its own coordinator through that port, so one
 // process is a complete single-node setup.
 //
@@ -39,8 +39,8 @@
 #include "absl/status/statusor.h"
 #include "auth/security.h"
 #include "grpcpp/grpcpp.h"
-#include "server/coordinator.h"
-#include "server/daemon.h"
+#include "server/coordinator/coordinator.h"
+#include "server/daemon/daemon.h"
 
 namespace paramd {
 

@@ -1,13 +1,13 @@
 // The daemon's backend seam without a GPU: the cpu backend is ShardSet
 // (same published bytes), and asking for the gpu backend in a binary that
 // does not link it is a clear FAILED_PRECONDITION at Daemon::Create.
-#include "server/shard_backend.h"
+#include "server/backend/shard_backend.h"
 
 #include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/daemon.h"
+#include "server/daemon/daemon.h"
 #include "server/server.h"
 
 namespace paramd {
@@ -31,7 +31,7 @@ TEST(ShardBackendTest, CpuBackendPublishesWhatShardSetPublishes) {
   ShardBackendOptions options;
   options.optimizer = opt;
   absl::StatusOr<std::unique_ptr<ShardBackend>> backend =
-      CreateShardBackend(gpu_backend::DaemonBackend::kCpu, Tensors(), shards, options);
+      CreateShardBackend(DaemonBackend::kCpu, Tensors(), shards, options);
   ASSERT_TRUE(backend.ok()) << backend.status();
   EXPECT_EQ((*backend)->name(), "cpu");
   ASSERT_NE((*backend)->host_state(), nullptr);
@@ -62,8 +62,8 @@ TEST(ShardBackendTest, CpuBackendPublishesWhatShardSetPublishes) {
 
 TEST(ShardBackendTest, GpuBackendNotLinkedIsAClearError) {
   ASSERT_FALSE(GpuShardBackendLinked());  // this test binary never links it
-  absl::StatusOr<std::unique_ptr<ShardBackend>> backend = CreateShardBackend(
-      gpu_backend::DaemonBackend::kGpu, Tensors(), {{0, 0, 40}}, ShardBackendOptions());
+  absl::StatusOr<std::unique_ptr<ShardBackend>> backend =
+      CreateShardBackend(DaemonBackend::kGpu, Tensors(), {{0, 0, 40}}, ShardBackendOptions());
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(backend.status().message().find("--config=cuda"), absl::string_view::npos);

@@ -18,7 +18,7 @@
 #include "client/client.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/paramd.grpc.pb.h"
-#include "server/coordinator_state.h"
+#include "server/coordinator/coordinator_state.h"
 #include "tests/client_cluster.h"
 #include "tests/recovery_test_util.h"
 

@@ -33,11 +33,11 @@
 #include "ipc/cuda_vmm.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "server/chunks.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/reference_step.h"
-#include "server/shard_backend.h"
+#include "server/step/chunks.h"
+#include "server/step/reference_step.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {
@@ -317,7 +317,7 @@ TEST(GpuDaemonBackendMemoryTest, ReportsStoreDeviceBytesPerParameter) {
   ShardBackendOptions options;
   options.optimizer.kind = OptimizerKind::kAdamW;
   absl::StatusOr<std::unique_ptr<ShardBackend>> local =
-      CreateShardBackend(gpu_backend::DaemonBackend::kGpu, view->tensors, view->shards, options);
+      CreateShardBackend(DaemonBackend::kGpu, view->tensors, view->shards, options);
   ASSERT_TRUE(local.ok()) << local.status();
   const gpu_backend::GpuShardStore* store = gpu_backend::DeviceStoreOf(local->get());
   ASSERT_NE(store, nullptr);
@@ -436,8 +436,8 @@ TEST(GpuHostCopiesTest, RetireWaitsOnlyForCopiesOfTheRetiredVersion) {
   ASSERT_EQ(setenv("PARAMD_GPU_HOST_COPY_DELAY_MS",
                    absl::StrCat(absl::ToInt64Milliseconds(kDelay)).c_str(), 1),
             0);
-  absl::StatusOr<std::unique_ptr<ShardBackend>> created = CreateShardBackend(
-      gpu_backend::DaemonBackend::kGpu, {tensor}, {{0, 0, tensor.rows}}, options);
+  absl::StatusOr<std::unique_ptr<ShardBackend>> created =
+      CreateShardBackend(DaemonBackend::kGpu, {tensor}, {{0, 0, tensor.rows}}, options);
   unsetenv("PARAMD_GPU_HOST_COPY_DELAY_MS");  // read once, at creation
   ASSERT_TRUE(created.ok()) << created.status();
   ShardBackend& backend = **created;

@@ -24,8 +24,8 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "proto/checkpoint_service.grpc.pb.h"
-#include "server/optimizer.h"
-#include "server/optimizer_config.h"
+#include "server/step/optimizer.h"
+#include "server/step/optimizer_config.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/server_test_util.h"
 

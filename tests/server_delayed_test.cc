@@ -9,7 +9,7 @@
 #include "format/convert.h"
 #include "gtest/gtest.h"
 #include "kernels/format.h"
-#include "server/reference_step.h"
+#include "server/step/reference_step.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "server/reference_step.h"
+#include "server/step/reference_step.h"
 #include "tests/server_test_util.h"
 
 namespace paramd {

@@ -65,7 +65,7 @@ sources_of() {
                            safetensors/atomic_file.cc common/file_util.cc common/names.cc ;;
     recipe_fuzz) echo fuzz/recipe_fuzz.cc recipe/recipe.cc kernels/format.cc common/names.cc common/file_util.cc \
                       "$build/gen/proto/recipe.pb.cc" "$build/gen/proto/optimizer.pb.cc" ;;
-    request_checks_fuzz) echo fuzz/request_checks_fuzz.cc server/request_checks.cc common/names.cc \
+    request_checks_fuzz) echo fuzz/request_checks_fuzz.cc server/rpc/request_checks.cc common/names.cc \
                               safetensors/safetensors.cc safetensors/json_util.cc \
                               safetensors/atomic_file.cc common/file_util.cc \
                               "$build/gen/proto/paramd.pb.cc" "$build/gen/proto/optimizer.pb.cc" \

@@ -14,6 +14,18 @@
      6  hpctl, deploy                 (the tools and the process launcher)
      7  fuzz, python, tests, tools
 
+   server/ is layered inside as well (its sub-packages own one part of the
+   process each; a sub-package may include its own headers and those of a
+   lower sub-layer, never a peer's or a higher one's):
+
+     0  server/rpc                    (request checks, async helpers)
+     1  server/step                   (optimizer, shard sets, pipelines)
+     2  server/backend                (where shards live: the seams)
+     3  server/snapshot, server/ipc
+     4  server/gpu_backend, server/coordinator
+     5  server/daemon
+     6  server                        (the process: gRPC server, metrics, main)
+
 2. Dependencies. A header of this tree included by a file of a C++ target
    must be provided by that target (its srcs or hdrs) or by one of its
    direct `deps` (a transitive dep that happens to bring it is not enough:
@@ -41,6 +53,29 @@ LAYERS = [
     ["fuzz", "python", "tests", "tools"],
 ]
 LAYER_OF = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+SUBLAYERS = {
+    "server": [
+        ["server/rpc"],
+        ["server/step"],
+        ["server/backend"],
+        ["server/snapshot", "server/ipc"],
+        ["server/gpu_backend", "server/coordinator"],
+        ["server/daemon"],
+        ["server"],
+    ],
+}
+
+
+def sublayer(path):
+    """(sub-package, its sub-layer) of a file of a package layered inside."""
+    top = path.split("/")[0]
+    best = None
+    for i, pkgs in enumerate(SUBLAYERS.get(top, [])):
+        for pkg in pkgs:
+            if (path.startswith(pkg + "/") and
+                    (best is None or len(pkg) > len(best[0]))):
+                best = (pkg, i)
+    return best
 CC_RULES = ("cc_library", "cc_test", "cc_binary", "paramd_cc_library", "paramd_cc_test",
             "paramd_cc_binary", "cuda_library")
 SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cuh")
@@ -172,6 +207,11 @@ def check(root):
                     problems.append("%s: includes %s: %s (layer %d) may not include %s "
                                     "(layer %d)" % (f, inc, top, LAYER_OF[top], inc_top,
                                                     LAYER_OF[inc_top]))
+                own, inc_sub = sublayer(f), sublayer(inc)
+                if (own and inc_sub and own[0] != inc_sub[0] and inc_sub[1] >= own[1]):
+                    problems.append("%s: includes %s: %s (sub-layer %d) may not include %s "
+                                    "(sub-layer %d)" % (f, inc, own[0], own[1], inc_sub[0],
+                                                        inc_sub[1]))
                 if inc not in allowed:
                     problems.append("%s (%s): includes %s, which no direct dep provides (%s)"
                                     % (f, label, inc, " or ".join(sorted(provider[inc]))))

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of tools/layering_check.py on fixture trees: a tree that keeps the
 rules passes; an include from a lower layer to a higher one, an include
-between the peers client and server, and a header brought only by a
+between the peers client and server, an include up server/'s own
+sub-layers, and a header brought only by a
 transitive dep each fail, named by file; select() and glob() in BUILD files
 are read. tools/test.sh runs the checker itself on the whole tree."""
 
@@ -36,6 +37,11 @@ BUILDS = {
                           }))
         sh_test(name = "script_test", srcs = ["script_test.sh"])
     """,
+    "server/step/BUILD": """
+        load("//bazel:paramd.bzl", "paramd_cc_library")
+        paramd_cc_library(name = "optimizer", srcs = ["optimizer.cc"], hdrs = ["optimizer.h"],
+                          deps = ["//server:daemon"])
+    """,
     "client/BUILD": """
         load("//bazel:paramd.bzl", "paramd_cc_library")
         paramd_cc_library(name = "client", srcs = ["client.cc"], deps = ["//kernels:format"])
@@ -48,6 +54,8 @@ SOURCES = {
     "server/daemon.h": '#include "kernels/format.h"\n',
     "server/daemon.cc": '#include "server/daemon.h"\n#include "common/log.h"\n',
     "client/client.cc": '#include "kernels/format.h"\n#include "absl/status/status.h"\n',
+    "server/step/optimizer.h": "",
+    "server/step/optimizer.cc": '#include "server/step/optimizer.h"\n',
 }
 
 
@@ -80,6 +88,16 @@ class LayeringCheckTest(unittest.TestCase):
         problems = layering_check.check(root)
         self.assertTrue(any("client (layer 5) may not include server (layer 5)" in p
                             for p in problems), problems)
+
+    def test_a_sub_package_does_not_include_a_higher_one(self):
+        # server/ is layered inside: server/step sits below the process (server/).
+        root = make_tree({"server/step/optimizer.cc": '#include "server/daemon.h"\n'})
+        problems = layering_check.check(root)
+        self.assertEqual(problems, [
+            "server/step/optimizer.cc: includes server/daemon.h: server/step (sub-layer 1) may "
+            "not include server (sub-layer 6)"])
+        self.assertEqual(layering_check.sublayer("server/daemon/daemon.cc"), ("server/daemon", 5))
+        self.assertIsNone(layering_check.sublayer("client/client.cc"))
 
     def test_a_header_of_a_transitive_dep_fails(self):
         # client -> kernels:format -> common:log, but common/log.h is not a direct dep.

@@ -18,7 +18,7 @@ namespace {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// kernels/adamw_fold.h's fold, the one server/optimizer.cc uses (the daemon's
+// kernels/adamw_fold.h's fold, the one server/step/optimizer.cc uses (the daemon's
 // float options widen exactly to double), so device and host AdamW produce
 // identical bits; copied into the kernels' own parameter struct.
 detail::AdamHyper FoldAdam(const AdamWHyper& h) {

@@ -55,7 +55,7 @@ struct AdamWHyper {
   double weight_decay = 0.01;
   int64_t step = 1;  // 1-based step number t (bias corrections 1 - beta^t)
   // Device scalar c (null: none): gradients are multiplied by c (float)
-  // before the update, as server/optimizer.cc ApplyOptimizerStep does with
+  // before the update, as server/step/optimizer.cc ApplyOptimizerStep does with
   // StepHyper::grad_scale; c NaN skips the update (params and moments
   // unchanged, amax still taken). The global-norm clip factor, written by
   // a kernel earlier on `stream` (server/gpu_backend/grad_norm.cu).

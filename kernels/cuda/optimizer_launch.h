@@ -15,8 +15,8 @@ namespace gpu {
 namespace detail {
 
 // AdamW (decoupled weight decay), folded on the host in float64 and rounded
-// once to float (= server/optimizer.h FoldAdamW; the per-element operations
-// of optimizer_math.cuh are those of server/optimizer.cc):
+// once to float (= server/step/optimizer.h FoldAdamW; the per-element operations
+// of optimizer_math.cuh are those of server/step/optimizer.cc):
 //   m = fma(beta1, m, (1 - beta1) * g)
 //   v = fma(beta2, v, (1 - beta2) * (g * g))
 //   p = fma(-step_size, m / fma(sqrt(v), rsqrt_bias2, eps), p * decay)

@@ -3,7 +3,7 @@
 // The per-element optimizer updates, shared by the optimizer kernels and the
 // fused optimizer+quantize tile kernel so that both produce the same bits.
 // Every operation is an explicit intrinsic: no compiler contraction choice
-// can make the two kernels differ. server/optimizer.cc (the host optimizer)
+// can make the two kernels differ. server/step/optimizer.cc (the host optimizer)
 // performs the same operations in the same order (std::fma where these use
 // __fmaf_rn), so host and device produce identical bits for the same folded
 // constants (kernels/cuda/optimizer.cc FoldAdam = server FoldAdamW).
@@ -30,7 +30,7 @@ __device__ __forceinline__ void AdamWElement(float& p, float& m, float& v, float
 __device__ __forceinline__ void SgdElement(float& p, float& buf, float g, bool has_momentum,
                                            const detail::SgdHyper& h) {
   // Weight decay 0 leaves d = g: 0 * Inf would turn an Inf master into NaN
-  // (as server/optimizer.cc).
+  // (as server/step/optimizer.cc).
   float d = h.weight_decay != 0.0f ? __fmaf_rn(h.weight_decay, p, g) : g;
   if (has_momentum) {
     buf = h.first_step ? d : __fmaf_rn(h.momentum, buf, __fmul_rn(h.one_minus_dampening, d));

@@ -27,8 +27,8 @@
 #include "server/gpu_backend/shard_store.h"
 #include "server/gpu_backend/spec_rules.h"
 #include "server/gpu_backend/state_capture.h"
-#include "server/grad_norm.h"
-#include "server/step_scaling.h"
+#include "server/step/grad_norm.h"
+#include "server/step/step_scaling.h"
 #include "transport/nccl_transport.h"
 
 namespace paramd {

@@ -1,6 +1,6 @@
 // File: server/gpu_backend/daemon_backend.h
 //
-// The daemon's gpu ShardBackend (server/shard_backend.h) over GpuShardStore.
+// The daemon's gpu ShardBackend (server/backend/shard_backend.h) over GpuShardStore.
 // Linking this library (alwayslink; only under --config=cuda) registers it,
 // so `hybrid-paramd --backend=gpu|auto` can create it.
 //
@@ -17,11 +17,11 @@
 //     [tensor][direction] device amax vector is copied to the host,
 //     all-reduced and copied back (one stream sync per all-reduce round).
 //     The optimizer arithmetic is bit-identical to the cpu backend's
-//     (server/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes:
+//     (server/step/optimizer.h), so a gpu daemon publishes the cpu daemon's bytes:
 //     every config the cpu backend runs (lr schedule, global-norm clipping,
 //     skip_step, per-tensor lr multiplier / weight decay / frozen, and
 //     SetOptimizer between steps, SGD momentum turned on or off included),
-//     the norm in server/grad_norm.h's order.
+//     the norm in server/step/grad_norm.h's order.
 //   - Publish without a device-to-host copy of the data: Step returns the
 //     version's metadata (pieces with layouts, scale_inv, amax, scales; data
 //     and scales empty) after one small copy of the version's scalars;
@@ -54,8 +54,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/shard_backend.h"
 
 namespace paramd {
 namespace gpu_backend {

@@ -1,4 +1,4 @@
-// The NCCL implementation of server/device_channel.h: one NCCL transport
+// The NCCL implementation of server/backend/device_channel.h: one NCCL transport
 // endpoint per channel on the gpu backend's device; Send = ServeFetch
 // (fetch_server.h) from the backend's GpuShardStore; ReceivePush /
 // ApplyPush = RecvDevice into stream-ordered staging, then LaunchAccumulate
@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
-#include "server/device_channel.h"
+#include "server/backend/device_channel.h"
 #include "server/gpu_backend/accumulate.h"
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/fetch_server.h"

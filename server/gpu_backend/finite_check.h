@@ -1,7 +1,7 @@
 // File: server/gpu_backend/finite_check.h
 //
 // Whether a pushed gradient on the device holds a NaN or an infinity (the
-// host stream refuses those, server/chunks.h; the device push must too).
+// host stream refuses those, server/step/chunks.h; the device push must too).
 // Enqueue-only on `stream`; device pointers.
 #ifndef PARAMD_SERVER_GPU_BACKEND_FINITE_CHECK_H_
 #define PARAMD_SERVER_GPU_BACKEND_FINITE_CHECK_H_

@@ -30,10 +30,10 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/daemon_backend.h"
-#include "server/optimizer_test_model.h"
-#include "server/shard_backend.h"
-#include "server/thread_all_reduce.h"
+#include "server/step/optimizer_test_model.h"
+#include "server/step/thread_all_reduce.h"
 
 namespace paramd {
 namespace {
@@ -72,8 +72,7 @@ std::vector<uint16_t> Bf16Bits(const float* v, int64_t n) {
 struct World {
   std::vector<std::unique_ptr<ShardBackend>> daemons;
   std::unique_ptr<ThreadAllReduce> reduce;
-  World(gpu_backend::DaemonBackend kind, const std::vector<TensorDef>& model, int n,
-        const OptimizerOptions& o) {
+  World(DaemonBackend kind, const std::vector<TensorDef>& model, int n, const OptimizerOptions& o) {
     reduce = std::make_unique<ThreadAllReduce>(n);
     ShardBackendOptions options;
     options.optimizer = o;
@@ -213,8 +212,8 @@ TEST_P(GpuClipTest, BitIdenticalToCpuBackend) {
   const bool one_pass = std::get<2>(GetParam()) == 1;
   const OptimizerOptions o = adamw ? AdamWCosine() : SgdLinear();
   const std::vector<TensorDef> model = Model(one_pass);
-  World cpu(gpu_backend::DaemonBackend::kCpu, model, daemons, o);
-  World gpu(gpu_backend::DaemonBackend::kGpu, model, daemons, o);
+  World cpu(DaemonBackend::kCpu, model, daemons, o);
+  World gpu(DaemonBackend::kGpu, model, daemons, o);
   ASSERT_EQ(gpu.daemons.size(), static_cast<size_t>(daemons));
   cpu.Step(0, false);
   gpu.Step(0, false);
@@ -294,8 +293,8 @@ TEST_P(GpuSgdMomentumTest, SgdMomentumOnAndOff) {
   OptimizerOptions o = SgdLinear();
   o.momentum = 0.0f;
   const std::vector<TensorDef> model = Model(false);
-  World cpu(gpu_backend::DaemonBackend::kCpu, model, daemons, o);
-  World gpu(gpu_backend::DaemonBackend::kGpu, model, daemons, o);
+  World cpu(DaemonBackend::kCpu, model, daemons, o);
+  World gpu(DaemonBackend::kGpu, model, daemons, o);
   ASSERT_EQ(gpu.daemons.size(), static_cast<size_t>(daemons));
   cpu.Step(0, false);
   gpu.Step(0, false);

@@ -1,5 +1,5 @@
 // GPU only (tag gpu): the device optimizer kernels (kernels/cuda/optimizer)
-// and the host optimizer (server/optimizer.cc, what the cpu backend runs)
+// and the host optimizer (server/step/optimizer.cc, what the cpu backend runs)
 // produce identical bits — masters, moments — for AdamW over several steps
 // (with and without weight decay) and SGD with and without momentum,
 // through both the float4 and the scalar kernel paths. This is what makes a
@@ -14,7 +14,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/optimizer.h"
-#include "server/optimizer.h"
+#include "server/step/optimizer.h"
 
 namespace paramd {
 namespace {

@@ -44,7 +44,7 @@
 #include "server/gpu_backend/daemon_backend.h"
 #include "server/gpu_backend/pipelined_step.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/step_pipeline.h"
+#include "server/step/step_pipeline.h"
 
 ABSL_FLAG(int, tensors, 16, "number of tensors");
 ABSL_FLAG(int64_t, rows, 8192, "rows per tensor");

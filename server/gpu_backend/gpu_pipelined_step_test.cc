@@ -23,11 +23,11 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/daemon_backend.h"
-#include "server/optimizer_test_model.h"
-#include "server/shard_backend.h"
-#include "server/step_pipeline.h"
-#include "server/thread_all_reduce.h"
+#include "server/step/optimizer_test_model.h"
+#include "server/step/step_pipeline.h"
+#include "server/step/thread_all_reduce.h"
 
 namespace paramd {
 namespace {
@@ -59,8 +59,7 @@ std::vector<StepResult> OnEveryDaemon(int n, const std::function<StepResult(int)
 struct World {
   std::vector<std::unique_ptr<ShardBackend>> daemons;
   std::unique_ptr<ThreadAllReduce> reduce;
-  World(gpu_backend::DaemonBackend kind, const std::vector<TensorDef>& model, int n,
-        const OptimizerOptions& o) {
+  World(DaemonBackend kind, const std::vector<TensorDef>& model, int n, const OptimizerOptions& o) {
     reduce = std::make_unique<ThreadAllReduce>(n);
     ShardBackendOptions options;
     options.optimizer = o;
@@ -263,9 +262,9 @@ TEST_P(GpuPipelinedStepTest, EqualsWholeStepAndCpuBackend) {
   const auto [c, daemons, bucket] = GetParam();
   const OptimizerOptions o = OptionsOf(c.optimizer);
   const std::vector<TensorDef> model = OptimizerTestModel(Spec(c.row, c.col, c.dequantized));
-  World cpu(gpu_backend::DaemonBackend::kCpu, model, daemons, o);
-  World whole(gpu_backend::DaemonBackend::kGpu, model, daemons, o);
-  World piped(gpu_backend::DaemonBackend::kGpu, model, daemons, o);
+  World cpu(DaemonBackend::kCpu, model, daemons, o);
+  World whole(DaemonBackend::kGpu, model, daemons, o);
+  World piped(DaemonBackend::kGpu, model, daemons, o);
   ASSERT_EQ(piped.n(), daemons);
   cpu.Step(0, false);
   whole.Step(0, false);
@@ -336,8 +335,8 @@ void ExpectAbandonedThenEqual(
   const OptimizerOptions o = OptionsOf(0);
   const std::vector<TensorDef> model =
       OptimizerTestModel(Spec(Format::kFp8Current, Format::kFp8Current, false));
-  World cpu(gpu_backend::DaemonBackend::kCpu, model, 3, o);
-  World piped(gpu_backend::DaemonBackend::kGpu, model, 3, o);
+  World cpu(DaemonBackend::kCpu, model, 3, o);
+  World piped(DaemonBackend::kGpu, model, 3, o);
   cpu.Step(0, false);
   piped.Step(0, false);
   for (int step = 0; step < 2; ++step) {
@@ -400,7 +399,7 @@ TEST(GpuPipelinedAbandonTest, AFailedCheckIsNotAnnouncedAndAbandons) {
   const OptimizerOptions o = OptionsOf(0);
   const std::vector<TensorDef> model =
       OptimizerTestModel(Spec(Format::kFp8Current, Format::kFp8Current, false));
-  World piped(gpu_backend::DaemonBackend::kGpu, model, 1, o);
+  World piped(DaemonBackend::kGpu, model, 1, o);
   piped.Step(0, false);
   std::vector<int> announced;
   absl::Mutex mu;
@@ -438,8 +437,8 @@ TEST(GpuPipelinedAbandonTest, LeavingBeforeTheFirstAllReduceMakesNone) {
   const OptimizerOptions o = OptionsOf(0);
   const std::vector<TensorDef> model =
       OptimizerTestModel(Spec(Format::kFp8Current, Format::kFp8Current, false));
-  World cpu(gpu_backend::DaemonBackend::kCpu, model, 3, o);
-  World piped(gpu_backend::DaemonBackend::kGpu, model, 3, o);
+  World cpu(DaemonBackend::kCpu, model, 3, o);
+  World piped(DaemonBackend::kGpu, model, 3, o);
   cpu.Step(0, false);
   piped.Step(0, false);
   const Grads pushes = RandomPushes(model, 0, 2);
@@ -488,8 +487,8 @@ TEST(GpuPipelinedHostReadersTest, SkippedBucketsAreCopiedBeforeALaterAnnouncemen
       OptimizerTestModel(Spec(Format::kFp8Current, Format::kMxfp8, false));
   for (int readers_from : {2, 1000}) {
     SCOPED_TRACE(::testing::Message() << "readers from bucket " << readers_from);
-    World whole(gpu_backend::DaemonBackend::kGpu, model, 1, o);
-    World piped(gpu_backend::DaemonBackend::kGpu, model, 1, o);
+    World whole(DaemonBackend::kGpu, model, 1, o);
+    World piped(DaemonBackend::kGpu, model, 1, o);
     whole.Step(0, false);
     piped.Step(0, false);
     const Grads pushes = RandomPushes(model, 0, 2);

@@ -1,4 +1,4 @@
-// GPU only. What an in-memory snapshot (server/snapshot.h) costs the step of
+// GPU only. What an in-memory snapshot (server/snapshot/snapshot.h) costs the step of
 // one gpu daemon backend, and what restoring from it costs, at 1.07 B
 // parameters by default (16 x [8192, 8192], AdamW, FP8 current both ways):
 //
@@ -26,7 +26,7 @@
 #include "absl/time/clock.h"
 #include "server/gpu_backend/bench_model.h"
 #include "server/gpu_backend/daemon_backend.h"
-#include "server/snapshot.h"
+#include "server/snapshot/snapshot.h"
 
 ABSL_FLAG(int, tensors, 16, "number of tensors");
 ABSL_FLAG(int64_t, rows, 8192, "rows per tensor");

@@ -1,4 +1,4 @@
-// GPU only. A snapshot of the gpu daemon backend (server/snapshot.h through
+// GPU only. A snapshot of the gpu daemon backend (server/snapshot/snapshot.h through
 // ShardBackend::CaptureState, server/gpu_backend/state_capture.h), in both
 // capture modes (device spare; live buffers with PARAMD_GPU_SNAPSHOT_SPARE=0):
 //   - holds the masters, moments and counters of its version byte for byte
@@ -16,10 +16,10 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/daemon_backend.h"
-#include "server/restore.h"
-#include "server/shard_backend.h"
-#include "server/snapshot.h"
+#include "server/snapshot/restore.h"
+#include "server/snapshot/snapshot.h"
 
 namespace paramd {
 namespace {

@@ -7,10 +7,10 @@ namespace paramd {
 namespace gpu_backend {
 namespace {
 
-constexpr int kLanes = 256;         // = kGradNormLanes (server/grad_norm.h)
+constexpr int kLanes = 256;         // = kGradNormLanes (server/step/grad_norm.h)
 constexpr int kChunk = 4 * kLanes;  // elements per round of the vectorized row sums
 
-// lane[0] = the fixed tree of server/grad_norm.h over lane[0 .. kLanes).
+// lane[0] = the fixed tree of server/step/grad_norm.h over lane[0 .. kLanes).
 __device__ void LaneTree(double* lane) {
   __syncthreads();
   for (int half = kLanes / 2; half >= 1; half >>= 1) {
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kLanes)
 // 16-byte aligned; `add` 16-byte aligned FP32 or 8-byte aligned BF16): each
 // round, thread t adds elements [4 t, 4 t + 4) of a 1024-element chunk and
 // stores them into shared memory, then lane l squares elements l, l + 256,
-// l + 512, l + 768 of it, which is lane l's order in server/grad_norm.h
+// l + 512, l + 768 of it, which is lane l's order in server/step/grad_norm.h
 // (two shared buffers: one barrier per round). What the add costs beyond a
 // plain vectorized add: the shared-memory pass and the float64 adds.
 template <bool kBf16, bool kAdd>
@@ -119,7 +119,7 @@ constexpr int kSumChunk = 2048;             // slots decoded per round of the fi
 constexpr int kSharedDoubles = kSlotsPerBlock * kSlotStride;
 static_assert(kSumChunk <= kSharedDoubles, "the final sum reuses the slot staging");
 
-// The clip factor of the gathered slots (ClipFactor of server/optimizer.h)
+// The clip factor of the gathered slots (ClipFactor of server/step/optimizer.h)
 // from their float64 sum.
 __device__ float ClipFactorOf(double sum, float max_grad_norm, bool skip_non_finite) {
   if (!isfinite(sum)) return skip_non_finite ? __int_as_float(0x7fc00000) : 1.0f;

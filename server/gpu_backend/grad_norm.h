@@ -1,7 +1,7 @@
 // File: server/gpu_backend/grad_norm.h
 //
 // The global gradient norm on the daemon's GPU, in exactly the order of
-// server/grad_norm.h (so the gpu and cpu backends, and any layout, get the
+// server/step/grad_norm.h (so the gpu and cpu backends, and any layout, get the
 // same float64 bits): row sums (one 256-thread block per row, lane-strided
 // float64 sums, a fixed tree), 128-row block slots encoded as 4 exact
 // floats, and the clip factor of the gathered slots. Enqueue-only on
@@ -44,7 +44,7 @@ cudaError_t LaunchEncodeNormSlots(const NormSlotSource* table, int64_t num_slots
 // sum in slot order (`sum_sq` may be mapped page-locked host memory: the
 // host reads it once the stream passed this kernel); *factor = the clip
 // factor (ClipFactor of
-// server/optimizer.h: min(1, max_grad_norm / (sqrt(sum) + 1e-6)), 1 without
+// server/step/optimizer.h: min(1, max_grad_norm / (sqrt(sum) + 1e-6)), 1 without
 // clipping), NaN when the sum is not finite and `skip_non_finite` (the
 // optimizer kernels then skip the update), 1 when not finite otherwise.
 cudaError_t LaunchClipFactor(const float* slots, int64_t num_slots, float max_grad_norm,

@@ -1,5 +1,5 @@
 // GPU only (tag gpu). The device gradient norm (grad_norm.h) against
-// server/grad_norm.h's definition, bit for bit: the add + row sums for both
+// server/step/grad_norm.h's definition, bit for bit: the add + row sums for both
 // load paths (16-byte loads: cols % 4 == 0 and aligned rows, one or several
 // 1024-element rounds and a partial one; scalar loads: odd cols or a
 // misaligned add), FP32 and BF16 adds and no add; the block slots, their
@@ -16,8 +16,8 @@
 
 #include "gtest/gtest.h"
 #include "server/gpu_backend/grad_norm.h"
-#include "server/grad_norm.h"
-#include "server/optimizer.h"
+#include "server/step/grad_norm.h"
+#include "server/step/optimizer.h"
 
 namespace paramd {
 namespace gpu_backend {

@@ -21,7 +21,7 @@
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/shard_set.h"
+#include "server/step/shard_set.h"
 
 namespace paramd {
 namespace gpu_backend {

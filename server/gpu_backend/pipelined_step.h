@@ -1,6 +1,6 @@
 // File: server/gpu_backend/pipelined_step.h
 //
-// The pipelined step (server/step_pipeline.h, `hybrid-paramd
+// The pipelined step (server/step/step_pipeline.h, `hybrid-paramd
 // --pipelined_step`) on a GpuShardStore: bucket b's gradients are taken
 // (hooks.await_bucket) and its optimizer, amax all-reduce, scaling and
 // quantization enqueued on the store's stream while the gradients of b+1
@@ -9,7 +9,7 @@
 // completed, the bucket is announced (hooks.on_bucket_ready, from a thread
 // of this step).
 //
-// The rules are the cpu pipeline's (server/step_pipeline.cc):
+// The rules are the cpu pipeline's (server/step/step_pipeline.cc):
 //   - one amax all-reduce per bucket over the bucket's run of the packed
 //     [tensor][direction] vector (a second one where a tensor of the
 //     bucket needs it), plus a commit barrier; every all-reduce carries one
@@ -47,7 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/step_pipeline.h"
+#include "server/step/step_pipeline.h"
 
 namespace paramd {
 namespace gpu_backend {

@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/shard_set.h"
-#include "server/step_pipeline.h"
+#include "server/step/shard_set.h"
+#include "server/step/step_pipeline.h"
 
 namespace paramd {
 namespace gpu_backend {

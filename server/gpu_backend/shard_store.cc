@@ -146,7 +146,7 @@ absl::Status GpuShardStore::Allocate() {
     for (size_t i = 0; i < n_shards; ++i) {
       const GpuShardDef& d = shards_[i];
       if (d.frozen) continue;
-      // 128-row blocks: server/grad_norm.h kGradNormBlockRows.
+      // 128-row blocks: server/step/grad_norm.h kGradNormBlockRows.
       if (d.norm_slot < 0 || d.norm_slot + (d.rows + 127) / 128 > options_.norm_slots) {
         return absl::InvalidArgumentError(
             absl::StrCat("gradient norm: shard ", d.name, " has no slots in the norm's vector"));
@@ -381,7 +381,7 @@ absl::StatusOr<bool> GpuShardStore::AllocateMomentumBuffers() {
 }
 
 absl::Status GpuShardStore::EnqueueGradNorm(const DeviceAllReduce& all_reduce) {
-  // server/grad_norm.h's order: row sums the last push did not take, the
+  // server/step/grad_norm.h's order: row sums the last push did not take, the
   // slot vector (this daemon's block slots, 0 elsewhere) in one launch, one
   // all-reduce MAX of it, then one kernel for the float64 sum (into mapped
   // host memory) and the clip factor (a device scalar). Few launches: the

@@ -2,13 +2,13 @@
 //
 // The daemon's GPU backend: every shard's FP32 master, AdamW moments and
 // FP32 gradient accumulator live in device memory, and one step
-// (server/shard_set.h's on the CPU) is a few kernel launches on the store's
+// (server/step/shard_set.h's on the CPU) is a few kernel launches on the store's
 // stream with no host wait between them and one wait at the end:
 //
 //   [the global gradient norm when clipping or skip_step: row sums (taken
 //    in the last pusher's add, else here), 128-row block slots, one
 //    all-reduce MAX of the slots, the clip factor as a device scalar (one
-//    daemon: slots, sum and factor in one launch); server/grad_norm.h's
+//    daemon: slots, sum and factor in one launch); server/step/grad_norm.h's
 //    order, so the cpu backend's float64 bits]
 //   -> AdamW or SGD (fused, gradients times the clip factor, a NaN factor
 //   skipping the update; per-tensor lr multiplier and weight decay, frozen
@@ -39,7 +39,7 @@
 //
 // Formats: every format of kernels/cuda/quantize.h, both columnwise
 // sources. Optimizers: AdamW, SGD (+ momentum), bit-identical to
-// server/optimizer.cc.
+// server/step/optimizer.cc.
 //
 // Threading: one thread (the daemon's step thread) calls everything but
 // Published(), PublishedScalars(), versions() and TensorReady(), which any
@@ -47,7 +47,7 @@
 // small mutex, never held across device work). Published buffers of a
 // version stay valid and unchanged until the step after next; keeping a
 // reader's version from being overwritten by that step is the caller's job
-// (the daemon pins fetched versions, server/daemon_device.cc).
+// (the daemon pins fetched versions, server/daemon/daemon_device.cc).
 #ifndef PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 #define PARAMD_SERVER_GPU_BACKEND_SHARD_STORE_H_
 
@@ -90,7 +90,7 @@ struct GpuShardDef {
   float lr_multiplier = 1.0f;
   float weight_decay = -1.0f;
   bool frozen = false;
-  // Its first gradient-norm slot (server/grad_norm.h; -1: none).
+  // Its first gradient-norm slot (server/step/grad_norm.h; -1: none).
   int64_t norm_slot = -1;
 };
 
@@ -129,7 +129,7 @@ struct GpuStoreOptions {
   // falls back to cudaMalloc where the device has no such handles.
   bool exportable_published = true;
   // grad_norm: every optimizer step takes the global gradient norm over
-  // norm_slots slots (server/grad_norm.h; the manifest's count, equal on
+  // norm_slots slots (server/step/grad_norm.h; the manifest's count, equal on
   // every daemon, 0 when every tensor is frozen), all-reduced with the
   // amax's DeviceAllReduce before the optimizer, and clips by
   // max_grad_norm (> 0) / skips a non-finite step (skip_non_finite) inside

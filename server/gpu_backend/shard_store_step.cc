@@ -58,7 +58,7 @@ absl::Status GpuShardStore::EnqueueOptimizer(absl::Span<const int> shards, bool 
                                              const std::vector<gpu::QuantizeTensorArgs>& quant,
                                              std::vector<char>& quantized) {
   // Shards grouped by (lr multiplier, weight decay): one launch per group,
-  // with server/optimizer.cc TensorStepHyper's numbers (the float64
+  // with server/step/optimizer.cc TensorStepHyper's numbers (the float64
   // product of the schedule's lr and the multiplier). Frozen shards are
   // not updated: their amax only (and the per-tensor quantize).
   struct Group {

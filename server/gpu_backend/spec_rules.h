@@ -1,7 +1,7 @@
 // File: server/gpu_backend/spec_rules.h
 //
 // Which directions of a HybridSpec the gpu backend computes, publishes and
-// all-reduces (the same rules as server/shard_set.cc), shared by the store's
+// all-reduces (the same rules as server/step/shard_set.cc), shared by the store's
 // whole and bucketed steps (shard_store.cc, shard_store_step.cc) and the
 // pipelined step's metadata (pipelined_step.cc). Header only; no state.
 #ifndef PARAMD_SERVER_GPU_BACKEND_SPEC_RULES_H_

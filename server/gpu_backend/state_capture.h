@@ -1,7 +1,7 @@
 // File: server/gpu_backend/state_capture.h
 //
 // Snapshot capture of a GpuShardStore's masters and optimizer moments
-// (ShardBackend::CaptureState, server/snapshot.h), kept off the step's
+// (ShardBackend::CaptureState, server/snapshot/snapshot.h), kept off the step's
 // critical path:
 //
 //   spare (the default where the device has room): right after a step, on
@@ -38,8 +38,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "server/backend/shard_backend.h"
 #include "server/gpu_backend/shard_store.h"
-#include "server/shard_backend.h"
 
 namespace paramd {
 namespace gpu_backend {

@@ -42,9 +42,9 @@
 #include "ipc/pin_page.h"
 #include "kernels/format.h"
 #include "proto/ipc.grpc.pb.h"
-#include "server/chunks.h"
+#include "server/backend/shard_backend.h"
 #include "server/ipc/pin_table.h"
-#include "server/shard_backend.h"
+#include "server/step/chunks.h"
 
 namespace paramd {
 namespace ipc {
@@ -124,7 +124,7 @@ struct IpcSnapshot {
   int64_t previous = -1;
 };
 
-// Implemented by the daemon (server/daemon.cc, server/daemon_push.cc).
+// Implemented by the daemon (server/daemon/daemon.cc, server/daemon/daemon_push.cc).
 class IpcHost {
  public:
   virtual ~IpcHost() = default;

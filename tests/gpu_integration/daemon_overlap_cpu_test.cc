@@ -1,5 +1,5 @@
 // CPU (no GPU; CI): the daemon's side of the issue-5 overlap
-// (server/daemon.cc) through its real RPCs, in one process: a coordinator
+// (server/daemon/daemon.cc) through its real RPCs, in one process: a coordinator
 // and a daemon with --backend=gpu where the "gpu" backend is a fake (the cpu
 // backend's steps under the gpu name; a step can be held after it reported
 // its work enqueued, or made to fail) and the device channel is a fake too
@@ -28,9 +28,9 @@
 #include "client/client.h"
 #include "gtest/gtest.h"
 #include "proto/paramd.grpc.pb.h"
-#include "server/device_channel.h"
+#include "server/backend/device_channel.h"
+#include "server/backend/shard_backend.h"
 #include "server/server.h"
-#include "server/shard_backend.h"
 #include "tests/server_test_util.h"
 #include "transport/transport.h"
 
@@ -149,8 +149,8 @@ class FakeChannel : public DeviceChannel {
 const bool kFakeGpu = RegisterGpuShardBackend(
     [](std::vector<TensorDef> tensors, std::vector<ShardDef> shards,
        const ShardBackendOptions& options) -> absl::StatusOr<std::unique_ptr<ShardBackend>> {
-      absl::StatusOr<std::unique_ptr<ShardBackend>> inner = CreateShardBackend(
-          gpu_backend::DaemonBackend::kCpu, std::move(tensors), std::move(shards), options);
+      absl::StatusOr<std::unique_ptr<ShardBackend>> inner =
+          CreateShardBackend(DaemonBackend::kCpu, std::move(tensors), std::move(shards), options);
       if (!inner.ok()) return inner.status();
       return std::unique_ptr<ShardBackend>(new FakeGpuBackend(*std::move(inner)));
     });

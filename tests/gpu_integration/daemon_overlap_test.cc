@@ -5,7 +5,7 @@
 //   - InFlightVersionEqualsReference: the fetch of v+1 is asked before the
 //     push that starts its step; the daemon streams it tensor by tensor as
 //     the step quantizes (DaemonStats.device_fetches_streamed) and the
-//     bytes equal the CPU reference (host AdamW, server/optimizer.h, then
+//     bytes equal the CPU reference (host AdamW, server/step/optimizer.h, then
 //     ReferencePublish) of every version;
 //   - HeldVersionsBesideStep: right after the push that starts the step to
 //     v+1, the fetch of v (held, not rewritten by that step) == reference,
@@ -58,8 +58,8 @@
 #include "gtest/gtest.h"
 #include "kernels/format.h"
 #include "kernels/reference.h"
-#include "server/optimizer.h"
-#include "server/reference_step.h"
+#include "server/step/optimizer.h"
+#include "server/step/reference_step.h"
 #include "tests/gpu_integration/device_test_util.h"
 #include "tests/server_test_util.h"
 

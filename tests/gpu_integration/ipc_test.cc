@@ -48,7 +48,7 @@
 #include "kernels/format.h"
 #include "kernels/reference.h"
 #include "server/gpu_backend/push_write.h"
-#include "server/reference_step.h"
+#include "server/step/reference_step.h"
 #include "tests/gpu_integration/device_test_util.h"
 #include "tests/gpu_integration/gpu_cluster_util.h"
 #include "tests/server_test_util.h"
