@@ -74,7 +74,7 @@ extern "C" {
  * hpd_set_optimizer_schedule; 1002 added hpd_watch_version; 1003 added
  * hpd_push_gradients_ex (HPD_PUSH_PARTIAL), and a push that leaves out
  * tensors without that flag is refused; 1005 added the frozen-buffer dtypes
- * (HPD_DTYPE_F64 ... HPD_DTYPE_U64) to hpd_load_tensors and
+ * (HPD_DTYPE_F64 ... HPD_DTYPE_F8_E8M0) to hpd_load_tensors and
  * hpd_read_version. */
 #define HPD_API_VERSION 1005
 
@@ -464,6 +464,11 @@ HPD_EXPORT void hpd_free_string(char* s);
 #define HPD_DTYPE_U16 9
 #define HPD_DTYPE_U32 10
 #define HPD_DTYPE_U64 11
+/* FP8 tensors of a model file (a pre-quantized checkpoint's weights and
+ * scales) are frozen buffers too: bytes kept as they are. */
+#define HPD_DTYPE_F8_E4M3 12
+#define HPD_DTYPE_F8_E5M2 13
+#define HPD_DTYPE_F8_E8M0 14
 
 /* One tensor in the caller's host memory: C-contiguous, little-endian,
  * `data_bytes` = product(shape) * element size. */

@@ -27,11 +27,19 @@ namespace {
 
 // HPD_DTYPE_ codes of frozen buffers and their safetensors names.
 constexpr std::pair<int32_t, safetensors::Dtype> kFrozenDtypes[] = {
-    {HPD_DTYPE_F64, safetensors::Dtype::kF64},   {HPD_DTYPE_I64, safetensors::Dtype::kI64},
-    {HPD_DTYPE_I32, safetensors::Dtype::kI32},   {HPD_DTYPE_I16, safetensors::Dtype::kI16},
-    {HPD_DTYPE_I8, safetensors::Dtype::kI8},     {HPD_DTYPE_U8, safetensors::Dtype::kU8},
-    {HPD_DTYPE_BOOL, safetensors::Dtype::kBool}, {HPD_DTYPE_U16, safetensors::Dtype::kU16},
-    {HPD_DTYPE_U32, safetensors::Dtype::kU32},   {HPD_DTYPE_U64, safetensors::Dtype::kU64},
+    {HPD_DTYPE_F64, safetensors::Dtype::kF64},
+    {HPD_DTYPE_I64, safetensors::Dtype::kI64},
+    {HPD_DTYPE_I32, safetensors::Dtype::kI32},
+    {HPD_DTYPE_I16, safetensors::Dtype::kI16},
+    {HPD_DTYPE_I8, safetensors::Dtype::kI8},
+    {HPD_DTYPE_U8, safetensors::Dtype::kU8},
+    {HPD_DTYPE_BOOL, safetensors::Dtype::kBool},
+    {HPD_DTYPE_U16, safetensors::Dtype::kU16},
+    {HPD_DTYPE_U32, safetensors::Dtype::kU32},
+    {HPD_DTYPE_U64, safetensors::Dtype::kU64},
+    {HPD_DTYPE_F8_E4M3, safetensors::Dtype::kF8E4M3},
+    {HPD_DTYPE_F8_E5M2, safetensors::Dtype::kF8E5M2},
+    {HPD_DTYPE_F8_E8M0, safetensors::Dtype::kF8E8M0},
 };
 
 const safetensors::Dtype* FrozenDtypeOf(int32_t code) {

@@ -152,6 +152,12 @@ DTYPE_BF16 = 1  # HPD_DTYPE_BF16
 # Frozen buffers (loaded, checkpointed, exported whole, never stepped).
 DTYPE_F64, DTYPE_I64, DTYPE_I32, DTYPE_I16, DTYPE_I8, DTYPE_U8, DTYPE_BOOL = range(2, 9)
 DTYPE_U16, DTYPE_U32, DTYPE_U64 = 9, 10, 11
+DTYPE_F8_E4M3, DTYPE_F8_E5M2, DTYPE_F8_E8M0 = 12, 13, 14
+# The safetensors names of the frozen buffers' dtypes (for errors).
+DTYPE_NAMES = {DTYPE_F64: "F64", DTYPE_I64: "I64", DTYPE_I32: "I32", DTYPE_I16: "I16",
+               DTYPE_I8: "I8", DTYPE_U8: "U8", DTYPE_BOOL: "BOOL", DTYPE_U16: "U16",
+               DTYPE_U32: "U32", DTYPE_U64: "U64", DTYPE_F8_E4M3: "F8_E4M3",
+               DTYPE_F8_E5M2: "F8_E5M2", DTYPE_F8_E8M0: "F8_E8M0"}
 VALUES = {"master": 0, "rowwise": 1, "columnwise": 2}  # HPD_VALUES_*
 
 

@@ -33,8 +33,10 @@ _FROZEN_DTYPES = {torch.float64: _capi.DTYPE_F64, torch.int64: _capi.DTYPE_I64,
                   torch.int8: _capi.DTYPE_I8, torch.uint8: _capi.DTYPE_U8,
                   torch.bool: _capi.DTYPE_BOOL}
 for _name, _code in (("uint16", _capi.DTYPE_U16), ("uint32", _capi.DTYPE_U32),
-                     ("uint64", _capi.DTYPE_U64)):
-    if hasattr(torch, _name):  # torch >= 2.3
+                     ("uint64", _capi.DTYPE_U64),  # torch >= 2.3
+                     ("float8_e4m3fn", _capi.DTYPE_F8_E4M3), ("float8_e5m2", _capi.DTYPE_F8_E5M2),
+                     ("float8_e8m0fnu", _capi.DTYPE_F8_E8M0)):  # torch >= 2.1, 2.7
+    if hasattr(torch, _name):
         _FROZEN_DTYPES[getattr(torch, _name)] = _code
 _READ_DTYPES = {"bf16": _capi.DTYPE_BF16, "bfloat16": _capi.DTYPE_BF16,
                 "fp32": _capi.DTYPE_F32, "float32": _capi.DTYPE_F32,
@@ -105,8 +107,9 @@ class StateDictMixin:
         they are, FP16 as FP32 (exact); CUDA tensors are copied to the host
         first. Integer, bool and FP64 tensors (position ids, masks, step
         counters) are frozen buffers: kept whole, never stepped (at most the
-        cluster's --max_frozen_bytes in all, 16 MiB by default). Any other
-        dtype (complex, FP8) is refused, naming every such tensor, before
+        cluster's --max_frozen_bytes in all, 16 MiB by default), and so are
+        FP8 tensors where torch has the dtype. Any other dtype (complex) is
+        refused, naming every such tensor, before
         anything is sent. recipe_text, force, progress, timeout: as
         load()."""
         if not isinstance(state_dict, collections.abc.Mapping):
@@ -167,6 +170,12 @@ class StateDictMixin:
 
         def dest(_, name, shape, ndim, c_dtype, nbytes):
             try:
+                if c_dtype not in _TORCH_OF:
+                    raise TypeError(
+                        "frozen buffer %s is %s, which torch %s has no dtype for (FP8 needs "
+                        "torch >= 2.1, F8_E8M0 torch >= 2.7; the bytes are in the model's "
+                        "checkpoint and its export)" % (name.decode(), _capi.DTYPE_NAMES.get(
+                            c_dtype, "dtype %d" % c_dtype), torch.__version__))
                 t = torch.empty([shape[i] for i in range(ndim)], dtype=_TORCH_OF[c_dtype])
                 out[name.decode()] = t
                 return t.data_ptr() if nbytes else None

@@ -11,7 +11,9 @@ cluster without force, an uncommitted version, a non-empty export
 directory."""
 
 import collections
+import json
 import os
+import struct
 import tempfile
 import unittest
 
@@ -179,6 +181,44 @@ class StateDictTest(unittest.TestCase):
         other = {"w": torch.randn(6, 10)}
         self.assertEqual(self.admin.load_state_dict(other, force=True), 0)
         self.assertTrue(torch.equal(self.admin.state_dict(dtype=torch.float32)["w"], other["w"]))
+
+    def test_3_fp8_tensors_of_a_file_are_frozen_buffers(self):
+        # A pre-quantized checkpoint's FP8 data and E8M0 scales are kept
+        # whole: returned in torch's float8 dtypes where torch has them, and
+        # where it does not, state_dict() says which tensor and why.
+        w = torch.randn(8, 8)
+        fp8 = bytes(range(0x30, 0x38))  # 2 x 4 E4M3 values
+        e8m0 = bytes([127, 130])         # scales 1 and 8
+        path = os.path.join(self.tmp, "fp8.safetensors")
+        write_raw_safetensors(path, [("w", "F32", [8, 8], w.numpy().tobytes()),
+                                     ("q.weight", "F8_E4M3", [2, 4], fp8),
+                                     ("q.weight_scale", "F8_E8M0", [2], e8m0)])
+        self.assertEqual(self.admin.load(path, force=True), 0)
+        if hasattr(torch, "float8_e4m3fn") and hasattr(torch, "float8_e8m0fnu"):
+            back = self.admin.state_dict(dtype=torch.float32)
+            self.assertTrue(torch.equal(back["w"], w))
+            self.assertEqual(back["q.weight"].dtype, torch.float8_e4m3fn)
+            self.assertEqual(bytes(back["q.weight"].view(torch.uint8).flatten().tolist()), fp8)
+            self.assertEqual(back["q.weight_scale"].dtype, torch.float8_e8m0fnu)
+            self.assertEqual(bytes(back["q.weight_scale"].view(torch.uint8).tolist()), e8m0)
+        else:
+            with self.assertRaises(TypeError) as e:
+                self.admin.state_dict(dtype=torch.float32)
+            self.assertIn("frozen buffer q.weight is F8_E4M3", str(e.exception))
+            self.assertIn(torch.__version__, str(e.exception))
+
+
+def write_raw_safetensors(path, tensors):
+    """A safetensors file of (name, dtype, shape, bytes), written by hand:
+    torch may have no dtype for them."""
+    header, offset = {}, 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(t[3] for t in tensors))
 
 
 if __name__ == "__main__":
