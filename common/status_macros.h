@@ -28,9 +28,11 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   PARAMD_ASSIGN_OR_RETURN_IMPL(PARAMD_STATUS_CONCAT(paramd_statusor_, __LINE__), lhs, expr)
 
-#define PARAMD_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
-  if (!tmp.ok()) return std::move(tmp).status();     \
-  lhs = std::move(tmp).value()
+// `tmp` is a name and `lhs` a declaration ("auto x"): neither can be
+// parenthesized (hence the NOLINTs).
+#define PARAMD_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)                                      \
+  auto tmp = (expr);                             /* NOLINT(bugprone-macro-parentheses) */ \
+  if (!tmp.ok()) return std::move(tmp).status(); /* NOLINT(bugprone-macro-parentheses) */ \
+  lhs = std::move(tmp).value()                   /* NOLINT(bugprone-macro-parentheses) */
 
 #endif  // PARAMD_COMMON_STATUS_MACROS_H_

@@ -49,7 +49,8 @@ class VmmBuffer {
   // A new descriptor for the allocation (the caller owns it).
   absl::StatusOr<int> Export() const;
 
-  void* data() const { return reinterpret_cast<void*>(ptr_); }
+  // CUdeviceptr is an integer by the driver API's definition.
+  void* data() const { return reinterpret_cast<void*>(ptr_); }  // NOLINT(performance-no-int-to-ptr)
   size_t size() const { return size_; }
   bool valid() const { return ptr_ != 0; }
 

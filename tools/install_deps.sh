@@ -29,12 +29,14 @@ PACKAGES=(
   libclang-rt-14-dev
   python3
 )
-# What the tests need besides: the format check's clang-format, the Python
+# What the tests need besides: the format check's clang-format (and
+# clang-tidy for tools/tidy_check.sh), the Python
 # client's (python3-venv: the wheel's install test), and the deploy kit's
 # checks (python3-yaml for the Kubernetes manifests, systemd-analyze,
 # a single-node Slurm, promtool for the Prometheus alert rules).
 TEST_PACKAGES=(
   clang-format
+  clang-tidy
   python3-numpy
   python3-torch
   python3-venv

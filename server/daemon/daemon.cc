@@ -98,10 +98,7 @@ void Daemon::Impl::Shutdown() {
   }
   for (uint64_t id : channels) CloseDeviceChannel(id, "daemon shutting down");
   reaper_.Stop();
-  {
-    absl::MutexLock lock(&plane_mu_);
-    if (data_plane_) data_plane_->Shutdown();  // unblocks a step in the all-reduce
-  }
+  worlds_.ShutdownCurrent();  // unblocks a step in the all-reduce
   worker_.Stop();
   publish_waiters_.WakeAll();
 }
@@ -223,17 +220,14 @@ void Daemon::Impl::JoinLoopBody() {
     LogError(kTag, join_error_);
     return;
   }
-  {
-    absl::MutexLock lock(&plane_mu_);
-    data_plane_ = *std::move(data_plane);
-  }
+  worlds_.SetFirst(*std::move(data_plane));
   rpc::JoinRequest request;
   request.set_role(rpc::ROLE_DAEMON);
   {
     absl::MutexLock lock(&mu_);
     request.set_address(address_);
   }
-  request.set_data_plane_address(data_plane_->address());
+  request.set_data_plane_address(worlds_.current()->address());
   request.set_name(absl::StrCat("daemon@", request.address()));
   request.set_wait_for_world(true);
   absl::Time next_waiting_log = absl::InfinitePast();
@@ -312,14 +306,14 @@ void Daemon::Impl::JoinLoopBody() {
     }
     if (s.ok()) {
       absl::StatusOr<AllReduceMaxFn> all_reduce =
-          data_plane_->Connect(response.data_plane(), response.rank());
+          worlds_.current()->Connect(response.data_plane(), response.rank());
       absl::MutexLock lock(&mu_);
       rank_ = response.rank();
       SetLogRank(rank_);
       member_id_ = response.member_id();
       if (all_reduce.ok()) {
         all_reduce_ = *std::move(all_reduce);
-        data_plane_transport_ = data_plane_->transport();
+        data_plane_transport_ = worlds_.current()->transport();
       } else {
         join_error_ = all_reduce.status().ToString();
       }

@@ -368,12 +368,12 @@ void Daemon::Impl::ServeDeviceFetch(ChannelState* c, int64_t version, int64_t ge
     publish_waiters_.WakeAll();  // the call's poll answers with it
   }
   if (s.ok()) {
-    bytes_served_[0].fetch_add(bytes[0]);
-    bytes_served_[1].fetch_add(bytes[1]);
+    traffic_.served[0].fetch_add(bytes[0]);
+    traffic_.served[1].fetch_add(bytes[1]);
     if (streamed) {
-      device_fetches_streamed_.fetch_add(1);
+      traffic_.device_fetches_streamed.fetch_add(1);
     } else if (beside_step) {
-      device_fetches_beside_step_.fetch_add(1);
+      traffic_.device_fetches_beside_step.fetch_add(1);
     }
     return;
   }

@@ -45,26 +45,6 @@ absl::StatusOr<Daemon::Impl::FetchTarget> Daemon::Impl::ResolveFetch(int64_t ver
   return t;
 }
 
-bool Daemon::Impl::Park(const std::string& client, bool as_ready) {
-  absl::MutexLock lock(&parked_mu_);
-  int64_t& n = parked_[client];
-  if (n >= options_.limits.max_parked_fetches_per_client) return false;
-  ++n;
-  if (as_ready) as_ready_parked_.fetch_add(1);
-  return true;
-}
-
-void Daemon::Impl::Unpark(const std::string& client, bool as_ready) {
-  absl::MutexLock lock(&parked_mu_);
-  auto it = parked_.find(client);
-  if (it != parked_.end() && --it->second <= 0) parked_.erase(it);
-  if (as_ready) as_ready_parked_.fetch_sub(1);
-}
-
-void Daemon::Impl::AddServed(Direction d, int64_t bytes) {
-  bytes_served_[d == Direction::kRowwise ? 0 : 1].fetch_add(bytes);
-}
-
 Daemon::Impl::ReadyPart Daemon::Impl::InFlightPart(int64_t version) {
   absl::MutexLock lock(&mu_);
   ReadyPart part;
@@ -101,7 +81,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
         request_(request),
         client_(std::move(client)) {}
   ~FetchReactor() override {
-    if (parked_) daemon_->Unpark(client_, request_.as_ready());
+    if (parked_) daemon_->parked()->Unpark(client_, request_.as_ready());
   }
 
  private:
@@ -131,7 +111,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     absl::StatusOr<Daemon::Impl::FetchTarget> target = daemon_->ResolveFetch(request_.version());
     if (target.ok() && target->version == nullptr) {  // wait for a publish
       if (request_.as_ready() && StartInFlightLocked()) return;
-      if (!parked_ && !daemon_->Park(client_, request_.as_ready())) {
+      if (!parked_ && !daemon_->parked()->Park(client_, request_.as_ready())) {
         UnregisterLocked();
         started_ = true;
         FinishLocked(ToGrpcStatus(absl::ResourceExhaustedError(
@@ -144,7 +124,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     }
     UnregisterLocked();
     if (parked_) {
-      daemon_->Unpark(client_, request_.as_ready());
+      daemon_->parked()->Unpark(client_, request_.as_ready());
       parked_ = false;
     }
     started_ = true;
@@ -157,7 +137,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
   }
 
   void OnWrittenLocked() override {
-    if (last_chunk_bytes_ > 0) daemon_->AddServed(last_direction_, last_chunk_bytes_);
+    if (last_chunk_bytes_ > 0) daemon_->traffic()->AddServed(last_direction_, last_chunk_bytes_);
   }
 
   // FetchRequest.as_ready of a version a pipelined step is filling: once the
@@ -174,7 +154,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
     if (!ready) return false;
     UnregisterLocked();
     if (parked_) {
-      daemon_->Unpark(client_, request_.as_ready());
+      daemon_->parked()->Unpark(client_, request_.as_ready());
       parked_ = false;
     }
     started_ = true;
@@ -311,7 +291,7 @@ class FetchReactor : public WaitingWriter<rpc::FetchResponse> {
   Daemon::Impl* const daemon_;
   const rpc::FetchRequest request_;
   const std::string client_;                  // the client's host, for the parked-fetch limit
-  bool parked_ ABSL_GUARDED_BY(mu_) = false;  // counted by Daemon::Impl::Park
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;  // counted in Daemon::Impl::parked()
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const PublishedVersion> version_ ABSL_GUARDED_BY(mu_);
   rpc::FetchResponse plan_message_ ABSL_GUARDED_BY(mu_);

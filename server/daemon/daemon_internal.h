@@ -45,7 +45,11 @@
 #include "server/backend/shard_backend.h"
 #include "server/daemon/daemon.h"
 #include "server/daemon/data_plane.h"
+#include "server/daemon/data_plane_worlds.h"
 #include "server/daemon/lease_keeper.h"
+#include "server/daemon/parked_fetches.h"
+#include "server/daemon/pusher_owners.h"
+#include "server/daemon/traffic_counters.h"
 #include "server/daemon/version_reporter.h"
 #include "server/ipc/ipc_service.h"
 #include "server/rpc/async_util.h"
@@ -72,6 +76,12 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   Impl(DaemonOptions options, DaemonBackend backend)
       : options_(std::move(options)),
+        pusher_owners_(kMaxPusherOwners),
+        parked_(options_.limits.max_parked_fetches_per_client),
+        worlds_([this] {
+          return DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(),
+                                       options_.step_timeout);
+        }),
         incarnation_(NewIncarnation()),
         backend_(backend),
         backend_auto_(options_.backend == "auto"),
@@ -191,16 +201,9 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   int64_t default_chunk_bytes() const { return options_.default_chunk_bytes; }
   const RequestLimits& limits() const { return options_.limits; }
 
-  // Fetches parked (waiting for an unpublished version) per client host:
-  // false when `client` already has the limit parked here. `as_ready`: the
-  // fetch asked for FetchRequest.as_ready (counted for AsReadyParked).
-  bool Park(const std::string& client, bool as_ready);
-  void Unpark(const std::string& client, bool as_ready);
-  // Whether an as_ready fetch is parked here now: the gpu backend's
-  // pipelined step copies its buckets to the host only then
-  // (PipelinedStepHooks::host_readers).
-  bool AsReadyParked() const { return as_ready_parked_.load() > 0; }
-  void AddServed(Direction d, int64_t bytes);
+  // Fetches parked (waiting for an unpublished version) per client host.
+  ParkedFetches* parked() { return &parked_; }
+  TrafficCounters* traffic() { return &traffic_; }
 
   // First message of a push stream: fails fast on a bad version or pusher.
   absl::StatusOr<std::shared_ptr<const ModelView>> BeginPush(int64_t version,
@@ -234,16 +237,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::optional<absl::Status> OutcomeOf(const PublishedVersion* v);
 
   // With a token file, a pusher id belongs to the token whose push under
-  // it first committed (auth::Authenticator::TokenIdentity, a digest).
-  // `bind` false (before a commit): PERMISSION_DENIED naming the id for a
-  // push of another token, RESOURCE_EXHAUSTED when an unbound id would not
-  // fit the table; nothing changes. `bind` true (after a commit): records
-  // the caller as the owner if the id has none. No-op without a token
-  // file. Thread-safe.
+  // it first committed (PusherOwners::Claim with the caller's token
+  // identity). No-op without a token file. Thread-safe.
   absl::Status ClaimPusher(const std::string& pusher, const grpc::ServerContextBase& context,
-                           bool bind) ABSL_LOCKS_EXCLUDED(pusher_owners_mu_);
-  absl::Mutex pusher_owners_mu_;
-  std::map<std::string, std::string> pusher_owners_ ABSL_GUARDED_BY(pusher_owners_mu_);
+                           bool bind);
 
   // Sums a complete push into the accumulators (pipelined: keeps it staged
   // for the step, `live`), exactly once per pusher and version; may start
@@ -363,24 +360,17 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::unique_ptr<VersionReporter> reporter_;  // ReportVersion calls, off the worker
   std::thread join_thread_;
   std::unique_ptr<LeaseKeeper> lease_;
-  // The data plane of the current world, and the endpoint of the next one
-  // (PrepareRecovery) until Recover connects it. Replaced only by the join
-  // thread (before the first Connect) and by Recover on the worker, so the
-  // worker may use data_plane_ without plane_mu_.
-  absl::Mutex plane_mu_;
-  std::unique_ptr<DaemonDataPlane> data_plane_;
-  std::unique_ptr<DaemonDataPlane> pending_plane_ ABSL_GUARDED_BY(plane_mu_);
-  int64_t pending_epoch_ ABSL_GUARDED_BY(plane_mu_) = -1;
-  // A Recover for pending_plane_ has arrived: a PrepareRecovery of the same
-  // epoch after it is the coordinator's next attempt, not a retried call.
-  bool pending_claimed_ ABSL_GUARDED_BY(plane_mu_) = false;
+  // Who owns which pusher id (with tokens), the fetches parked per
+  // client, what was served and pushed: each its own small object.
+  static constexpr size_t kMaxPusherOwners = size_t{1} << 16;
+  PusherOwners pusher_owners_;
+  ParkedFetches parked_;
+  TrafficCounters traffic_;
+  // The data-plane world this daemon steps in and the next one a recovery
+  // opens (the worker uses worlds_.current() without a lock).
+  DataPlaneWorlds worlds_;
   Worker worker_;
   WaitList publish_waiters_;
-  std::atomic<int64_t> bytes_served_[2] = {0, 0};
-  // DaemonStats.device_fetches_streamed / device_fetches_beside_step.
-  std::atomic<int64_t> device_fetches_streamed_{0};
-  std::atomic<int64_t> device_fetches_beside_step_{0};
-  std::atomic<int64_t> bytes_pushed_{0};
 
   mutable absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
@@ -517,10 +507,6 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   uint64_t next_channel_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, std::shared_ptr<ChannelState>> channels_ ABSL_GUARDED_BY(mu_);
   Worker reaper_;  // destroys closed channels
-
-  absl::Mutex parked_mu_;
-  std::map<std::string, int64_t> parked_ ABSL_GUARDED_BY(parked_mu_);
-  std::atomic<int64_t> as_ready_parked_{0};
 
   static ipc::IpcServiceOptions IpcOptions(const DaemonOptions& options);
   // Declared last: destroyed first (its socket thread calls WithSnapshot).

@@ -21,11 +21,6 @@ namespace paramd {
 
 using daemon_internal::kTag;
 
-namespace {
-// Most pusher ids bound to tokens (ClaimPusher).
-constexpr size_t kMaxPusherOwners = size_t{1} << 16;
-}  // namespace
-
 absl::Status Daemon::Impl::CheckPush(int64_t version, const std::string& pusher) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
@@ -103,7 +98,7 @@ bool Daemon::Impl::LastPushLocked() const {
 void Daemon::Impl::CountPushLocked(int64_t version, const std::string& pusher, int64_t bytes,
                                    rpc::PushGradientsResponse* response) {
   pushers_.insert(pusher);
-  bytes_pushed_.fetch_add(bytes);
+  traffic_.pushed.fetch_add(bytes);
   response->set_version(version);
   response->set_pushers_received(static_cast<int>(pushers_.size()));
   response->set_pushers_expected(expected_pushers_);
@@ -121,30 +116,7 @@ absl::Status Daemon::Impl::CheckDevicePushAllowedLocked() const {
 absl::Status Daemon::Impl::ClaimPusher(const std::string& pusher,
                                        const grpc::ServerContextBase& context, bool bind) {
   if (options_.authenticator == nullptr) return absl::OkStatus();
-  const std::string identity = options_.authenticator->TokenIdentity(context);
-  if (identity.empty()) return absl::OkStatus();
-  absl::MutexLock lock(&pusher_owners_mu_);
-  auto it = pusher_owners_.find(pusher);
-  if (it == pusher_owners_.end()) {
-    // Only a committed push binds (its id passed CheckPushLocked's bound):
-    // a refused one leaves the table as it was.
-    if (bind) {
-      pusher_owners_.emplace(pusher, identity);
-      return absl::OkStatus();
-    }
-    // Bounded: a token cannot grow the table without limit.
-    if (pusher_owners_.size() >= kMaxPusherOwners) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this daemon has bound ", pusher_owners_.size(),
-          " pusher ids to tokens, its limit: push under an id this token pushed before"));
-    }
-    return absl::OkStatus();
-  }
-  if (it->second == identity) return absl::OkStatus();
-  return absl::PermissionDeniedError(
-      absl::StrCat("pusher_id ", QuoteForMessage(pusher),
-                   " belongs to another token: each trainer token pushes under its own pusher ids "
-                   "(its JoinResponse.member_id); nothing was applied"));
+  return pusher_owners_.Claim(pusher, options_.authenticator->TokenIdentity(context), bind);
 }
 
 absl::Status Daemon::Impl::CheckPushLocked(int64_t version, const std::string& pusher) {

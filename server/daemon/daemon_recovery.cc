@@ -112,10 +112,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
     }
     view = std::make_shared<const ModelView>(*std::move(v));
   }
-  {
-    absl::MutexLock lock(&plane_mu_);
-    if (pending_plane_ != nullptr && pending_epoch_ == request->epoch()) pending_claimed_ = true;
-  }
+  worlds_.Claim(request->epoch());
   worker_.Post([this, request = *request, view, reactor, response] {
     absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
     if (v.ok()) response->set_published_version(*v);
@@ -130,43 +127,20 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
     absl::MutexLock lock(&mu_);
     recovering_ = true;
   }
-  absl::MutexLock lock(&plane_mu_);
-  if (pending_plane_ != nullptr && pending_epoch_ == epoch && !pending_claimed_) {
-    return pending_plane_->address();
+  bool opened = false;
+  ASSIGN_OR_RETURN(std::string address, worlds_.OpenNext(epoch, &opened));
+  if (opened) {
+    Log(kTag,
+        absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ", address));
   }
-  if (data_plane_) data_plane_->Shutdown();
-  pending_plane_.reset();  // claimed by a Recover of an attempt the coordinator gave up on
-  ASSIGN_OR_RETURN(pending_plane_, DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(),
-                                                         options_.step_timeout));
-  pending_epoch_ = epoch;
-  pending_claimed_ = false;
-  Log(kTag, absl::StrCat("recovery ", epoch, ": left the data-plane world; next endpoint ",
-                         pending_plane_->address()));
-  return pending_plane_->address();
+  return address;
 }
 
 absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest& request,
                                                       std::shared_ptr<const ModelView> view) {
   const int rank = request.load().daemon_rank();
-  std::unique_ptr<DaemonDataPlane> old;
-  {
-    absl::MutexLock lock(&plane_mu_);
-    if (pending_plane_ == nullptr || pending_epoch_ != request.epoch()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("Recover for epoch ", request.epoch(), " without its PrepareRecovery"));
-    }
-    // A Recover of an attempt that a later PrepareRecovery replaced names
-    // an endpoint this daemon has closed.
-    const auto own = request.data_plane().address_book().find(rank);
-    if (own != request.data_plane().address_book().end() &&
-        own->second != pending_plane_->address()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Recover for epoch ", request.epoch(), " names data-plane endpoint ", own->second,
-          " of an earlier attempt; this daemon's is ", pending_plane_->address()));
-    }
-    old = std::move(data_plane_);
-    data_plane_ = std::move(pending_plane_);
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DaemonDataPlane> old, worlds_.SwitchToNext(request, rank));
+  DaemonDataPlane* const plane = worlds_.current();
   // From here on a failure leaves the new world: a peer waiting in the
   // republishing all-reduce for this daemon fails now, not at its step
   // timeout, and the coordinator's next attempt finds every worker free.
@@ -176,13 +150,13 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
     ~LeaveOnFailure() {
       if (!succeeded) plane->Shutdown();
     }
-  } leave{data_plane_.get()};
-  ASSIGN_OR_RETURN(AllReduceMaxFn all_reduce, data_plane_->Connect(request.data_plane(), rank));
+  } leave{plane};
+  ASSIGN_OR_RETURN(AllReduceMaxFn all_reduce, plane->Connect(request.data_plane(), rank));
   // The republish below is a collective, and a collective that failed
   // cannot be retried; a probe can. A peer still starting, or not scheduled
   // on a loaded machine, may miss the transport's short connect timeout.
   const absl::Time probing = absl::Now();
-  RETURN_IF_ERROR(data_plane_->AwaitPeers(probing + options_.step_timeout));
+  RETURN_IF_ERROR(plane->AwaitPeers(probing + options_.step_timeout));
   if (absl::Now() - probing > absl::Seconds(1)) {
     Log(kTag, absl::StrCat("recovery ", request.epoch(), ": every data-plane peer answered after ",
                            absl::FormatDuration(absl::Now() - probing)));
@@ -194,7 +168,7 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest&
           absl::StrCat("Recover for daemon rank ", rank, " sent to rank ", rank_));
     }
     all_reduce_ = std::move(all_reduce);
-    data_plane_transport_ = data_plane_->transport();
+    data_plane_transport_ = plane->transport();
     recovery_epoch_ = request.epoch();
     join_error_.clear();
     join_done_ = true;

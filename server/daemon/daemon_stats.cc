@@ -69,11 +69,7 @@ void Daemon::Impl::FillStats(bool include_shards, rpc::DaemonStats* stats) const
   if (latest_) stats->add_held_versions(latest_->version);
   stats->set_pushers_received(static_cast<int>(pushers_.size()));
   stats->set_pushers_expected(expected_pushers_);
-  stats->set_bytes_served_rowwise(bytes_served_[0].load());
-  stats->set_bytes_served_columnwise(bytes_served_[1].load());
-  stats->set_device_fetches_streamed(device_fetches_streamed_.load());
-  stats->set_device_fetches_beside_step(device_fetches_beside_step_.load());
-  stats->set_bytes_pushed(bytes_pushed_.load());
+  traffic_.Fill(stats);
   stats->set_steps(steps_);
   stats->set_last_step_seconds(last_step_seconds_);
   if (latest_) {

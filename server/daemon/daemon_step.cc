@@ -260,7 +260,7 @@ absl::StatusOr<std::shared_ptr<const PublishedVersion>> Daemon::Impl::StepPipeli
       publish_waiters_.WakeAll();
     };
     hooks.before_commit = [&] { return pipeline->AwaitCommit(absl::InfiniteFuture(), yield); };
-    hooks.host_readers = [this] { return AsReadyParked(); };
+    hooks.host_readers = [this] { return parked_.AsReadyParked(); };
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> result =
         shards->StepPipelined(from + 1, all_reduce, update_delayed, buckets, hooks, out);
     pipeline->EndAttempt();
