@@ -1,7 +1,7 @@
 // File: server/daemon/daemon_internal.h
 //
-// Private to the daemon's implementation (server/daemon*.cc); nothing
-// outside server/:daemon includes it. The declaration of Daemon::Impl, the
+// Private to the daemon's implementation (server/daemon/daemon*.cc); nothing
+// outside //server/daemon:daemon includes it. The declaration of Daemon::Impl, the
 // object behind the public Daemon of server/daemon/daemon.h, shared by the files
 // its methods are defined in:
 //   daemon.cc           life: construction, join, lease, ReportVersion,
@@ -15,8 +15,11 @@
 //   daemon_stats.cc     GetStats, FillStats, PublishedHealth
 //
 // Ownership and threading are those of server/daemon/daemon.h: one Impl per
-// Daemon, which owns it; mu_ guards the published state, device_mu_ is
-// taken before mu_, plane_mu_ guards the next data-plane world. gRPC
+// Daemon, which owns it; mu_ guards the model and its versions (published,
+// in flight, pushers, pins, the step's state: one atomic decision per push
+// commit and step start), device_mu_ is taken before mu_. The independent
+// parts (pusher owners, parked fetches, traffic counters, data-plane
+// worlds, snapshots, the IPC service) own their state and leaf locks. gRPC
 // callbacks never block; loads and steps run on worker_, device sends on
 // each channel's own worker.
 #ifndef PARAMD_SERVER_DAEMON_DAEMON_INTERNAL_H_
