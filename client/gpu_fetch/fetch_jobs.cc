@@ -9,6 +9,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "format/convert.h"
+#include "format/fetch_plan.h"
 #include "sharding/assemble.h"
 
 namespace paramd {
@@ -70,7 +71,6 @@ absl::Status InDaemonContext(const absl::Status& s, absl::string_view what, int6
                                              rank, " (", address, "): ", s.message()));
 }
 
-
 absl::Status WaitForCallerWork(cudaStream_t stream) {
   unsigned int flags = cudaStreamDefault;
   if (stream != nullptr) GPU_RETURN_IF_ERROR(cudaStreamGetFlags(stream, &flags));
@@ -85,7 +85,6 @@ absl::Status WaitForCallerWork(cudaStream_t stream) {
   (void)cudaEventDestroy(done);
   return s;
 }
-
 
 absl::Status FetchInPlace(IpcFetcher& ipc, const DaemonJob& job, int64_t version,
                           cudaStream_t stream) {
@@ -129,10 +128,9 @@ absl::Status FetchInPlace(IpcFetcher& ipc, const DaemonJob& job, int64_t version
   return ipc.Release();
 }
 
-
 absl::StatusOr<FetchJobs> PlanFetch(const client::Manifest& manifest,
-                                     const std::vector<DeviceTarget>& targets, const OwnedFn& owned,
-                                     DeviceFetchResult* result) {
+                                    const std::vector<DeviceTarget>& targets, const OwnedFn& owned,
+                                    DeviceFetchResult* result) {
   FetchJobs plan;
   plan.split.resize(targets.size());
   std::map<int, DaemonJob>& jobs = plan.jobs;
@@ -243,9 +241,8 @@ void ExchangeWithDaemon(DaemonJob* j, int device, absl::Time deadline, int64_t v
     const bool gone =
         !received.ok() && (absl::IsUnavailable(received) || !j->channel->Closed().empty());
     bool cancelled = false;
-    if (!received.ok() &&
-        answer.wait_for(gone ? kGoneGrace : std::chrono::milliseconds(1000)) !=
-            std::future_status::ready) {
+    if (!received.ok() && answer.wait_for(gone ? kGoneGrace : std::chrono::milliseconds(1000)) !=
+                              std::future_status::ready) {
       context.TryCancel();
       cancelled = true;
     }
@@ -274,8 +271,8 @@ void ExchangeWithDaemon(DaemonJob* j, int device, absl::Time deadline, int64_t v
   if (!j->status.ok()) {
     const std::string closed = j->channel->Closed();
     if (!closed.empty()) {
-      j->status = absl::UnavailableError(absl::StrCat(
-          "device fetch from daemon ", j->rank, ": ", closed, " (", j->status.message(), ")"));
+      j->status = absl::UnavailableError(absl::StrCat("device fetch from daemon ", j->rank, ": ",
+                                                      closed, " (", j->status.message(), ")"));
     }
   }
 }

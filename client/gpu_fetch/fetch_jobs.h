@@ -129,14 +129,13 @@ using OwnedFn = std::function<absl::StatusOr<DeviceDirection>(const std::string&
 // no target twice, caller buffers complete) and plans them: fills
 // result->tensors and result->received, nothing else is touched.
 absl::StatusOr<FetchJobs> PlanFetch(const client::Manifest& manifest,
-                                     const std::vector<DeviceTarget>& targets, const OwnedFn& owned,
-                                     DeviceFetchResult* result);
+                                    const std::vector<DeviceTarget>& targets, const OwnedFn& owned,
+                                    DeviceFetchResult* result);
 
 // One daemon's FetchDevice call and NCCL receive of `version` into the
 // job's pieces; the outcome in j->status. `early` (DeviceFetcherOptions::
 // stream_in_flight): the receive is posted beside the call.
-void ExchangeWithDaemon(DaemonJob* j, int device, absl::Time deadline, int64_t version,
-                        bool early);
+void ExchangeWithDaemon(DaemonJob* j, int device, absl::Time deadline, int64_t version, bool early);
 
 // A daemon's pieces of `job` read in place through `ipc` (a daemon on this
 // GPU) and copied into their receive buffers on `stream`, in plan order.
