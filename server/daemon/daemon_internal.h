@@ -338,7 +338,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // version (-1: no model). On failure it leaves the world it connected, so
   // that peers waiting in the republish for it fail now.
   absl::StatusOr<int64_t> RecoverOnWorker(const rpc::RecoverRequest& request,
-                                          std::shared_ptr<const ModelView> view);
+                                          const std::shared_ptr<const ModelView>& view);
 
   void ReportVersion(int64_t version, double seconds);
 

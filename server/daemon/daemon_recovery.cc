@@ -136,8 +136,8 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
   return address;
 }
 
-absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest& request,
-                                                      std::shared_ptr<const ModelView> view) {
+absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(
+    const rpc::RecoverRequest& request, const std::shared_ptr<const ModelView>& view) {
   const int rank = request.load().daemon_rank();
   ASSIGN_OR_RETURN(std::unique_ptr<DaemonDataPlane> old, worlds_.SwitchToNext(request, rank));
   DaemonDataPlane* const plane = worlds_.current();
