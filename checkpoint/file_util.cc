@@ -166,7 +166,8 @@ absl::StatusOr<std::string> MakeDirsUnder(absl::string_view root, absl::string_v
   ASSIGN_OR_RETURN(const std::string root_real, RealPath(std::string(root)));
   std::string current = root_real;
   for (const std::string& part : Components(relative)) {
-    std::string next = current == "/" ? "/" + part : current + "/" + part;
+    std::string next = current == "/" ? "" : current;
+    next.append("/").append(part);
     if (::mkdir(next.c_str(), dir_mode) == 0) {
       if (created != nullptr) created->push_back(next);
       // mkdir applied the umask; the operator's mode is the contract.

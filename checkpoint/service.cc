@@ -155,7 +155,7 @@ class CheckpointDaemonService::Impl : public CheckpointDaemon::CallbackService {
       RETURN_IF_ERROR(SafeJoin(root.root(), request.dir()).status());
     }
     std::vector<std::string> created;
-    const absl::Status status = daemon_->WithState(
+    absl::Status status = daemon_->WithState(
         static_cast<int64_t>(request.version()), [&](const DaemonStateView& state) -> absl::Status {
           // Version numbers start again with every load: a version of the
           // model the checkpoint is for, not of the one that replaced it.

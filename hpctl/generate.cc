@@ -102,6 +102,7 @@ absl::Status GenerateModel(const std::string& path, const GenerateOptions& optio
   }
   ASSIGN_OR_RETURN(std::vector<SyntheticTensor> tensors, PresetTensors(options.preset));
   std::vector<safetensors::TensorSpec> specs;
+  specs.reserve(tensors.size());
   for (const SyntheticTensor& t : tensors) specs.push_back({t.name, options.dtype, t.shape});
   ASSIGN_OR_RETURN(std::unique_ptr<safetensors::SafetensorsWriter> writer,
                    safetensors::SafetensorsWriter::Create(path, std::move(specs),

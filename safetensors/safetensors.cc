@@ -393,7 +393,8 @@ absl::StatusOr<std::string> EncodeHeader(absl::Span<const TensorSpec> tensors,
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    const std::string& path, std::vector<TensorSpec> tensors, Metadata metadata, mode_t mode) {
+    const std::string& path, std::vector<TensorSpec> tensors, const Metadata& metadata,
+    mode_t mode) {
   ASSIGN_OR_RETURN(std::string header, EncodeHeader(tensors, metadata));
   std::unique_ptr<SafetensorsWriter> writer(new SafetensorsWriter());
   for (const TensorSpec& t : tensors) {

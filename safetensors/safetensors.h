@@ -187,7 +187,7 @@ class SafetensorsWriter {
   // umask does not change it).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const std::string& path,
                                                                    std::vector<TensorSpec> tensors,
-                                                                   Metadata metadata = {},
+                                                                   const Metadata& metadata = {},
                                                                    mode_t mode = 0644);
 
   ~SafetensorsWriter();

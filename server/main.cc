@@ -612,9 +612,12 @@ absl::Status Run() {
   // Wait() returns after Shutdown() or on a fatal error; wake the signal
   // thread if it still waits.
   waking.store(true);
+  // A directed signal to the thread blocked in sigwait (SIGTERM is
+  // blocked in every thread, so it terminates nothing).
+  // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread)
   pthread_kill(signal_thread.native_handle(), SIGTERM);
   signal_thread.join();
-  const absl::Status fatal = server->fatal_error();
+  absl::Status fatal = server->fatal_error();
   metrics.reset();
   server.reset();  // no more commits: no more periodic checkpoints start
   for (std::thread& t : periodic_threads) t.join();

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -75,7 +76,9 @@ absl::Status CheckBuffers(const PiecePlacement& pl, size_t piece_data, size_t pi
   return CheckSize("full scales", full_scales, pl.full.scale_bytes());
 }
 
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+bool SameBits(float a, float b) {
+  return absl::bit_cast<uint32_t>(a) == absl::bit_cast<uint32_t>(b);
+}
 
 }  // namespace
 

@@ -279,8 +279,8 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // Thread of a load after a failed recovery: waits for a recovery attempt
   // in flight, rebuilds the daemons' data-plane world (a recovery without
   // a model: every DOWN-replacing rank is live again), then FanOutLoad.
-  void RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request, int64_t checkpoint_version,
-                       LoadDone done);
+  void RebuildThenLoad(const rpc::Manifest& manifest, const rpc::LoadRequest& request,
+                       int64_t checkpoint_version, LoadDone done);
   // A validated load (`manifest` built from `request`): becomes the
   // coordinator's model, every daemon loads its shards, `done` answers.
   void FanOutLoad(const rpc::Manifest& manifest, const rpc::LoadRequest& request,

@@ -100,7 +100,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::Load(grpc::CallbackServerContext* c
     return auth::RefusedUnary(context, s);
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  LoadDone done = [reactor, response](absl::Status s, const rpc::LoadResponse& r) {
+  LoadDone done = [reactor, response](const absl::Status& s, const rpc::LoadResponse& r) {
     if (s.ok()) *response = r;
     reactor->Finish(ToGrpcStatus(s));
   };
@@ -323,6 +323,7 @@ Coordinator::Impl::CheckpointTensors(const std::string& path, int64_t& version,
   }
   *frozen = reader->manifest().frozen();
   std::vector<rpc::TensorDecl> decls;
+  decls.reserve(out.size());
   for (const auto& [decl, spec] : out) decls.push_back(decl);
   if (absl::Status s = CheckFrozenTensors(*frozen, decls, options_.limits); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("checkpoint ", version, ": ", s.message()));
@@ -550,8 +551,7 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
       rebuild_thread_for_load_ =
           std::thread([this, manifest = *std::move(manifest), request, checkpoint_version,
                        done = std::move(done)]() mutable {
-            RebuildThenLoad(std::move(manifest), std::move(request), checkpoint_version,
-                            std::move(done));
+            RebuildThenLoad(manifest, request, checkpoint_version, std::move(done));
           });
       return;
     }
@@ -559,8 +559,9 @@ void Coordinator::Impl::StartLoad(const rpc::LoadRequest& original, LoadDone don
   FanOutLoad(*manifest, request, checkpoint_version, std::move(done));
 }
 
-void Coordinator::Impl::RebuildThenLoad(rpc::Manifest manifest, rpc::LoadRequest request,
-                                        int64_t checkpoint_version, LoadDone done) {
+void Coordinator::Impl::RebuildThenLoad(const rpc::Manifest& manifest,
+                                        const rpc::LoadRequest& request, int64_t checkpoint_version,
+                                        LoadDone done) {
   RecoveryPlan plan;  // no model: only the data plane
   plan.transport = options_.data_plane;
   plan.prepare_timeout = options_.daemon_call_timeout;

@@ -365,7 +365,7 @@ void Coordinator::Impl::StartStartupLoad() {
   } else {
     load.set_safetensors_path(options_.model_path);
   }
-  StartLoad(load, [this](absl::Status s, const rpc::LoadResponse&) {
+  StartLoad(load, [this](const absl::Status& s, const rpc::LoadResponse&) {
     if (s.ok()) return;
     LogError(kTag, absl::StrCat("loading the startup model failed: ", s.ToString()));
     // Its own mutex: StartLoad may call back with mu_ held.

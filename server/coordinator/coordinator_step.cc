@@ -139,7 +139,7 @@ grpc::ServerUnaryReactor* Coordinator::Impl::ReportVersion(grpc::CallbackServerC
   stub->async()->GetStats(
       &confirm->context, &confirm->request, &confirm->response,
       [this, confirm, stub, finish, rank, version, seconds = request->step_seconds(),
-       epoch = request->recovery_epoch(), response](grpc::Status s) {
+       epoch = request->recovery_epoch(), response](const grpc::Status& s) {
         bool advanced = false;
         absl::Status result;
         {

@@ -311,7 +311,8 @@ void Daemon::Impl::JoinLoopBody() {
       rank_ = response.rank();
       SetLogRank(rank_);
       member_id_ = response.member_id();
-      if (all_reduce.ok()) {
+      const bool connected = all_reduce.ok();
+      if (connected) {
         all_reduce_ = *std::move(all_reduce);
         data_plane_transport_ = worlds_.current()->transport();
       } else {
@@ -326,7 +327,7 @@ void Daemon::Impl::JoinLoopBody() {
           absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
                        "; backend ", backend_ == DaemonBackend::kGpu ? "gpu" : "cpu",
                        backend_auto_ ? " (--backend=auto)" : "",
-                       all_reduce.ok() ? "" : absl::StrCat("; data plane: ", join_error_)));
+                       connected ? "" : absl::StrCat("; data plane: ", join_error_)));
       return;
     }
     const grpc::StatusCode code = s.error_code();

@@ -213,10 +213,9 @@ void Daemon::Impl::CloseDeviceChannel(uint64_t id, const std::string& reason) {
   reaper_.Post([c = std::move(c)] {});
 }
 
-std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(const rpc::FetchDeviceRequest& request,
-                                                           absl::Time deadline,
-                                                           rpc::FetchDeviceResponse* response,
-                                                           std::shared_ptr<DeviceFetchCall> call) {
+std::optional<absl::Status> Daemon::Impl::StartDeviceFetch(
+    const rpc::FetchDeviceRequest& request, absl::Time deadline, rpc::FetchDeviceResponse* response,
+    const std::shared_ptr<DeviceFetchCall>& call) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("daemon shutting down");
   auto it = channels_.find(request.channel());

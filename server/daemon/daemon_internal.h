@@ -322,7 +322,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   // Worker thread: installs a new model and publishes its first version (0
   // from a file, V from checkpoint V); with neither, waits for PushWeights.
-  absl::StatusOr<int64_t> LoadOnWorker(std::shared_ptr<const ModelView> view,
+  absl::StatusOr<int64_t> LoadOnWorker(const std::shared_ptr<const ModelView>& view,
                                        const LoadSource& source, int expected_pushers);
 
   // gRPC thread: leaves the current data-plane world (a step blocked in its
@@ -501,7 +501,7 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   std::optional<absl::Status> StartDeviceFetch(const rpc::FetchDeviceRequest& request,
                                                absl::Time deadline,
                                                rpc::FetchDeviceResponse* response,
-                                               std::shared_ptr<DeviceFetchCall> call);
+                                               const std::shared_ptr<DeviceFetchCall>& call);
 
   // Readers: device sends and device-push commits (they use the backend's
   // device memory); writer: a load (it frees the old backend). Steps do not

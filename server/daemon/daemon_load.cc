@@ -126,7 +126,7 @@ absl::Status Daemon::Impl::AwaitJoined(int rank) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(std::shared_ptr<const ModelView> view,
+absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const ModelView>& view,
                                                    const LoadSource& source, int expected_pushers) {
   ShardBackendOptions backend_options;
   // The coordinator's config (every manifest it sends has one).

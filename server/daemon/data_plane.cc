@@ -66,7 +66,7 @@ absl::Status DaemonDataPlane::AwaitPeers(absl::Time deadline) {
   for (int peer = 0; peer < transport_->world_size(); ++peer) {
     if (peer == transport_->rank()) continue;
     for (;;) {
-      const absl::Status s =
+      absl::Status s =
           transport_->CanConnect(peer, std::min(deadline, absl::Now() + absl::Seconds(1)));
       if (s.ok()) break;
       if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) return s;

@@ -136,8 +136,12 @@ class PutReactor : public grpc::ServerReadReactor<rpc::SnapshotChunk> {
         return;
       }
       absl::StatusOr<std::shared_ptr<const DaemonSnapshot>> s = assembler_.Finish();
-      if (s.ok()) keeper_->AddBuddyCopy(*std::move(s));
-      Finish(ToGrpcStatus(s.status()));
+      if (!s.ok()) {
+        Finish(ToGrpcStatus(s.status()));
+        return;
+      }
+      keeper_->AddBuddyCopy(*std::move(s));
+      Finish(grpc::Status::OK);
       return;
     }
     absl::Status s = assembler_.Add(chunk_);
@@ -386,7 +390,7 @@ void SnapshotKeeper::AfterPublish(ShardBackend& backend, const PublishedVersion&
   thread_->Post([this, pending] { Copy(pending); });
 }
 
-void SnapshotKeeper::Copy(std::shared_ptr<Pending> pending) {
+void SnapshotKeeper::Copy(const std::shared_ptr<Pending>& pending) {
   DaemonSnapshot& s = *pending->snapshot;
   const absl::Time start = absl::Now();
   absl::Status copied = pending->capture->Copy(s.arrays);
@@ -454,7 +458,7 @@ double SnapshotKeeper::WaitForCopy() { return WaitFor(/*live_readers_only=*/fals
 void SnapshotKeeper::BeforeChange() { WaitFor(/*live_readers_only=*/false); }
 void SnapshotKeeper::BeforeStep() { WaitFor(/*live_readers_only=*/true); }
 
-void SnapshotKeeper::Send(std::shared_ptr<const DaemonSnapshot> snapshot) {
+void SnapshotKeeper::Send(const std::shared_ptr<const DaemonSnapshot>& snapshot) {
   std::string address;
   {
     absl::MutexLock lock(&mu_);

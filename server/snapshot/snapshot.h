@@ -176,8 +176,8 @@ class SnapshotKeeper {
 
  private:
   struct Pending;
-  void Copy(std::shared_ptr<Pending> pending);
-  void Send(std::shared_ptr<const DaemonSnapshot> snapshot);
+  void Copy(const std::shared_ptr<Pending>& pending);
+  void Send(const std::shared_ptr<const DaemonSnapshot>& snapshot);
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the copy in progress (all of it, or only one reading the
   // live state); returns the seconds waited.

@@ -72,7 +72,7 @@ absl::StatusOr<std::unique_ptr<ShardSet>> ShardSet::Create(std::vector<TensorDef
           absl::StrCat("tensor ", t.name, ": bad shape [", t.rows, ", ", t.cols, "]"));
     }
   }
-  std::vector<ShardDef> sorted = shards;
+  std::vector<ShardDef> sorted = std::move(shards);
   std::sort(sorted.begin(), sorted.end(), [](const ShardDef& a, const ShardDef& b) {
     return std::make_pair(a.tensor, a.row_begin) < std::make_pair(b.tensor, b.row_begin);
   });
