@@ -1,9 +1,11 @@
 // File: server/coordinator/coordinator_internal.h
 //
-// Private to the coordinator's implementation (server/coordinator*.cc);
-// nothing outside server/:coordinator includes it. The declaration of
+// Private to the coordinator's implementation
+// (server/coordinator/coordinator*.cc); nothing outside
+// //server/coordinator:coordinator includes it. The declaration of
 // Coordinator::Impl, the object behind the public Coordinator of
-// server/coordinator/coordinator.h, shared by the files its methods are defined in:
+// server/coordinator/coordinator.h, shared by the files its methods are
+// defined in:
 //   coordinator.cc             Shutdown, accessors, GetStatus, Create
 //   coordinator_membership.cc  Join, Leave, Heartbeat, the lease thread
 //   coordinator_load.cc        Load, GetManifest, the manifest and StartLoad
