@@ -5,7 +5,7 @@
 # each fuzz target for a few seconds (tools/fuzz.sh;
 # FUZZ_SECONDS=0 skips), runs the shell blocks of README.md and
 # deploy/README.md (tools/doc_test.py; DOC_TEST=0 skips it), and (where nvcc
-# exists) compiles the CUDA build of the GPU tests too and runs the CUDA-built daemon's ops
+# exists) compiles the CUDA build too and runs the CUDA-built daemon's ops
 # tests and the CUDA wheel's test (no GPU needed).
 # Prints "N passed, N failed" last; exits non-zero if anything failed.
 set -uo pipefail
@@ -47,11 +47,8 @@ fi
 
 cuda_rc=0
 if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
-  # The CUDA build of every gpu-tagged test and benchmark and what they run
-  # (the daemon, hpctl, libhybrid_paramd.so, the kernels): the CPU-only
-  # tests are the same code, already built and run above.
-  echo "== nvcc found: bazel build --config=cuda --build_tag_filters=gpu,gpu_bench //..."
-  bazel_quiet build --config=cuda --build_tag_filters=gpu,gpu_bench //... | tail -n 20
+  echo "== nvcc found: bazel build --config=cuda //..."
+  bazel_quiet build --config=cuda //... | tail -n 20
   cuda_rc=${PIPESTATUS[0]}
   if [ "$cuda_rc" -eq 0 ]; then
     # The CUDA build's daemon links the CUDA libraries (their static TLS

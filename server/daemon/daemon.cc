@@ -212,15 +212,12 @@ auth::ProbeNames CoordinatorProbeNames() {
 
 void Daemon::Impl::JoinLoopBody() {
   const absl::Time give_up = absl::Now() + options_.join_timeout;
-  absl::StatusOr<std::unique_ptr<DaemonDataPlane>> data_plane =
-      DaemonDataPlane::Open(options_.data_plane, DataPlaneOptions(), options_.step_timeout);
-  if (!data_plane.ok()) {
+  if (absl::Status opened = worlds_.OpenFirst(); !opened.ok()) {
     absl::MutexLock lock(&mu_);
-    join_error_ = absl::StrCat("data plane: ", data_plane.status().ToString());
+    join_error_ = absl::StrCat("data plane: ", opened.ToString());
     LogError(kTag, join_error_);
     return;
   }
-  worlds_.SetFirst(*std::move(data_plane));
   rpc::JoinRequest request;
   request.set_role(rpc::ROLE_DAEMON);
   {

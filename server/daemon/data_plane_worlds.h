@@ -6,7 +6,7 @@
 // gives the same endpoint, unless a Recover has claimed it: then the
 // coordinator is on its next attempt and gets a new endpoint.
 //
-// Threading: current() is replaced only by the join thread (SetFirst,
+// Threading: current() is replaced only by the join thread (OpenFirst,
 // before any step) and by Recover on the daemon's worker (SwitchToNext), so
 // the worker may use it without a lock; everything else is thread-safe.
 #ifndef PARAMD_SERVER_DAEMON_DATA_PLANE_WORLDS_H_
@@ -33,10 +33,14 @@ class DataPlaneWorlds {
   // recovery's, with the same options).
   explicit DataPlaneWorlds(OpenFn open) : open_(std::move(open)) {}
 
-  // The join thread: the first world's endpoint.
-  void SetFirst(std::unique_ptr<DaemonDataPlane> plane) ABSL_LOCKS_EXCLUDED(mu_) {
+  // The join thread: opens the first world's endpoint (with the same
+  // `open` as every later one).
+  absl::Status OpenFirst() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::StatusOr<std::unique_ptr<DaemonDataPlane>> plane = open_();
+    if (!plane.ok()) return plane.status();
     absl::MutexLock lock(&mu_);
-    current_ = std::move(plane);
+    current_ = *std::move(plane);
+    return absl::OkStatus();
   }
 
   // The world this daemon steps in (null before the join opened it).
