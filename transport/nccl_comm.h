@@ -1,6 +1,6 @@
 // File: transport/nccl_comm.h
 //
-// INTERNAL to the "nccl" backend (nccl_transport.cc): one NCCL communicator
+// INTERNAL to the "nccl" backend (nccl_transport_impl.h): one NCCL communicator
 // with the stream, events and staging buffers its transfers use, and how one
 // is started: non-blocking init (StartComm, for direction and group
 // communicators), or a blocking 2-rank one whose init and warm-up transfer
@@ -61,7 +61,7 @@ struct Comm {
   // hangs up (SocketChannel::PeerGone).
   std::vector<int> peers;
   // Completion of the groups of a message of more than kMaxGroupsInFlight
-  // (nccl_transport.cc) groups, slot k % kMaxGroupsInFlight (created on
+  // (nccl_transport_impl.h) groups, slot k % kMaxGroupsInFlight (created on
   // first need).
   std::vector<cudaEvent_t> group_done;
   // A blocking pair communicator still being created (comm null until

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "server/gpu_backend/host_copies.h"
+#include "server/gpu_backend/host_mirror.h"
 #include "server/gpu_backend/pipelined_step.h"
 #include "server/gpu_backend/published_meta.h"
 #include "server/gpu_backend/shard_store.h"
@@ -53,20 +54,6 @@ int64_t TestHookFromEnv(const char* name) {
 // A host function on the store's stream: holds the stream for *ms.
 void CUDART_CB HoldStream(void* ms) {
   absl::SleepFor(absl::Milliseconds(*static_cast<const int64_t*>(ms)));
-}
-
-// A plain cudaMemcpy on the default stream. From pageable host memory it
-// may return before the bytes reach the device (they are staged, then
-// DMAed on the default stream), and the store's kernels run on a
-// cudaStreamNonBlocking stream that does not wait for the default one: a
-// step right after a load then quantized masters that still held what
-// the memory held before (the previous model's, on a reused allocation).
-// So a host-to-device copy is waited for.
-absl::Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  if (bytes == 0) return absl::OkStatus();
-  GPU_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, kind));
-  if (kind == cudaMemcpyHostToDevice) GPU_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
-  return absl::OkStatus();
 }
 
 // The store's optimizer numbers of a config, widened exactly to double (the
@@ -216,11 +203,11 @@ class GpuShardBackend : public ShardBackend {
         delayed[dir] = step_scaling::InitialDelayed(SpecOf(spec, dir));
         float* history = store_->history(static_cast<int>(i), dir);
         if (history == nullptr) continue;
-        RETURN_IF_ERROR(Copy(delayed[dir].amax_history.data(), history,
-                             delayed[dir].amax_history.size() * sizeof(float),
-                             cudaMemcpyDeviceToHost));
-        RETURN_IF_ERROR(Copy(&delayed[dir].scale, store_->scale(static_cast<int>(i), dir),
-                             sizeof(float), cudaMemcpyDeviceToHost));
+        RETURN_IF_ERROR(BlockingCopy(delayed[dir].amax_history.data(), history,
+                                     delayed[dir].amax_history.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost));
+        RETURN_IF_ERROR(BlockingCopy(&delayed[dir].scale, store_->scale(static_cast<int>(i), dir),
+                                     sizeof(float), cudaMemcpyDeviceToHost));
       }
     }
     ASSIGN_OR_RETURN(c.arrays, snapshot_spare_->Capture());
@@ -505,10 +492,6 @@ class GpuShardBackend : public ShardBackend {
     return nccl;
   }
 
-  int MirrorIndex(int i) const {
-    const ShardDef& d = shards_[i];
-    return mirror_->FindShard(d.tensor, d.row_begin, d.row_end);
-  }
   size_t Count(int i) const {
     return static_cast<size_t>(shards_[i].rows() * tensors_[shards_[i].tensor].cols);
   }
@@ -545,8 +528,8 @@ class GpuShardBackend : public ShardBackend {
     }
     if (!masters_uploaded_) {
       for (size_t i = 0; i < shards_.size(); ++i) {
-        RETURN_IF_ERROR(Copy(store_->master(static_cast<int>(i)), load_[i].data(),
-                             load_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
+        RETURN_IF_ERROR(BlockingCopy(store_->master(static_cast<int>(i)), load_[i].data(),
+                                     load_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
       }
       masters_uploaded_ = true;
       load_ = std::vector<std::vector<float>>(shards_.size());  // staging no longer needed
@@ -560,8 +543,8 @@ class GpuShardBackend : public ShardBackend {
           RETURN_IF_ERROR(AccumulateInPieces(static_cast<int>(i), 0, grads_[i].data(),
                                              static_cast<int64_t>(grads_[i].size())));
         } else {
-          RETURN_IF_ERROR(Copy(store_->grad(static_cast<int>(i)), grads_[i].data(),
-                               grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
+          RETURN_IF_ERROR(BlockingCopy(store_->grad(static_cast<int>(i)), grads_[i].data(),
+                                       grads_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
           store_->note_grad_written(static_cast<int>(i));
         }
       }
@@ -577,50 +560,8 @@ class GpuShardBackend : public ShardBackend {
     }
     // Handed out and not uploaded yet: the mirror is the newest state.
     if (mirror_dirty_ || mirror_generation_ == generation_) return absl::OkStatus();
-    ScopedDevice guard(store_->device());
-    const int64_t steps = store_->optimizer_steps();
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      const int s = MirrorIndex(static_cast<int>(i));
-      absl::Span<float> master = mirror_->master(s);
-      if (!masters_uploaded_) {
-        std::copy(load_[i].begin(), load_[i].end(), master.begin());
-      } else {
-        RETURN_IF_ERROR(Copy(master.data(), store_->master(static_cast<int>(i)),
-                             master.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      }
-      // As ShardSet: moments exist once a step sized them (SGD: momentum
-      // only, and not while the buffers wait for their first momentum step;
-      // never for a frozen tensor, which is not stepped).
-      OptimizerState state;
-      const size_t n = Count(static_cast<int>(i));
-      const bool stepped = steps > 0 && !store_->shards()[i].frozen;
-      if (stepped && store_->exp_avg(static_cast<int>(i)) != nullptr &&
-          !(Sgd() && store_->sgd_buffers_fresh())) {
-        state.m.resize(n);
-        RETURN_IF_ERROR(Copy(state.m.data(), store_->exp_avg(static_cast<int>(i)),
-                             n * sizeof(float), cudaMemcpyDeviceToHost));
-      }
-      if (stepped && store_->exp_avg_sq(static_cast<int>(i)) != nullptr) {
-        state.v.resize(n);
-        RETURN_IF_ERROR(Copy(state.v.data(), store_->exp_avg_sq(static_cast<int>(i)),
-                             n * sizeof(float), cudaMemcpyDeviceToHost));
-      }
-      RETURN_IF_ERROR(mirror_->SetOptimizerState(s, std::move(state)));
-      const HybridSpec& spec = tensors_[shards_[i].tensor].spec;
-      for (int dir = 0; dir < 2; ++dir) {
-        float* history = store_->history(static_cast<int>(i), dir);
-        if (history == nullptr) continue;
-        DelayedScalingState delayed;
-        delayed.amax_history.resize(std::max(SpecOf(spec, dir).amax_history_len, 1));
-        RETURN_IF_ERROR(Copy(delayed.amax_history.data(), history,
-                             delayed.amax_history.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        RETURN_IF_ERROR(Copy(&delayed.scale, store_->scale(static_cast<int>(i), dir), sizeof(float),
-                             cudaMemcpyDeviceToHost));
-        mirror_->SetDelayedState(shards_[i].tensor, static_cast<Direction>(dir),
-                                 std::move(delayed));
-      }
-    }
-    mirror_->SetOptimizerSteps(steps);
+    RETURN_IF_ERROR(DownloadToMirror(*store_, tensors_, shards_, Sgd(),
+                                     masters_uploaded_ ? nullptr : &load_, *mirror_));
     mirror_->SetSkippedSteps(report_.skipped_steps);
     mirror_generation_ = generation_;
     return absl::OkStatus();
@@ -628,55 +569,9 @@ class GpuShardBackend : public ShardBackend {
 
   // mirror_ -> device (after a restore wrote into it).
   absl::Status UploadMirror() {
-    ScopedDevice guard(store_->device());
-    bool fresh_momentum = false;
-    // SGD state with a momentum buffer (a checkpoint or snapshot of a
-    // momentum phase) in a store without one (momentum off so far): the
-    // buffers are kept, for a later momentum phase, as ShardSet keeps them.
-    bool host_momentum = false;
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      const size_t n = Count(static_cast<int>(i));
-      host_momentum |=
-          n > 0 && mirror_->optimizer_state(MirrorIndex(static_cast<int>(i))).m.size() == n;
-    }
-    if (Sgd() && host_momentum) {
-      absl::StatusOr<bool> allocated = store_->AllocateMomentumBuffers();
-      NoteDeviceBytes();
-      RETURN_IF_ERROR(allocated.status());
-    }
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      const int s = MirrorIndex(static_cast<int>(i));
-      const size_t n = Count(static_cast<int>(i));
-      RETURN_IF_ERROR(Copy(store_->master(static_cast<int>(i)), mirror_->master(s).data(),
-                           n * sizeof(float), cudaMemcpyHostToDevice));
-      const OptimizerState& state = mirror_->optimizer_state(s);
-      for (int k = 0; k < 2; ++k) {
-        float* device =
-            k == 0 ? store_->exp_avg(static_cast<int>(i)) : store_->exp_avg_sq(static_cast<int>(i));
-        const std::vector<float>& host = k == 0 ? state.m : state.v;
-        if (device == nullptr) continue;
-        if (host.size() == n) {
-          RETURN_IF_ERROR(Copy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-        } else {
-          GPU_RETURN_IF_ERROR(cudaMemset(device, 0, n * sizeof(float)));
-          // (A frozen tensor's state is always empty: it says nothing.)
-          if (k == 0 && !store_->shards()[i].frozen) fresh_momentum = true;
-        }
-      }
-      const HybridSpec& spec = tensors_[shards_[i].tensor].spec;
-      for (int dir = 0; dir < 2; ++dir) {
-        float* history = store_->history(static_cast<int>(i), dir);
-        if (history == nullptr) continue;
-        const DelayedScalingState& delayed =
-            mirror_->delayed_state(shards_[i].tensor, static_cast<Direction>(dir));
-        std::vector<float> h = delayed.amax_history;
-        h.resize(std::max(SpecOf(spec, dir).amax_history_len, 1), 0.0f);
-        RETURN_IF_ERROR(Copy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-        RETURN_IF_ERROR(Copy(store_->scale(static_cast<int>(i), dir), &delayed.scale, sizeof(float),
-                             cudaMemcpyHostToDevice));
-      }
-    }
-    store_->set_optimizer_steps(mirror_->optimizer_steps(), Sgd() && fresh_momentum);
+    absl::Status s = UploadFromMirror(*mirror_, tensors_, shards_, Sgd(), *store_);
+    NoteDeviceBytes();  // momentum buffers may have been allocated
+    RETURN_IF_ERROR(s);
     report_.optimizer_steps = mirror_->optimizer_steps();
     report_.skipped_steps = mirror_->skipped_steps();
     mirror_generation_ = generation_;  // equal until a step moves the device on
@@ -690,11 +585,11 @@ class GpuShardBackend : public ShardBackend {
     ScopedDevice guard(store_->device());
     ASSIGN_OR_RETURN(const float* device_scalars, store_->PublishedScalars(version));
     std::vector<float> scalars(store_->published_scalars_count());
-    RETURN_IF_ERROR(Copy(scalars.data(), device_scalars, scalars.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost));
+    RETURN_IF_ERROR(BlockingCopy(scalars.data(), device_scalars, scalars.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
     std::vector<float> amax(store_->amax_count());
-    RETURN_IF_ERROR(Copy(amax.data(), store_->amax_vector(), amax.size() * sizeof(float),
-                         cudaMemcpyDeviceToHost));
+    RETURN_IF_ERROR(BlockingCopy(amax.data(), store_->amax_vector(), amax.size() * sizeof(float),
+                                 cudaMemcpyDeviceToHost));
     auto published = std::make_shared<PublishedVersion>();
     std::vector<GpuPublishedDirection> device;
     published->version = version;

@@ -140,7 +140,7 @@ struct Result {
 
 // Whether this process's worlds use blocking direction communicators: the
 // transport's default, unless PARAMD_NCCL_BLOCKING=0 (the same rule as
-// transport/nccl_transport.cc's BlockingPairsFromEnv).
+// transport/nccl_comm.h's BlockingPairsFromEnv).
 bool DefaultBlocking() {
   const char* v = std::getenv("PARAMD_NCCL_BLOCKING");
   return v == nullptr || std::string(v) != "0";
