@@ -375,7 +375,7 @@ class HostTransport final : public MessageTransport {
         ++waiter->outstanding;
       }
       stubs_[peer]->async()->Goodbye(&call->context, &call->request, &call->response,
-                                     [waiter](grpc::Status) {
+                                     [waiter](const grpc::Status&) {
                                        absl::MutexLock lock(&waiter->mu);
                                        --waiter->outstanding;
                                      });

@@ -20,7 +20,7 @@ using transport_internal::MessageTransport;
 // The mailboxes of the endpoints that met under one name.
 class Fabric {
  public:
-  explicit Fabric(std::string name) : prefix_(absl::StrCat("local:", name, "/")) {}
+  explicit Fabric(const std::string& name) : prefix_(absl::StrCat("local:", name, "/")) {}
 
   const std::string& prefix() const { return prefix_; }
 

@@ -70,9 +70,9 @@ absl::StatusOr<size_t> Mailbox::Receive(int src, uint64_t tag, absl::Span<uint8_
   return message.size();
 }
 
-void Mailbox::MarkGone(int src, std::string why) {
+void Mailbox::MarkGone(int src, absl::string_view why) {
   absl::MutexLock lock(&mu_);
-  gone_.emplace(src, std::move(why));
+  gone_.emplace(src, std::string(why));
 }
 
 void Mailbox::Close() {

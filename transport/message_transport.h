@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -45,7 +46,7 @@ class Mailbox {
   // with `why` as the message ("rank N has shut down" when empty); waiting
   // Receives wake at once. Messages already queued are still received. The
   // first reason given for a rank is kept. Idempotent.
-  void MarkGone(int src, std::string why = "");
+  void MarkGone(int src, absl::string_view why = "");
 
   // Wakes every waiter (CANCELLED) and refuses later deliveries; drops what
   // is queued. Idempotent.

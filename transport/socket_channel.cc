@@ -507,7 +507,7 @@ absl::Status SocketChannel::Send(int peer, uint32_t mailbox, uint64_t tag,
   if (p.fd < 0) RETURN_IF_ERROR(ConnectLocked(peer, p, deadline));
   // A connection dropped mid-frame cannot be resumed (the peer's reader is
   // out of step): the peer is dead for this channel from here on.
-  auto drop = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
+  auto drop = [&](const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu) {
     shutdown(p.fd, SHUT_RDWR);
     close(p.fd);
     p.fd = -1;

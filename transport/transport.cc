@@ -86,6 +86,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Transport>>> ConnectInProcessWorld(
   }
   std::vector<std::unique_ptr<TransportEndpoint>> endpoints;
   std::vector<std::string> addresses;
+  addresses.reserve(world_size);
+  endpoints.reserve(world_size);
   for (int r = 0; r < world_size; ++r) {
     absl::StatusOr<std::unique_ptr<TransportEndpoint>> e = OpenTransportEndpoint(name, options);
     if (!e.ok()) return e.status();
@@ -93,8 +95,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Transport>>> ConnectInProcessWorld(
     endpoints.push_back(*std::move(e));
   }
   std::vector<absl::StatusOr<std::unique_ptr<Transport>>> results;
+  results.reserve(world_size);
   for (int r = 0; r < world_size; ++r) results.emplace_back(absl::UnknownError("not connected"));
   std::vector<std::thread> threads;
+  threads.reserve(world_size);
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] { results[r] = endpoints[r]->Connect(r, addresses); });
   }

@@ -413,7 +413,7 @@ class GpuShardBackend : public ShardBackend {
  private:
   // Bridge: the packed [tensor][direction] device amaxes <-> the daemon's
   // host all-reduce (same length on every daemon).
-  static DeviceAllReduce Bridge(AllReduceMaxFn all_reduce) {
+  static DeviceAllReduce Bridge(const AllReduceMaxFn& all_reduce) {
     return [all_reduce](float* values, size_t count, cudaStream_t stream) -> absl::Status {
       std::vector<float> host(count);
       GPU_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), values, count * sizeof(float),
