@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/gpu_status.h"
 #include "kernels/cuda/amax.h"
+#include "kernels/cuda/device_tuning.h"
 #include "kernels/cuda/optimizer.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/scaling.h"
@@ -130,6 +131,12 @@ int Run() {
   printf("problem: %d x (%lld x %lld) FP32 = %.3f G params; reps %d (median), warmup %d\n", T,
          static_cast<long long>(M), static_cast<long long>(K), total / 1e9,
          absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_warmup));
+  const OnePassTuning tuning = OnePassTuningFor(0);
+  printf(
+      "one-pass step default: L2 prefetch %s (%s; peak %.0f GB/s over %d SMs = %.1f GB/s per "
+      "SM, threshold %.0f)\n",
+      tuning.l2_prefetch ? "on" : "off", tuning.source.c_str(), tuning.peak_gb_per_s, tuning.sms,
+      tuning.sms > 0 ? tuning.peak_gb_per_s / tuning.sms : 0.0, kOnePassPrefetchMinGBPerSm);
 
   // Inputs: master, moments, gradient (each T tensors, contiguous).
   const std::vector<float> hp = HostValues(per, 1.0f, false);
@@ -367,10 +374,12 @@ int Run() {
            {"fused adamw + fp8 block 1x128 row+col^T", Format::kFp8Block1x128},
            {"fused adamw + bf16 row", Format::kIdentityBf16},
            {"fused adamw + fp8 delayed row+col^T (no prefetch)", Format::kFp8Delayed, 1},
+           {"fused adamw + fp8 delayed row+col^T (prefetch 1)", Format::kFp8Delayed, 5},
            {"fused adamw + fp8 delayed row+col^T (evict-first)", Format::kFp8Delayed, 2},
            {"fused adamw + fp8 delayed row+col^T (evict-first, prefetch 2)", Format::kFp8Delayed,
             3},
            {"fused adamw + mxfp8 row+col (no prefetch)", Format::kMxfp8, 1},
+           {"fused adamw + mxfp8 row+col (prefetch 1)", Format::kMxfp8, 5},
            {"fused adamw + mxfp8 row+col (evict-first)", Format::kMxfp8, 2},
            {"fused adamw + mxfp8 row+col (evict-first, prefetch 2)", Format::kMxfp8, 3}}) {
     if (!want(c.name)) continue;
@@ -446,8 +455,9 @@ int Run() {
     }
     fprintf(f,
             "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"params\": %lld,\n  \"copy_gbps\": "
-            "%.1f,\n  \"kernels\": [\n",
-            prop.name, prop.multiProcessorCount, static_cast<long long>(total), copy_gbps);
+            "%.1f,\n  \"one_pass_l2_prefetch\": %s,\n  \"kernels\": [\n",
+            prop.name, prop.multiProcessorCount, static_cast<long long>(total), copy_gbps,
+            tuning.l2_prefetch ? "true" : "false");
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       fprintf(f,

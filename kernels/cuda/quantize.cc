@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/gpu_status.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/device_tuning.h"
 #include "kernels/cuda/quantize_internal.h"
 #include "kernels/cuda/quantize_launch.h"
 
@@ -151,6 +152,12 @@ absl::StatusOr<detail::TensorDesc> MakeTensorDesc(const QuantizeTensorArgs& a, M
 absl::Status LaunchTensorDescs(absl::Span<const detail::TensorDesc> descs,
                                const detail::AdamHyper* adam, int variant, cudaStream_t stream,
                                const float* grad_scale) {
+  if (variant == detail::kVariantDefault && adam != nullptr) {
+    int device = 0;
+    GPU_RETURN_IF_ERROR(cudaGetDevice(&device));
+    variant = OnePassTuningFor(device).l2_prefetch ? detail::kVariantOnePassPrefetch1
+                                                   : detail::kVariantOnePassPrefetch0;
+  }
   auto batch = std::make_unique<QuantizeBatch>();
   batch->grad_scale = grad_scale;
   size_t i = 0;

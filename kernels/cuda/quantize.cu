@@ -345,32 +345,35 @@ bool Covers(const QuantizeBatch& batch) {
   return true;
 }
 
+// A one-pass (AdamW) batch of pattern kPat with the load `variant` asks for.
+template <int kPat>
+cudaError_t LaunchOnePass(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
+  if (variant == kVariantOnePassPrefetch0) return LaunchPattern<kPat, true, 0>(batch, stream);
+  if constexpr (kPat == kPatPlain || kPat == kPatMxfp8) {
+    if (variant == kVariantOnePassStream) {
+      return LaunchPattern<kPat, true, kVarStream | kAdamPrefetch>(batch, stream);
+    }
+    if (variant == kVariantOnePassStreamPrefetch2) {
+      return LaunchPattern<kPat, true, kVarStream | 2>(batch, stream);
+    }
+  }
+  return LaunchPattern<kPat, true, kAdamPrefetch>(batch, stream);
+}
+
 }  // namespace
 
 // Runs the narrowest instantiation that covers every tensor of the batch.
 // Every instantiation is byte-exact for the formats it contains (quantize_test
 // on the device, docs/GPU_NOTES.md run 8), so the choice only affects speed.
 cudaError_t LaunchQuantizeTiles(const QuantizeBatch& batch, int variant, cudaStream_t stream) {
-  if (variant < kVariantDefault || variant > kVariantNvfp4ScalarE2M1) return cudaErrorInvalidValue;
+  if (variant < kVariantDefault || variant > kVariantOnePassPrefetch1) return cudaErrorInvalidValue;
   if (batch.total_tiles <= 0) return cudaSuccess;
-  if (variant != kVariantDefault) {  // benchmarks only
-    const bool plain = Covers<kPatPlain, true>(batch), mx = Covers<kPatMxfp8, true>(batch);
-    if (variant == kVariantOnePassPrefetch0) {
-      if (plain) return LaunchPattern<kPatPlain, true, 0>(batch, stream);
-      if (mx) return LaunchPattern<kPatMxfp8, true, 0>(batch, stream);
-    } else if (variant == kVariantOnePassStream) {
-      if (plain) return LaunchPattern<kPatPlain, true, kVarStream | kAdamPrefetch>(batch, stream);
-      if (mx) return LaunchPattern<kPatMxfp8, true, kVarStream | kAdamPrefetch>(batch, stream);
-    } else if (variant == kVariantOnePassStreamPrefetch2) {
-      if (plain) return LaunchPattern<kPatPlain, true, kVarStream | 2>(batch, stream);
-      if (mx) return LaunchPattern<kPatMxfp8, true, kVarStream | 2>(batch, stream);
-    } else if (Covers<kPatNvfp4>(batch)) {
-      return LaunchPattern<kPatNvfp4, false, kVarScalarE2M1>(batch, stream);
-    }
+  if (Covers<kPatPlain, true>(batch)) return LaunchOnePass<kPatPlain>(batch, variant, stream);
+  if (Covers<kPatMxfp8, true>(batch)) return LaunchOnePass<kPatMxfp8>(batch, variant, stream);
+  if (Covers<kPatBlock1d, true>(batch)) return LaunchOnePass<kPatBlock1d>(batch, variant, stream);
+  if (variant == kVariantNvfp4ScalarE2M1 && Covers<kPatNvfp4>(batch)) {
+    return LaunchPattern<kPatNvfp4, false, kVarScalarE2M1>(batch, stream);
   }
-  if (Covers<kPatPlain, true>(batch)) return LaunchPattern<kPatPlain, true>(batch, stream);
-  if (Covers<kPatMxfp8, true>(batch)) return LaunchPattern<kPatMxfp8, true>(batch, stream);
-  if (Covers<kPatBlock1d, true>(batch)) return LaunchPattern<kPatBlock1d, true>(batch, stream);
   if (Covers<kPatPlain>(batch)) return LaunchPattern<kPatPlain>(batch, stream);
   if (Covers<kPatNvfp4>(batch)) return LaunchPattern<kPatNvfp4>(batch, stream);
   if (Covers<kPatMxfp8>(batch)) return LaunchPattern<kPatMxfp8>(batch, stream);

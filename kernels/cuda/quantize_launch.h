@@ -93,16 +93,21 @@ struct QuantizeBatch {
 // Kernel parameters are limited to 32764 bytes (CUDA >= 12.1).
 static_assert(sizeof(QuantizeBatch) <= 32000, "QuantizeBatch exceeds the kernel parameter limit");
 
-// Kernel variants (benchmarks). The 512-thread and persistent variants of the
-// v3.3 kernel were slower (docs/GPU_NOTES.md) and went with it. The others
-// change one thing each and apply to the batches named; every other batch
-// runs the default.
+// Kernel variants. The default is what the library runs: for a one-pass
+// (AdamW) batch the host wrapper resolves it per device to
+// kVariantOnePassPrefetch0 or kVariantOnePassPrefetch1 (device_tuning.h);
+// given to the launcher unresolved it means kVariantOnePassPrefetch1. The
+// others are benchmark-only and change one thing each in the batches named;
+// every other batch runs the default. The 512-thread and persistent
+// variants of the v3.3 kernel were slower (docs/GPU_NOTES.md) and went with
+// it.
 enum QuantizeVariant : int {
-  kVariantDefault = 0,  // 256 threads, one 128x128 tile per block, one-pass prefetch 1 step
-  kVariantOnePassPrefetch0 = 1,        // one-pass step (plain, MXFP8): no L2 prefetch
-  kVariantOnePassStream = 2,           // ... evict-first loads and stores
+  kVariantDefault = 0,                 // 256 threads, one 128x128 tile per block
+  kVariantOnePassPrefetch0 = 1,        // one-pass step (every pattern): no L2 prefetch
+  kVariantOnePassStream = 2,           // one-pass plain / MXFP8: evict-first loads and stores
   kVariantOnePassStreamPrefetch2 = 3,  // ... evict-first, prefetch 2 steps ahead
   kVariantNvfp4ScalarE2M1 = 4,         // NVFP4-only batches: the per-element E2M1 encoder in 16x16
+  kVariantOnePassPrefetch1 = 5,        // one-pass step (every pattern): L2 prefetch 1 step ahead
 };
 
 // Launches the tile kernel over every tile of every tensor in `batch`;
