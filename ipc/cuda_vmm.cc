@@ -179,9 +179,10 @@ absl::StatusOr<VmmBuffer> VmmBuffer::Import(int fd, size_t bytes, int device) {
   }
   CUmemGenericAllocationHandle handle = 0;
   // The driver takes a POSIX fd handle as a pointer-sized value.
-  CUresult r = d.import_handle(&handle,
-                               reinterpret_cast<void*>(static_cast<intptr_t>(fd)),  // NOLINT(performance-no-int-to-ptr)
-                               CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  CUresult r = d.import_handle(
+      &handle,
+      reinterpret_cast<void*>(static_cast<intptr_t>(fd)),  // NOLINT(performance-no-int-to-ptr)
+      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   close(fd);  // the handle holds the allocation now
   VMM_RETURN_IF_ERROR(r, "cuMemImportFromShareableHandle");
   absl::StatusOr<uint64_t> ptr = MapHandle(handle, bytes, device);
