@@ -171,6 +171,12 @@ class ShardBackend {
   // (restore) are uploaded before the next Step.
   virtual ShardSet* host_state() = 0;
 
+  // Where a restore writes (server/step/state_sink.h), or null when the
+  // backend cannot restore (callers return UNIMPLEMENTED). Same thread rule
+  // as host_state(). The default is host_state(); the gpu backend's writes
+  // into device memory without a host mirror.
+  virtual ShardStateSink* state_sink() { return host_state(); }
+
   // Right after a successful optimizer Step, on Step's thread: the state
   // that produced it, for a snapshot. The default (cpu backend) reads
   // host_state() (reads_live_state); the gpu backend copies its masters and

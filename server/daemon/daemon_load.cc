@@ -149,17 +149,17 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const M
   const bool from_file = restore || !source.safetensors_path.empty();
   std::vector<SavedDelayedState> next_delayed;
   if (restore) {
-    if (shards->host_state() == nullptr) {
+    ShardStateSink* sink = shards->state_sink();
+    if (sink == nullptr) {
       return absl::UnimplementedError(
           absl::StrCat("restoring a checkpoint is not supported by the ", shards->name(),
                        " daemon backend (run the daemons with --backend=cpu)"));
     }
     if (source.snapshot != nullptr) {
-      ASSIGN_OR_RETURN(next_delayed, RestoreSnapshot(*source.snapshot, *shards->host_state()));
+      ASSIGN_OR_RETURN(next_delayed, RestoreSnapshot(*source.snapshot, *sink));
     } else {
       ASSIGN_OR_RETURN(next_delayed,
-                       RestoreShardSet(source.checkpoint_path, source.checkpoint_version,
-                                       *shards->host_state()));
+                       RestoreShardSet(source.checkpoint_path, source.checkpoint_version, *sink));
     }
   } else if (from_file) {
     ASSIGN_OR_RETURN(safetensors::SafetensorsFile file,
@@ -218,7 +218,7 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const M
   if (!latest_) return last_step_error_;
   // Back to the saved post-update scales (the worker is still ours: no
   // step can run in between).
-  if (restore) ApplyDelayedStates(next_delayed, *shards_->host_state());
+  if (restore) RETURN_IF_ERROR(ApplyDelayedStates(next_delayed, *shards_->state_sink()));
   return latest_->version;
 }
 

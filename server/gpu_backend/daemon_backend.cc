@@ -116,7 +116,10 @@ class GpuShardBackend : public ShardBackend {
   absl::string_view name() const override { return "gpu"; }
   const std::vector<TensorDef>& tensors() const override { return tensors_; }
   const std::vector<ShardDef>& shards() const override { return shards_; }
-  absl::Span<float> load_master(int i) override { return absl::MakeSpan(load_[i]); }
+  absl::Span<float> load_master(int i) override {
+    load_handed_out_ = true;
+    return absl::MakeSpan(load_[i]);
+  }
   absl::Span<float> gradient(int i) override {
     host_grads_used_ = true;
     return absl::MakeSpan(grads_[i]);
@@ -183,6 +186,10 @@ class GpuShardBackend : public ShardBackend {
     mirror_dirty_ = true;
     return mirror_.get();
   }
+
+  // A restore writes straight into the store: one host-to-device copy of
+  // the saved state, no host mirror (DeviceSink below).
+  ShardStateSink* state_sink() override { return &sink_; }
 
   // The arrays through the device spare (state_capture.h); the small state
   // read here (a few scalars per FP8-delayed direction).
@@ -520,20 +527,7 @@ class GpuShardBackend : public ShardBackend {
   // accumulators are zero between steps).
   absl::Status Upload(bool apply_optimizer) {
     GPU_RETURN_IF_ERROR(cudaSetDevice(store_->device()));
-    if (mirror_dirty_) {
-      RETURN_IF_ERROR(UploadMirror());
-      mirror_dirty_ = false;
-      masters_uploaded_ = true;
-      load_ = std::vector<std::vector<float>>(shards_.size());
-    }
-    if (!masters_uploaded_) {
-      for (size_t i = 0; i < shards_.size(); ++i) {
-        RETURN_IF_ERROR(BlockingCopy(store_->master(static_cast<int>(i)), load_[i].data(),
-                                     load_[i].size() * sizeof(float), cudaMemcpyHostToDevice));
-      }
-      masters_uploaded_ = true;
-      load_ = std::vector<std::vector<float>>(shards_.size());  // staging no longer needed
-    }
+    RETURN_IF_ERROR(UploadPendingMasters());
     // Host accumulators (written through gradient()): copied over the zero
     // device ones, or added after device pushes (AccumulateGradient).
     if (apply_optimizer && host_grads_used_) {
@@ -551,6 +545,110 @@ class GpuShardBackend : public ShardBackend {
     }
     return absl::OkStatus();
   }
+
+  // A mirror handed out, or the staged masters (zeros when load_master()
+  // was never handed out), onto the device: from then on the device holds
+  // the newest state.
+  absl::Status UploadPendingMasters() {
+    if (mirror_dirty_) {
+      RETURN_IF_ERROR(UploadMirror());
+      mirror_dirty_ = false;
+      masters_uploaded_ = true;
+      load_ = std::vector<std::vector<float>>(shards_.size());
+    }
+    if (!masters_uploaded_) {
+      for (size_t i = 0; i < shards_.size(); ++i) {
+        float* master = store_->master(static_cast<int>(i));
+        const size_t bytes = load_[i].size() * sizeof(float);
+        if (load_handed_out_) {
+          RETURN_IF_ERROR(BlockingCopy(master, load_[i].data(), bytes, cudaMemcpyHostToDevice));
+        } else {
+          GPU_RETURN_IF_ERROR(cudaMemset(master, 0, bytes));
+        }
+      }
+      GPU_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      masters_uploaded_ = true;
+      load_ = std::vector<std::vector<float>>(shards_.size());  // staging no longer needed
+    }
+    return absl::OkStatus();
+  }
+
+  // Before a restore writes into the store: no snapshot copy still reads
+  // it, it holds the newest state, and the mirror no longer matches it.
+  absl::Status BeforeDirectWrite() {
+    if (!broken_.ok()) return absl::FailedPreconditionError("an earlier gpu step failed");
+    RETURN_IF_ERROR(snapshot_spare_->WaitHost());
+    ScopedDevice guard(store_->device());
+    RETURN_IF_ERROR(UploadPendingMasters());
+    mirror_generation_ = -1;
+    return absl::OkStatus();
+  }
+
+  // ShardStateSink over the store (server/step/state_sink.h): each call
+  // copies its part of the saved state to the device at once.
+  class DeviceSink final : public ShardStateSink {
+   public:
+    explicit DeviceSink(GpuShardBackend& backend) : b_(backend) {}
+    const std::vector<TensorDef>& tensors() const override { return b_.tensors_; }
+    const std::vector<ShardDef>& shards() const override { return b_.shards_; }
+    const OptimizerOptions& optimizer() const override { return b_.optimizer_; }
+    absl::Status RestoreOptimizer(const OptimizerOptions& optimizer) override {
+      return b_.SetOptimizer(optimizer);
+    }
+    absl::Status RestoreMaster(int shard, absl::Span<const float> values) override {
+      RETURN_IF_ERROR(CheckShard(shard, values, /*may_be_empty=*/false));
+      RETURN_IF_ERROR(b_.BeforeDirectWrite());
+      return UploadShardMaster(*b_.store_, shard, values);
+    }
+    absl::Status RestoreOptimizerState(int shard, absl::Span<const float> m,
+                                       absl::Span<const float> v) override {
+      RETURN_IF_ERROR(CheckShard(shard, m, /*may_be_empty=*/true));
+      RETURN_IF_ERROR(CheckShard(shard, v, /*may_be_empty=*/true));
+      RETURN_IF_ERROR(b_.BeforeDirectWrite());
+      const size_t n = b_.Count(shard);
+      absl::Status s = UploadShardMoments(*b_.store_, shard, n, b_.Sgd(), m, v);
+      b_.NoteDeviceBytes();  // SGD momentum buffers may have been allocated
+      RETURN_IF_ERROR(s);
+      b_.momentum_zeroed_[shard] = m.size() != n;
+      return absl::OkStatus();
+    }
+    absl::Status RestoreDelayedState(int tensor, Direction d, DelayedScalingState state) override {
+      RETURN_IF_ERROR(b_.BeforeDirectWrite());
+      for (size_t i = 0; i < b_.shards_.size(); ++i) {
+        if (b_.shards_[i].tensor != tensor) continue;
+        RETURN_IF_ERROR(UploadShardDelayed(*b_.store_, b_.tensors_[tensor].spec,
+                                           static_cast<int>(i), d, state));
+      }
+      return absl::OkStatus();
+    }
+    absl::Status RestoreStepCounts(int64_t optimizer_steps, int64_t skipped_steps) override {
+      RETURN_IF_ERROR(b_.BeforeDirectWrite());
+      const int64_t steps = optimizer_steps >= 0 ? optimizer_steps : b_.store_->optimizer_steps();
+      b_.store_->set_optimizer_steps(
+          steps, b_.Sgd() && MomentumStartsFresh(*b_.store_, b_.momentum_zeroed_));
+      b_.report_.optimizer_steps = steps;
+      if (skipped_steps >= 0) b_.report_.skipped_steps = skipped_steps;
+      return absl::OkStatus();
+    }
+
+   private:
+    // INVALID_ARGUMENT unless `shard` is one of ours and `values` has its
+    // element count (or, `may_be_empty`, none).
+    absl::Status CheckShard(int shard, absl::Span<const float> values, bool may_be_empty) const {
+      if (shard < 0 || shard >= static_cast<int>(b_.shards_.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("restore of shard ", shard, " of ", b_.shards_.size()));
+      }
+      const size_t n = b_.Count(shard);
+      if (values.size() != n && !(may_be_empty && values.empty())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("restore of ", values.size(), " values into shard ", shard, " of ", n));
+      }
+      return absl::OkStatus();
+    }
+
+    GpuShardBackend& b_;
+  };
 
   // Device -> mirror_ (created on first use), unless it is already current.
   absl::Status DownloadMirror() {
@@ -630,6 +728,11 @@ class GpuShardBackend : public ShardBackend {
   bool host_grads_used_ = false;
   bool device_grads_used_ = false;
   bool masters_uploaded_ = false;
+  bool load_handed_out_ = false;  // load_master() was called: load_ may hold weights
+  // By shard: a restore wrote empty momentum (DeviceSink; the next SGD
+  // momentum step starts the buffers from the gradient).
+  std::vector<bool> momentum_zeroed_ = std::vector<bool>(shards_.size());
+  DeviceSink sink_{*this};
   absl::Status broken_;  // the first failed Step; every later Step is refused
   std::shared_ptr<const PublishedVersion> published_;  // the last Step's
   // Host mirror for checkpoints/export/restore (host_state()).

@@ -33,7 +33,10 @@ ABSL_FLAG(int64_t, rows, 8192, "rows per tensor");
 ABSL_FLAG(int64_t, cols, 8192, "cols per tensor");
 ABSL_FLAG(int, every, 4, "a snapshot every N steps");
 ABSL_FLAG(int, rounds, 2, "snapshots measured");
-ABSL_FLAG(bool, restore, true, "also time a restore from the last snapshot");
+ABSL_FLAG(bool, restore, true,
+          "also time a restore from the last snapshot (the daemon's path: straight to the device)");
+ABSL_FLAG(bool, restore_mirror, false,
+          "then also time the same restore through the host mirror (host_state()), for comparison");
 
 namespace paramd {
 namespace {
@@ -129,6 +132,7 @@ int Run() {
       memory.device_bytes_per_parameter());
 
   double host_state_ms = 0, restore_ms = 0, republish_ms = 0;
+  double mirror_ms = 0, into_mirror_ms = 0, mirror_republish_ms = 0;
   if (absl::GetFlag(FLAGS_restore)) {
     std::shared_ptr<const DaemonSnapshot> snap = keeper.Find(0, stats.snapshot_version(),
                                                              /*model_generation=*/1);
@@ -136,36 +140,48 @@ int Run() {
       std::fprintf(stderr, "no snapshot held\n");
       return 1;
     }
-    absl::Time t = absl::Now();
-    ShardSet* set = backend.host_state();  // the daemon's restore path
-    host_state_ms = Ms(t);
-    if (set == nullptr) return 1;
-    t = absl::Now();
-    auto delayed = RestoreSnapshot(*snap, *set);
-    restore_ms = Ms(t);
-    if (!delayed.ok()) {
-      std::fprintf(stderr, "restore: %s\n", delayed.status().ToString().c_str());
-      return 1;
+    // `sink` = null: through the host mirror.
+    auto restore = [&](ShardStateSink* sink, double* prepare, double* into, double* republish) {
+      absl::Time t = absl::Now();
+      if (sink == nullptr) sink = backend.host_state();
+      *prepare = Ms(t);
+      if (sink == nullptr) return false;
+      t = absl::Now();
+      auto delayed = RestoreSnapshot(*snap, *sink);
+      *into = Ms(t);
+      if (!delayed.ok()) {
+        std::fprintf(stderr, "restore: %s\n", delayed.status().ToString().c_str());
+        return false;
+      }
+      t = absl::Now();
+      auto p = backend.Step(snap->header.version(), false, identity, false);
+      absl::Status applied = ApplyDelayedStates(*delayed, *backend.state_sink());
+      *republish = Ms(t);
+      if (!p.ok() || !applied.ok()) {
+        std::fprintf(stderr, "republish: %s %s\n", p.status().ToString().c_str(),
+                     applied.ToString().c_str());
+        return false;
+      }
+      return true;
+    };
+    if (!restore(backend.state_sink(), &host_state_ms, &restore_ms, &republish_ms)) return 1;
+    std::printf("restore from the snapshot, straight to the device: %.0f ms, republish %.0f ms\n",
+                restore_ms, republish_ms);
+    if (absl::GetFlag(FLAGS_restore_mirror)) {
+      if (!restore(nullptr, &mirror_ms, &into_mirror_ms, &mirror_republish_ms)) return 1;
+      std::printf(
+          "the same through the host mirror: mirror %.0f ms, into it %.0f ms, upload + "
+          "republish %.0f ms\n",
+          mirror_ms, into_mirror_ms, mirror_republish_ms);
     }
-    t = absl::Now();
-    auto p = backend.Step(snap->header.version(), false, identity, false);
-    republish_ms = Ms(t);
-    if (!p.ok()) {
-      std::fprintf(stderr, "republish: %s\n", p.status().ToString().c_str());
-      return 1;
-    }
-    std::printf(
-        "restore from the snapshot: host mirror %.0f ms, into it %.0f ms, upload + "
-        "republish %.0f ms\n",
-        host_state_ms, restore_ms, republish_ms);
   }
   std::printf(
       "{\"parameters\": %lld, \"capture\": \"%s\", \"step_ms\": %.3f, \"worst_block_ms\": %.3f, "
       "\"capture_ms\": %.3f, \"copy_s\": %.3f, \"device_bytes_per_param\": %.2f, "
-      "\"restore_host_state_ms\": %.0f, \"restore_ms\": %.0f, \"republish_ms\": %.0f}\n",
+      "\"restore_ms\": %.0f, \"republish_ms\": %.0f, \"mirror_restore_ms\": %.0f}\n",
       static_cast<long long>(params), stats.snapshot_capture().c_str(), median, worst_block,
       Median(capture), stats.snapshot_copy_seconds(), memory.device_bytes_per_parameter(),
-      host_state_ms, restore_ms, republish_ms);
+      restore_ms, republish_ms, mirror_ms + into_mirror_ms + mirror_republish_ms);
   return 0;
 }
 

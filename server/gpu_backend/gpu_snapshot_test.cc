@@ -51,7 +51,9 @@ float Value(uint32_t seed, size_t k) {
   return (static_cast<float>(s >> 8) / 16777216.0f - 0.5f);
 }
 
-std::unique_ptr<ShardBackend> Make() {
+// `load`: the masters written through load_master() (else the backend is
+// as a daemon creates it for a restore: nothing staged).
+std::unique_ptr<ShardBackend> Make(bool load = true) {
   ShardBackendOptions options;
   options.optimizer.lr = 0.01f;
   options.optimizer.weight_decay = 0.01f;
@@ -59,7 +61,7 @@ std::unique_ptr<ShardBackend> Make() {
   EXPECT_TRUE(b.ok()) << b.status();
   if (!b.ok()) return nullptr;
   (*b)->set_data_plane(nullptr, absl::Seconds(60));  // one daemon
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; load && i < 2; ++i) {
     absl::Span<float> m = (*b)->load_master(i);
     for (size_t k = 0; k < m.size(); ++k) m[k] = Value(100 + i, k);
   }
@@ -131,10 +133,11 @@ class GpuSnapshotTest : public ::testing::TestWithParam<bool> {
 };
 
 TEST_P(GpuSnapshotTest, HoldsItsVersionWhileStepsGoOnAndRestoresToTheSameBytes) {
-  std::unique_ptr<ShardBackend> a = Make(), b = Make(), c = Make();
+  std::unique_ptr<ShardBackend> a = Make(), b = Make(), c = Make(/*load=*/false), d = Make();
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   ASSERT_NE(c, nullptr);
+  ASSERT_NE(d, nullptr);
   ASSERT_TRUE(a->Step(0, false, kIdentity, true).ok());
   ASSERT_TRUE(b->Step(0, false, kIdentity, true).ok());
   std::shared_ptr<const PublishedVersion> at2;
@@ -174,23 +177,30 @@ TEST_P(GpuSnapshotTest, HoldsItsVersionWhileStepsGoOnAndRestoresToTheSameBytes) 
   ExpectSameBytes(got, want, "snapshot v2");
   ExpectSameBytes(State(*a), State(*b), "v4 after the snapshot");
 
-  // A recovery: c takes the snapshot, republishes 2 and is pushed 3, 4.
-  ShardSet* set = c->host_state();
-  ASSERT_NE(set, nullptr);
-  auto delayed = RestoreSnapshot(*snap, *set);
-  ASSERT_TRUE(delayed.ok()) << delayed.status();
-  ASSERT_TRUE(c->Step(2, false, kIdentity, /*update_delayed=*/false).ok());
-  ApplyDelayedStates(*delayed, *c->host_state());
-  std::shared_ptr<const PublishedVersion> c4;
-  for (int64_t v = 3; v <= 4; ++v) c4 = PushAndStep(*c, v);
-  ASSERT_NE(c4, nullptr);
+  // A recovery: c takes the snapshot as a daemon does (its state sink,
+  // straight into device memory), d through the host mirror; each
+  // republishes 2 and is pushed 3, 4.
+  for (ShardBackend* r : {c.get(), d.get()}) {
+    ShardStateSink* sink = r == c.get() ? r->state_sink() : r->host_state();
+    ASSERT_NE(sink, nullptr);
+    auto delayed = RestoreSnapshot(*snap, *sink);
+    ASSERT_TRUE(delayed.ok()) << delayed.status();
+    ASSERT_TRUE(r->Step(2, false, kIdentity, /*update_delayed=*/false).ok());
+    ASSERT_TRUE(ApplyDelayedStates(*delayed, *r->state_sink()).ok());
+    std::shared_ptr<const PublishedVersion> r4;
+    for (int64_t v = 3; v <= 4; ++v) r4 = PushAndStep(*r, v);
+    ASSERT_NE(r4, nullptr);
+  }
   ASSERT_NE(a4, nullptr);
-  ExpectSameBytes(State(*c), State(*a), "restored and pushed to v4");
+  ExpectSameBytes(State(*c), State(*a), "restored (device) and pushed to v4");
+  ExpectSameBytes(State(*d), State(*a), "restored (host mirror) and pushed to v4");
   // The published bytes too (FP8 delayed: the restored scaling state).
-  auto pa = PushAndStep(*a, 5), pc = PushAndStep(*c, 5);
+  auto pa = PushAndStep(*a, 5), pc = PushAndStep(*c, 5), pd = PushAndStep(*d, 5);
   ASSERT_NE(pa, nullptr);
   ASSERT_NE(pc, nullptr);
+  ASSERT_NE(pd, nullptr);
   EXPECT_EQ(Bytes(*a, pa), Bytes(*c, pc));
+  EXPECT_EQ(Bytes(*a, pa), Bytes(*d, pd));
 }
 
 INSTANTIATE_TEST_SUITE_P(Capture, GpuSnapshotTest, ::testing::Bool(),

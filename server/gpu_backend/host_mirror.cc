@@ -79,55 +79,89 @@ absl::Status DownloadToMirror(GpuShardStore& store, const std::vector<TensorDef>
   return absl::OkStatus();
 }
 
-absl::Status UploadFromMirror(const ShardSet& mirror, const std::vector<TensorDef>& tensors,
-                              const std::vector<ShardDef>& shards, bool sgd, GpuShardStore& store) {
+absl::Status UploadShardMaster(GpuShardStore& store, int shard, absl::Span<const float> values) {
   ScopedDevice guard(store.device());
-  bool fresh_momentum = false;
+  return BlockingCopy(store.master(shard), values.data(), values.size() * sizeof(float),
+                      cudaMemcpyHostToDevice);
+}
+
+absl::Status UploadShardMoments(GpuShardStore& store, int shard, size_t n, bool sgd,
+                                absl::Span<const float> m, absl::Span<const float> v) {
+  ScopedDevice guard(store.device());
   // SGD state with a momentum buffer (a checkpoint or snapshot of a
   // momentum phase) in a store without one (momentum off so far): the
   // buffers are kept, for a later momentum phase, as ShardSet keeps them.
+  if (sgd && n > 0 && m.size() == n && store.exp_avg(shard) == nullptr) {
+    RETURN_IF_ERROR(store.AllocateMomentumBuffers().status());
+  }
+  for (int k = 0; k < 2; ++k) {
+    float* device = k == 0 ? store.exp_avg(shard) : store.exp_avg_sq(shard);
+    const absl::Span<const float> host = k == 0 ? m : v;
+    if (device == nullptr) continue;
+    if (host.size() == n) {
+      RETURN_IF_ERROR(BlockingCopy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+      GPU_RETURN_IF_ERROR(cudaMemset(device, 0, n * sizeof(float)));
+    }
+  }
+  // The memsets ran on the default stream, which the store's does not wait
+  // for (BlockingCopy says why).
+  GPU_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));
+  return absl::OkStatus();
+}
+
+absl::Status UploadShardDelayed(GpuShardStore& store, const HybridSpec& spec, int shard,
+                                Direction d, const DelayedScalingState& state) {
+  const int dir = static_cast<int>(d);
+  float* history = store.history(shard, dir);
+  if (history == nullptr) return absl::OkStatus();
+  ScopedDevice guard(store.device());
+  std::vector<float> h = state.amax_history;
+  h.resize(std::max(SpecOf(spec, dir).amax_history_len, 1), 0.0f);
+  RETURN_IF_ERROR(
+      BlockingCopy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return BlockingCopy(store.scale(shard, dir), &state.scale, sizeof(float), cudaMemcpyHostToDevice);
+}
+
+absl::Status UploadFromMirror(const ShardSet& mirror, const std::vector<TensorDef>& tensors,
+                              const std::vector<ShardDef>& shards, bool sgd, GpuShardStore& store) {
+  ScopedDevice guard(store.device());
+  // Allocated before any shard is written, so that a shard without
+  // momentum beside one with it gets zeroed buffers (and a fresh start).
   bool host_momentum = false;
   for (const ShardDef& shard : shards) {
     const size_t n = ElementCount(tensors, shard);
     host_momentum |= n > 0 && mirror.optimizer_state(MirrorIndex(mirror, shard)).m.size() == n;
   }
   if (sgd && host_momentum) RETURN_IF_ERROR(store.AllocateMomentumBuffers().status());
+  std::vector<bool> momentum_zeroed(shards.size());
   for (size_t i = 0; i < shards.size(); ++i) {
     const int shard = static_cast<int>(i);
     const int s = MirrorIndex(mirror, shards[i]);
     const size_t n = ElementCount(tensors, shards[i]);
-    RETURN_IF_ERROR(BlockingCopy(store.master(shard), mirror.master(s).data(), n * sizeof(float),
-                                 cudaMemcpyHostToDevice));
+    RETURN_IF_ERROR(UploadShardMaster(store, shard, mirror.master(s)));
     const OptimizerState& state = mirror.optimizer_state(s);
-    for (int k = 0; k < 2; ++k) {
-      float* device = k == 0 ? store.exp_avg(shard) : store.exp_avg_sq(shard);
-      const std::vector<float>& host = k == 0 ? state.m : state.v;
-      if (device == nullptr) continue;
-      if (host.size() == n) {
-        RETURN_IF_ERROR(
-            BlockingCopy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
-      } else {
-        GPU_RETURN_IF_ERROR(cudaMemset(device, 0, n * sizeof(float)));
-        // (A frozen tensor's state is always empty: it says nothing.)
-        if (k == 0 && !store.shards()[i].frozen) fresh_momentum = true;
-      }
-    }
-    const HybridSpec& spec = tensors[shards[i].tensor].spec;
-    for (int dir = 0; dir < 2; ++dir) {
-      float* history = store.history(shard, dir);
-      if (history == nullptr) continue;
-      const DelayedScalingState& delayed =
-          mirror.delayed_state(shards[i].tensor, static_cast<Direction>(dir));
-      std::vector<float> h = delayed.amax_history;
-      h.resize(std::max(SpecOf(spec, dir).amax_history_len, 1), 0.0f);
-      RETURN_IF_ERROR(
-          BlockingCopy(history, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-      RETURN_IF_ERROR(BlockingCopy(store.scale(shard, dir), &delayed.scale, sizeof(float),
-                                   cudaMemcpyHostToDevice));
+    RETURN_IF_ERROR(UploadShardMoments(store, shard, n, sgd, state.m, state.v));
+    momentum_zeroed[i] = state.m.size() != n;
+    for (Direction d : {Direction::kRowwise, Direction::kColumnwise}) {
+      RETURN_IF_ERROR(UploadShardDelayed(store, tensors[shards[i].tensor].spec, shard, d,
+                                         mirror.delayed_state(shards[i].tensor, d)));
     }
   }
-  store.set_optimizer_steps(mirror.optimizer_steps(), sgd && fresh_momentum);
+  store.set_optimizer_steps(mirror.optimizer_steps(),
+                            sgd && MomentumStartsFresh(store, momentum_zeroed));
   return absl::OkStatus();
+}
+
+bool MomentumStartsFresh(GpuShardStore& store, const std::vector<bool>& momentum_zeroed) {
+  for (size_t i = 0; i < momentum_zeroed.size(); ++i) {
+    // (A frozen tensor's state is always empty: it says nothing.)
+    if (momentum_zeroed[i] && !store.shards()[i].frozen &&
+        store.exp_avg(static_cast<int>(i)) != nullptr) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace gpu_backend

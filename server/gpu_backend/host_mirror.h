@@ -16,6 +16,8 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/format.h"
 #include "server/gpu_backend/shard_store.h"
 #include "server/step/shard_set.h"
 
@@ -46,6 +48,27 @@ absl::Status DownloadToMirror(GpuShardStore& store, const std::vector<TensorDef>
 // allocates them (the caller re-reads the store's device bytes).
 absl::Status UploadFromMirror(const ShardSet& mirror, const std::vector<TensorDef>& tensors,
                               const std::vector<ShardDef>& shards, bool sgd, GpuShardStore& store);
+
+// One shard's part of a restore, straight into the store (the gpu
+// backend's state sink, server/step/state_sink.h). Masters: `values` of the
+// shard's element count (the caller checks).
+absl::Status UploadShardMaster(GpuShardStore& store, int shard, absl::Span<const float> values);
+
+// Moments `m` (AdamW m, SGD momentum) and `v`, each empty or of `n`
+// values: copied, or the device buffer zeroed when empty. SGD momentum for a
+// store without momentum buffers allocates them (zeroed) first.
+absl::Status UploadShardMoments(GpuShardStore& store, int shard, size_t n, bool sgd,
+                                absl::Span<const float> m, absl::Span<const float> v);
+
+// Direction `d`'s delayed-scaling state of shard `shard` (its tensor's
+// `spec` sizes the history); nothing for a direction without one.
+absl::Status UploadShardDelayed(GpuShardStore& store, const HybridSpec& spec, int shard,
+                                Direction d, const DelayedScalingState& state);
+
+// Whether the next SGD momentum step must start the buffers from the
+// gradient (ShardSet's unsized state): a non-frozen shard's momentum was
+// restored empty (`momentum_zeroed`, by shard) into an existing buffer.
+bool MomentumStartsFresh(GpuShardStore& store, const std::vector<bool>& momentum_zeroed);
 
 }  // namespace gpu_backend
 }  // namespace paramd

@@ -13,7 +13,8 @@
 namespace paramd {
 
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string& path,
-                                                               int64_t version, ShardSet& shards) {
+                                                               int64_t version,
+                                                               ShardStateSink& shards) {
   ASSIGN_OR_RETURN(checkpoint::CheckpointStore store,
                    checkpoint::CheckpointStore::Open(path, /*create=*/false));
   ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::CheckpointReader> reader,
@@ -41,16 +42,18 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
   }
   for (size_t i = 0; i < saved.pieces.size(); ++i) {
     checkpoint::RestoredPiece& p = saved.pieces[i];
-    absl::Span<float> m = shards.master(static_cast<int>(i));
-    if (p.master.size() != m.size()) {
+    const ShardDef& d = shards.shards()[i];
+    const size_t want = static_cast<size_t>(d.rows() * shards.tensors()[d.tensor].cols);
+    if (p.master.size() != want) {
       return absl::DataLossError(absl::StrCat("checkpoint rows of ", p.tensor, " have ",
-                                              p.master.size(), " values, want ", m.size()));
+                                              p.master.size(), " values, want ", want));
     }
-    std::copy(p.master.begin(), p.master.end(), m.begin());
-    OptimizerState state;
-    state.m = std::move(p.moments[moments[0]]);
-    if (moments.size() > 1) state.v = std::move(p.moments[moments[1]]);
-    RETURN_IF_ERROR(shards.SetOptimizerState(static_cast<int>(i), std::move(state)));
+    RETURN_IF_ERROR(shards.RestoreMaster(static_cast<int>(i), p.master));
+    p.master = std::vector<float>();  // the host copy goes as soon as it is used
+    std::vector<float> m = std::move(p.moments[moments[0]]);
+    std::vector<float> v =
+        moments.size() > 1 ? std::move(p.moments[moments[1]]) : std::vector<float>();
+    RETURN_IF_ERROR(shards.RestoreOptimizerState(static_cast<int>(i), m, v));
   }
   std::vector<SavedDelayedState> next;
   int64_t steps = -1;
@@ -75,17 +78,20 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string
       } else if (ds.scale_inv() != 0.0f) {
         cast.scale = 1.0f / ds.scale_inv();
       }
-      shards.SetDelayedState(static_cast<int>(t), d, std::move(cast));
+      RETURN_IF_ERROR(shards.RestoreDelayedState(static_cast<int>(t), d, std::move(cast)));
       next.push_back({static_cast<int>(t), d, std::move(after)});
     }
   }
-  if (steps >= 0) shards.SetOptimizerSteps(steps);
-  if (skipped >= 0) shards.SetSkippedSteps(skipped);
+  RETURN_IF_ERROR(shards.RestoreStepCounts(steps, skipped));
   return next;
 }
 
-void ApplyDelayedStates(const std::vector<SavedDelayedState>& states, ShardSet& shards) {
-  for (const SavedDelayedState& s : states) shards.SetDelayedState(s.tensor, s.direction, s.state);
+absl::Status ApplyDelayedStates(const std::vector<SavedDelayedState>& states,
+                                ShardStateSink& shards) {
+  for (const SavedDelayedState& s : states) {
+    RETURN_IF_ERROR(shards.RestoreDelayedState(s.tensor, s.direction, s.state));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace paramd

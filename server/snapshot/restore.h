@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/format.h"
 #include "server/step/shard_set.h"
+#include "server/step/state_sink.h"
 
 namespace paramd {
 
@@ -33,13 +34,15 @@ struct SavedDelayedState {
 };
 
 // Reads checkpoint `version` of the store at `path` (no checksum pass: the
-// coordinator verified it) into `shards`. FAILED_PRECONDITION if the
+// coordinator verified it) into `shards` (the backend's state_sink()). FAILED_PRECONDITION if the
 // checkpoint's optimizer kind differs from `shards`'; NOT_FOUND / DATA_LOSS
 // from the reader.
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreShardSet(const std::string& path,
-                                                               int64_t version, ShardSet& shards);
+                                                               int64_t version,
+                                                               ShardStateSink& shards);
 
-void ApplyDelayedStates(const std::vector<SavedDelayedState>& states, ShardSet& shards);
+absl::Status ApplyDelayedStates(const std::vector<SavedDelayedState>& states,
+                                ShardStateSink& shards);
 
 }  // namespace paramd
 

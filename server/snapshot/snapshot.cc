@@ -225,7 +225,7 @@ uint64_t ShardLayoutHash(const std::vector<TensorDef>& tensors,
 }
 
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnapshot& snapshot,
-                                                               ShardSet& shards) {
+                                                               ShardStateSink& shards) {
   const rpc::SnapshotHeader& h = snapshot.header;
   if (h.layout_hash() != ShardLayoutHash(shards.tensors(), shards.shards()) ||
       h.shards_size() != static_cast<int>(shards.shards().size()) ||
@@ -239,22 +239,19 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnaps
         "snapshot v", h.version(), " was taken with optimizer ", OptimizerName(optimizer.kind),
         ", this daemon runs ", OptimizerName(shards.optimizer().kind)));
   }
-  RETURN_IF_ERROR(shards.SetOptimizer(optimizer));
+  RETURN_IF_ERROR(shards.RestoreOptimizer(optimizer));
   for (size_t i = 0; i < snapshot.arrays.size(); ++i) {
-    absl::Span<float> m = shards.master(static_cast<int>(i));
+    const ShardDef& d = shards.shards()[i];
+    const size_t want = static_cast<size_t>(d.rows() * shards.tensors()[d.tensor].cols);
     const auto& a = snapshot.arrays[i];
-    if (a[0].size() != m.size()) {
+    if (a[0].size() != want) {
       return absl::DataLossError(
-          absl::StrCat("snapshot shard ", i, " has ", a[0].size(), " values, want ", m.size()));
+          absl::StrCat("snapshot shard ", i, " has ", a[0].size(), " values, want ", want));
     }
-    std::copy(a[0].begin(), a[0].end(), m.begin());
-    OptimizerState state;
-    state.m = a[1];
-    state.v = a[2];
-    RETURN_IF_ERROR(shards.SetOptimizerState(static_cast<int>(i), std::move(state)));
+    RETURN_IF_ERROR(shards.RestoreMaster(static_cast<int>(i), a[0]));
+    RETURN_IF_ERROR(shards.RestoreOptimizerState(static_cast<int>(i), a[1], a[2]));
   }
-  shards.SetOptimizerSteps(h.optimizer_steps());
-  shards.SetSkippedSteps(h.skipped_steps());
+  RETURN_IF_ERROR(shards.RestoreStepCounts(h.optimizer_steps(), h.skipped_steps()));
   std::vector<SavedDelayedState> next;
   for (const rpc::SnapshotTensor& t : h.tensors()) {
     if (t.tensor() < 0 || t.tensor() >= static_cast<int>(shards.tensors().size())) {
@@ -267,7 +264,7 @@ absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnaps
       after.amax_history.assign(s.amax_history().begin(), s.amax_history().end());
       DelayedScalingState cast = after;
       cast.scale = s.cast_scale();  // exactly the scale the version was cast with
-      shards.SetDelayedState(t.tensor(), d, std::move(cast));
+      RETURN_IF_ERROR(shards.RestoreDelayedState(t.tensor(), d, std::move(cast)));
       next.push_back({t.tensor(), d, std::move(after)});
     }
   }

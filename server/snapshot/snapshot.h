@@ -73,14 +73,13 @@ struct DaemonSnapshot {
 uint64_t ShardLayoutHash(const std::vector<TensorDef>& tensors,
                          const std::vector<ShardDef>& shards);
 
-// Puts `snapshot` into `shards` as RestoreShardSet (server/snapshot/restore.h) puts a
-// checkpoint: masters, moments, counters, optimizer config, and each
-// delayed direction's scale set to the one the version was cast with;
-// returns the post-update states for ApplyDelayedStates after the
-// republishing step. FAILED_PRECONDITION for a snapshot of another layout
-// or optimizer kind.
+// Puts `snapshot` into `shards` (the backend's state_sink()) as RestoreShardSet
+// (server/snapshot/restore.h) puts a checkpoint: masters, moments, counters, optimizer config, and
+// each delayed direction's scale set to the one the version was cast with; returns the post-update
+// states for ApplyDelayedStates after the republishing step. FAILED_PRECONDITION for a snapshot of
+// another layout or optimizer kind.
 absl::StatusOr<std::vector<SavedDelayedState>> RestoreSnapshot(const DaemonSnapshot& snapshot,
-                                                               ShardSet& shards);
+                                                               ShardStateSink& shards);
 
 // The daemons' gRPC addresses by rank (Manifest.daemons; "" for a rank
 // missing there).

@@ -120,6 +120,18 @@ const DelayedScalingState& ShardSet::delayed_state(int t, Direction d) const {
   return delayed_[t][d == Direction::kRowwise ? kRow : kCol];
 }
 
+absl::Status ShardSet::RestoreMaster(int shard, absl::Span<const float> values) {
+  if (shard < 0 || shard >= static_cast<int>(masters_.size()) ||
+      values.size() != masters_[shard].size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "master of ", values.size(), " values for shard ", shard, " (",
+        shard >= 0 && shard < static_cast<int>(masters_.size()) ? masters_[shard].size() : 0,
+        " here)"));
+  }
+  std::copy(values.begin(), values.end(), masters_[shard].begin());
+  return absl::OkStatus();
+}
+
 absl::Status ShardSet::SetOptimizerState(int shard, OptimizerState state) {
   const size_t n = masters_.at(shard).size();
   if ((!state.m.empty() && state.m.size() != n) || (!state.v.empty() && state.v.size() != n)) {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -31,6 +32,7 @@
 #include "absl/types/span.h"
 #include "kernels/format.h"
 #include "server/step/optimizer.h"
+#include "server/step/state_sink.h"
 
 namespace paramd {
 
@@ -107,7 +109,7 @@ absl::StatusOr<double> GlobalGradSumSq(const std::vector<TensorDef>& tensors,
                                        const std::vector<std::vector<double>>& row_sum_sq,
                                        const AllReduceMaxFn& all_reduce);
 
-class ShardSet {
+class ShardSet : public ShardStateSink {
  public:
   // InvalidArgument for a shard outside its tensor, overlapping shards, or
   // an invalid optimizer. Masters start at zero (see master()).
@@ -115,8 +117,8 @@ class ShardSet {
                                                           std::vector<ShardDef> shards,
                                                           const OptimizerOptions& optimizer);
 
-  const std::vector<TensorDef>& tensors() const { return tensors_; }
-  const std::vector<ShardDef>& shards() const { return shards_; }
+  const std::vector<TensorDef>& tensors() const override { return tensors_; }
+  const std::vector<ShardDef>& shards() const override { return shards_; }
   // Index of the shard of `tensor` containing rows [row_begin, row_end), or
   // -1 if no single shard here contains them.
   int FindShard(int tensor, int64_t row_begin, int64_t row_end) const;
@@ -138,7 +140,7 @@ class ShardSet {
   const DelayedScalingState& delayed_state(int t, Direction d) const;
   // Number of optimizer steps applied so far.
   int64_t optimizer_steps() const { return optimizer_steps_; }
-  const OptimizerOptions& optimizer() const { return optimizer_; }
+  const OptimizerOptions& optimizer() const override { return optimizer_; }
   // Steps skipped for a non-finite gradient norm (non_finite: SKIP_STEP).
   int64_t skipped_steps() const { return skipped_steps_; }
   // A new config for the next steps (SetOptimizerSchedule): the kind must
@@ -151,6 +153,31 @@ class ShardSet {
   void SetDelayedState(int tensor, Direction d, DelayedScalingState state);
   void SetOptimizerSteps(int64_t steps) { optimizer_steps_ = steps; }
   void SetSkippedSteps(int64_t steps) { skipped_steps_ = steps; }
+
+  // ShardStateSink (server/step/state_sink.h): the Set* calls above.
+  absl::Status RestoreOptimizer(const OptimizerOptions& optimizer) override {
+    return SetOptimizer(optimizer);
+  }
+  absl::Status RestoreMaster(int shard, absl::Span<const float> values) override;
+  absl::Status RestoreOptimizerState(int shard, absl::Span<const float> m,
+                                     absl::Span<const float> v) override {
+    if (shard < 0 || shard >= static_cast<int>(masters_.size())) {
+      return absl::InvalidArgumentError("optimizer state of a shard not held here");
+    }
+    OptimizerState state;
+    state.m.assign(m.begin(), m.end());
+    state.v.assign(v.begin(), v.end());
+    return SetOptimizerState(shard, std::move(state));
+  }
+  absl::Status RestoreDelayedState(int tensor, Direction d, DelayedScalingState state) override {
+    SetDelayedState(tensor, d, std::move(state));
+    return absl::OkStatus();
+  }
+  absl::Status RestoreStepCounts(int64_t optimizer_steps, int64_t skipped_steps) override {
+    if (optimizer_steps >= 0) optimizer_steps_ = optimizer_steps;
+    if (skipped_steps >= 0) skipped_steps_ = skipped_steps;
+    return absl::OkStatus();
+  }
 
   // Produces version `new_version`: if `apply_optimizer`, one optimizer step
   // with the accumulated gradients first (then the accumulators are zeroed):

@@ -186,6 +186,36 @@ TEST(ShardSetTest, FailedAllReduceChangesNothing) {
   EXPECT_EQ(set->master(0)[5], w[5] - opt.lr * 1.0f);
 }
 
+TEST(ShardSetTest, AsStateSinkRefusesWrongSizesAndKeepsUnsetCounts) {
+  const TensorDef def{"w", 128, 32, Spec(Format::kFp8Current, Format::kFp8Current)};
+  auto set = *ShardSet::Create({def}, {{0, 0, 128}}, OptimizerOptions());
+  ShardStateSink& sink = *set;
+  const std::vector<float> w = RandomValues(128 * 32, 4);
+  ASSERT_TRUE(sink.RestoreMaster(0, w).ok());
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), set->master(0).begin()));
+  // A master of another size, or of a shard not here: refused, nothing written.
+  const std::vector<float> short_master(100, 7.0f);
+  EXPECT_EQ(sink.RestoreMaster(0, short_master).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sink.RestoreMaster(1, w).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), set->master(0).begin()));
+  // Moments: empty (none saved) or of the shard's size.
+  ASSERT_TRUE(sink.RestoreOptimizerState(0, w, w).ok());
+  EXPECT_EQ(set->optimizer_state(0).m, w);
+  EXPECT_EQ(set->optimizer_state(0).v, w);
+  ASSERT_TRUE(sink.RestoreOptimizerState(0, {}, {}).ok());
+  EXPECT_TRUE(set->optimizer_state(0).m.empty());
+  EXPECT_FALSE(sink.RestoreOptimizerState(0, short_master, {}).ok());
+  EXPECT_EQ(sink.RestoreOptimizerState(1, {}, {}).code(), absl::StatusCode::kInvalidArgument);
+  // A negative count leaves that count as it is.
+  ASSERT_TRUE(sink.RestoreStepCounts(12, 3).ok());
+  ASSERT_TRUE(sink.RestoreStepCounts(-1, 5).ok());
+  EXPECT_EQ(set->optimizer_steps(), 12);
+  EXPECT_EQ(set->skipped_steps(), 5);
+  ASSERT_TRUE(sink.RestoreStepCounts(14, -1).ok());
+  EXPECT_EQ(set->optimizer_steps(), 14);
+  EXPECT_EQ(set->skipped_steps(), 5);
+}
+
 TEST(ShardSetTest, AllReduceCallsDependOnTheManifestOnly) {
   // A daemon holding no piece of a current-scaling tensor still takes part
   // in the all-reduce (with a zero contribution).
