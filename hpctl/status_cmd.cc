@@ -137,6 +137,16 @@ void PrintRecovery(const rpc::RecoveryStatus& r) {
     std::cout << "\nRECOVERY in progress: " << r.state() << "\n";
   } else if (!r.error().empty()) {
     std::cout << "\nRECOVERY failing (retried every 2 s; steps are refused): " << r.error() << "\n";
+  } else if (r.epoch() > 0) {
+    const rpc::RecoveryPhases& p = r.phases();
+    std::cout << absl::StrFormat(
+        "\nlast recovery (%d): rank %d replaced from %s, every daemon back at version %d (%d "
+        "versions lost), %.2f s after the loss\n  waiting for the replacement %.2f s, prepare "
+        "%.2f s, recover %.2f s (slowest daemon: connect %.2f s, snapshot fetch %.2f s, backend "
+        "%.2f s, restore %.2f s, republish %.2f s)\n",
+        r.epoch(), r.replaced_rank(), r.source(), r.rewound_to_version(), r.versions_lost(),
+        r.seconds(), p.wait(), p.prepare(), p.recover(), p.connect(), p.snapshot_fetch(),
+        p.backend_create(), p.restore(), p.republish());
   }
 }
 

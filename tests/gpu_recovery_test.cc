@@ -161,6 +161,17 @@ TEST(GpuRecoveryTest, KilledGpuDaemonIsReplacedFromItsBuddysSnapshot) {
       recovery.source().c_str(), recovered, first,
       static_cast<long long>(recovery.rewound_to_version()),
       static_cast<long long>(recovery.versions_lost()));
+  // Phase by phase: the kill until the lease expired (seen here as what the
+  // coordinator's count does not cover), then its phases.
+  const rpc::RecoveryPhases& p = recovery.phases();
+  std::printf(
+      "recovery phases: kill to loss seen %.3f s (lease), waiting for the replacement (process "
+      "start, CUDA init, join) %.3f s, prepare %.3f s, recover %.3f s = connect %.3f + snapshot "
+      "fetch %.3f + backend %.3f + restore %.3f + republish %.3f (+ rest)\n",
+      recovered - recovery.seconds(), p.wait(), p.prepare(), p.recover(), p.connect(),
+      p.snapshot_fetch(), p.backend_create(), p.restore(), p.republish());
+  EXPECT_GT(p.restore(), 0);
+  EXPECT_GT(p.republish(), 0);
 }
 
 }  // namespace

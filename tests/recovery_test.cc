@@ -443,10 +443,27 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   EXPECT_EQ(r.committed_before(), 5);
   EXPECT_EQ(r.versions_lost(), 1);
   EXPECT_EQ(r.source(), "snapshot v4") << c->cluster->Logs();
+  // Where the time went: the phases add up to the whole (the checkpoint
+  // listing before PrepareRecovery is the rest), and the replacement
+  // fetched its state from its buddy.
+  const rpc::RecoveryPhases& p = r.phases();
+  const double parts = p.wait() + p.prepare() + p.recover();
+  EXPECT_LE(parts, r.seconds() + 1e-3);
+  EXPECT_GE(parts, r.seconds() - 0.1);
+  EXPECT_GT(p.recover(), 0);
+  EXPECT_GT(p.snapshot_fetch(), 0);
+  EXPECT_GT(p.restore(), 0);
+  EXPECT_GT(p.republish(), 0);
+  EXPECT_LE(p.connect() + p.snapshot_fetch() + p.backend_create() + p.restore() + p.republish(),
+            p.recover() + 1e-3);
   ASSERT_TRUE(c->client->RefreshManifest().ok());
   for (v = 4; v < 7; ++v) ASSERT_TRUE(c->Push(v).ok()) << c->cluster->Logs();
-  std::printf("recovery (snapshot): kill to first new version %.3f s\n",
-              absl::ToDoubleSeconds(absl::Now() - killed));
+  std::printf(
+      "recovery (snapshot): kill to first new version %.3f s; loss to republished %.3f s = wait "
+      "%.3f + prepare %.3f + recover %.3f (connect %.3f, fetch %.3f, backend %.3f, restore %.3f, "
+      "republish %.3f)\n",
+      absl::ToDoubleSeconds(absl::Now() - killed), r.seconds(), p.wait(), p.prepare(), p.recover(),
+      p.connect(), p.snapshot_fetch(), p.backend_create(), p.restore(), p.republish());
   ASSERT_TRUE(c->Checkpoint().ok());  // version 7
   ExpectSameAsRestoredReplay(c->ckpt(), 2, 7);
 }

@@ -118,15 +118,22 @@ void Coordinator::Impl::Recover(int64_t epoch) {
       recovery_.set_source(result->source);
       const absl::Time from = lost_at_ == absl::InfinitePast() ? start : lost_at_;
       recovery_.set_seconds(absl::ToDoubleSeconds(now - from));
+      *recovery_.mutable_phases() = result->phases;
+      recovery_.mutable_phases()->set_wait(absl::ToDoubleSeconds(start - from));
       recovery_.set_error("");
       recovery_.set_state("done");
       StateChangedLocked();
       lost_at_ = absl::InfinitePast();
+      const rpc::RecoveryPhases& p = recovery_.phases();
       Log(kTag,
           absl::StrFormat("recovery %d done: rank %d replaced, every daemon rewound to version %d "
-                          "(committed was %d: %d versions lost) from %s, %.2f s after the loss",
+                          "(committed was %d: %d versions lost) from %s, %.2f s after the loss "
+                          "(waiting %.2f s, prepare %.2f s, recover %.2f s: connect %.2f, snapshot "
+                          "fetch %.2f, backend %.2f, restore %.2f, republish %.2f)",
                           epoch, replaced, committed_, committed_before, recovery_.versions_lost(),
-                          result->source, recovery_.seconds()));
+                          result->source, recovery_.seconds(), p.wait(), p.prepare(), p.recover(),
+                          p.connect(), p.snapshot_fetch(), p.backend_create(), p.restore(),
+                          p.republish()));
     }
   }
   version_waiters_.WakeAll();

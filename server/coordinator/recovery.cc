@@ -159,6 +159,7 @@ rpc::Manifest RelocatedManifest(rpc::Manifest manifest, const std::vector<std::s
 absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
   RecoveryResult result;
   const int n = static_cast<int>(plan.stubs.size());
+  absl::Time phase_start = absl::Now();
   auto prepared = CallAll<rpc::PrepareRecoveryRequest, rpc::PrepareRecoveryResponse>(
       plan.stubs, plan.prepare_timeout,
       [&](int, rpc::PrepareRecoveryRequest* r) { r->set_epoch(plan.epoch); },
@@ -167,6 +168,8 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
         stub->async()->PrepareRecovery(c, req, resp, std::move(cb));
       });
   RETURN_IF_ERROR(FirstError(prepared, "PrepareRecovery"));
+  result.phases.set_prepare(absl::ToDoubleSeconds(absl::Now() - phase_start));
+  phase_start = absl::Now();
   rpc::DataPlane world;
   world.set_transport(plan.transport);
   world.set_num_daemons(n);
@@ -218,6 +221,21 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
         }
       });
   RETURN_IF_ERROR(recovered.status());
+  result.phases.set_recover(absl::ToDoubleSeconds(absl::Now() - phase_start));
+  // The daemon parts of the slowest daemon (its parts add up; maxima of
+  // each part would not: a daemon's republish waits for the slowest peer).
+  double slowest = -1;
+  for (const rpc::RecoverResponse& response : *recovered) {
+    const rpc::RecoveryPhases& p = response.phases();
+    const double sum =
+        p.connect() + p.snapshot_fetch() + p.backend_create() + p.restore() + p.republish();
+    if (sum <= slowest) continue;
+    slowest = sum;
+    const double prepare = result.phases.prepare(), recover = result.phases.recover();
+    result.phases = p;
+    result.phases.set_prepare(prepare);
+    result.phases.set_recover(recover);
+  }
   for (int r = 0; r < n; ++r) {
     const int64_t v = (*recovered)[r].published_version();
     if (r > 0 && v != result.published_version) {

@@ -63,6 +63,9 @@ struct RecoveryResult {
   rpc::Manifest manifest;                         // what the daemons run now (no tensors: no model)
   // "snapshot v<N>" / "checkpoint <path> v<N>" / "none (no model loaded)".
   std::string source;
+  // prepare, recover and the parts of the slowest daemon (the one whose
+  // parts add up to the most); `wait` is the caller's.
+  rpc::RecoveryPhases phases;
 };
 
 // The newest version of which every rank in [0, n) has a snapshot of model

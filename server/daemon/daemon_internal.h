@@ -322,8 +322,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
 
   // Worker thread: installs a new model and publishes its first version (0
   // from a file, V from checkpoint V); with neither, waits for PushWeights.
+  // `phases` (may be null): backend_create, restore and republish seconds.
   absl::StatusOr<int64_t> LoadOnWorker(const std::shared_ptr<const ModelView>& view,
-                                       const LoadSource& source, int expected_pushers);
+                                       const LoadSource& source, int expected_pushers,
+                                       rpc::RecoveryPhases* phases = nullptr);
 
   // gRPC thread: leaves the current data-plane world (a step blocked in its
   // all-reduce fails now) and opens the endpoint of the next one. The same
@@ -337,8 +339,10 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   // checkpoint and republishes its version (LoadOnWorker); returns that
   // version (-1: no model). On failure it leaves the world it connected, so
   // that peers waiting in the republish for it fail now.
+  // `phases`: where its time went (connect, snapshot fetch, LoadOnWorker's).
   absl::StatusOr<int64_t> RecoverOnWorker(const rpc::RecoverRequest& request,
-                                          const std::shared_ptr<const ModelView>& view);
+                                          const std::shared_ptr<const ModelView>& view,
+                                          rpc::RecoveryPhases* phases);
 
   void ReportVersion(int64_t version, double seconds);
 

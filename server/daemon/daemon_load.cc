@@ -127,7 +127,17 @@ absl::Status Daemon::Impl::AwaitJoined(int rank) {
 }
 
 absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const ModelView>& view,
-                                                   const LoadSource& source, int expected_pushers) {
+                                                   const LoadSource& source, int expected_pushers,
+                                                   rpc::RecoveryPhases* phases) {
+  rpc::RecoveryPhases unused;
+  if (phases == nullptr) phases = &unused;
+  absl::Time phase_start = absl::Now();
+  auto end_phase = [&phase_start] {
+    const absl::Time now = absl::Now();
+    const double seconds = absl::ToDoubleSeconds(now - phase_start);
+    phase_start = now;
+    return seconds;
+  };
   ShardBackendOptions backend_options;
   // The coordinator's config (every manifest it sends has one).
   backend_options.optimizer = view->optimizer.value_or(options_.optimizer);
@@ -146,6 +156,7 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const M
   }
   RETURN_IF_ERROR(created.status());
   std::unique_ptr<ShardBackend> shards = *std::move(created);
+  phases->set_backend_create(end_phase());
   const bool from_file = restore || !source.safetensors_path.empty();
   std::vector<SavedDelayedState> next_delayed;
   if (restore) {
@@ -177,6 +188,7 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const M
       }
     }
   }
+  phases->set_restore(end_phase());
   const int64_t first_version = source.snapshot != nullptr
                                     ? source.snapshot->header.version()
                                     : (restore ? source.checkpoint_version : 0);
@@ -219,6 +231,7 @@ absl::StatusOr<int64_t> Daemon::Impl::LoadOnWorker(const std::shared_ptr<const M
   // Back to the saved post-update scales (the worker is still ours: no
   // step can run in between).
   if (restore) RETURN_IF_ERROR(ApplyDelayedStates(next_delayed, *shards_->state_sink()));
+  phases->set_republish(end_phase());
   return latest_->version;
 }
 

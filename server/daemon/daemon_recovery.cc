@@ -114,7 +114,7 @@ grpc::ServerUnaryReactor* Daemon::Impl::Recover(grpc::CallbackServerContext* con
   }
   worlds_.Claim(request->epoch());
   worker_.Post([this, request = *request, view, reactor, response] {
-    absl::StatusOr<int64_t> v = RecoverOnWorker(request, view);
+    absl::StatusOr<int64_t> v = RecoverOnWorker(request, view, response->mutable_phases());
     if (v.ok()) response->set_published_version(*v);
     if (!v.ok()) LogError(kTag, absl::StrCat("recovery failed: ", v.status().ToString()));
     reactor->Finish(ToGrpcStatus(v.status()));
@@ -136,9 +136,11 @@ absl::StatusOr<std::string> Daemon::Impl::OpenNextWorld(int64_t epoch) {
   return address;
 }
 
-absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(
-    const rpc::RecoverRequest& request, const std::shared_ptr<const ModelView>& view) {
+absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(const rpc::RecoverRequest& request,
+                                                      const std::shared_ptr<const ModelView>& view,
+                                                      rpc::RecoveryPhases* phases) {
   const int rank = request.load().daemon_rank();
+  const absl::Time connecting = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<DaemonDataPlane> old, worlds_.SwitchToNext(request, rank));
   DaemonDataPlane* const plane = worlds_.current();
   // From here on a failure leaves the new world: a peer waiting in the
@@ -161,6 +163,7 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(
     Log(kTag, absl::StrCat("recovery ", request.epoch(), ": every data-plane peer answered after ",
                            absl::FormatDuration(absl::Now() - probing)));
   }
+  phases->set_connect(absl::ToDoubleSeconds(absl::Now() - connecting));
   {
     absl::MutexLock lock(&mu_);
     if (rank != rank_) {
@@ -189,15 +192,18 @@ absl::StatusOr<int64_t> Daemon::Impl::RecoverOnWorker(
                                                   generation, " held here"));
         }
       } else {
+        const absl::Time fetching = absl::Now();
         ASSIGN_OR_RETURN(source.snapshot,
                          snapshots_->Fetch(request.snapshot_source(), rank,
                                            request.snapshot_version(), generation));
+        phases->set_snapshot_fetch(absl::ToDoubleSeconds(absl::Now() - fetching));
       }
     } else {
       source.checkpoint_path = request.load().checkpoint_path();
       source.checkpoint_version = request.load().checkpoint_version();
     }
-    ASSIGN_OR_RETURN(version, LoadOnWorker(view, source, request.load().expected_pushers()));
+    ASSIGN_OR_RETURN(version,
+                     LoadOnWorker(view, source, request.load().expected_pushers(), phases));
     snapshots_->AfterRecovery(version, source.snapshot);
   }
   leave.succeeded = true;
