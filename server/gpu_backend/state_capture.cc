@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu_status.h"
@@ -20,6 +22,38 @@ namespace {
 // Two page-locked buffers of this size: the download alternates between
 // them (one is filled by the device while the other is copied out).
 constexpr size_t kBounceBytes = size_t{32} << 20;
+
+// The copy out of a bounce buffer into the snapshot's pageable vectors is
+// the slow half of the download (one core's memcpy, and first-touch page
+// faults into vectors that are not recycled yet): it is split over up to
+// this many threads (a quarter of the machine's cores at most).
+int CopyOutThreads() {
+  static const int threads = [] {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    return std::clamp(cores / 4, 1, 8);
+  }();
+  return threads;
+}
+
+// memcpy of `bytes` from `src` to `dst` split over `threads` threads (this
+// one included), in 64 KiB-aligned slices.
+void ParallelMemcpy(void* dst, const void* src, size_t bytes, int threads) {
+  constexpr size_t kAlign = size_t{64} << 10;
+  const size_t slice = (bytes / threads + kAlign - 1) / kAlign * kAlign;
+  if (threads <= 1 || slice >= bytes) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto copy = [&](size_t begin) {
+    const size_t end = std::min(bytes, begin + slice);
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
+                end - begin);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t begin = slice; begin < bytes; begin += slice) helpers.emplace_back(copy, begin);
+  copy(0);
+  for (std::thread& t : helpers) t.join();
+}
 
 // Device memory left free beside the spare: the store's later growth (the
 // push staging buffer), NCCL and the same-GPU trainers' mappings.
@@ -244,7 +278,7 @@ absl::Status DeviceSnapshotSpare::Download(const std::vector<Piece>& pieces) {
   // Chunk j goes into bounce j % 2; chunk j-1 is copied out while j moves.
   auto copy_out = [&](size_t j) -> absl::Status {
     GPU_RETURN_IF_ERROR(cudaEventSynchronize(bounce_done_[j % 2]));
-    std::memcpy(chunks[j].dst, bounce_[j % 2], chunks[j].bytes);
+    ParallelMemcpy(chunks[j].dst, bounce_[j % 2], chunks[j].bytes, CopyOutThreads());
     return absl::OkStatus();
   };
   for (size_t j = 0; j < chunks.size(); ++j) {

@@ -11,11 +11,12 @@
 //   12 with AdamW), then records `copied`. The step thread only enqueues
 //   (no host wait). The next step's device work waits for `copied` on the
 //   device (OrderBefore; a ~3 TB/s device copy, done long before when the
-//   step is waiting for pushes), and a host write into the state (the
-//   mirror's upload after a restore) waits for it on the host (WaitHost).
+//   step is waiting for pushes), and host writes into the state (a
+//   mirror's upload, a restore's) wait for it on the host (WaitHost).
 //   The snapshot keeper's thread then downloads the spare into host
-//   vectors through two page-locked bounce buffers, while the daemon steps
-//   on; the next capture waits for that download (the spare is reused).
+//   vectors through two page-locked bounce buffers (each copied out by up
+//   to 8 threads), while the daemon steps on; the next capture waits for
+//   that download (the spare is reused).
 //
 //   direct (where the spare does not fit: free memory < spare + reserve,
 //   or PARAMD_GPU_SNAPSHOT_SPARE=0): the capture reads the live buffers,
