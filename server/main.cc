@@ -244,18 +244,9 @@ ABSL_FLAG(int64_t, max_parked_fetches_per_client, 256,
 namespace paramd {
 namespace {
 
-absl::Status Run() {
-  ServerOptions options;
-  const std::string role = absl::GetFlag(FLAGS_role);
-  if (role != "both" && role != "coordinator" && role != "daemon") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--role must be coordinator, daemon or both, got \"", role, "\""));
-  }
-  RETURN_IF_ERROR(InitLogging({absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level),
-                               absl::GetFlag(FLAGS_v), role}));
-  RouteLibraryLogging();  // gRPC's and protobuf's lines in the same format
-  options.run_coordinator = role != "daemon";
-  options.run_daemon = role != "coordinator";
+// Security and addresses: TLS, tokens, the cluster secret, and the listen
+// and dial addresses checked before anything starts.
+absl::Status SecurityFromFlags(const std::string& role, ServerOptions& options) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.insecure_listen_anywhere = absl::GetFlag(FLAGS_insecure_listen_anywhere);
   ASSIGN_OR_RETURN(options.tls,
@@ -315,9 +306,13 @@ absl::Status Run() {
   if (!options.advertise_address.empty()) {
     RETURN_IF_ERROR(check_address("advertise_address", options.advertise_address));
   }
+  return absl::OkStatus();
+}
 
-  // The optimizer flags that are set (on the command line, in a --flagfile
-  // or in the --config file); an unset one is no opinion.
+// The optimizer flags that are set (on the command line, in a --flagfile or
+// in the --config file; an unset one is no opinion) and the daemon role's
+// options. `optimizer_file`: --optimizer names a config file.
+absl::Status DaemonFromFlags(ServerOptions& options, bool* optimizer_file_out) {
   const std::string optimizer_flag = absl::GetFlag(FLAGS_optimizer);
   const bool optimizer_file =
       !optimizer_flag.empty() && optimizer_flag != "adamw" && optimizer_flag != "sgd";
@@ -365,7 +360,12 @@ absl::Status Run() {
   }
   options.daemon.heartbeat_interval =
       absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
+  *optimizer_file_out = optimizer_file;
+  return absl::OkStatus();
+}
 
+// Request limits (both roles) and the gRPC message size.
+absl::Status LimitsFromFlags(ServerOptions& options) {
   RequestLimits limits;
   limits.max_tensor_name_bytes = absl::GetFlag(FLAGS_max_tensor_name_bytes);
   limits.max_tensors = absl::GetFlag(FLAGS_max_tensors);
@@ -413,9 +413,16 @@ absl::Status Run() {
           static_cast<int64_t>(static_cast<double>(pages) * static_cast<double>(page) * 0.9);
     }
   }
+  options.coordinator.limits = limits;
+  return absl::OkStatus();
+}
 
+// The coordinator role's options: membership, files, and its optimizer
+// config from the recipe, an --optimizer file or the flags.
+absl::Status CoordinatorFromFlags(bool optimizer_file, ServerOptions& options) {
+  const std::string optimizer_flag = absl::GetFlag(FLAGS_optimizer);
+  const recipe::OptimizerConfig& pins = options.daemon.optimizer_flags;
   CoordinatorOptions& c = options.coordinator;
-  c.limits = limits;
   c.expected_daemons = absl::GetFlag(FLAGS_daemons);
   if (c.expected_daemons < 1) {
     return absl::InvalidArgumentError(
@@ -493,76 +500,120 @@ absl::Status Run() {
       return parsed;
     };
   }
+  return absl::OkStatus();
+}
 
-  // Checkpoint / export services (checkpoint/) over the roles run here.
-  checkpoint::CheckpointServiceOptions checkpoint_options;
-  checkpoint_options.root = absl::GetFlag(FLAGS_checkpoint_dir);
-  checkpoint_options.keep = absl::GetFlag(FLAGS_keep_checkpoints);
-  checkpoint_options.modes =
-      FileModes::ForGroupReadable(absl::GetFlag(FLAGS_checkpoint_group_readable));
-  checkpoint_options.authenticator = options.authenticator;
-  std::unique_ptr<checkpoint::CheckpointableDaemon> checkpointable;
-  std::unique_ptr<checkpoint::CheckpointDaemonService> checkpoint_daemon;
-  std::unique_ptr<checkpoint::CheckpointCoordinatorService> checkpoint_coordinator;
-  options.add_services = [&](Coordinator* coordinator, Daemon* daemon,
-                             std::vector<grpc::Service*>* services) -> absl::Status {
+// The checkpoint and export services (checkpoint/) over the roles run
+// here, and --checkpoint_every's periodic checkpoints: one at a time, each
+// on its own thread (the commit callback runs on a gRPC thread and must not
+// block). Install before the server starts; it must outlive the server,
+// and JoinPeriodic once the server is gone (no more commits).
+class CheckpointWiring {
+ public:
+  absl::Status Install(ServerOptions& options) {
+    options_.root = absl::GetFlag(FLAGS_checkpoint_dir);
+    options_.keep = absl::GetFlag(FLAGS_keep_checkpoints);
+    options_.modes = FileModes::ForGroupReadable(absl::GetFlag(FLAGS_checkpoint_group_readable));
+    options_.authenticator = options.authenticator;
+    options.add_services = [this, tls = options.tls](Coordinator* coordinator, Daemon* daemon,
+                                                     std::vector<grpc::Service*>* services) {
+      return AddServices(tls, coordinator, daemon, services);
+    };
+    const int every = absl::GetFlag(FLAGS_checkpoint_every);
+    if (every <= 0 || !options.run_coordinator) return absl::OkStatus();
+    if (options_.root.empty()) {
+      return absl::InvalidArgumentError("--checkpoint_every needs --checkpoint_dir");
+    }
+    options.coordinator.on_commit = [this, every](int64_t version) {
+      if (version > 0 && version % every == 0) StartPeriodic(version);
+    };
+    return absl::OkStatus();
+  }
+
+  void JoinPeriodic() {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&periodic_mu_);
+      threads.swap(periodic_threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  absl::Status AddServices(const auth::TlsConfig& tls, Coordinator* coordinator, Daemon* daemon,
+                           std::vector<grpc::Service*>* services) {
     if (daemon != nullptr) {
-      checkpointable = NewCheckpointableDaemon(daemon);
-      ASSIGN_OR_RETURN(checkpoint_daemon, checkpoint::CheckpointDaemonService::Create(
-                                              checkpoint_options, checkpointable.get()));
-      services->push_back(checkpoint_daemon->service());
+      checkpointable_ = NewCheckpointableDaemon(daemon);
+      ASSIGN_OR_RETURN(daemon_service_, checkpoint::CheckpointDaemonService::Create(
+                                            options_, checkpointable_.get()));
+      services->push_back(daemon_service_->service());
     }
     if (coordinator != nullptr) {
       // WriteShard is cluster-internal: the coordinator's calls present the
       // cluster secret, which every joined daemon accepts.
-      checkpoint_options.daemon_channel = {
-          options.tls, std::make_shared<auth::BearerToken>(coordinator->cluster_secret())};
+      options_.daemon_channel = {
+          tls, std::make_shared<auth::BearerToken>(coordinator->cluster_secret())};
       // Before the port serves: a replacement daemon may read it at once.
       if (const std::string out = absl::GetFlag(FLAGS_cluster_secret_out); !out.empty()) {
         if (absl::Status s = auth::WriteSecretFile(out, coordinator->cluster_secret()); !s.ok()) {
           return absl::Status(s.code(), absl::StrCat("--cluster_secret_out: ", s.message()));
         }
       }
-      ASSIGN_OR_RETURN(checkpoint_coordinator,
-                       checkpoint::CheckpointCoordinatorService::Create(
-                           checkpoint_options, NewInProcessClusterView(coordinator)));
-      services->push_back(checkpoint_coordinator->service());
+      ASSIGN_OR_RETURN(coordinator_service_, checkpoint::CheckpointCoordinatorService::Create(
+                                                 options_, NewInProcessClusterView(coordinator)));
+      services->push_back(coordinator_service_->service());
     }
     return absl::OkStatus();
-  };
-
-  // --checkpoint_every: one checkpoint at a time, on its own thread (the
-  // commit callback runs on a gRPC thread and must not block).
-  const int checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  absl::Mutex periodic_mu;
-  bool periodic_running = false;
-  std::vector<std::thread> periodic_threads;
-  if (checkpoint_every > 0 && options.run_coordinator) {
-    if (checkpoint_options.root.empty()) {
-      return absl::InvalidArgumentError("--checkpoint_every needs --checkpoint_dir");
-    }
-    c.on_commit = [&](int64_t version) {
-      if (version <= 0 || version % checkpoint_every != 0) return;
-      absl::MutexLock lock(&periodic_mu);
-      if (periodic_running || checkpoint_coordinator == nullptr) return;
-      periodic_running = true;
-      periodic_threads.emplace_back([&, version] {
-        checkpoint::CheckpointRequest request;
-        request.set_version(-1);
-        absl::StatusOr<checkpoint::CheckpointResponse> r =
-            checkpoint_coordinator->Checkpoint(request);
-        if (r.ok()) {
-          LogInfo("hybrid-paramd", absl::StrCat("periodic checkpoint of version ", r->version(),
-                                                " (commit ", version, ") done"));
-        } else {
-          LogError("hybrid-paramd",
-                   absl::StrCat("periodic checkpoint failed: ", r.status().ToString()));
-        }
-        absl::MutexLock lock(&periodic_mu);
-        periodic_running = false;
-      });
-    };
   }
+
+  void StartPeriodic(int64_t version) {
+    absl::MutexLock lock(&periodic_mu_);
+    if (periodic_running_ || coordinator_service_ == nullptr) return;
+    periodic_running_ = true;
+    periodic_threads_.emplace_back([this, version] {
+      checkpoint::CheckpointRequest request;
+      request.set_version(-1);
+      absl::StatusOr<checkpoint::CheckpointResponse> r = coordinator_service_->Checkpoint(request);
+      if (r.ok()) {
+        LogInfo("hybrid-paramd", absl::StrCat("periodic checkpoint of version ", r->version(),
+                                              " (commit ", version, ") done"));
+      } else {
+        LogError("hybrid-paramd",
+                 absl::StrCat("periodic checkpoint failed: ", r.status().ToString()));
+      }
+      absl::MutexLock lock(&periodic_mu_);
+      periodic_running_ = false;
+    });
+  }
+
+  checkpoint::CheckpointServiceOptions options_;
+  std::unique_ptr<checkpoint::CheckpointableDaemon> checkpointable_;
+  std::unique_ptr<checkpoint::CheckpointDaemonService> daemon_service_;
+  std::unique_ptr<checkpoint::CheckpointCoordinatorService> coordinator_service_;
+  absl::Mutex periodic_mu_;
+  bool periodic_running_ ABSL_GUARDED_BY(periodic_mu_) = false;
+  std::vector<std::thread> periodic_threads_ ABSL_GUARDED_BY(periodic_mu_);
+};
+
+absl::Status Run() {
+  ServerOptions options;
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role != "both" && role != "coordinator" && role != "daemon") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--role must be coordinator, daemon or both, got \"", role, "\""));
+  }
+  RETURN_IF_ERROR(InitLogging({absl::GetFlag(FLAGS_log_format), absl::GetFlag(FLAGS_log_level),
+                               absl::GetFlag(FLAGS_v), role}));
+  RouteLibraryLogging();  // gRPC's and protobuf's lines in the same format
+  options.run_coordinator = role != "daemon";
+  options.run_daemon = role != "coordinator";
+  RETURN_IF_ERROR(SecurityFromFlags(role, options));
+  bool optimizer_file = false;
+  RETURN_IF_ERROR(DaemonFromFlags(options, &optimizer_file));
+  RETURN_IF_ERROR(LimitsFromFlags(options));
+  RETURN_IF_ERROR(CoordinatorFromFlags(optimizer_file, options));
+  CheckpointWiring checkpoints;
+  RETURN_IF_ERROR(checkpoints.Install(options));
 
   // SIGINT/SIGTERM are taken by a thread (sigwait) that shuts down cleanly;
   // block them before any thread exists so that every thread inherits it.
@@ -620,10 +671,9 @@ absl::Status Run() {
   absl::Status fatal = server->fatal_error();
   metrics.reset();
   server.reset();  // no more commits: no more periodic checkpoints start
-  for (std::thread& t : periodic_threads) t.join();
+  checkpoints.JoinPeriodic();
   return fatal;
 }
-
 }  // namespace
 }  // namespace paramd
 
