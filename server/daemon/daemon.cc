@@ -210,14 +210,7 @@ auth::ProbeNames CoordinatorProbeNames() {
 
 }  // namespace
 
-void Daemon::Impl::JoinLoopBody() {
-  const absl::Time give_up = absl::Now() + options_.join_timeout;
-  if (absl::Status opened = worlds_.OpenFirst(); !opened.ok()) {
-    absl::MutexLock lock(&mu_);
-    join_error_ = absl::StrCat("data plane: ", opened.ToString());
-    LogError(kTag, join_error_);
-    return;
-  }
+rpc::JoinRequest Daemon::Impl::MakeJoinRequest() {
   rpc::JoinRequest request;
   request.set_role(rpc::ROLE_DAEMON);
   {
@@ -227,14 +220,91 @@ void Daemon::Impl::JoinLoopBody() {
   request.set_data_plane_address(worlds_.current()->address());
   request.set_name(absl::StrCat("daemon@", request.address()));
   request.set_wait_for_world(true);
-  absl::Time next_waiting_log = absl::InfinitePast();
   request.set_incarnation(incarnation_);
   if (options_.rank >= 0) request.set_rank(options_.rank);
-  bool unavailable_logged = false;
   *request.mutable_optimizer_flags() = options_.optimizer_flags;
   request.set_pipelined_step(options_.pipelined_step);
   request.set_step_bucket_elements(options_.step_bucket_elements);
   request.set_member_secret(options_.member_secret);
+  return request;
+}
+
+bool Daemon::Impl::CoordinatorUnreachable(absl::Time give_up, absl::Time* next_waiting_log) {
+  if (absl::Now() < *next_waiting_log) return false;
+  // What waiting will not mend (TLS against plaintext, a certificate the CA
+  // did not sign, ...) ends the join at once, in words; a refused or silent
+  // address is waited for (the coordinator may start later), and the log
+  // says why it is not reachable.
+  const absl::Status probe = auth::ProbeEndpoint(coordinator_address_, options_.tls,
+                                                 absl::Seconds(2), CoordinatorProbeNames());
+  if (!probe.ok() && !absl::IsUnavailable(probe)) {
+    absl::MutexLock lock(&mu_);
+    join_error_ = absl::StrCat("the coordinator at ", coordinator_address_, ": ", probe.message());
+    LogError(kTag, join_error_);
+    return true;
+  }
+  Log(kTag, absl::StrCat(
+                "waiting for the coordinator at ", coordinator_address_, " (not reachable yet",
+                probe.ok() ? "" : absl::StrCat(": ", probe.message()), "; retrying, giving up in ",
+                absl::FormatDuration(absl::Trunc(give_up - absl::Now(), absl::Seconds(1))), ")"));
+  *next_waiting_log = absl::Now() + absl::Seconds(5);
+  return false;
+}
+
+void Daemon::Impl::AdoptJoin(const rpc::JoinResponse& response) {
+  if (!response.cluster_secret().empty()) {
+    if (options_.authenticator) options_.authenticator->AddClusterSecret(response.cluster_secret());
+    coordinator_token_->Set(response.cluster_secret());
+  }
+  if (response.replacement()) {
+    // The world's data plane is rebuilt by the coordinator's recovery,
+    // which also gives this daemon the rank's state.
+    absl::MutexLock lock(&mu_);
+    rank_ = response.rank();
+    member_id_ = response.member_id();
+    recovering_ = true;
+    Log(kTag,
+        absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
+                     ", replacing a daemon that went down; waiting for the "
+                     "coordinator's recovery"));
+    return;
+  }
+  absl::StatusOr<AllReduceMaxFn> all_reduce =
+      worlds_.current()->Connect(response.data_plane(), response.rank());
+  absl::MutexLock lock(&mu_);
+  rank_ = response.rank();
+  SetLogRank(rank_);
+  member_id_ = response.member_id();
+  const bool connected = all_reduce.ok();
+  if (connected) {
+    all_reduce_ = *std::move(all_reduce);
+    data_plane_transport_ = worlds_.current()->transport();
+  } else {
+    join_error_ = all_reduce.status().ToString();
+  }
+  if (response.has_optimizer()) {
+    absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(response.optimizer());
+    Log(kTag, o.ok() ? absl::StrCat("coordinator's optimizer: ", DescribeOptimizer(*o))
+                     : absl::StrCat("coordinator's optimizer config: ", o.status().ToString()));
+  }
+  Log(kTag,
+      absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
+                   "; backend ", backend_ == DaemonBackend::kGpu ? "gpu" : "cpu",
+                   backend_auto_ ? " (--backend=auto)" : "",
+                   connected ? "" : absl::StrCat("; data plane: ", join_error_)));
+}
+
+void Daemon::Impl::JoinLoopBody() {
+  const absl::Time give_up = absl::Now() + options_.join_timeout;
+  if (absl::Status opened = worlds_.OpenFirst(); !opened.ok()) {
+    absl::MutexLock lock(&mu_);
+    join_error_ = absl::StrCat("data plane: ", opened.ToString());
+    LogError(kTag, join_error_);
+    return;
+  }
+  const rpc::JoinRequest request = MakeJoinRequest();
+  absl::Time next_waiting_log = absl::InfinitePast();
+  bool unavailable_logged = false;
   while (absl::Now() < give_up) {
     // Until the coordinator answers, say so every few seconds (a daemon
     // started before its coordinator is not silent).
@@ -244,27 +314,7 @@ void Daemon::Impl::JoinLoopBody() {
         absl::MutexLock lock(&mu_);
         if (shut_down_) return;
       }
-      if (absl::Now() >= next_waiting_log) {
-        // What waiting will not mend (TLS against plaintext, a certificate
-        // the CA did not sign, ...) ends the join at once, in words; a
-        // refused or silent address is waited for (the coordinator may
-        // start later), and the log says why it is not reachable.
-        const absl::Status probe = auth::ProbeEndpoint(coordinator_address_, options_.tls,
-                                                       absl::Seconds(2), CoordinatorProbeNames());
-        if (!probe.ok() && !absl::IsUnavailable(probe)) {
-          absl::MutexLock lock(&mu_);
-          join_error_ =
-              absl::StrCat("the coordinator at ", coordinator_address_, ": ", probe.message());
-          LogError(kTag, join_error_);
-          return;
-        }
-        Log(kTag,
-            absl::StrCat(
-                "waiting for the coordinator at ", coordinator_address_, " (not reachable yet",
-                probe.ok() ? "" : absl::StrCat(": ", probe.message()), "; retrying, giving up in ",
-                absl::FormatDuration(absl::Trunc(give_up - absl::Now(), absl::Seconds(1))), ")"));
-        next_waiting_log = absl::Now() + absl::Seconds(5);
-      }
+      if (CoordinatorUnreachable(give_up, &next_waiting_log)) return;
       continue;
     }
     grpc::ClientContext context;
@@ -282,49 +332,8 @@ void Daemon::Impl::JoinLoopBody() {
       join_context_ = nullptr;
       if (shut_down_) return;
     }
-    if (s.ok() && !response.cluster_secret().empty()) {
-      if (options_.authenticator) {
-        options_.authenticator->AddClusterSecret(response.cluster_secret());
-      }
-      coordinator_token_->Set(response.cluster_secret());
-    }
-    if (s.ok() && response.replacement()) {
-      // The world's data plane is rebuilt by the coordinator's recovery,
-      // which also gives this daemon the rank's state.
-      absl::MutexLock lock(&mu_);
-      rank_ = response.rank();
-      member_id_ = response.member_id();
-      recovering_ = true;
-      Log(kTag,
-          absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
-                       ", replacing a daemon that went down; waiting for the "
-                       "coordinator's recovery"));
-      return;
-    }
     if (s.ok()) {
-      absl::StatusOr<AllReduceMaxFn> all_reduce =
-          worlds_.current()->Connect(response.data_plane(), response.rank());
-      absl::MutexLock lock(&mu_);
-      rank_ = response.rank();
-      SetLogRank(rank_);
-      member_id_ = response.member_id();
-      const bool connected = all_reduce.ok();
-      if (connected) {
-        all_reduce_ = *std::move(all_reduce);
-        data_plane_transport_ = worlds_.current()->transport();
-      } else {
-        join_error_ = all_reduce.status().ToString();
-      }
-      if (response.has_optimizer()) {
-        absl::StatusOr<OptimizerOptions> o = OptimizerFromProto(response.optimizer());
-        Log(kTag, o.ok() ? absl::StrCat("coordinator's optimizer: ", DescribeOptimizer(*o))
-                         : absl::StrCat("coordinator's optimizer config: ", o.status().ToString()));
-      }
-      Log(kTag,
-          absl::StrCat("joined as daemon rank ", rank_, " of ", response.data_plane().num_daemons(),
-                       "; backend ", backend_ == DaemonBackend::kGpu ? "gpu" : "cpu",
-                       backend_auto_ ? " (--backend=auto)" : "",
-                       connected ? "" : absl::StrCat("; data plane: ", join_error_)));
+      AdoptJoin(response);
       return;
     }
     const grpc::StatusCode code = s.error_code();

@@ -349,6 +349,13 @@ class Daemon::Impl : public rpc::Daemon::CallbackService, public ipc::IpcHost {
   void JoinLoop();
 
   void JoinLoopBody();
+  // JoinLoopBody's steps: the request it sends; while the coordinator is
+  // not connected, a log line every 5 s and true when a probe shows that
+  // waiting will not help (join_error_ set); the accepted join's answer
+  // taken (cluster secret, rank, data-plane world).
+  rpc::JoinRequest MakeJoinRequest();
+  bool CoordinatorUnreachable(absl::Time give_up, absl::Time* next_waiting_log);
+  void AdoptJoin(const rpc::JoinResponse& response);
 
   std::vector<PieceHealth> PublishedHealth(int64_t max_samples) const;
 
