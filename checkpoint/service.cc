@@ -564,6 +564,61 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
     });
   }
 
+  // FAILED_PRECONDITION unless the model of `manifest` has committed the
+  // version `request` asks for (-1: the newest).
+  static absl::Status CheckCommitted(const CheckpointRequest& request,
+                                     const rpc::Manifest& manifest) {
+    if (manifest.committed_version() < 0) {
+      return absl::FailedPreconditionError("no model loaded: nothing to checkpoint");
+    }
+    if (request.version() > manifest.committed_version()) {
+      // After a load --force the versions start again: a version asked
+      // for by number may be one of the model that was replaced.
+      return absl::FailedPreconditionError(
+          absl::StrCat("version ", request.version(),
+                       " is not committed (committed: ", manifest.committed_version(),
+                       manifest.model_generation() > 1
+                           ? absl::StrCat(" by model generation ", manifest.model_generation(),
+                                          ", loaded from ", manifest.loaded_from(),
+                                          "; the versions of a model a load replaced cannot be "
+                                          "checkpointed any more")
+                           : "",
+                       ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The checkpoint's metadata: optimizer, plan, pushers, the model
+  // generation, and the optimizer config with its per-tensor overrides.
+  static std::map<std::string, std::string> CheckpointMetadata(const rpc::Manifest& manifest) {
+    std::map<std::string, std::string> metadata = {
+        {"optimizer", manifest.optimizer()},
+        {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
+        {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
+    // Which model this is (server/coordinator/model_generation.h): a recovery never
+    // restores another generation's checkpoint. None recorded for a model
+    // loaded before generations were.
+    if (manifest.model_generation() > 0) {
+      metadata[kModelGenerationKey] = absl::StrCat(manifest.model_generation());
+    }
+    // The optimizer config and per-tensor overrides the model steps with
+    // (a restore steps on with them: server/coordinator/coordinator_load.cc).
+    if (manifest.has_optimizer_config()) {
+      std::string config, tensors;
+      rpc::Manifest overrides;
+      for (const rpc::TensorInfo& t : manifest.tensors()) {
+        rpc::TensorInfo* o = overrides.add_tensors();
+        o->set_name(t.name());
+        *o->mutable_optimizer() = t.optimizer();
+      }
+      google::protobuf::TextFormat::PrintToString(manifest.optimizer_config(), &config);
+      google::protobuf::TextFormat::PrintToString(overrides, &tensors);
+      metadata["optimizer_config"] = config;
+      metadata["optimizer_tensors"] = tensors;
+    }
+    return metadata;
+  }
+
   absl::StatusOr<CheckpointResponse> DoCheckpoint(const CheckpointRequest& request) {
     const auto start = std::chrono::steady_clock::now();
     // Before anything is created: a refused checkpoint leaves no directory.
@@ -574,29 +629,9 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
                        " is out of range: > 0 keeps that many, 0 the server's --keep_checkpoints, "
                        "-1 every checkpoint"));
     }
-    auto check_committed = [&request](const rpc::Manifest& manifest) -> absl::Status {
-      if (manifest.committed_version() < 0) {
-        return absl::FailedPreconditionError("no model loaded: nothing to checkpoint");
-      }
-      if (request.version() > manifest.committed_version()) {
-        // After a load --force the versions start again: a version asked
-        // for by number may be one of the model that was replaced.
-        return absl::FailedPreconditionError(
-            absl::StrCat("version ", request.version(),
-                         " is not committed (committed: ", manifest.committed_version(),
-                         manifest.model_generation() > 1
-                             ? absl::StrCat(" by model generation ", manifest.model_generation(),
-                                            ", loaded from ", manifest.loaded_from(),
-                                            "; the versions of a model a load replaced cannot be "
-                                            "checkpointed any more")
-                             : "",
-                         ")"));
-      }
-      return absl::OkStatus();
-    };
     {
       ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
-      RETURN_IF_ERROR(check_committed(manifest));
+      RETURN_IF_ERROR(CheckCommitted(request, manifest));
     }
     ASSIGN_OR_RETURN(CheckpointStore store, OpenStore(request.dir(), /*create=*/true));
     // One checkpoint at a time: KeepLast must not see another's files.
@@ -605,7 +640,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
     for (int attempt = 0; attempt <= options_.version_retries; ++attempt) {
       ASSIGN_OR_RETURN(rpc::Manifest manifest, cluster_->GetManifest());
       // Again: a load may have replaced the model meanwhile.
-      RETURN_IF_ERROR(check_committed(manifest));
+      RETURN_IF_ERROR(CheckCommitted(request, manifest));
       const uint64_t version = static_cast<uint64_t>(
           request.version() >= 0 ? request.version() : manifest.committed_version());
       CheckpointResponse response;
@@ -632,31 +667,7 @@ class CheckpointCoordinatorService::Impl : public CheckpointCoordinator::Callbac
         if (request.version() < 0) continue;
         return absl::FailedPreconditionError(last.message());
       }
-      std::map<std::string, std::string> metadata = {
-          {"optimizer", manifest.optimizer()},
-          {"plan_fingerprint", absl::StrCat(manifest.plan_fingerprint())},
-          {"expected_pushers", absl::StrCat(manifest.expected_pushers())}};
-      // Which model this is (server/coordinator/model_generation.h): a recovery never
-      // restores another generation's checkpoint. None recorded for a model
-      // loaded before generations were.
-      if (manifest.model_generation() > 0) {
-        metadata[kModelGenerationKey] = absl::StrCat(manifest.model_generation());
-      }
-      // The optimizer config and per-tensor overrides the model steps with
-      // (a restore steps on with them: server/coordinator/coordinator_load.cc).
-      if (manifest.has_optimizer_config()) {
-        std::string config, tensors;
-        rpc::Manifest overrides;
-        for (const rpc::TensorInfo& t : manifest.tensors()) {
-          rpc::TensorInfo* o = overrides.add_tensors();
-          o->set_name(t.name());
-          *o->mutable_optimizer() = t.optimizer();
-        }
-        google::protobuf::TextFormat::PrintToString(manifest.optimizer_config(), &config);
-        google::protobuf::TextFormat::PrintToString(overrides, &tensors);
-        metadata["optimizer_config"] = config;
-        metadata["optimizer_tensors"] = tensors;
-      }
+      const std::map<std::string, std::string> metadata = CheckpointMetadata(manifest);
       Manifest written =
           BuildManifest(version, CheckpointTensorsOf(manifest), *std::move(shards), metadata);
       *written.mutable_frozen() = manifest.frozen();
