@@ -50,6 +50,7 @@ inline constexpr char kTag[] = "coordinator";
 
 }  // namespace coordinator_internal
 
+struct RecoveryPlan;    // server/coordinator/recovery.h
 struct RecoveryResult;  // server/coordinator/recovery.h
 
 // The optimizer a checkpoint was written with (checkpoint/service.cc
@@ -177,6 +178,9 @@ class Coordinator::Impl : public rpc::Coordinator::CallbackService {
   // Recovery thread: the newest complete checkpoint onto every daemon
   // (docs/ARCHITECTURE.md "Recovery"), then the rewind is committed.
   void Recover(int64_t epoch);
+  // The newest complete checkpoint of the served model (plan.snapshot_manifest)
+  // as the plan's disk source, and why others were refused.
+  void AddCheckpointSource(RecoveryPlan& plan);
   // A failed recovery attempt: RecoveryStatus error/state/needs_load, and
   // one ERROR line per distinct error (with the way out when there is
   // nothing to recover from); repeats go to debug.

@@ -43,6 +43,36 @@ void Coordinator::Impl::MaybeStartRecoveryLocked() {
   recovery_thread_ = std::thread([this, epoch = recovery_epoch_ + 1] { Recover(epoch); });
 }
 
+void Coordinator::Impl::AddCheckpointSource(RecoveryPlan& plan) {
+  // Only checkpoints of the served model generation, or the one it was
+  // restored from (server/coordinator/model_generation.h): another model's newer
+  // checkpoint in the same store is never restored in its place.
+  const rpc::Manifest& served = plan.snapshot_manifest;
+  RecoveryCheckpointChoice choice =
+      ChooseRecoveryCheckpoint(CheckpointsForRecovery(options_.checkpoint_root, served), served);
+  plan.disk_refused = choice.refused;
+  if (choice.chosen) {
+    plan.disk_version = choice.chosen->version;
+    plan.checkpoint_path = choice.chosen->path;
+    plan.disk_manifest =
+        [this, checkpoint = *choice.chosen, addresses = plan.addresses,
+         generation = served.model_generation(), restored_from = served.restored_from(),
+         loaded_from = served.loaded_from()](int64_t* version) -> absl::StatusOr<rpc::Manifest> {
+      rpc::LoadRequest request;
+      request.set_checkpoint_path(checkpoint.path);
+      request.set_checkpoint_version(checkpoint.version);
+      ASSIGN_OR_RETURN(rpc::Manifest manifest, BuildManifest(request, *version));
+      // A recovery is no new Load: the served generation goes on, with
+      // what it was loaded from (and a fingerprint of that).
+      manifest.set_model_generation(generation);
+      *manifest.mutable_restored_from() = restored_from;
+      if (restored_from.path().empty()) manifest.clear_restored_from();
+      manifest.set_loaded_from(loaded_from);
+      return RelocatedManifest(std::move(manifest), addresses);
+    };
+  }
+}
+
 void Coordinator::Impl::Recover(int64_t epoch) {
   RecoveryPlan plan;
   plan.epoch = epoch;
@@ -65,35 +95,7 @@ void Coordinator::Impl::Recover(int64_t epoch) {
   }
   const bool have_model = plan.have_model;
   const absl::Time start = absl::Now();
-  if (have_model) {
-    // Only checkpoints of the served model generation, or the one it was
-    // restored from (server/coordinator/model_generation.h): another model's newer
-    // checkpoint in the same store is never restored in its place.
-    const rpc::Manifest& served = plan.snapshot_manifest;
-    RecoveryCheckpointChoice choice =
-        ChooseRecoveryCheckpoint(CheckpointsForRecovery(options_.checkpoint_root, served), served);
-    plan.disk_refused = choice.refused;
-    if (choice.chosen) {
-      plan.disk_version = choice.chosen->version;
-      plan.checkpoint_path = choice.chosen->path;
-      plan.disk_manifest =
-          [this, checkpoint = *choice.chosen, addresses = plan.addresses,
-           generation = served.model_generation(), restored_from = served.restored_from(),
-           loaded_from = served.loaded_from()](int64_t* version) -> absl::StatusOr<rpc::Manifest> {
-        rpc::LoadRequest request;
-        request.set_checkpoint_path(checkpoint.path);
-        request.set_checkpoint_version(checkpoint.version);
-        ASSIGN_OR_RETURN(rpc::Manifest manifest, BuildManifest(request, *version));
-        // A recovery is no new Load: the served generation goes on, with
-        // what it was loaded from (and a fingerprint of that).
-        manifest.set_model_generation(generation);
-        *manifest.mutable_restored_from() = restored_from;
-        if (restored_from.path().empty()) manifest.clear_restored_from();
-        manifest.set_loaded_from(loaded_from);
-        return RelocatedManifest(std::move(manifest), addresses);
-      };
-    }
-  }
+  if (have_model) AddCheckpointSource(plan);
   absl::StatusOr<RecoveryResult> result = RunRecovery(plan);
   {
     absl::MutexLock lock(&mu_);

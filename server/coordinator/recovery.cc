@@ -100,6 +100,25 @@ absl::StatusOr<std::vector<rpc::RecoverResponse>> RecoverAll(
   return responses;
 }
 
+// The daemon parts of the slowest daemon into `phases` (its parts add up;
+// maxima of each part would not: a daemon's republish waits for the
+// slowest peer).
+void TakeSlowestDaemonPhases(const std::vector<rpc::RecoverResponse>& responses,
+                             rpc::RecoveryPhases& phases) {
+  double slowest = -1;
+  for (const rpc::RecoverResponse& response : responses) {
+    const rpc::RecoveryPhases& p = response.phases();
+    const double sum =
+        p.connect() + p.snapshot_fetch() + p.backend_create() + p.restore() + p.republish();
+    if (sum <= slowest) continue;
+    slowest = sum;
+    const double prepare = phases.prepare(), recover = phases.recover();
+    phases = p;
+    phases.set_prepare(prepare);
+    phases.set_recover(recover);
+  }
+}
+
 // The payload of NothingToRecoverFrom.
 constexpr char kNothingToRecoverFromUrl[] = "type.paramd/recovery.nothing_to_recover_from";
 
@@ -222,20 +241,7 @@ absl::StatusOr<RecoveryResult> RunRecovery(const RecoveryPlan& plan) {
       });
   RETURN_IF_ERROR(recovered.status());
   result.phases.set_recover(absl::ToDoubleSeconds(absl::Now() - phase_start));
-  // The daemon parts of the slowest daemon (its parts add up; maxima of
-  // each part would not: a daemon's republish waits for the slowest peer).
-  double slowest = -1;
-  for (const rpc::RecoverResponse& response : *recovered) {
-    const rpc::RecoveryPhases& p = response.phases();
-    const double sum =
-        p.connect() + p.snapshot_fetch() + p.backend_create() + p.restore() + p.republish();
-    if (sum <= slowest) continue;
-    slowest = sum;
-    const double prepare = result.phases.prepare(), recover = result.phases.recover();
-    result.phases = p;
-    result.phases.set_prepare(prepare);
-    result.phases.set_recover(recover);
-  }
+  TakeSlowestDaemonPhases(*recovered, result.phases);
   for (int r = 0; r < n; ++r) {
     const int64_t v = (*recovered)[r].published_version();
     if (r > 0 && v != result.published_version) {
