@@ -40,22 +40,26 @@ TEST(ParseHostPort, NamesWhatIsWrong) {
   EXPECT_EQ(CheckAddress("node0").code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A port nothing listens on: bind a socket, read its port, close it.
+// A port nothing listens on: bind a socket, read its port, close it; -1
+// when the machine gives none.
 int FreePort() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
   ::close(fd);
-  return ntohs(a.sin_port);
+  return bound ? ntohs(a.sin_port) : -1;
 }
 
 TEST(ProbeAddress, RefusedIsUnavailableAtOnce) {
   const absl::Time start = absl::Now();
-  absl::Status s = ProbeAddress(absl::StrCat("127.0.0.1:", FreePort()), absl::Seconds(2));
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  absl::Status s = ProbeAddress(absl::StrCat("127.0.0.1:", port), absl::Seconds(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "Connection refused")) << s;
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
