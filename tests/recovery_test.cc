@@ -444,16 +444,15 @@ TEST(RecoveryTest, ReplacementRecoversFromTheBuddysSnapshotAndReplaysByteForByte
   EXPECT_EQ(r.versions_lost(), 1);
   EXPECT_EQ(r.source(), "snapshot v4") << c->cluster->Logs();
   // Where the time went: the phases add up to the whole (the checkpoint
-  // listing before PrepareRecovery is the rest), and the replacement
-  // fetched its state from its buddy.
+  // listing before PrepareRecovery is the rest), and the daemon parts are
+  // one daemon's (the slowest: the replacement fetching from its buddy, or
+  // its peer waiting for it in the republish).
   const rpc::RecoveryPhases& p = r.phases();
   const double parts = p.wait() + p.prepare() + p.recover();
   EXPECT_LE(parts, r.seconds() + 1e-3);
   EXPECT_GE(parts, r.seconds() - 0.1);
   EXPECT_GT(p.recover(), 0);
-  EXPECT_GT(p.snapshot_fetch(), 0);
-  EXPECT_GT(p.restore(), 0);
-  EXPECT_GT(p.republish(), 0);
+  EXPECT_GT(p.snapshot_fetch() + p.republish(), 0);
   EXPECT_LE(p.connect() + p.snapshot_fetch() + p.backend_create() + p.restore() + p.republish(),
             p.recover() + 1e-3);
   ASSERT_TRUE(c->client->RefreshManifest().ok());
